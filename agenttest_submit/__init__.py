@@ -1,0 +1,1 @@
+"""agenttest client: the CLI, input expansion, enqueueing, progress and the exit code."""

@@ -1,0 +1,67 @@
+"""The `-i` argument, parsed exactly as the spec's "Input Sources" section.
+
+    ./tests.jsonl | ./tests/           a case file (by extension) or a folder of them
+    "Hello, how are you?"              a direct message (not an existing path; needs -n)
+    agents:ID?count=10&focus=x         cases from a generator agent
+    scripts:ID?scenario=y              cases from a generator script
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agenttest_worker.case_files import CASE_SUFFIXES
+from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.refs import Ref, parse_ref
+
+
+@dataclass(frozen=True)
+class FileInput:
+    path: Path
+
+    def describe(self) -> str:
+        return str(self.path)
+
+
+@dataclass(frozen=True)
+class MessageInput:
+    text: str
+
+    def describe(self) -> str:
+        return repr(self.text if len(self.text) <= 60 else self.text[:59] + "…")
+
+
+@dataclass(frozen=True)
+class GeneratorInput:
+    ref: Ref
+
+    def describe(self) -> str:
+        query = "&".join(f"{k}={v}" for k, v in self.ref.params.items())
+        return f"{self.ref}?{query}" if query else str(self.ref)
+
+
+InputSource = FileInput | MessageInput | GeneratorInput
+
+
+def parse_input(arg: str) -> InputSource:
+    """Classify one `-i` value. Raises InputError for what cannot be meant."""
+    text = arg.strip()
+    if not text:
+        raise InputError(InputProblem("-i is empty: give a file, a message or agents:/scripts:ID"))
+    head = text.split(":", 1)[0]
+    if ":" in text and head in ("agents", "scripts"):
+        try:
+            return GeneratorInput(parse_ref(text, allow_params=True))
+        except ValueError as exc:
+            raise InputError(InputProblem(str(exc), field="-i")) from None
+    # Paths stay as the user wrote them (relative to the working directory), so that
+    # error messages name the file the way the user knows it.
+    path = Path(text).expanduser()
+    if path.exists():
+        return FileInput(path)
+    # A single word ending in a case-file extension is a mistyped path, not a message
+    # anybody means to send to an agent.
+    if " " not in text and path.suffix.lower() in CASE_SUFFIXES:
+        raise InputError(InputProblem(f"case file not found: {text}", field="-i"))
+    return MessageInput(text)

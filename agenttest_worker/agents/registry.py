@@ -1,0 +1,297 @@
+"""agenttest.yaml: the named agents, the default judge and simulator, the scripts folder.
+
+Strings may refer to the environment as `${VAR}` or `${VAR:-default}` (`$$` is a
+literal `$`). API keys are never written in the file: an agent names the variable
+that holds its key (`api_key_env`), read when the call is made.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agenttest_worker.durations import parse_duration
+from agenttest_worker.errors import ConfigError, InputProblem
+from agenttest_worker.refs import is_valid_name, parse_ref
+from agenttest_worker.yamlfile import LineMap, YamlPath, parse_yaml
+
+CONFIG_FILENAMES = ("agenttest.yaml", "agenttest.yml")
+DEFAULT_AWAITING_TOOLS = ("request_confirmation", "ask_user", "get_user_input")
+
+MetadataMode = Literal["object", "strings", "none"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ResponseMapping(_Strict):
+    """JSONPaths that pick a generic http agent's reply fields out of its response body."""
+
+    content: str = "$.content"
+    tool_calls: str = "$.tool_calls"
+    awaiting_input: str = "$.awaiting_input"
+    input_hint: str = "$.input_hint"
+    state: str = "$.state"
+
+
+class RateLimit(_Strict):
+    """Fleet-wide limits for one agent (enforced through Redis when distributed)."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+
+
+class AgentConfig(_Strict):
+    """One named agent. `protocol` decides how it is called:
+
+    - `openai`: Chat Completions at `{base_url}/chat/completions` with `model`.
+    - `http`: a generic JSON endpoint at `url` (or `base_url`); the body is `request`
+      (a template, see agents/http.py) and reply fields are read with `response` paths.
+    - `script`: a Python callable from the scripts folder (`use: scripts:NAME`).
+    """
+
+    protocol: Literal["openai", "http", "script"] = "openai"
+    base_url: str | None = None
+    url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: float = 30.0
+    max_retries: int = Field(default=3, ge=0, le=20)
+    metadata: MetadataMode = "object"
+    description: str | None = None
+    tools: list[Any] = Field(default_factory=list)
+    method: Literal["POST", "PUT"] = "POST"
+    request: Any = None
+    response: ResponseMapping = Field(default_factory=ResponseMapping)
+    use: str | None = None
+    rate_limit: RateLimit | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError(
+                "api_key must not be written in the config: put the key in an environment "
+                "variable and name it with api_key_env"
+            )
+        return data
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+    @field_validator("use")
+    @classmethod
+    def _script_ref(cls, use: str | None) -> str | None:
+        if use is None:
+            return None
+        ref = parse_ref(use, default_kind="scripts")
+        if ref.kind != "scripts":
+            raise ValueError(f"{use!r}: a script agent uses scripts:NAME")
+        return str(ref)
+
+    @model_validator(mode="after")
+    def _complete(self) -> AgentConfig:
+        if self.protocol == "openai" and not self.base_url:
+            raise ValueError("an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)")
+        if self.protocol == "http" and not (self.url or self.base_url):
+            raise ValueError("an http agent needs url")
+        if self.protocol == "script" and not self.use:
+            raise ValueError("a script agent needs use: scripts:NAME")
+        return self
+
+    def endpoint(self) -> str:
+        if self.protocol == "openai":
+            assert self.base_url is not None
+            return self.base_url.rstrip("/") + "/chat/completions"
+        return self.url or self.base_url or ""
+
+    def api_key(self) -> str | None:
+        """The key from the environment at call time (never stored, never logged)."""
+        if not self.api_key_env:
+            return None
+        return os.environ.get(self.api_key_env) or None
+
+
+class Defaults(_Strict):
+    judge: str | None = None
+    simulator: str | None = None
+    agent: str | None = None
+
+
+class ProjectConfig(_Strict):
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    defaults: Defaults = Field(default_factory=Defaults)
+    scripts_dir: str = "scripts"
+    awaiting_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_AWAITING_TOOLS))
+    # Where the file was read from; relative paths (scripts_dir) are relative to it.
+    path: str | None = None
+
+    @field_validator("agents")
+    @classmethod
+    def _names(cls, agents: dict[str, AgentConfig]) -> dict[str, AgentConfig]:
+        for name in agents:
+            if not is_valid_name(name):
+                raise ValueError(f"{name!r} is not a valid agent name")
+        return agents
+
+    @property
+    def base_dir(self) -> Path:
+        return Path(self.path).resolve().parent if self.path else Path.cwd()
+
+    @property
+    def scripts_path(self) -> Path:
+        return (self.base_dir / self.scripts_dir).resolve()
+
+    def agent(self, name: str) -> AgentConfig:
+        """The agent called `name` (with or without `agents:`); LookupError names the options."""
+        ident = name.split(":", 1)[1] if name.startswith("agents:") else name
+        try:
+            return self.agents[ident]
+        except KeyError:
+            raise LookupError(self.unknown_agent_message(ident)) from None
+
+    def unknown_agent_message(self, name: str) -> str:
+        where = f" in {self.path}" if self.path else " (no agenttest.yaml found; use --config)"
+        close = difflib.get_close_matches(name, list(self.agents), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        known = f" (known: {', '.join(sorted(self.agents))})" if self.agents and not close else ""
+        return f"unknown agent {name!r}{where}{hint}{known}"
+
+
+# -- loading -----------------------------------------------------------------------------
+
+_ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str], on_missing: Any, path: YamlPath = ()) -> Any:
+    """Replace ${VAR} / ${VAR:-default} in every string; `on_missing(path, var)` reports."""
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            if match.group(0) == "$$":
+                return "$"
+            var, default = match.group(1), match.group(2)
+            if var in env:
+                return env[var]
+            if default is not None:
+                return default
+            on_missing(path, var)
+            return ""
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, on_missing, (*path, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, on_missing, (*path, i)) for i, v in enumerate(value)]
+    return value
+
+
+def find_config(explicit: str | Path | None, cwd: Path | None = None) -> Path | None:
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(InputProblem("config file not found", file=str(path)))
+        return path
+    base = cwd or Path.cwd()
+    for name in CONFIG_FILENAMES:
+        if (base / name).is_file():
+            return base / name
+    return None
+
+
+def load_config(
+    explicit: str | Path | None = None,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> ProjectConfig:
+    """Read agenttest.yaml (`--config`, else the working directory); none found is empty."""
+    path = find_config(explicit, cwd)
+    if path is None:
+        return ProjectConfig()
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(InputProblem(f"cannot read: {exc}", file=name)) from None
+    try:
+        data, lines = parse_yaml(text, name)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        problems = getattr(exc, "problems", [InputProblem(str(exc), file=name)])
+        raise ConfigError(problems) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(InputProblem("agenttest.yaml must be a mapping", file=name, line=1))
+    problems: list[InputProblem] = []
+
+    def missing(loc: YamlPath, var: str) -> None:
+        problems.append(
+            InputProblem(
+                f"environment variable {var} is not set (write ${{{var}:-default}} for a default)",
+                file=name,
+                line=lines.line_of(loc),
+                field=_dotted(loc),
+            )
+        )
+
+    data = interpolate(data, dict(os.environ if env is None else env), missing)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        config = ProjectConfig.model_validate({**data, "path": name})
+    except ValidationError as exc:
+        raise ConfigError(list(_config_problems(exc, name, lines))) from None
+    problems = check_config_refs(config, lines)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def check_config_refs(config: ProjectConfig, lines: LineMap | None = None) -> list[InputProblem]:
+    """Defaults must name agents that exist."""
+    problems: list[InputProblem] = []
+    for role in ("judge", "simulator", "agent"):
+        ref = getattr(config.defaults, role)
+        if ref is None:
+            continue
+        kind, _, ident = ref.partition(":") if ":" in ref else ("agents", "", ref)
+        if kind == "agents" and ident not in config.agents:
+            problems.append(
+                InputProblem(
+                    config.unknown_agent_message(ident),
+                    file=config.path,
+                    line=lines.line_of(("defaults", role)) if lines else None,
+                    field=f"defaults.{role}",
+                )
+            )
+    return problems
+
+
+def _dotted(loc: YamlPath) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _config_problems(exc: ValidationError, file: str, lines: LineMap) -> list[InputProblem]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function")))
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown field (a typo?)"
+        elif err["type"] == "missing":
+            message = "required field is missing"
+        out.append(InputProblem(message, file=file, line=lines.line_of(loc), field=_dotted(loc)))
+    return out

@@ -1,0 +1,115 @@
+"""`scripts:NAME`: Python callables from the configured scripts folder, and only from there.
+
+`scripts:tests.validate-expense` resolves, inside the scripts folder, to
+  1. the file `tests/validate-expense.py`, calling its role function
+     (`validate` for assertions, `simulate` for simulators, `generate` for generators,
+     `respond` for script agents; `main` otherwise), or
+  2. the file `tests.py`, calling its function `validate_expense` ('-' becomes '_').
+A name never leaves the folder: no absolute paths, no `..`, and symlinks pointing
+outside are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+from agenttest_worker.refs import is_valid_name
+
+ScriptRole = Literal["assertion", "simulator", "generator", "agent"]
+
+ROLE_FUNCTIONS: dict[ScriptRole, str] = {
+    "assertion": "validate",
+    "simulator": "simulate",
+    "generator": "generate",
+    "agent": "respond",
+}
+
+
+class ScriptError(Exception):
+    """A script reference that cannot be resolved or loaded, with a message for the user."""
+
+
+@dataclass(frozen=True)
+class ResolvedScript:
+    file: Path
+    function: str
+
+
+def resolve_script(scripts_dir: Path, ident: str, role: ScriptRole) -> ResolvedScript:
+    if not is_valid_name(ident):
+        raise ScriptError(f"scripts:{ident}: not a valid script name")
+    root = scripts_dir.resolve()
+    parts = ident.split(".")
+    candidates = [
+        (root.joinpath(*parts[:-1], parts[-1] + ".py"), None),
+    ]
+    if len(parts) > 1:
+        candidates.append((root.joinpath(*parts[:-2], parts[-2] + ".py"), parts[-1]))
+    for file, function in candidates:
+        if not file.is_file():
+            continue
+        real = file.resolve()
+        if not real.is_relative_to(root):
+            raise ScriptError(f"scripts:{ident}: {file} points outside the scripts folder {root}")
+        name = (function or ROLE_FUNCTIONS[role]).replace("-", "_")
+        return ResolvedScript(real, name)
+    tried = " or ".join(str(f) for f, _ in candidates)
+    raise ScriptError(f"scripts:{ident}: no script found (looked for {tried})")
+
+
+_lock = threading.Lock()
+_modules: dict[tuple[Path, float], ModuleType] = {}
+
+
+def _load_module(file: Path) -> ModuleType:
+    key = (file, file.stat().st_mtime)
+    with _lock:
+        if key in _modules:
+            return _modules[key]
+        module_name = "agenttest_scripts." + "_".join(file.with_suffix("").parts[-3:])
+        spec = importlib.util.spec_from_file_location(module_name, file)
+        if spec is None or spec.loader is None:
+            raise ScriptError(f"cannot load {file}")
+        module = importlib.util.module_from_spec(spec)
+        # The script's folder is importable, so a script may import its helpers.
+        folder = str(file.parent)
+        if folder not in sys.path:
+            sys.path.append(folder)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ScriptError(f"{file}: failed to import: {type(exc).__name__}: {exc}") from exc
+        _modules[key] = module
+        return module
+
+
+def load_script(scripts_dir: Path, ident: str, role: ScriptRole) -> Callable[..., Any]:
+    resolved = resolve_script(scripts_dir, ident, role)
+    module = _load_module(resolved.file)
+    fn = getattr(module, resolved.function, None)
+    if fn is None and resolved.function == ROLE_FUNCTIONS[role]:
+        fn = getattr(module, "main", None)
+    if not callable(fn):
+        raise ScriptError(
+            f"scripts:{ident}: {resolved.file.name} has no function {resolved.function}()"
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+async def call_script(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a script without blocking the event loop (sync scripts run in a thread)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(result):
+        return await result
+    return result

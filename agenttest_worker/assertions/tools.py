@@ -1,0 +1,49 @@
+"""tool_called: the agent called a tool, optionally with (a subset of) given arguments."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from agenttest_worker.assertions.base import (
+    AssertionContext,
+    AssertionOutcome,
+    AssertionSpec,
+    register,
+)
+from agenttest_worker.documents import json_equal
+
+
+class ToolCalledAssertion(AssertionSpec):
+    """Passes when a call to `name` was made in the turn (in any turn, for final assertions).
+
+    With `args`, the call's arguments must include each given key with an equal value;
+    arguments the case does not mention are not checked.
+    """
+
+    type: Literal["tool_called"]
+    name: str
+    args: dict[str, Any] | None = None
+
+
+def _args_match(expected: dict[str, Any], actual: Any) -> bool:
+    if not isinstance(actual, dict):
+        return False
+    return all(k in actual and json_equal(actual[k], v) for k, v in expected.items())
+
+
+@register("tool_called")
+def check_tool_called(spec: ToolCalledAssertion, ctx: AssertionContext) -> AssertionOutcome:
+    scope = "the conversation" if ctx.final else "this turn"
+    calls = [c for c in ctx.tool_calls if c.name == spec.name]
+    called = ", ".join(sorted({c.name for c in ctx.tool_calls})) or "none"
+    if not calls:
+        return AssertionOutcome(False, f"{spec.name} was not called in {scope} (called: {called})")
+    if spec.args is None:
+        return AssertionOutcome(True, f"{spec.name} was called")
+    if any(_args_match(spec.args, c.args) for c in calls):
+        return AssertionOutcome(True, f"{spec.name} was called with {json.dumps(spec.args)}")
+    seen = "; ".join(json.dumps(c.args, default=str) for c in calls)
+    return AssertionOutcome(
+        False, f"{spec.name} was called, but not with {json.dumps(spec.args)} (args: {seen})"
+    )

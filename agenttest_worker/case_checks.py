@@ -1,0 +1,65 @@
+"""Checks a case needs beyond its own schema: the agents and scripts it names must exist.
+
+Run before anything is enqueued, so an unknown agent name is an input error (exit 2)
+naming the file, line and field, not a failure discovered by a worker an hour later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.agents.scripts import ScriptError, ScriptRole, resolve_script
+from agenttest_worker.assertions import AgentAssertion, ScriptAssertion
+from agenttest_worker.cases import Case
+from agenttest_worker.errors import InputProblem
+from agenttest_worker.refs import parse_ref
+
+
+def check_ref(config: ProjectConfig, ref_text: str, role: ScriptRole) -> str | None:
+    """None when `agents:X` / `scripts:X` resolves, else the message saying why not."""
+    try:
+        ref = parse_ref(ref_text, default_kind="agents")
+    except ValueError as exc:
+        return str(exc)
+    if ref.kind == "agents":
+        return None if ref.id in config.agents else config.unknown_agent_message(ref.id)
+    try:
+        resolve_script(config.scripts_path, ref.id, role)
+    except ScriptError as exc:
+        return str(exc)
+    return None
+
+
+def check_case_refs(
+    case: Case, config: ProjectConfig, target: str | None
+) -> Iterator[InputProblem]:
+    def problem(message: str, field: str) -> InputProblem:
+        return InputProblem(
+            message, file=case.source_file, line=case.source_line, field=field, test=case.id
+        )
+
+    agent = case.agent or target
+    if agent is None:
+        yield problem("no target agent: pass -n NAME or set `agent` on the case", "agent")
+    elif agent not in config.agents:
+        yield problem(config.unknown_agent_message(agent), "agent")
+    if case.simulator is not None and (msg := check_ref(config, case.simulator.use, "simulator")):
+        yield problem(msg, "simulator.use")
+    groups = [(f"turns[{i}].assertions", t.assertions) for i, t in enumerate(case.turns)]
+    groups.append(("final_assertions", case.final_assertions))
+    for prefix, assertions in groups:
+        for j, assertion in enumerate(assertions):
+            field = f"{prefix}[{j}].use"
+            if isinstance(assertion, AgentAssertion):
+                if assertion.use is None:
+                    if config.defaults.judge is None:
+                        yield problem(
+                            "criteria need a judge: set defaults.judge in agenttest.yaml", field
+                        )
+                elif msg := check_ref(config, assertion.use, "assertion"):
+                    yield problem(msg, field)
+            elif isinstance(assertion, ScriptAssertion) and (
+                msg := check_ref(config, assertion.use, "assertion")
+            ):
+                yield problem(msg, field)

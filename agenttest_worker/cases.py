@@ -1,0 +1,336 @@
+"""The case model: one internal shape for both spec formats.
+
+A yao JSONL case (single-turn `input` + `assertions`, or multi-turn `turns`) and a tdx
+YAML test (flat `user_input` + `criteria`, or `rounds`) both become a `Case` whose
+conversation is always `turns`. Readers of files live in case_files.py; this module
+only knows dictionaries.
+
+Decisions where the specs are open (also in the README):
+- `input` and `turns` are exclusive: the spec's single-turn form is shorthand for
+  `turns: [{input, assertions}]`, and a case with both would be ambiguous.
+- `type` defaults to `single_turn` for the `input` form without a simulator and to
+  `multi_turn` otherwise. A single-turn case ends after its turn even when the agent
+  asks a question (existing single-turn suites keep passing, as the spec promises).
+- A case with no input at all loads, and fails when run with "no initial input"
+  (the spec's test-level error table).
+- YAML `criteria` become an `agent` assertion on the configured default judge that
+  sees the conversation so far; YAML cases default to `on_missing_input: end`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agenttest_worker.assertions import AgentAssertion, Assertion
+from agenttest_worker.durations import parse_duration
+from agenttest_worker.options import Options
+from agenttest_worker.refs import parse_ref
+
+OnMissingInput = Literal["skip", "fail", "end"]
+CaseType = Literal["single_turn", "multi_turn"]
+DEFAULT_MAX_TURNS = 20
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors (they are usually typos); numbers where text is expected
+    # (`user_input: 42` in YAML) are meant as text.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+
+class Attachment(_Strict):
+    """A file sent with a turn. `file://` sources are relative to the case file.
+
+    The submitter inlines file sources as `data:` URLs before a run is stored, so that
+    workers on other machines never need the submitter's disk.
+    """
+
+    type: str = "file"
+    source: str
+    name: str | None = None
+    mime_type: str | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _known_scheme(cls, source: str) -> str:
+        if not source.startswith(("file://", "data:", "http://", "https://")):
+            raise ValueError(
+                f"{source!r}: an attachment source is file://PATH, data:..., or http(s)://URL"
+            )
+        return source
+
+
+class Turn(_Strict):
+    input: str
+    assertions: list[Assertion] = Field(default_factory=list)
+    options: Options | None = None
+    attachments: list[Attachment] = Field(default_factory=list)
+    tool_mocks: dict[str, Any] | None = None
+
+
+class SimulatorConfig(_Strict):
+    """Who plays the user once static turns run out.
+
+    The spec writes the simulator's metadata both as `simulator.options.metadata` and
+    (in its hybrid example) as `simulator.metadata`; both are accepted and merged.
+    """
+
+    use: str
+    options: Options | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("use")
+    @classmethod
+    def _ref(cls, use: str) -> str:
+        return str(parse_ref(use))
+
+    def effective_metadata(self) -> dict[str, Any]:
+        base = self.options.metadata if self.options else {}
+        return {**base, **self.metadata}
+
+    def max_turns(self) -> int | None:
+        value = self.effective_metadata().get("max_turns")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        if isinstance(value, str) and value.isdigit() and int(value) > 0:
+            return int(value)
+        return None
+
+
+class InteractiveConfig(_Strict):
+    enabled: bool = False
+    timeout: float = 300.0
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+
+class Case(_Strict):
+    id: str = Field(min_length=1)
+    name: str | None = None
+    description: str | None = None
+    type: CaseType | None = None
+    agent: str | None = None
+    options: Options | None = None
+    # Single-turn shorthand; folded into `turns` once validated.
+    input: str | None = None
+    assertions: list[Assertion] = Field(default_factory=list)
+    attachments: list[Attachment] = Field(default_factory=list)
+    turns: list[Turn] = Field(default_factory=list)
+    simulator: SimulatorConfig | None = None
+    interactive: InteractiveConfig | None = None
+    on_missing_input: OnMissingInput | None = None
+    final_assertions: list[Assertion] = Field(default_factory=list)
+    tool_mocks: dict[str, Any] = Field(default_factory=dict)
+    max_turns: int | None = Field(default=None, ge=1)
+    tags: list[str] = Field(default_factory=list)
+
+    # Where the case came from, for messages and for resolving file:// attachments.
+    source_file: str | None = Field(default=None, exclude=True)
+    source_line: int | None = Field(default=None, exclude=True)
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id_text(cls, value: Any) -> Any:
+        # Ids like 1 or 2.5 in hand-written JSONL are meant as text.
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @field_validator("agent")
+    @classmethod
+    def _agent_name(cls, agent: str | None) -> str | None:
+        if agent is None:
+            return None
+        ref = parse_ref(agent, default_kind="agents")
+        if ref.kind != "agents":
+            raise ValueError(f"{agent!r}: the target is a registry agent name")
+        return ref.id
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _normalize(self) -> Case:
+        single_form = self.input is not None
+        if single_form and self.turns:
+            raise ValueError("give either `input` (single-turn) or `turns` (multi-turn), not both")
+        if not single_form and (self.assertions or self.attachments):
+            field = "assertions" if self.assertions else "attachments"
+            raise ValueError(
+                f"top-level `{field}` belongs to the single-turn form (with `input`); "
+                "put them on a turn, or use final_assertions"
+            )
+        if self.type is None:
+            dynamic = self.simulator is not None or (
+                self.interactive is not None and self.interactive.enabled
+            )
+            self.type = "single_turn" if single_form and not dynamic else "multi_turn"
+        if single_form:
+            assert self.input is not None
+            self.turns = [
+                Turn(input=self.input, assertions=self.assertions, attachments=self.attachments)
+            ]
+            self.input = None
+            self.assertions = []
+            self.attachments = []
+        if self.type == "single_turn" and len(self.turns) > 1:
+            raise ValueError(f"type is single_turn but the case has {len(self.turns)} turns")
+        if self.max_turns is not None and self.max_turns < len(self.turns):
+            raise ValueError(
+                f"max_turns ({self.max_turns}) is less than the {len(self.turns)} static turns"
+            )
+        return self
+
+    # -- derived values the engine uses ------------------------------------------------
+
+    def limit_turns(self) -> int:
+        """max_turns on the case, else the simulator's metadata.max_turns, else 20."""
+        if self.max_turns is not None:
+            return self.max_turns
+        if self.simulator is not None and (sim_max := self.simulator.max_turns()) is not None:
+            return sim_max
+        return DEFAULT_MAX_TURNS
+
+    def with_default_simulator(self, use: str) -> Case:
+        """The case played on by `--simulator` when it names no simulator of its own.
+
+        A case that gains a simulator is a multi-turn case: that is what asking for a
+        simulator on the command line means.
+        """
+        if self.simulator is not None:
+            return self
+        return self.model_copy(
+            update={"simulator": SimulatorConfig(use=use), "type": "multi_turn"}
+        )
+
+    def iter_assertions(self) -> list[Assertion]:
+        found: list[Assertion] = [a for t in self.turns for a in t.assertions]
+        return found + list(self.final_assertions)
+
+    def needs_default_judge(self) -> bool:
+        return any(isinstance(a, AgentAssertion) and a.use is None for a in self.iter_assertions())
+
+    def to_record(self) -> dict[str, Any]:
+        """The normalized case as JSON-ready data: what --dry-run prints and -o writes.
+
+        Only what the author gave (or normalization set) is written, so an assertion's
+        explicit `"value": null` survives and reading the record back gives an equal case.
+        """
+        data = self.model_dump(mode="json", exclude_unset=True)
+        data["turns"] = [_without_empty(t) for t in data.get("turns", [])]
+        return _without_empty(data)
+
+
+def _without_empty(record: dict[str, Any]) -> dict[str, Any]:
+    # Only the case's and the turns' own keys: inside an assertion, [] and null are values.
+    return {k: v for k, v in record.items() if v is not None and v != [] and v != {}}
+
+
+# -- the tdx YAML format -------------------------------------------------------------
+
+
+class _Round(_Strict):
+    user_input: str
+    criteria: str | None = None
+    assertions: list[Assertion] = Field(default_factory=list)
+    attachments: list[Attachment] = Field(default_factory=list)
+    options: Options | None = None
+
+
+class YamlTest(_Strict):
+    """One entry of a tdx `tests:` list: flat (user_input + criteria) or `rounds`."""
+
+    name: str = Field(min_length=1)
+    id: str | None = None
+    description: str | None = None
+    user_input: str | None = None
+    criteria: str | None = None
+    rounds: list[_Round] | None = None
+    assertions: list[Assertion] = Field(default_factory=list)
+    attachments: list[Attachment] = Field(default_factory=list)
+    agent: str | None = None
+    options: Options | None = None
+    simulator: SimulatorConfig | None = None
+    on_missing_input: OnMissingInput | None = None
+    final_assertions: list[Assertion] = Field(default_factory=list)
+    tool_mocks: dict[str, Any] = Field(default_factory=dict)
+    max_turns: int | None = Field(default=None, ge=1)
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_form(self) -> YamlTest:
+        if self.user_input is None and not self.rounds:
+            raise ValueError("a test needs `user_input` (flat format) or `rounds`")
+        if self.user_input is not None and self.rounds:
+            raise ValueError("a test has either `user_input` (flat format) or `rounds`, not both")
+        if self.rounds is not None and (self.criteria or self.assertions or self.attachments):
+            raise ValueError("with `rounds`, put criteria and assertions on each round")
+        return self
+
+    def to_case_data(self) -> dict[str, Any]:
+        rounds = self.rounds or [
+            _Round(
+                user_input=self.user_input or "",
+                criteria=self.criteria,
+                assertions=self.assertions,
+                attachments=self.attachments,
+            )
+        ]
+        turns = [
+            {
+                "input": _block_text(r.user_input),
+                "assertions": [
+                    *(a.model_dump(exclude_unset=True) for a in r.assertions),
+                    *([criteria_assertion(r.criteria)] if r.criteria else []),
+                ],
+                "attachments": [a.model_dump(exclude_none=True) for a in r.attachments],
+                **({"options": r.options.model_dump(exclude_none=True)} if r.options else {}),
+            }
+            for r in rounds
+        ]
+        data: dict[str, Any] = {
+            "id": self.id or self.name,
+            "name": self.name,
+            "type": "multi_turn" if self.rounds else "single_turn",
+            "turns": turns,
+            "on_missing_input": self.on_missing_input or "end",
+            "final_assertions": [a.model_dump(exclude_unset=True) for a in self.final_assertions],
+            "tool_mocks": self.tool_mocks,
+            "tags": self.tags,
+        }
+        if self.simulator is not None:
+            data["type"] = "multi_turn"
+        optional = {
+            "description": self.description,
+            "agent": self.agent,
+            "options": self.options.model_dump(exclude_none=True) if self.options else None,
+            "simulator": self.simulator.model_dump(exclude_none=True) if self.simulator else None,
+            "max_turns": self.max_turns,
+        }
+        data.update({k: v for k, v in optional.items() if v is not None})
+        return data
+
+
+def _block_text(text: str) -> str:
+    # YAML `|` blocks end in a newline the author did not mean to send.
+    return text.rstrip("\n")
+
+
+def criteria_assertion(criteria: str) -> dict[str, Any]:
+    """A tdx criterion as an agent assertion on the default judge, over the conversation."""
+    return {
+        "type": "agent",
+        "conversation": True,
+        "options": {"metadata": {"criteria": _block_text(criteria)}},
+    }

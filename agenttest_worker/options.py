@@ -1,0 +1,46 @@
+"""context.Options from the spec: what a case, a turn or an assertion passes to an agent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Skip(BaseModel):
+    """What the agent should skip for test traffic (history, trace, ...)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    history: bool | None = None
+    trace: bool | None = None
+
+
+class Options(BaseModel):
+    """The spec's context.Options. Unknown keys are errors so that typos surface."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    connector: str | None = None
+    skip: Skip | None = None
+    search: Any = None
+    mode: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def merge_options(*layers: Options | None) -> Options:
+    """Merge options outer to inner (case < turn): scalars are replaced, metadata is merged."""
+    connector: str | None = None
+    skip: Skip | None = None
+    search: Any = None
+    mode: str | None = None
+    metadata: dict[str, Any] = {}
+    for layer in layers:
+        if layer is None:
+            continue
+        connector = layer.connector if layer.connector is not None else connector
+        skip = layer.skip if layer.skip is not None else skip
+        search = layer.search if layer.search is not None else search
+        mode = layer.mode if layer.mode is not None else mode
+        metadata = {**metadata, **layer.metadata}
+    return Options(connector=connector, skip=skip, search=search, mode=mode, metadata=metadata)

@@ -1,0 +1,123 @@
+"""The result model: one CaseResult per case = one line of the JSONL report.
+
+The shape follows the spec's "JSONL Output" record (id, name, status, turns[],
+final_assertions, total_turns, duration_ms) with DESIGN.md's additions. `version`
+lets readers of stored reports tell record layouts apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic.functional_serializers import SerializerFunctionWrapHandler
+
+RESULT_VERSION = 1
+
+CaseStatus = Literal["passed", "failed", "skipped"]
+TurnStatus = Literal["passed", "failed", "skipped"]
+InputSource = Literal["static", "simulator", "interactive"]
+AgentRole = Literal["target", "simulator", "validator", "generator", "reporter"]
+
+
+class _Record(BaseModel):
+    """Records drop None fields when dumped: `error?` and `skip_reason?` are optional keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class ToolCall(_Record):
+    """A tool call the agent made: name and parsed arguments (raw text when not JSON)."""
+
+    name: str
+    args: Any = Field(default_factory=dict)
+    id: str | None = None
+
+
+class Usage(_Record):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+        )
+
+
+class AgentCallRecord(_Record):
+    """One call to an agent (target, simulator, judge, ...): what it cost and how it went."""
+
+    role: AgentRole
+    agent: str
+    latency_ms: int
+    attempts: int = 1
+    status_code: int | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+class AssertionResult(_Record):
+    """An assertion as written in the case, plus its verdict and a reason a person can act on.
+
+    The spec fields of the assertion (type, value, pattern, path, name, ...) are kept as
+    written so a report shows exactly what was checked.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    passed: bool
+    reason: str = ""
+    score: float | None = None
+    suggestions: list[str] | None = None
+    error: str | None = None
+
+
+class TurnResult(_Record):
+    turn: int
+    input: str | None
+    input_source: InputSource | None = None
+    output: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_results: dict[str, Any] | None = None
+    awaiting_input: bool = False
+    awaiting_reason: str | None = None
+    input_hint: str | None = None
+    assertions: list[AssertionResult] = Field(default_factory=list)
+    status: TurnStatus = "passed"
+    duration_ms: int = 0
+    error: str | None = None
+    skip_reason: str | None = None
+    simulator_reasoning: str | None = None
+    usage: Usage | None = None
+    calls: list[AgentCallRecord] | None = None
+
+
+class CaseResult(_Record):
+    version: int = RESULT_VERSION
+    id: str
+    name: str | None = None
+    status: CaseStatus
+    agent: str | None = None
+    turns: list[TurnResult] = Field(default_factory=list)
+    final_assertions: list[AssertionResult] = Field(default_factory=list)
+    total_turns: int = 0
+    duration_ms: int = 0
+    error: str | None = None
+    skip_reason: str | None = None
+    goal_achieved: bool | None = None
+    tags: list[str] | None = None
+    usage: Usage | None = None
+
+    def to_json_line(self) -> str:
+        return self.model_dump_json()

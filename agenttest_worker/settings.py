@@ -1,0 +1,50 @@
+"""Every setting in one place, read from the environment with the prefix AGENTTEST_.
+
+With no AGENTTEST_BROKER_URL, runs execute in-process (the embedded default) and
+results go to a SQLite file under AGENTTEST_HOME; set the broker and database URLs to
+run on a worker fleet.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTTEST_", extra="ignore")
+
+    broker_url: str | None = Field(
+        default=None, description="Celery broker (redis://...); unset means embedded runs"
+    )
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL of the result store; default: SQLite in home"
+    )
+    home: Path = Field(default=Path(".agenttest"), description="Local state for embedded runs")
+    queue: str = Field(default="agenttest", description="Celery queue for turn tasks")
+    visibility_timeout: int = Field(
+        default=3600, ge=60, description="Seconds before Redis redelivers an unacked task"
+    )
+    max_redeliveries: int = Field(
+        default=3, ge=1, description="Deliveries of one turn before the case fails"
+    )
+    enqueue_batch: int = Field(default=500, ge=1, description="Cases stored/enqueued per batch")
+    http_pool_size: int = Field(default=200, ge=1, description="Connections per agent host")
+    debug: bool = Field(default=False, description="Print tracebacks for internal errors")
+
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.home / 'agenttest.db').resolve()}"
+
+    @property
+    def distributed(self) -> bool:
+        return bool(self.broker_url)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
