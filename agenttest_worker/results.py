@@ -7,10 +7,9 @@ lets readers of stored reports tell record layouts apart.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
-from pydantic.functional_serializers import SerializerFunctionWrapHandler
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 RESULT_VERSION = 1
 
@@ -21,16 +20,27 @@ AgentRole = Literal["target", "simulator", "validator", "generator", "reporter"]
 
 
 class _Record(BaseModel):
-    """Records drop None fields when dumped: `error?` and `skip_reason?` are optional keys."""
+    """Records leave out their optional fields when unset: `error?`, `skip_reason?`, ...
+
+    Only declared fields that default to None are left out, and not those in
+    `_keep_none` (a skipped turn still says `"input": null`); extra keys (an
+    assertion's own fields, like a json_path `"value": null`) are kept as written.
+    """
 
     model_config = ConfigDict(extra="forbid")
+    _keep_none: ClassVar[frozenset[str]] = frozenset()
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
-        return data
+        if not isinstance(data, dict):
+            return data
+        optional = {
+            name
+            for name, field in type(self).model_fields.items()
+            if field.default is None and name not in self._keep_none
+        }
+        return {k: v for k, v in data.items() if not (v is None and k in optional)}
 
 
 class ToolCall(_Record):
@@ -84,8 +94,10 @@ class AssertionResult(_Record):
 
 
 class TurnResult(_Record):
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"input", "output"})
+
     turn: int
-    input: str | None
+    input: str | None = None
     input_source: InputSource | None = None
     output: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -116,6 +128,7 @@ class CaseResult(_Record):
     error: str | None = None
     skip_reason: str | None = None
     goal_achieved: bool | None = None
+    simulator: str | None = None
     tags: list[str] | None = None
     usage: Usage | None = None
 

@@ -1,0 +1,50 @@
+"""Reports over a run's results: one module per format, chosen by the name users write.
+
+`--format console|json|jsonl|table|tsv|junit` looks the reporter up in REPORTERS.
+Reporters are pure: a RunReport in, text out; writing it to stdout or `-o` is the
+caller's business, which keeps every format testable without files or terminals.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from agenttest_worker.report import console, jsonl, junit, table, tsv
+from agenttest_worker.report import json as json_report
+from agenttest_worker.report.model import DEFAULT_TITLE, RunReport, Summary
+
+
+class Reporter(Protocol):
+    """A report format. Each format module satisfies it with its module-level render()."""
+
+    def render(self, run: RunReport) -> str: ...
+
+
+REPORTERS: dict[str, Reporter] = {
+    "console": console,
+    "json": json_report,
+    "jsonl": jsonl,
+    "table": table,
+    "tsv": tsv,
+    "junit": junit,
+}
+
+
+def register(name: str, reporter: Reporter) -> None:
+    """Add a report format (for plugins); a name is registered once."""
+    if name in REPORTERS:
+        raise ValueError(f"report format {name!r} registered twice")
+    REPORTERS[name] = reporter
+
+
+def render(format: str, run: RunReport) -> str:
+    """The run's report in `format`; an unknown name lists the known ones."""
+    try:
+        reporter = REPORTERS[format]
+    except KeyError:
+        known = ", ".join(sorted(REPORTERS))
+        raise ValueError(f"unknown report format {format!r} (choose from: {known})") from None
+    return reporter.render(run)
+
+
+__all__ = ["DEFAULT_TITLE", "REPORTERS", "Reporter", "RunReport", "Summary", "register", "render"]

@@ -1,0 +1,168 @@
+"""Helpers several reporters share: durations, assertion labels, what went wrong in a case."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel
+
+from agenttest_worker.assertions.text import preview
+from agenttest_worker.results import AssertionResult, CaseResult, ToolCall, TurnResult
+
+# Values inside an assertion label are cut here: the label names the check, the
+# JSONL record keeps the full value.
+_VALUE_LIMIT = 60
+_REASON_LIMIT = 300
+
+
+def format_seconds(seconds: float) -> str:
+    """Durations as the spec's console prints them: "45ms", "2.1s", "3m05s", "1h02m"."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        minutes, secs = divmod(round(seconds), 60)
+        return f"{minutes}m{secs:02d}s"
+    hours, rest = divmod(round(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m"
+
+
+def format_ms(duration_ms: int) -> str:
+    return format_seconds(duration_ms / 1000)
+
+
+def one_line(text: str, limit: int = _REASON_LIMIT) -> str:
+    """Collapse whitespace so multi-line reasons (judges write paragraphs) fit one line."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def quote(value: Any, limit: int = _VALUE_LIMIT) -> str:
+    """A value as it would be written in the case file: strings quoted, the rest as JSON."""
+    if isinstance(value, str):
+        return preview(value, limit)
+    return one_line(json.dumps(value, ensure_ascii=False, default=str), limit)
+
+
+def js_value(value: Any) -> str:
+    """JSON with bare object keys, the spec's way of showing tool arguments:
+    create_expense({amount: 3500, type: "travel"})."""
+    if isinstance(value, dict):
+        items = ", ".join(f"{_js_key(k)}: {js_value(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(js_value(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _js_key(key: Any) -> str:
+    text = str(key)
+    return text if text.isidentifier() else json.dumps(text, ensure_ascii=False)
+
+
+def describe_tool_call(call: ToolCall, limit: int = 120) -> str:
+    # Arguments that were not JSON are kept as raw text by the result model.
+    args = call.args if isinstance(call.args, str) else js_value(call.args)
+    return one_line(f"{call.name}({args})", limit)
+
+
+def _extras(assertion: AssertionResult) -> dict[str, Any]:
+    return dict(assertion.model_extra or {})
+
+
+def _criteria(options: Any) -> str | None:
+    # Options arrive as a dict from stored JSON, or as the Options model when the
+    # engine passes the spec through unchanged.
+    if isinstance(options, BaseModel):
+        options = options.model_dump()
+    if not isinstance(options, dict):
+        return None
+    metadata = options.get("metadata")
+    criteria = metadata.get("criteria") if isinstance(metadata, dict) else None
+    return one_line(str(criteria), 100) if criteria is not None else None
+
+
+def _ignore_case(extras: dict[str, Any]) -> str:
+    return " (ignore case)" if extras.get("ignore_case") else ""
+
+
+def describe_assertion(assertion: AssertionResult) -> str:
+    """The check as the spec's console writes it: `contains "x"`, `$.path = "v"`, ..."""
+    label = _label(assertion.type, _extras(assertion))
+    description = _extras(assertion).get("description")
+    return f"{label} — {one_line(str(description), 80)}" if description else label
+
+
+def _label(kind: str, extras: dict[str, Any]) -> str:
+    if kind in ("contains", "equals"):
+        return f"{kind} {quote(extras.get('value'))}{_ignore_case(extras)}"
+    if kind == "regex":
+        flags = "i" if extras.get("ignore_case") else ""
+        return f"regex /{extras.get('pattern', extras.get('value', ''))}/{flags}"
+    if kind == "tool_called":
+        label = f"tool_called {quote(extras.get('name', ''))}"
+        args = extras.get("args")
+        return f"{label} with {one_line(js_value(args), 80)}" if args else label
+    if kind == "json_path":
+        path = extras.get("path", "$")
+        # Without a value the assertion only asks that the path match something.
+        return f"{path} = {quote(extras['value'])}" if "value" in extras else f"{path} exists"
+    if kind == "type":
+        return f"type {extras.get('path', '$')} is {extras.get('value')}"
+    if kind == "agent":
+        criteria = _criteria(extras.get("options"))
+        return f"agent: {criteria}" if criteria else f"agent {extras.get('use') or 'judge'}"
+    if kind == "script":
+        return f"script {extras.get('use', '')}".rstrip()
+    return _generic_label(kind, extras)
+
+
+def _generic_label(kind: str, extras: dict[str, Any]) -> str:
+    # Assertion types added later still get a readable label without a change here.
+    shown = {k: v for k, v in extras.items() if k != "description"}
+    fields = " ".join(f"{k}={quote(v, 40)}" for k, v in shown.items())
+    return f"{kind} {fields}".rstrip()
+
+
+def failure_reason(assertion: AssertionResult) -> str:
+    return one_line(assertion.reason or assertion.error or "failed")
+
+
+def assertion_counts(case: CaseResult) -> tuple[int, int]:
+    """(passed, failed) over every turn's assertions and the final assertions."""
+    checked = [*(a for t in case.turns for a in t.assertions), *case.final_assertions]
+    passed = sum(1 for a in checked if a.passed)
+    return passed, len(checked) - passed
+
+
+def executed_turns(case: CaseResult) -> list[TurnResult]:
+    """Turns whose input was sent: skipped placeholders carry no input."""
+    return [t for t in case.turns if not (t.status == "skipped" and t.input is None)]
+
+
+def problems(case: CaseResult) -> Iterator[str]:
+    """What went wrong in a case, in conversation order, one line each."""
+    for turn in case.turns:
+        if turn.error:
+            yield f"turn {turn.turn}: {one_line(turn.error)}"
+        for assertion in turn.assertions:
+            if not assertion.passed:
+                label = describe_assertion(assertion)
+                yield f"turn {turn.turn}: {label}: {failure_reason(assertion)}"
+    for assertion in case.final_assertions:
+        if not assertion.passed:
+            yield f"final: {describe_assertion(assertion)}: {failure_reason(assertion)}"
+    # The engine often copies the failing turn's error onto the case: say it once.
+    if case.error and case.error not in {t.error for t in case.turns}:
+        yield one_line(case.error)
+    if case.skip_reason:
+        yield one_line(case.skip_reason)
+    elif case.status == "skipped":
+        yield from (one_line(t.skip_reason) for t in case.turns if t.skip_reason)
+
+
+def first_problem(case: CaseResult) -> str:
+    return next(problems(case), "")

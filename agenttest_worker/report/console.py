@@ -1,0 +1,273 @@
+"""The console report, laid out exactly as the spec's "Console Output".
+
+Where the spec's example leaves a rule implicit, these hold:
+- A case line shows "(N turns)", or "(simulator: NAME)" for simulator-driven cases, and no
+  count for skipped cases (their conversation stopped early, so a count would mislead).
+- Without -v, passed cases show only their line and "└─ Result: PASSED"; failed and
+  skipped cases always show every turn, since that is what the reader has to act on.
+- In simulator-driven cases the agent's replies are shown only for turns with assertions
+  or failures: long simulated conversations stay one line per turn, as in the spec's T003.
+- Failed and skipped cases end with "└─ Result: FAILED|SKIPPED" and the case's error or
+  reason, after their final assertions if they have any.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from agenttest_worker.assertions.text import preview
+from agenttest_worker.report.common import (
+    describe_assertion,
+    describe_tool_call,
+    executed_turns,
+    failure_reason,
+    format_ms,
+    format_seconds,
+    one_line,
+)
+from agenttest_worker.report.model import RunReport, Summary
+from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
+
+_HEAVY_RULE = "═" * 63
+_LIGHT_RULE = "─" * 63
+_TURN_INDENT = 10  # details line up under the text after "├─ Turn N: "
+_FINAL_INDENT = 2  # final assertions sit just inside the closing "└─"
+_MISSING_INPUT_HINT = "Hint: Add more turns, use --interactive, or configure simulator"
+
+_GREEN, _RED, _YELLOW = "32", "31", "33"
+_STATUS_COLORS = {"passed": _GREEN, "failed": _RED, "skipped": _YELLOW}
+_MARKERS = {"static": "[Initial] ", "simulator": "[Simulated] ", "interactive": "[Interactive] "}
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
+
+
+@dataclass(frozen=True)
+class Style:
+    """ANSI colors on status words and marks, or plain text (files, pipes, CI logs)."""
+
+    color: bool = False
+
+    def paint(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+
+    def status(self, status: str) -> str:
+        return self.paint(status.upper(), _STATUS_COLORS.get(status, _RED))
+
+    def mark(self, passed: bool) -> str:
+        return self.paint("✓", _GREEN) if passed else self.paint("✗", _RED)
+
+
+@dataclass
+class _Branch:
+    """One "├─"/"└─" entry of a case's tree and the lines indented under it."""
+
+    head: str
+    indent: int
+    details: list[str] = field(default_factory=list)
+
+
+def render(run: RunReport) -> str:
+    style = Style(run.color)
+    lines = [*_header(run), "", *_section("Running Tests"), ""]
+    for case in run.results:
+        lines += [*case_lines(case, run, style, full=run.verbose), ""]
+    if not run.results:
+        lines += ["  No test cases ran.", ""]
+    lines += [*_section("Summary"), *_summary_lines(run.summary(), style)]
+    return "\n".join(lines) + "\n"
+
+
+def _section(title: str) -> list[str]:
+    return [_LIGHT_RULE, f"  {title}", _LIGHT_RULE]
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _header(run: RunReport) -> list[str]:
+    lines = [_HEAVY_RULE, f"  {run.title}", _HEAVY_RULE]
+    if run.agent:
+        lines.append(f"ℹ Agent: {run.agent}")
+    lines.append(f"ℹ Input: {run.input_label} ({_plural(run.total_cases, 'test case')})")
+    if run.run_id:
+        lines.append(f"ℹ Run: {run.run_id}")
+    return lines
+
+
+def _summary_lines(summary: Summary, style: Style) -> list[str]:
+    def count(value: int, status: str) -> str:
+        return style.paint(str(value), _STATUS_COLORS[status]) if value else str(value)
+
+    return [
+        f"  Total:   {_plural(summary.total, 'test')}",
+        f"  Passed:  {count(summary.passed, 'passed')}",
+        f"  Failed:  {count(summary.failed, 'failed')}",
+        f"  Skipped: {count(summary.skipped, 'skipped')}",
+        "",
+        f"  Total turns: {summary.total_turns}",
+        f"  Avg turns/test: {summary.avg_turns:.1f}",
+        f"  Total time: {format_seconds(summary.duration_s)}",
+    ]
+
+
+def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) -> list[str]:
+    """One case's "►" line and tree. `full` shows a passed case's turns too (-v)."""
+    if case.status == "passed" and not full:
+        branches = [_Branch(f"Result: {style.status('passed')}", _FINAL_INDENT)]
+    else:
+        branches = _CaseTree(case, run, style).branches()
+    return [_case_title(case, run), *_tree(branches)]
+
+
+def _case_title(case: CaseResult, run: RunReport) -> str:
+    parts = [f"► [{case.id}]"]
+    if case.name:
+        parts.append(case.name)
+    # "agents:workers.test.user-sim" is shown as the spec does: by name.
+    simulator = run.simulators.get(case.id) or (case.simulator or "").removeprefix("agents:")
+    if simulator:
+        parts.append(f"(simulator: {simulator})")
+    elif case.status != "skipped":
+        parts.append(f"({_plural(case.total_turns, 'turn')})")
+    return " ".join(parts)
+
+
+def _tree(branches: list[_Branch]) -> list[str]:
+    lines: list[str] = []
+    for index, branch in enumerate(branches):
+        last = index == len(branches) - 1
+        lines.append(f"  {'└─' if last else '├─'} {branch.head}")
+        bar = " " if last else "│"
+        lines += [f"  {bar}{' ' * branch.indent}{detail}" for detail in branch.details]
+        if branch.details and not last:
+            lines.append("  │")
+    return [line.rstrip() for line in lines]
+
+
+def assertion_lines(assertion: AssertionResult, style: Style) -> list[str]:
+    lines = [f"{style.mark(assertion.passed)} {describe_assertion(assertion)}"]
+    if not assertion.passed:
+        lines.append(f"  {failure_reason(assertion)}")
+    return lines
+
+
+def _reply(turn: TurnResult) -> str:
+    parts = [preview(turn.output)] if turn.output and turn.output.strip() else []
+    parts += [f"[tool: {describe_tool_call(call)}]" for call in turn.tool_calls]
+    return " ".join(parts) or "(empty reply)"
+
+
+def _question(output: str | None) -> str | None:
+    """The sentence the agent asked with: "…approval. Please provide PO number." gives
+    "Please provide PO number", as the spec's T002 shows it."""
+    if not output or not output.strip():
+        return None
+    sentences = _SENTENCE_BREAK.split(" ".join(output.split()))
+    questions = [s for s in sentences if s.endswith("?")]
+    asked = questions[-1] if questions else sentences[-1]
+    return preview(asked.removesuffix("."))
+
+
+class _CaseTree:
+    """Builds the branches of one case: its turns, then final assertions and result."""
+
+    def __init__(self, case: CaseResult, run: RunReport, style: Style) -> None:
+        self.case = case
+        self.style = style
+        sources = {turn.input_source for turn in case.turns}
+        self.simulated = case.id in run.simulators or case.simulator is not None or "simulator" in sources
+        # Source markers only help when inputs came from more than the case file.
+        self.dynamic = self.simulated or "interactive" in sources
+        executed = executed_turns(case)
+        self.last_executed = executed[-1] if executed else None
+        self.shown_errors: set[str] = set()
+        self.skip_shown = False
+
+    def branches(self) -> list[_Branch]:
+        return [*self._turn_branches(), *self._ending_branches()]
+
+    def _turn_branches(self) -> list[_Branch]:
+        branches: list[_Branch] = []
+        previous: TurnResult | None = None
+        for turn in self.case.turns:
+            if turn.status == "skipped" and turn.input is None:
+                reason = turn.skip_reason or self.case.skip_reason
+                branches.append(self._skipped(turn.turn, reason, previous))
+            else:
+                branches.append(self._turn(turn))
+                previous = turn
+        if self.case.status == "skipped" and not self.skip_shown and self.case.skip_reason:
+            # The engine may record the skip only on the case: show it where it happened.
+            number = self.case.turns[-1].turn + 1 if self.case.turns else 1
+            branches.append(self._skipped(number, self.case.skip_reason, previous))
+        return branches
+
+    def _turn(self, turn: TurnResult) -> _Branch:
+        status = "failed" if turn.error else turn.status
+        word = self.style.status(status)
+        if turn.input is None:
+            head = f"Turn {turn.turn}: {word}"
+        else:
+            marker = _MARKERS.get(turn.input_source or "", "") if self.dynamic else ""
+            took = format_ms(turn.duration_ms)
+            head = f"Turn {turn.turn}: {marker}{preview(turn.input)} → {word} ({took})"
+        branch = _Branch(head, _TURN_INDENT)
+        if self._shows_reply(turn, status):
+            branch.details.append(f"Agent: {_reply(turn)}")
+        for assertion in turn.assertions:
+            branch.details += assertion_lines(assertion, self.style)
+        if turn.error:
+            self.shown_errors.add(turn.error)
+            branch.details.append(f"Error: {one_line(turn.error)}")
+        if turn is self.last_executed and self.case.goal_achieved:
+            reasoning = turn.simulator_reasoning
+            branch.details.append(
+                f"Goal achieved: {one_line(reasoning)}" if reasoning else "Goal achieved"
+            )
+        return branch
+
+    def _shows_reply(self, turn: TurnResult, status: str) -> bool:
+        if turn.output is None and not turn.tool_calls:
+            return False
+        return not self.simulated or bool(turn.assertions) or status == "failed"
+
+    def _skipped(self, number: int, reason: str | None, previous: TurnResult | None) -> _Branch:
+        self.skip_shown = True
+        branch = _Branch(f"Turn {number}: {self.style.status('skipped')}", _TURN_INDENT)
+        branch.details.append(f"Reason: {one_line(reason or 'no input available')}")
+        if previous is not None and previous.awaiting_input:
+            asked = _question(previous.output)
+            if asked:
+                branch.details.append(f"Agent asked: {asked}")
+            if previous.input_hint:
+                branch.details.append(f"Input hint: {one_line(previous.input_hint)}")
+            # A simulator case that skips had a simulator failure: more turns are not the fix.
+            if not self.simulated:
+                branch.details.append(_MISSING_INPUT_HINT)
+        return branch
+
+    def _ending_branches(self) -> list[_Branch]:
+        case = self.case
+        branches: list[_Branch] = []
+        # The spec closes a passed case with "Final Assertions: PASSED" even when it has
+        # none (T003); other cases list them only when there are some.
+        if case.final_assertions or case.status == "passed":
+            failed = any(not a.passed for a in case.final_assertions)
+            head = f"Final Assertions: {self.style.status('failed' if failed else 'passed')}"
+            branch = _Branch(head, _FINAL_INDENT)
+            for assertion in case.final_assertions:
+                branch.details += assertion_lines(assertion, self.style)
+            branches.append(branch)
+        if case.status != "passed":
+            branches.append(self._result())
+        return branches
+
+    def _result(self) -> _Branch:
+        case = self.case
+        branch = _Branch(f"Result: {self.style.status(case.status)}", _FINAL_INDENT)
+        if case.error and case.error not in self.shown_errors:
+            branch.details.append(f"Error: {one_line(case.error)}")
+        if case.skip_reason and not self.skip_shown:
+            branch.details.append(f"Reason: {one_line(case.skip_reason)}")
+        return branch
