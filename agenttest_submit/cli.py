@@ -54,54 +54,128 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="agenttest-submit",
         description="Run scripted and simulated conversations against agents and check every turn.",
-        epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, db upgrade.",
+        epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, "
+        "db upgrade.",
     )
-    p.add_argument("-i", "--input", action="append", default=[], metavar="SOURCE",
-                   help="case file or folder, a message, agents:ID?k=v or scripts:ID?k=v "
-                        "(repeatable)")
+    p.add_argument(
+        "-i",
+        "--input",
+        action="append",
+        default=[],
+        metavar="SOURCE",
+        help="case file or folder, a message, agents:ID?k=v or scripts:ID?k=v (repeatable)",
+    )
     p.add_argument("-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write results (or, with --dry-run, "
-                   "the normalized cases) to FILE")
-    p.add_argument("-c", "--connector", metavar="AGENT",
-                   help="call this registry agent instead of the target's own entry")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write results (or, with --dry-run, the normalized cases) to FILE",
+    )
+    p.add_argument(
+        "-c",
+        "--connector",
+        metavar="AGENT",
+        help="call this registry agent instead of the target's own entry",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="show every turn")
-    p.add_argument("--interactive", action="store_true",
-                   help="ask at the terminal when an agent awaits input")
-    p.add_argument("--skip-interactive", action="store_true",
-                   help="never ask at the terminal (CI); on_missing_input decides")
-    p.add_argument("--simulator", metavar="REF",
-                   help="simulator for cases without one (agents:ID or scripts:ID)")
-    p.add_argument("--timeout", type=_duration_arg, default=300.0, metavar="DURATION",
-                   help="timeout per test case (default: 5m)")
-    p.add_argument("--parallel", type=_positive_int, default=10, metavar="N",
-                   help="conversations run at a time (default: 10)")
+    p.add_argument(
+        "--interactive", action="store_true", help="ask at the terminal when an agent awaits input"
+    )
+    p.add_argument(
+        "--skip-interactive",
+        action="store_true",
+        help="never ask at the terminal (CI); on_missing_input decides",
+    )
+    p.add_argument(
+        "--simulator",
+        metavar="REF",
+        help="simulator for cases without one (agents:ID or scripts:ID)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_duration_arg,
+        default=300.0,
+        metavar="DURATION",
+        help="timeout per test case (default: 5m)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=_positive_int,
+        default=10,
+        metavar="N",
+        help="conversations run at a time (default: 10)",
+    )
     p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
-    p.add_argument("--dry-run", action="store_true",
-                   help="load, generate and check cases, print them, call no target")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="load, generate and check cases, print them, call no target",
+    )
     p.add_argument("--config", metavar="FILE", help="agenttest.yaml (default: ./agenttest.yaml)")
-    p.add_argument("--on-missing-input", choices=("skip", "fail", "end"),
-                   help="override every case's on_missing_input")
-    p.add_argument("--format", choices=FORMATS, default=None,
-                   help="report format on stdout or -o (default: console on stdout, jsonl in -o)")
+    p.add_argument(
+        "--on-missing-input",
+        choices=("skip", "fail", "end"),
+        help="override every case's on_missing_input",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="report format on stdout or -o (default: console on stdout, jsonl in -o)",
+    )
     p.add_argument("--tag", action="append", default=[], help="run only cases with this tag")
-    p.add_argument("--id", action="append", default=[], dest="ids", metavar="ID",
-                   help="run only the case with this id (repeatable)")
-    p.add_argument("--wait", dest="wait", action="store_true", default=True,
-                   help="distributed: wait for the run and print its report (default)")
-    p.add_argument("--no-wait", dest="wait", action="store_false",
-                   help="distributed: print the run id and return at once")
-    p.add_argument("--reeval", nargs="?", const="last", default=None, metavar="RUN",
-                   help="re-run assertions on stored conversations without calling the target")
+    p.add_argument(
+        "--id",
+        action="append",
+        default=[],
+        dest="ids",
+        metavar="ID",
+        help="run only the case with this id (repeatable)",
+    )
+    p.add_argument(
+        "--wait",
+        dest="wait",
+        action="store_true",
+        default=True,
+        help="distributed: wait for the run and print its report (default)",
+    )
+    p.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="distributed: print the run id and return at once",
+    )
+    p.add_argument(
+        "--reeval",
+        nargs="?",
+        const="last",
+        default=None,
+        metavar="RUN",
+        help="re-run assertions on stored conversations without calling the target",
+    )
     p.add_argument("--reporter", metavar="REF", help="send the results to a reporter agent")
-    p.add_argument("--deadline", type=_duration_arg, default=None, metavar="DURATION",
-                   help="stop the whole run after this long")
-    p.add_argument("--max-tokens", type=_positive_int, default=None,
-                   help="stop starting turns once the run has used this many tokens")
+    p.add_argument(
+        "--deadline",
+        type=_duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="stop the whole run after this long",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="stop starting turns once the run has used this many tokens",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    from agenttest_worker.settings import get_settings
+
+    get_settings.cache_clear()  # settings come from this invocation's environment
     debug = os.environ.get("AGENTTEST_DEBUG", "").lower() in ("1", "true", "yes")
     try:
         if args_list and args_list[0] in SUBCOMMANDS:
@@ -147,7 +221,7 @@ def run_main(args: argparse.Namespace) -> int:
 
         return reeval_run(args, config)
     if not args.input:
-        raise InputError("no input: give -i FILE, -i \"a message\" or -i agents:/scripts:GENERATOR")
+        raise InputError('no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR')
     sources = [parse_input(text) for text in args.input]
     target = args.name or config.defaults.agent
     problems = []
@@ -164,8 +238,9 @@ def run_main(args: argparse.Namespace) -> int:
     from agenttest_submit.inputs import MessageInput
 
     if any(isinstance(s, MessageInput) for s in sources) and target is None:
-        raise InputError(InputProblem("a direct message needs a target agent: add -n NAME",
-                                      field="-i"))
+        raise InputError(
+            InputProblem("a direct message needs a target agent: add -n NAME", field="-i")
+        )
     expansion = expand(
         sources,
         config,
@@ -190,11 +265,13 @@ def _dry_run(cases: list[Any], output: str | None) -> int:
     text = "".join(line + "\n" for line in lines)
     if output:
         Path(output).write_text(text, encoding="utf-8")
-        print(f"{len(cases)} case(s) written to {output} (dry run: no agent was called)",
-              file=sys.stderr)
+        print(
+            f"{len(cases)} case(s) written to {output} (dry run: no target was called)",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(text)
-        print(f"{len(cases)} case(s) (dry run: no agent was called)", file=sys.stderr)
+        print(f"{len(cases)} case(s) (dry run: no target was called)", file=sys.stderr)
     return EXIT_OK
 
 

@@ -41,7 +41,9 @@ def message_case(text: str) -> Case:
     return Case(id="message", name=name, input=text)
 
 
-def iter_source(source: InputSource, config: ProjectConfig) -> Iterator[Case | InputProblem]:
+def iter_source(
+    source: InputSource, config: ProjectConfig, target: str | None = None
+) -> Iterator[Case | InputProblem]:
     if isinstance(source, FileInput):
         for file in case_files_in(source.path):
             yield from iter_cases(file)
@@ -50,7 +52,7 @@ def iter_source(source: InputSource, config: ProjectConfig) -> Iterator[Case | I
     elif isinstance(source, GeneratorInput):
         from agenttest_submit.generate import generate_cases
 
-        yield from generate_cases(source, config)
+        yield from generate_cases(source, config, target)
 
 
 def expand(
@@ -69,7 +71,7 @@ def expand(
     selection = selection or Selection()
     for source in sources:
         try:
-            items = list(iter_source(source, config))
+            items = list(iter_source(source, config, target))
         except InputError as exc:
             problems.extend(exc.problems)
             continue

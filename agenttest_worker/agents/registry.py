@@ -1,8 +1,9 @@
 """agenttest.yaml: the named agents, the default judge and simulator, the scripts folder.
 
-Strings may refer to the environment as `${VAR}` or `${VAR:-default}` (`$$` is a
-literal `$`). API keys are never written in the file: an agent names the variable
-that holds its key (`api_key_env`), read when the call is made.
+Strings may refer to the environment as `${VAR}` or `${VAR:-default}` (the default
+also when VAR is set but empty, as in the shell; `$$` is a literal `$`). API keys are
+never written in the file: an agent names the variable that holds its key
+(`api_key_env`), read when the call is made.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
@@ -135,6 +144,9 @@ class ProjectConfig(_Strict):
     awaiting_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_AWAITING_TOOLS))
     # Where the file was read from; relative paths (scripts_dir) are relative to it.
     path: str | None = None
+    # The file as written, before ${ENV} interpolation: what a run stores, so that
+    # secrets passed through the environment never reach the database.
+    _raw: dict[str, Any] | None = PrivateAttr(default=None)
 
     @field_validator("agents")
     @classmethod
@@ -150,7 +162,20 @@ class ProjectConfig(_Strict):
 
     @property
     def scripts_path(self) -> Path:
+        override = os.environ.get("AGENTTEST_SCRIPTS_DIR")
+        if override:
+            return Path(override).resolve()
         return (self.base_dir / self.scripts_dir).resolve()
+
+    def stored(self) -> dict[str, Any]:
+        """What a run keeps of its config: the uninterpolated file and where it was."""
+        raw = self._raw if self._raw is not None else self.model_dump(mode="json", exclude={"path"})
+        return {"raw": raw, "path": str(Path(self.path).resolve()) if self.path else None}
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any], env: dict[str, str] | None = None) -> ProjectConfig:
+        """Rebuild a run's config in this process, interpolating with this environment."""
+        return config_from_data(stored.get("raw") or {}, stored.get("path"), env)
 
     def agent(self, name: str) -> AgentConfig:
         """The agent called `name` (with or without `agents:`); LookupError names the options."""
@@ -181,10 +206,11 @@ def interpolate(value: Any, env: dict[str, str], on_missing: Any, path: YamlPath
             if match.group(0) == "$$":
                 return "$"
             var, default = match.group(1), match.group(2)
+            # As in the shell and docker compose: `:-` also replaces a set but empty value.
+            if default is not None and not env.get(var):
+                return default
             if var in env:
                 return env[var]
-            if default is not None:
-                return default
             on_missing(path, var)
             return ""
 
@@ -235,28 +261,40 @@ def load_config(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(InputProblem("agenttest.yaml must be a mapping", file=name, line=1))
+    return config_from_data(data, name, env, lines)
+
+
+def config_from_data(
+    data: dict[str, Any],
+    name: str | None,
+    env: dict[str, str] | None = None,
+    lines: LineMap | None = None,
+) -> ProjectConfig:
+    """Validate config data (interpolating ${ENV}); every problem raised together."""
     problems: list[InputProblem] = []
+    line_map = lines or LineMap()
 
     def missing(loc: YamlPath, var: str) -> None:
         problems.append(
             InputProblem(
                 f"environment variable {var} is not set (write ${{{var}:-default}} for a default)",
                 file=name,
-                line=lines.line_of(loc),
+                line=line_map.line_of(loc),
                 field=_dotted(loc),
             )
         )
 
-    data = interpolate(data, dict(os.environ if env is None else env), missing)
+    interpolated = interpolate(data, dict(os.environ if env is None else env), missing)
     if problems:
         raise ConfigError(problems)
     try:
-        config = ProjectConfig.model_validate({**data, "path": name})
+        config = ProjectConfig.model_validate({**interpolated, "path": name})
     except ValidationError as exc:
-        raise ConfigError(list(_config_problems(exc, name, lines))) from None
-    problems = check_config_refs(config, lines)
+        raise ConfigError(_config_problems(exc, name, line_map)) from None
+    problems = check_config_refs(config, line_map)
     if problems:
         raise ConfigError(problems)
+    config._raw = data
     return config
 
 
@@ -284,7 +322,7 @@ def _dotted(loc: YamlPath) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
 
-def _config_problems(exc: ValidationError, file: str, lines: LineMap) -> list[InputProblem]:
+def _config_problems(exc: ValidationError, file: str | None, lines: LineMap) -> list[InputProblem]:
     out = []
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function")))

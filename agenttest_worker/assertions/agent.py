@@ -35,7 +35,9 @@ class AgentAssertion(AssertionSpec):
             return None
         ref = parse_ref(use, default_kind="agents")
         if ref.kind != "agents":
-            raise ValueError(f"{use!r}: an agent assertion uses agents:NAME (scripts go in type script)")
+            raise ValueError(
+                f"{use!r}: an agent assertion uses agents:NAME (scripts go in type script)"
+            )
         return str(ref)
 
 

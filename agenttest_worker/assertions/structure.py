@@ -10,7 +10,7 @@ import json
 from functools import lru_cache
 from typing import Any, Literal
 
-from jsonpath_ng.ext import parse as parse_jsonpath
+from jsonpath_ng.ext.parser import parse as parse_jsonpath
 from pydantic import field_validator, model_validator
 
 from agenttest_worker.assertions.base import (
@@ -120,7 +120,8 @@ def check_json_path(spec: JsonPathAssertion, ctx: AssertionContext) -> Assertion
     if not found:
         return AssertionOutcome(
             False,
-            f"{spec.path} matched nothing (expected {_short(spec.value)}) in {_short(ctx.document)}",
+            f"{spec.path} matched nothing (expected {_short(spec.value)}) "
+            f"in {_short(ctx.document)}",
         )
     # One match compares directly; several pass when any equals the value or when the
     # value is the whole list of matches (`$.items[*].id` = ["a", "b"]).

@@ -14,13 +14,13 @@ from typing import Any, Literal
 import re2
 from pydantic import field_validator, model_validator
 
-from agenttest_worker.documents import json_equal
 from agenttest_worker.assertions.base import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,
     register,
 )
+from agenttest_worker.documents import json_equal
 
 _PREVIEW = 80
 

@@ -176,7 +176,9 @@ class _CaseTree:
         self.case = case
         self.style = style
         sources = {turn.input_source for turn in case.turns}
-        self.simulated = case.id in run.simulators or case.simulator is not None or "simulator" in sources
+        self.simulated = (
+            case.id in run.simulators or case.simulator is not None or "simulator" in sources
+        )
         # Source markers only help when inputs came from more than the case file.
         self.dynamic = self.simulated or "interactive" in sources
         executed = executed_turns(case)

@@ -1,0 +1,16 @@
+"""Agents: the registry (agenttest.yaml), the protocols (openai, http, script), retries."""
+
+from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.pool import AgentPool, RoleSession
+from agenttest_worker.agents.registry import AgentConfig, ProjectConfig, load_config
+
+__all__ = [
+    "AgentConfig",
+    "AgentError",
+    "AgentPool",
+    "AgentReply",
+    "AgentRequest",
+    "ProjectConfig",
+    "RoleSession",
+    "load_config",
+]

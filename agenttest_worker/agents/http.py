@@ -1,0 +1,180 @@
+"""The `http` protocol: any JSON endpoint, described by a request template and reply paths.
+
+The request body is `request` from agenttest.yaml with placeholders filled in. A string
+that is exactly "{{name}}" becomes the value itself (a list, an object); inside longer
+strings a placeholder becomes text. Placeholders: input (the last user message),
+messages (the Chat Completions history), metadata, session_id, case_id, turn, role,
+attachments ([{type, source, name}]). Without a template the body is
+{"input", "messages", "metadata", "session_id", "attachments"}.
+
+Reply fields are read with the JSONPaths under `response` (content, tool_calls,
+awaiting_input, input_hint, state). An agent that answers in the spec's explicit
+declaration shape {"content", "awaiting_input", "input_hint"} needs no mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from agenttest_worker.agents.base import (
+    AgentError,
+    AgentReply,
+    AgentRequest,
+    text_of,
+    tool_calls_from,
+)
+from agenttest_worker.agents.openai import as_bool
+from agenttest_worker.agents.registry import AgentConfig, ResponseMapping
+from agenttest_worker.agents.retry import RetryPolicy
+from agenttest_worker.agents.transport import post_json
+from agenttest_worker.assertions.structure import find
+from agenttest_worker.results import Usage
+
+DEFAULT_TEMPLATE: dict[str, Any] = {
+    "input": "{{input}}",
+    "messages": "{{messages}}",
+    "metadata": "{{metadata}}",
+    "session_id": "{{session_id}}",
+    "attachments": "{{attachments}}",
+}
+# Where content is looked for when the default `$.content` finds nothing.
+_CONTENT_FALLBACKS = ("$.output", "$.reply", "$.response", "$.message", "$.text", "$.answer")
+_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return text_of(message.get("content")) or ""
+    return ""
+
+
+def attachments_of(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Non-text parts of the last user message, as {type, source, name}."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if not isinstance(content, list):
+            return []
+        found = []
+        for part in content:
+            if part.get("type") == "image_url":
+                found.append({"type": "image", "source": part["image_url"]["url"]})
+            elif part.get("type") == "file":
+                file = part.get("file", {})
+                found.append(
+                    {"type": "file", "source": file.get("file_data"), "name": file.get("filename")}
+                )
+        return found
+    return []
+
+
+def render(template: Any, values: dict[str, Any]) -> Any:
+    if isinstance(template, str):
+        whole = _PLACEHOLDER.fullmatch(template.strip())
+        if whole and whole.group(1) in values:
+            return values[whole.group(1)]
+
+        def sub(match: re.Match[str]) -> str:
+            if match.group(1) not in values:
+                return match.group(0)
+            value = values[match.group(1)]
+            return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+        return _PLACEHOLDER.sub(sub, template)
+    if isinstance(template, dict):
+        return {k: render(v, values) for k, v in template.items()}
+    if isinstance(template, list):
+        return [render(v, values) for v in template]
+    return template
+
+
+def _first(path: str, data: Any) -> Any:
+    found = find(path, data)
+    return found[0] if found else None
+
+
+def parse_http_reply(data: Any, mapping: ResponseMapping) -> AgentReply:
+    if isinstance(data, str):
+        return AgentReply(content=data)
+    content: Any = _first(mapping.content, data)
+    if content is None and mapping.content == ResponseMapping().content:
+        for path in _CONTENT_FALLBACKS:
+            content = _first(path, data)
+            if content is not None:
+                break
+    if content is not None and not isinstance(content, str):
+        content = text_of(content) if isinstance(content, list) else json.dumps(content)
+    hint = _first(mapping.input_hint, data)
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return AgentReply(
+        content=content,
+        tool_calls=tool_calls_from(_first(mapping.tool_calls, data)),
+        awaiting_input=as_bool(_first(mapping.awaiting_input, data)),
+        input_hint=hint if isinstance(hint, str) else None,
+        state=_first(mapping.state, data),
+        finish_reason=None,
+        usage=Usage.model_validate(usage) if isinstance(usage, dict) and _is_usage(usage) else None,
+    )
+
+
+def _is_usage(data: dict[str, Any]) -> bool:
+    return all(
+        isinstance(data.get(k, 0), int)
+        for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+    )
+
+
+class HttpAgentClient:
+    def __init__(self, name: str, config: AgentConfig) -> None:
+        self.name = name
+        self.config = config
+        self.policy = RetryPolicy(max_retries=config.max_retries)
+        self.url = config.endpoint()
+        self.template = config.request if config.request is not None else DEFAULT_TEMPLATE
+
+    def headers(self) -> dict[str, str]:
+        headers = dict(self.config.headers)
+        key = self.config.api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def body(self, request: AgentRequest) -> Any:
+        metadata = request.metadata if self.config.metadata != "none" else {}
+        values = {
+            "input": last_user_text(request.messages),
+            "messages": request.messages,
+            "metadata": metadata,
+            "session_id": request.session_id,
+            "case_id": request.case_id,
+            "turn": request.turn,
+            "role": request.role,
+            "attachments": attachments_of(request.messages),
+        }
+        return render(self.template, values)
+
+    async def complete(self, request: AgentRequest) -> AgentReply:
+        result = await post_json(
+            url=self.url,
+            body=self.body(request),
+            headers=self.headers(),
+            timeout=self.config.timeout,
+            policy=self.policy,
+            role=request.role,
+            agent=self.name,
+            method=self.config.method,
+        )
+        data = result.json(self.name)
+        try:
+            reply = parse_http_reply(data, self.config.response)
+        except Exception as exc:
+            raise AgentError(
+                "parse", f"agent error: cannot read {self.name}'s reply: {exc}", call=result.record
+            ) from exc
+        result.record.usage = reply.usage
+        reply.call = result.record
+        return reply

@@ -1,0 +1,144 @@
+"""The `openai` protocol: Chat Completions over HTTP.
+
+Metadata travels in the body as `metadata`. Hosted APIs accept only a few short string
+values there, so an agent may say `metadata: strings` (values JSON-encoded, at most 16
+keys of 64 characters and values of 512, as OpenAI allows) or `metadata: none`.
+Replies may carry non-standard `awaiting_input`, `input_hint` and `state` fields, at
+the top level or on the message; agents that declare their state that way are believed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agenttest_worker.agents.base import (
+    AgentError,
+    AgentReply,
+    AgentRequest,
+    text_of,
+    tool_calls_from,
+)
+from agenttest_worker.agents.registry import AgentConfig, MetadataMode
+from agenttest_worker.agents.retry import RetryPolicy
+from agenttest_worker.agents.transport import post_json
+from agenttest_worker.results import Usage
+
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+
+def encode_metadata(metadata: dict[str, Any], mode: MetadataMode) -> dict[str, Any] | None:
+    if mode == "none" or not metadata:
+        return None
+    if mode == "object":
+        return metadata
+    encoded: dict[str, str] = {}
+    for key, value in list(metadata.items())[:MAX_METADATA_KEYS]:
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        encoded[str(key)[:MAX_METADATA_KEY]] = text[:MAX_METADATA_VALUE]
+    return encoded
+
+
+def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
+    """Tools from the registry as Chat Completions tool definitions (a bare name is allowed)."""
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if isinstance(tool, str):
+            out.append(
+                {
+                    "type": "function",
+                    "function": {"name": tool, "parameters": {"type": "object", "properties": {}}},
+                }
+            )
+        elif isinstance(tool, dict):
+            out.append(tool if "type" in tool else {"type": "function", "function": tool})
+    return out
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
+
+
+class OpenAIClient:
+    def __init__(self, name: str, config: AgentConfig) -> None:
+        self.name = name
+        self.config = config
+        self.policy = RetryPolicy(max_retries=config.max_retries)
+        self.url = config.endpoint()
+
+    def headers(self) -> dict[str, str]:
+        headers = dict(self.config.headers)
+        key = self.config.api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def body(self, request: AgentRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.config.model or self.name,
+            "messages": request.messages,
+        }
+        metadata = encode_metadata(request.metadata, self.config.metadata)
+        if metadata is not None:
+            body["metadata"] = metadata
+        if self.config.tools and request.role == "target":
+            body["tools"] = tool_definitions(self.config.tools)
+        return body
+
+    async def complete(self, request: AgentRequest) -> AgentReply:
+        result = await post_json(
+            url=self.url,
+            body=self.body(request),
+            headers=self.headers(),
+            timeout=self.config.timeout,
+            policy=self.policy,
+            role=request.role,
+            agent=self.name,
+        )
+        data = result.json(self.name)
+        reply = parse_completion(data, self.name)
+        result.record.usage = reply.usage
+        reply.call = result.record
+        return reply
+
+
+def parse_completion(data: Any, agent: str) -> AgentReply:
+    if not isinstance(data, dict):
+        raise AgentError("parse", f"agent error: {agent} replied with JSON that is not an object")
+    if isinstance(data.get("error"), dict):
+        raise AgentError("http", f"agent error: {data['error'].get('message', data['error'])}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise AgentError("parse", f"agent error: {agent} reply has no choices")
+    choice = choices[0]
+    raw_message = choice.get("message")
+    message: dict[str, Any] = raw_message if isinstance(raw_message, dict) else {}
+    raw_calls = message.get("tool_calls")
+    usage = data.get("usage")
+
+    def declared(key: str) -> Any:
+        return message.get(key, data.get(key))
+
+    hint = declared("input_hint")
+    return AgentReply(
+        content=text_of(message.get("content")),
+        tool_calls=tool_calls_from(raw_calls),
+        raw_tool_calls=raw_calls if isinstance(raw_calls, list) and raw_calls else None,
+        finish_reason=choice.get("finish_reason"),
+        awaiting_input=as_bool(declared("awaiting_input")),
+        input_hint=hint if isinstance(hint, str) else None,
+        state=declared("state"),
+        usage=Usage(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            total_tokens=int(usage.get("total_tokens") or 0),
+        )
+        if isinstance(usage, dict)
+        else None,
+    )

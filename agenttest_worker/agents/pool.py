@@ -1,0 +1,232 @@
+"""The agents of one project: clients by name, and the role calls the engine makes.
+
+`AgentPool` builds one client per registry entry on first use. `RoleSession` binds it
+to a list where every call's record (latency, attempts, tokens) is kept, and is what
+assertions see as their `roles`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agenttest_worker.agents.base import AgentClient, AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.http import HttpAgentClient
+from agenttest_worker.agents.openai import OpenAIClient
+from agenttest_worker.agents.registry import AgentConfig, ProjectConfig
+from agenttest_worker.agents.roles import (
+    ReplyParseError,
+    SimulatorTurn,
+    Verdict,
+    parse_failure,
+    read_generator_reply,
+    read_simulator_reply,
+    read_validator_reply,
+    simulator_request,
+    validator_request,
+)
+from agenttest_worker.agents.script import ScriptAgentClient
+from agenttest_worker.agents.scripts import ScriptError, call_script, load_script
+from agenttest_worker.assertions.base import AssertionOutcome
+from agenttest_worker.refs import parse_ref
+from agenttest_worker.results import AgentCallRecord
+
+ClientFactory = Callable[[str, AgentConfig, ProjectConfig], AgentClient]
+
+PROTOCOLS: dict[str, ClientFactory] = {
+    "openai": lambda name, cfg, _project: OpenAIClient(name, cfg),
+    "http": lambda name, cfg, _project: HttpAgentClient(name, cfg),
+    "script": lambda name, cfg, project: ScriptAgentClient(name, cfg, project.scripts_path),
+}
+
+
+class AgentPool:
+    def __init__(self, config: ProjectConfig) -> None:
+        self.config = config
+        self._clients: dict[str, AgentClient] = {}
+
+    def client(self, name: str) -> AgentClient:
+        ident = name.split(":", 1)[1] if name.startswith("agents:") else name
+        client = self._clients.get(ident)
+        if client is None:
+            try:
+                cfg = self.config.agent(ident)
+            except LookupError as exc:
+                raise AgentError("config", str(exc)) from None
+            client = PROTOCOLS[cfg.protocol](ident, cfg, self.config)
+            self._clients[ident] = client
+        return client
+
+    def session(self, log: list[AgentCallRecord]) -> RoleSession:
+        return RoleSession(self, log)
+
+
+class RoleSession:
+    """Role calls for one turn (or one judgement), recording every call in `log`."""
+
+    def __init__(self, pool: AgentPool, log: list[AgentCallRecord]) -> None:
+        self.pool = pool
+        self.log = log
+
+    async def call(self, agent: str, request: AgentRequest) -> AgentReply:
+        try:
+            reply = await self.pool.client(agent).complete(request)
+        except AgentError as exc:
+            if exc.call is not None:
+                exc.call.error = exc.call.error or exc.message
+                self.log.append(exc.call)
+            raise
+        if reply.call is not None:
+            self.log.append(reply.call)
+        return reply
+
+    # -- simulator -----------------------------------------------------------------
+
+    async def simulate(
+        self,
+        use: str,
+        history: list[dict[str, Any]],
+        metadata: dict[str, Any],
+        *,
+        session_id: str | None,
+        case_id: str,
+        turn: int,
+    ) -> SimulatorTurn:
+        """The simulator's next user input; AgentError when it fails or replies junk."""
+        ref = parse_ref(use, default_kind="agents")
+        if ref.kind == "scripts":
+            started = time.monotonic()
+            try:
+                fn = load_script(self.pool.config.scripts_path, ref.id, "simulator")
+                result = await call_script(fn, history, dict(metadata))
+            except ScriptError as exc:
+                raise AgentError("script", str(exc)) from exc
+            except Exception as exc:
+                raise AgentError(
+                    "script", f"script {ref.id} raised {type(exc).__name__}: {exc}"
+                ) from exc
+            finally:
+                self.log.append(
+                    AgentCallRecord(
+                        role="simulator",
+                        agent=str(ref),
+                        latency_ms=int((time.monotonic() - started) * 1000),
+                    )
+                )
+            content = result if isinstance(result, str) else _json_text(result)
+            try:
+                return read_simulator_reply(content)
+            except ReplyParseError as exc:
+                raise parse_failure("simulator", str(ref), exc, None) from exc
+        request = simulator_request(history, metadata, session_id, case_id, turn)
+        reply = await self.call(ref.id, request)
+        try:
+            return read_simulator_reply(reply.content)
+        except ReplyParseError as exc:
+            raise parse_failure("simulator", ref.id, exc, reply.call) from exc
+
+    # -- validator (RoleCaller) ----------------------------------------------------------
+
+    async def judge(
+        self,
+        use: str | None,
+        messages: list[dict[str, Any]],
+        metadata: dict[str, Any],
+        connector: str | None,
+    ) -> AssertionOutcome:
+        agent = use or self.pool.config.defaults.judge
+        if agent is None:
+            return AssertionOutcome(
+                False, "no judge: set defaults.judge in agenttest.yaml", error="no judge configured"
+            )
+        name = parse_ref(agent, default_kind="agents").id
+        if connector and connector in self.pool.config.agents:
+            name = connector
+        whole = len([m for m in messages if m.get("role") in ("user", "assistant")]) > 2
+        request = validator_request(messages, {"test_mode": "validator", **metadata}, whole)
+        try:
+            reply = await self.call(name, request)
+            verdict: Verdict = read_validator_reply(reply.content)
+        except AgentError as exc:
+            return AssertionOutcome(False, f"judge {name} failed: {exc.message}", error=exc.message)
+        except ReplyParseError as exc:
+            message = f"judge {name}: {exc}"
+            return AssertionOutcome(False, message, error=message)
+        return AssertionOutcome(
+            passed=verdict.passed,
+            reason=verdict.reason or ("passed" if verdict.passed else "failed"),
+            score=verdict.score,
+            suggestions=verdict.suggestions,
+        )
+
+    async def run_script_assertion(
+        self, use: str, response: dict[str, Any], metadata: dict[str, Any]
+    ) -> AssertionOutcome:
+        ref = parse_ref(use, default_kind="scripts")
+        try:
+            fn = load_script(self.pool.config.scripts_path, ref.id, "assertion")
+        except ScriptError as exc:
+            return AssertionOutcome(False, str(exc), error=str(exc))
+        try:
+            result = await call_script(fn, response, dict(metadata))
+        except Exception as exc:
+            message = f"script {ref.id} raised {type(exc).__name__}: {exc}"
+            return AssertionOutcome(False, message, error=message)
+        return _script_outcome(ref.id, result)
+
+    # -- generator -------------------------------------------------------------------
+
+    async def generate(self, use: str, metadata: dict[str, Any]) -> list[Any]:
+        """Raw generated cases from a generator agent or script (validated by the caller)."""
+        from agenttest_worker.agents.roles import generator_request
+
+        ref = parse_ref(use, allow_params=True)
+        if ref.kind == "scripts":
+            try:
+                fn = load_script(self.pool.config.scripts_path, ref.id, "generator")
+                result = await call_script(fn, dict(metadata))
+            except ScriptError as exc:
+                raise AgentError("script", str(exc)) from exc
+            except Exception as exc:
+                raise AgentError(
+                    "script", f"generator script {ref.id} raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if isinstance(result, dict) and isinstance(result.get("cases"), list):
+                return list(result["cases"])
+            if isinstance(result, list):
+                return result
+            raise AgentError(
+                "script",
+                f"generator script {ref.id} returned {type(result).__name__}, "
+                'expected a list of cases or {"cases": [...]}',
+            )
+        reply = await self.call(ref.id, generator_request({"test_mode": "generator", **metadata}))
+        try:
+            return read_generator_reply(reply.content)
+        except ReplyParseError as exc:
+            raise parse_failure("generator", ref.id, exc, reply.call) from exc
+
+
+def _json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, default=str)
+
+
+def _script_outcome(script: str, result: Any) -> AssertionOutcome:
+    if isinstance(result, bool):
+        return AssertionOutcome(result, f"script {script} returned {str(result).lower()}")
+    if isinstance(result, dict) and isinstance(result.get("passed", result.get("pass")), bool):
+        passed = bool(result.get("passed", result.get("pass")))
+        reason = result.get("reason") or f"script {script} returned passed={str(passed).lower()}"
+        score = result.get("score")
+        return AssertionOutcome(
+            passed,
+            str(reason),
+            score=float(score)
+            if isinstance(score, int | float) and not isinstance(score, bool)
+            else None,
+        )
+    message = f'script {script} returned {result!r:.80}; expected a bool or {{"passed": bool}}'
+    return AssertionOutcome(False, message, error=message)

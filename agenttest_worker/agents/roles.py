@@ -1,0 +1,274 @@
+"""Calls to the helper roles, exactly as the spec's interfaces describe them.
+
+- simulator: the conversation history as it is (user/assistant) after a system prompt,
+  `metadata` with test_mode "simulator", persona, goal, turn_number, max_turns;
+  returns {input, goal_achieved, reasoning}.
+- validator: [user: original input, assistant: response] (or the conversation so far)
+  after a system prompt, `metadata` with test_mode "validator" and the criteria;
+  returns {passed, score, reason, suggestions}.
+- generator: `metadata` with test_mode "generator", target_agent, count, focus and the
+  other query parameters; returns {cases: [...]}.
+
+The built-in system prompts carry the metadata too, for agents behind hosted APIs that
+drop or restrict `metadata`. Replies are parsed leniently (JSON inside code fences or
+prose); a reply that still does not parse is an error that keeps the raw text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from agenttest_worker.agents.base import AgentError, AgentRequest, text_of
+from agenttest_worker.agents.transport import snippet
+from agenttest_worker.results import AgentCallRecord
+
+SIMULATOR_PROMPT = """You are simulating a user talking to an AI agent that is being tested.
+
+Persona: {persona}
+Goal: {goal}
+Turn: {turn_number} of at most {max_turns}
+
+Read the conversation so far and write the user's next message, moving toward the goal.
+If the goal has been achieved, set goal_achieved to true.
+
+Respond in JSON only:
+{{"input": "your next message as the user", "goal_achieved": true or false,
+ "reasoning": "brief explanation"}}
+
+Test metadata: {metadata}"""
+
+VALIDATOR_PROMPT = """You are a strict evaluator of an AI agent's responses.
+
+Criteria: {criteria}
+
+Judge only against the criteria. Evaluate the assistant's last response{scope}.
+
+Respond in JSON only:
+{{"passed": true or false, "score": a number from 0 to 1, "reason": "why", "suggestions": ["..."]}}
+
+Test metadata: {metadata}"""
+
+GENERATOR_PROMPT = """You are a test case generator for AI agents.
+
+Target Agent: {target_agent}
+Description: {target_description}
+Available Tools: {target_tools}
+
+Generate {count} test cases with focus on: {focus}
+
+For each test case, provide:
+- id: Unique identifier
+- name: Descriptive name
+- input: User message, or turns: [{{"input": ...}}] for multi-turn
+- assertions: Expected behaviors to verify
+
+Respond in JSON only: {{"cases": [...]}}
+
+Test metadata: {metadata}"""
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+
+
+class ReplyParseError(ValueError):
+    def __init__(self, message: str, raw: str) -> None:
+        super().__init__(message)
+        self.raw = raw
+
+
+def parse_json_reply(text: str | None) -> dict[str, Any]:
+    """The JSON object in a reply: the whole text, a fenced block, or the first {...} in prose."""
+    raw = text or ""
+    candidates = [raw.strip()]
+    candidates += [m.group(1).strip() for m in _FENCE.finditer(raw)]
+    for candidate in candidates:
+        if candidate.startswith("{"):
+            try:
+                value = json.loads(candidate)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", raw):
+        try:
+            value, _ = decoder.raw_decode(raw, match.start())
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    raise ReplyParseError(f"reply is not JSON: {snippet(raw)}", raw)
+
+
+def conversation_for_role(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """User and assistant turns as plain text: what a simulator or judge reads.
+
+    Tool plumbing (tool messages, tool_calls) is folded into the assistant's text, so
+    that a helper agent behind a strict Chat Completions API gets a valid history.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role not in ("user", "assistant"):
+            continue
+        text = text_of(message.get("content")) or ""
+        if role == "assistant" and message.get("tool_calls"):
+            calls = ", ".join(
+                f"{c.get('function', {}).get('name')}({c.get('function', {}).get('arguments', '')})"
+                for c in message["tool_calls"]
+                if isinstance(c, dict)
+            )
+            text = (text + "\n" if text else "") + f"[tool calls: {calls}]"
+        out.append({"role": role, "content": text})
+    return out
+
+
+def _meta_text(metadata: dict[str, Any]) -> str:
+    return json.dumps(metadata, ensure_ascii=False, default=str)
+
+
+@dataclass
+class SimulatorTurn:
+    input: str
+    goal_achieved: bool
+    reasoning: str | None
+
+
+def simulator_request(
+    history: list[dict[str, Any]],
+    metadata: dict[str, Any],
+    session_id: str | None,
+    case_id: str,
+    turn: int,
+) -> AgentRequest:
+    system = SIMULATOR_PROMPT.format(
+        persona=metadata.get("persona", "a typical user"),
+        goal=metadata.get("goal", "get the agent to complete the task"),
+        turn_number=metadata.get("turn_number"),
+        max_turns=metadata.get("max_turns"),
+        metadata=_meta_text(metadata),
+    )
+    return AgentRequest(
+        role="simulator",
+        messages=[{"role": "system", "content": system}, *conversation_for_role(history)],
+        metadata=metadata,
+        session_id=session_id,
+        case_id=case_id,
+        turn=turn,
+    )
+
+
+def read_simulator_reply(content: str | None) -> SimulatorTurn:
+    data = parse_json_reply(content)
+    goal = data.get("goal_achieved", False)
+    goal_achieved = goal is True or (isinstance(goal, str) and goal.lower() == "true")
+    text = data.get("input")
+    if text is None and not goal_achieved:
+        raise ReplyParseError("reply has no `input`", content or "")
+    if text is not None and not isinstance(text, str):
+        text = json.dumps(text) if not isinstance(text, int | float) else str(text)
+    if not goal_achieved and not (text or "").strip():
+        raise ReplyParseError(
+            "reply has an empty `input` and the goal is not achieved", content or ""
+        )
+    reasoning = data.get("reasoning")
+    return SimulatorTurn(
+        text or "", goal_achieved, reasoning if isinstance(reasoning, str) else None
+    )
+
+
+def validator_request(
+    messages: list[dict[str, Any]], metadata: dict[str, Any], whole_conversation: bool
+) -> AgentRequest:
+    system = VALIDATOR_PROMPT.format(
+        criteria=metadata.get("criteria", "(none given)"),
+        scope=" in the context of the whole conversation" if whole_conversation else "",
+        metadata=_meta_text(metadata),
+    )
+    return AgentRequest(
+        role="validator",
+        messages=[{"role": "system", "content": system}, *conversation_for_role(messages)],
+        metadata=metadata,
+    )
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    reason: str
+    score: float | None
+    suggestions: list[str] | None
+
+
+def read_validator_reply(content: str | None) -> Verdict:
+    data = parse_json_reply(content)
+    raw_passed = data.get("passed", data.get("pass", data.get("result")))
+    passed: bool | None = None
+    if isinstance(raw_passed, bool):
+        passed = raw_passed
+    elif isinstance(raw_passed, str) and raw_passed.strip().lower() in (
+        "pass",
+        "passed",
+        "true",
+        "fail",
+        "failed",
+        "false",
+    ):
+        passed = raw_passed.strip().lower() in ("pass", "passed", "true")
+    if passed is None:
+        raise ReplyParseError("judge reply has no `passed` verdict", content or "")
+    score = data.get("score")
+    reason = data.get("reason") or data.get("reasoning") or ""
+    suggestions = data.get("suggestions")
+    return Verdict(
+        passed=passed,
+        reason=str(reason),
+        score=float(score)
+        if isinstance(score, int | float) and not isinstance(score, bool)
+        else None,
+        suggestions=[str(s) for s in suggestions] if isinstance(suggestions, list) else None,
+    )
+
+
+def generator_request(metadata: dict[str, Any]) -> AgentRequest:
+    system = GENERATOR_PROMPT.format(
+        target_agent=metadata.get("target_agent"),
+        target_description=metadata.get("target_description") or "(not described)",
+        target_tools=json.dumps(metadata.get("target_tools") or [], default=str),
+        count=metadata.get("count", "some"),
+        focus=metadata.get("focus", "happy-path"),
+        metadata=_meta_text(metadata),
+    )
+    return AgentRequest(
+        role="generator",
+        messages=[
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Generate the test cases now."},
+        ],
+        metadata=metadata,
+    )
+
+
+def read_generator_reply(content: str | None) -> list[Any]:
+    text = content or ""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            value = json.loads(stripped)
+            if isinstance(value, list):
+                return value
+        except ValueError:
+            pass
+    data = parse_json_reply(text)
+    cases = data.get("cases")
+    if not isinstance(cases, list):
+        raise ReplyParseError("generator reply has no `cases` list", text)
+    return cases
+
+
+def parse_failure(
+    role: str, agent: str, exc: ReplyParseError, call: AgentCallRecord | None
+) -> AgentError:
+    return AgentError("parse", f"{role} {agent}: {exc}", call=call, raw=exc.raw[:4096])

@@ -1,0 +1,48 @@
+"""The `script` protocol: an agent implemented by a Python function in the scripts folder.
+
+`respond(messages, metadata)` returns the reply text, or a dict with `content` and
+optionally `tool_calls`, `awaiting_input`, `input_hint` and `state`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.http import parse_http_reply
+from agenttest_worker.agents.registry import AgentConfig, ResponseMapping
+from agenttest_worker.agents.scripts import ScriptError, call_script, load_script
+from agenttest_worker.results import AgentCallRecord
+
+
+class ScriptAgentClient:
+    def __init__(self, name: str, config: AgentConfig, scripts_dir: Path) -> None:
+        self.name = name
+        self.config = config
+        self.scripts_dir = scripts_dir
+        assert config.use is not None
+        self.script_id = config.use.split(":", 1)[1]
+
+    async def complete(self, request: AgentRequest) -> AgentReply:
+        started = time.monotonic()
+
+        def record(error: str | None = None) -> AgentCallRecord:
+            return AgentCallRecord(
+                role=request.role,
+                agent=self.name,
+                latency_ms=int((time.monotonic() - started) * 1000),
+                error=error,
+            )
+
+        try:
+            fn = load_script(self.scripts_dir, self.script_id, "agent")
+            result = await call_script(fn, request.messages, dict(request.metadata))
+        except ScriptError as exc:
+            raise AgentError("script", str(exc), call=record(str(exc))) from exc
+        except Exception as exc:  # the script's own bug is the agent's error, not ours
+            message = f"agent error: script {self.script_id} raised {type(exc).__name__}: {exc}"
+            raise AgentError("script", message, call=record(message)) from exc
+        reply = parse_http_reply(result, ResponseMapping())
+        reply.call = record()
+        return reply

@@ -1,0 +1,176 @@
+"""HTTP calls to agents, with retries, timing and bounded bodies.
+
+aiohttp rather than httpx.AsyncClient: under a hundred concurrent conversations the
+latter's connection pool collapses (encode/httpx#3215); DESIGN.md's measurements put
+aiohttp at several times the throughput on the same machine. One session per event
+loop, with a keep-alive pool per agent host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from agenttest_worker.agents.base import AgentError
+from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from agenttest_worker.results import AgentCallRecord, AgentRole
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+_SNIPPET = 200
+
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
+    weakref.WeakKeyDictionary()
+)
+_pool_size = 200
+
+
+def configure_pool(size: int) -> None:
+    """Connections kept per event loop (set before the first call)."""
+    global _pool_size
+    _pool_size = size
+
+
+def session() -> aiohttp.ClientSession:
+    """The shared session of the running event loop."""
+    loop = asyncio.get_running_loop()
+    current = _sessions.get(loop)
+    if current is None or current.closed:
+        connector = aiohttp.TCPConnector(
+            limit=_pool_size, limit_per_host=_pool_size, ttl_dns_cache=300
+        )
+        current = aiohttp.ClientSession(
+            connector=connector,
+            # Bodies are parsed by us (lenient, with clear errors), not by aiohttp.
+            json_serialize=json.dumps,
+            raise_for_status=False,
+            trust_env=True,
+        )
+        _sessions[loop] = current
+    return current
+
+
+async def close_session() -> None:
+    """Close the running loop's session (end of an embedded run, worker shutdown)."""
+    loop = asyncio.get_running_loop()
+    current = _sessions.pop(loop, None)
+    if current is not None and not current.closed:
+        await current.close()
+
+
+@dataclass
+class HttpResult:
+    status: int
+    headers: dict[str, str]
+    text: str
+    record: AgentCallRecord
+
+    def json(self, agent: str) -> Any:
+        """The body as JSON; anything else is a parse error naming what came back."""
+        try:
+            return json.loads(self.text)
+        except ValueError:
+            kind = self.headers.get("Content-Type", "unknown content type").split(";")[0]
+            raise AgentError(
+                "parse",
+                f"agent error: {agent} replied with {kind}, not JSON: {snippet(self.text)}",
+                call=self.record,
+                raw=self.text[:4096],
+            ) from None
+
+
+def snippet(text: str) -> str:
+    flat = " ".join(text.split())
+    return json.dumps(flat if len(flat) <= _SNIPPET else flat[:_SNIPPET] + "…", ensure_ascii=False)
+
+
+async def post_json(
+    *,
+    url: str,
+    body: Any,
+    headers: dict[str, str],
+    timeout: float,
+    policy: RetryPolicy,
+    role: AgentRole,
+    agent: str,
+    method: str = "POST",
+) -> HttpResult:
+    """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent."""
+    payload = json.dumps(body, ensure_ascii=False).encode()
+    all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
+    started = time.monotonic()
+    attempts = 0
+    while True:
+        attempts += 1
+        retry_after: float | None = None
+        try:
+            async with session().request(
+                method,
+                url,
+                data=payload,
+                headers=all_headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                raw = await response.content.read(MAX_BODY_BYTES + 1)
+                status = response.status
+                response_headers = {k: v for k, v in response.headers.items()}
+        except TimeoutError:
+            failure = AgentError("timeout", f"timeout after {timeout:g}s")
+        except aiohttp.ClientError as exc:
+            failure = AgentError(
+                "connection", f"agent error: cannot reach {agent} ({describe(exc)})"
+            )
+        else:
+            text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
+            record = _record(role, agent, started, attempts, status)
+            if 200 <= status < 300:
+                if len(raw) > MAX_BODY_BYTES:
+                    raise AgentError(
+                        "parse", f"agent error: reply over {MAX_BODY_BYTES >> 20} MB", call=record
+                    )
+                return HttpResult(status, response_headers, text, record)
+            failure = AgentError(
+                "http", f"agent error: HTTP {status} from {agent}: {snippet(text)}", raw=text[:4096]
+            )
+            if not is_retryable_status(status):
+                failure.call = record
+                raise failure
+            retry_after = parse_retry_after(response_headers)
+            if retry_after is not None and retry_after > policy.max_retry_after:
+                failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
+                failure.call = record
+                raise failure
+        if attempts > policy.max_retries:
+            failure.call = _record(role, agent, started, attempts, None, failure.message)
+            if attempts > 1:
+                failure.message += f" (after {attempts} attempts)"
+            raise failure
+        await asyncio.sleep(policy.delay(attempts, retry_after))
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…"
+
+
+def _record(
+    role: AgentRole,
+    agent: str,
+    started: float,
+    attempts: int,
+    status: int | None,
+    error: str | None = None,
+) -> AgentCallRecord:
+    return AgentCallRecord(
+        role=role,
+        agent=agent,
+        latency_ms=int((time.monotonic() - started) * 1000),
+        attempts=attempts,
+        status_code=status,
+        error=error,
+    )

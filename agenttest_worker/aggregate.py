@@ -1,0 +1,53 @@
+"""The aggregator: once every conversation of a run has ended, build its reports once.
+
+Claimed with a guarded UPDATE, so two conversations finishing at the same moment (or a
+redelivered aggregation task) still produce exactly one aggregation.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from agenttest_worker.report import RunReport, render
+from agenttest_worker.store import repo
+
+STORED_FORMATS = ("jsonl", "console", "console-verbose")
+
+
+def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = False) -> RunReport:
+    run = repo.get_run(url, run_id)
+    if run is None:
+        raise LookupError(f"no run {run_id}")
+    results = list(repo.iter_results(url, run_id))
+    started = run.started_at or run.created_at
+    finished = run.finished_at or datetime.now(UTC)
+    if started is not None and started.tzinfo is None:
+        started = started.replace(tzinfo=UTC)
+    if finished.tzinfo is None:
+        finished = finished.replace(tzinfo=UTC)
+    duration = (finished - started).total_seconds() if started else 0.0
+    return RunReport(
+        results=results,
+        agent=run.agent,
+        input_label=run.input_label or "",
+        total_cases=run.total_cases,
+        duration_s=max(duration, 0.0),
+        verbose=verbose,
+        run_id=run_id,
+        color=color,
+    )
+
+
+def aggregate(url: str, run_id: str) -> bool:
+    """Build and store the run's reports if this caller wins the claim; True if it did."""
+    if not repo.claim_aggregation(url, run_id):
+        return False
+    report = build_report(url, run_id)
+    reports = {
+        "jsonl": render("jsonl", report),
+        "console": render("console", report),
+    }
+    report.verbose = True
+    reports["console-verbose"] = render("console", report)
+    repo.complete_run(url, run_id, reports)
+    return True

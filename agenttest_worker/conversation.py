@@ -1,0 +1,247 @@
+"""The body of a turn task: load a conversation, run one engine step, save it.
+
+Shared by the Celery task (tasks.py) and the embedded runner, so that both execute
+exactly the same steps against the same store. Loading and saving are synchronous
+(they run in the task's thread); the engine step is a coroutine (agent calls share one
+event loop and its connection pool).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from agenttest_worker.agents.pool import AgentPool
+from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.cases import Case
+from agenttest_worker.durations import format_duration
+from agenttest_worker.engine import (
+    ConversationState,
+    RunOptions,
+    case_result,
+    give_human_input,
+    run_turn,
+    start_conversation,
+)
+from agenttest_worker.results import TurnResult
+from agenttest_worker.store import repo
+
+
+@dataclass
+class Advance:
+    """What the caller must do after a step."""
+
+    saved: bool
+    next_turn: int | None = None
+    run_finished: bool = False
+    awaiting_human: bool = False
+    case_done: bool = False
+    status: str | None = None
+
+
+@dataclass
+class Prepared:
+    loaded: repo.LoadedCase
+    case: Case
+    state: ConversationState
+    options: RunOptions
+    turn: int
+
+
+class PoolCache:
+    """Agent pools by run, so that a worker serving many runs reuses clients."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._pools: OrderedDict[str, AgentPool] = OrderedDict()
+
+    def for_run(self, run_id: str, config: dict[str, Any]) -> AgentPool:
+        pool = self._pools.get(run_id)
+        if pool is None:
+            pool = AgentPool(ProjectConfig.from_stored(config))
+            self._pools[run_id] = pool
+            while len(self._pools) > self.size:
+                self._pools.popitem(last=False)
+        else:
+            self._pools.move_to_end(run_id)
+        return pool
+
+
+def session_id(run_id: str, case_id: str) -> str:
+    return f"agenttest-{run_id}-{case_id}"
+
+
+def prepare(
+    url: str, run_id: str, case_id: str, turn: int, max_deliveries: int | None = None
+) -> Prepared | Advance:
+    """Load what turn `turn` needs, or say why there is nothing to do (an Advance)."""
+    loaded = repo.load_case(url, run_id, case_id, count_delivery=max_deliveries is not None)
+    if loaded is None:
+        return Advance(saved=False)
+    if loaded.phase == "done":
+        return Advance(saved=False, case_done=True)
+    if loaded.next_turn != turn or loaded.phase not in ("pending", "ready"):
+        # A duplicate or stale message. If the turn it names already ran but the next
+        # one was never enqueued (the worker died in between), enqueue it again: the
+        # next task's own guard makes a double harmless.
+        resend = loaded.phase == "ready" and loaded.next_turn == turn + 1
+        return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
+    case = Case.model_validate(loaded.case)
+    options = RunOptions.model_validate(loaded.run_options)
+    if loaded.state is None:
+        state = start_conversation(case, session_id(run_id, case_id))
+    else:
+        state = ConversationState.model_validate(loaded.state)
+    return Prepared(loaded, case, state, options, turn)
+
+
+def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, str] | None:
+    """(kind, message) when the conversation must end without running the turn."""
+    loaded = prepared.loaded
+    if loaded.run_cancelled:
+        return "skip", loaded.cancel_reason or "run cancelled"
+    if loaded.deadline_at is not None and time.time() > loaded.deadline_at:
+        return "fail", "run deadline passed before this case finished"
+    if max_deliveries is not None and loaded.deliveries > max_deliveries:
+        return "fail", (
+            f"turn {prepared.turn} was delivered {loaded.deliveries} times without finishing "
+            "(the worker running it died each time)"
+        )
+    return None
+
+
+async def execute(prepared: Prepared, pool: AgentPool) -> ConversationState:
+    return await run_turn(prepared.case, prepared.state, pool, prepared.options)
+
+
+def end_without_running(prepared: Prepared, kind: str, message: str) -> ConversationState:
+    state = prepared.state.model_copy(deep=True)
+    state.next_input = None
+    state.phase = "done"
+    if kind == "skip":
+        state.skip_reason = message
+    else:
+        state.error = message
+    return state
+
+
+def commit(url: str, prepared: Prepared, state: ConversationState) -> Advance:
+    """Save the step's outcome once; say what to enqueue next."""
+    loaded = prepared.loaded
+    new_turns: list[TurnResult] = [t for t in state.turns if t.turn >= prepared.turn]
+    result = case_result(prepared.case, state, loaded.agent) if state.phase == "done" else None
+    next_turn = state.turns_run + 1
+    saved = repo.save_step(
+        url,
+        run_id=loaded.run_id,
+        case_id=loaded.case_id,
+        expected_turn=prepared.turn,
+        next_turn=next_turn,
+        phase=state.phase,
+        state=state.model_dump(mode="json"),
+        new_turns=new_turns,
+        final_assertions=state.final_assertions if result else (),
+        result=result,
+    )
+    if not saved.saved:
+        return Advance(saved=False)
+    return Advance(
+        saved=True,
+        next_turn=next_turn if state.phase == "ready" else None,
+        run_finished=saved.run_finished,
+        awaiting_human=state.phase == "awaiting_human",
+        case_done=result is not None,
+        status=result.status if result else None,
+    )
+
+
+async def answer_human(
+    url: str,
+    pool: AgentPool,
+    run_id: str,
+    case_id: str,
+    text: str | None,
+    reason: str | None = None,
+) -> Advance:
+    """A person's reply (or None: no reply came) to a conversation parked for input."""
+    loaded = repo.load_case(url, run_id, case_id)
+    if loaded is None or loaded.phase != "awaiting_human" or loaded.state is None:
+        return Advance(saved=False)
+    case = Case.model_validate(loaded.case)
+    options = RunOptions.model_validate(loaded.run_options)
+    state = ConversationState.model_validate(loaded.state)
+    new_state = await give_human_input(case, state, text, pool, options, reason)
+    result = case_result(case, new_state, loaded.agent) if new_state.phase == "done" else None
+    skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
+    saved = repo.save_step(
+        url,
+        run_id=run_id,
+        case_id=case_id,
+        expected_turn=loaded.next_turn,
+        next_turn=loaded.next_turn,
+        phase=new_state.phase,
+        state=new_state.model_dump(mode="json"),
+        new_turns=skipped_rows,
+        final_assertions=new_state.final_assertions if result else (),
+        result=result,
+        expected_phase="awaiting_human",
+    )
+    if not saved.saved:
+        return Advance(saved=False)
+    return Advance(
+        saved=True,
+        next_turn=loaded.next_turn if new_state.phase == "ready" else None,
+        run_finished=saved.run_finished,
+        case_done=result is not None,
+        status=result.status if result else None,
+    )
+
+
+def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationState | None:
+    reason = stop_reason(prepared, max_deliveries)
+    return end_without_running(prepared, *reason) if reason else None
+
+
+def _after_commit(url: str, prepared: Prepared, advance: Advance) -> Advance:
+    if advance.status == "failed" and prepared.options.fail_fast:
+        repo.cancel_run(
+            url,
+            prepared.loaded.run_id,
+            f"not run: --fail-fast stopped the run after {prepared.case.id} failed",
+        )
+    return advance
+
+
+def run_step_sync(
+    url: str, pools: PoolCache, run_id: str, case_id: str, turn: int, max_deliveries: int | None
+) -> Advance:
+    """One step from a worker thread: database here, agent calls on the process's loop."""
+    from agenttest_worker.runtime import run_sync
+
+    prepared = prepare(url, run_id, case_id, turn, max_deliveries)
+    if isinstance(prepared, Advance):
+        return prepared
+    state = _stopped(prepared, max_deliveries)
+    if state is None:
+        pool = pools.for_run(run_id, prepared.loaded.run_config)
+        state = run_sync(execute(prepared, pool))
+    return _after_commit(url, prepared, commit(url, prepared, state))
+
+
+async def run_step(
+    url: str, pools: PoolCache, run_id: str, case_id: str, turn: int, max_deliveries: int | None
+) -> Advance:
+    """The same step from inside an event loop (the embedded runner)."""
+    prepared = prepare(url, run_id, case_id, turn, max_deliveries)
+    if isinstance(prepared, Advance):
+        return prepared
+    state = _stopped(prepared, max_deliveries)
+    if state is None:
+        state = await execute(prepared, pools.for_run(run_id, prepared.loaded.run_config))
+    return _after_commit(url, prepared, commit(url, prepared, state))
+
+
+def timeout_message(seconds: float) -> str:
+    return f"no answer within {format_duration(seconds)}"

@@ -1,0 +1,155 @@
+"""The result store's tables (SQLAlchemy 2). Postgres at scale, SQLite when embedded.
+
+- runs: one submission: its options, inputs, who/when, counts and status.
+- cases: one conversation: the normalized case, its engine state between turns, its
+  final record. `next_turn` is the turn the next task must run; saving a turn moves it
+  on only if it still holds the expected value, which is what makes a redelivered or
+  duplicated task a no-op.
+- turns, assertion_results, agent_calls: one row per turn / assertion / call, keyed by
+  (run, case, turn, ...) so that an insert repeated by a retried task does nothing.
+- run_reports: the aggregator's reports, stored with the run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # pending (storing cases) -> running -> aggregating -> done; or cancelled.
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    submitted_by: Mapped[str | None] = mapped_column(String(200))
+    agent: Mapped[str | None] = mapped_column(String(200))
+    input_label: Mapped[str | None] = mapped_column(Text)
+    options: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    parent_run_id: Mapped[str | None] = mapped_column(String(40))
+    total_cases: Mapped[int] = mapped_column(Integer, default=0)
+    finished_cases: Mapped[int] = mapped_column(Integer, default=0)
+    passed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[int] = mapped_column(Integer, default=0)
+    total_turns: Mapped[int] = mapped_column(Integer, default=0)
+    total_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cancelled: Mapped[bool] = mapped_column(Boolean, default=False)
+    cancel_reason: Mapped[str | None] = mapped_column(Text)
+    deadline_at: Mapped[float | None] = mapped_column(Float)
+
+
+class CaseRow(Base):
+    __tablename__ = "cases"
+
+    run_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    case: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    agent: Mapped[str | None] = mapped_column(String(200))
+    # pending (not started) | ready | awaiting_human | done
+    phase: Mapped[str] = mapped_column(String(16), default="pending")
+    next_turn: Mapped[int] = mapped_column(Integer, default=1)
+    state: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    status: Mapped[str | None] = mapped_column(String(16))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    __table_args__ = (
+        Index("ix_cases_run_seq", "run_id", "seq"),
+        Index("ix_cases_run_phase", "run_id", "phase"),
+    )
+
+
+class TurnRow(Base):
+    __tablename__ = "turns"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    turn: Mapped[int] = mapped_column(Integer, primary_key=True)
+    input: Mapped[str | None] = mapped_column(Text)
+    input_source: Mapped[str | None] = mapped_column(String(16))
+    output: Mapped[str | None] = mapped_column(Text)
+    tool_calls: Mapped[list[Any]] = mapped_column(JsonType, default=list)
+    awaiting_input: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16))
+    duration_ms: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    skip_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class AssertionResultRow(Base):
+    __tablename__ = "assertion_results"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    # 0 for final_assertions, else the turn number.
+    turn: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    type: Mapped[str] = mapped_column(String(32))
+    passed: Mapped[bool] = mapped_column(Boolean)
+    reason: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+
+
+class AgentCallRow(Base):
+    __tablename__ = "agent_calls"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    turn: Mapped[int] = mapped_column(Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    agent: Mapped[str] = mapped_column(String(200))
+    latency_ms: Mapped[int] = mapped_column(Integer)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    total_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    # What was sent and received, minus credentials (headers are never stored).
+    request: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+
+
+class RunReportRow(Base):
+    __tablename__ = "run_reports"
+
+    run_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    format: Mapped[str] = mapped_column(String(16), primary_key=True)
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
