@@ -43,6 +43,9 @@ class GeneratorInput:
 
 InputSource = FileInput | MessageInput | GeneratorInput
 
+_PATH_PREFIXES = ("./", "../", "~/", ".\\", "..\\")
+_PATH_SUFFIXES = ("/", "\\")
+
 
 def parse_input(arg: str) -> InputSource:
     """Classify one `-i` value. Raises InputError for what cannot be meant."""
@@ -61,7 +64,11 @@ def parse_input(arg: str) -> InputSource:
     if path.exists():
         return FileInput(path)
     # A single word ending in a case-file extension is a mistyped path, not a message
-    # anybody means to send to an agent.
-    if " " not in text and path.suffix.lower() in CASE_SUFFIXES:
-        raise InputError(InputProblem(f"case file not found: {text}", field="-i"))
+    # anybody means to send to an agent; so is one written as a relative path or a folder
+    # (`./tests/`), which would otherwise run as a message with no assertions and pass.
+    if not any(c.isspace() for c in text):
+        if path.suffix.lower() in CASE_SUFFIXES:
+            raise InputError(InputProblem(f"case file not found: {text}", field="-i"))
+        if text.startswith(_PATH_PREFIXES) or text.endswith(_PATH_SUFFIXES):
+            raise InputError(InputProblem(f"case file or folder not found: {text}", field="-i"))
     return MessageInput(text)

@@ -20,9 +20,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from agenttest_worker.assertions import ASSERTION_TYPES
-from agenttest_worker.cases import Case, YamlTest
+from agenttest_worker.cases import Case, FieldError, YamlTest
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.yamlfile import MAX_YAML_NODES, YamlPath, parse_yaml
+from agenttest_worker.yamlfile import YamlPath, parse_yaml
 
 CASE_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 MAX_CASE_BYTES = 8 * 1024 * 1024
@@ -209,8 +209,7 @@ def _iter_json(path: Path) -> Iterator[Located | InputProblem]:
         yield InputProblem(f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=1)
         return
     if isinstance(whole, dict) and isinstance(whole.get("cases"), list):
-        body_start = text.index("[", text.index('"cases"'))
-        yield from _array_items(text, body_start, whole["cases"], name)
+        yield from _array_items(text, _member_start(text, start, "cases"), whole["cases"], name)
     elif isinstance(whole, list):
         yield from _array_items(text, start, whole, name)
     else:
@@ -227,6 +226,27 @@ def _array_items(text: str, start: int, items: list[Any], name: str) -> Iterator
         pos = _skip_ws(text, pos)
         if pos < len(text) and text[pos] == ",":
             pos = _skip_ws(text, pos + 1)
+
+
+def _member_start(text: str, start: int, key: str) -> int:
+    """Where the value of top-level `key` starts in the object at text[start] == '{'.
+
+    Found by walking the object's members (not by searching for the key's text, which
+    may also occur inside a nested object); the last occurrence wins, as in json.loads.
+    """
+    decoder = json.JSONDecoder()
+    pos = _skip_ws(text, start + 1)
+    found = -1
+    while pos < len(text) and text[pos] != "}":
+        member, pos = decoder.raw_decode(text, pos)
+        pos = _skip_ws(text, _skip_ws(text, pos) + 1)  # past the ':'
+        if member == key:
+            found = pos
+        _, pos = decoder.raw_decode(text, pos)
+        pos = _skip_ws(text, pos)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip_ws(text, pos + 1)
+    return found
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -333,6 +353,9 @@ def problems_from_validation(
 ) -> Iterator[InputProblem]:
     for err in exc.errors(include_url=False):
         loc = _user_loc(tuple(err["loc"]))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):  # a cross-field check names its own field
+            loc = (*loc, cause.field)
         yield InputProblem(
             _user_message(err), file=file, line=line_for(loc), field=_format_loc(loc) or None,
             test=test,

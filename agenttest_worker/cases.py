@@ -33,6 +33,18 @@ CaseType = Literal["single_turn", "multi_turn"]
 DEFAULT_MAX_TURNS = 20
 
 
+class FieldError(ValueError):
+    """A check across fields, raised from a model validator, that belongs to one field.
+
+    Pydantic locates a model validator's error at the model itself; the readers add
+    `field` so that the message names what the author should change.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class _Strict(BaseModel):
     # Unknown keys are errors (they are usually typos); numbers where text is expected
     # (`user_input: 42` in YAML) are meant as text.
@@ -159,12 +171,15 @@ class Case(_Strict):
     def _normalize(self) -> Case:
         single_form = self.input is not None
         if single_form and self.turns:
-            raise ValueError("give either `input` (single-turn) or `turns` (multi-turn), not both")
+            raise FieldError(
+                "turns", "give either `input` (single-turn) or `turns` (multi-turn), not both"
+            )
         if not single_form and (self.assertions or self.attachments):
             field = "assertions" if self.assertions else "attachments"
-            raise ValueError(
+            raise FieldError(
+                field,
                 f"top-level `{field}` belongs to the single-turn form (with `input`); "
-                "put them on a turn, or use final_assertions"
+                "put them on a turn, or use final_assertions",
             )
         if self.type is None:
             dynamic = self.simulator is not None or (
@@ -180,10 +195,13 @@ class Case(_Strict):
             self.assertions = []
             self.attachments = []
         if self.type == "single_turn" and len(self.turns) > 1:
-            raise ValueError(f"type is single_turn but the case has {len(self.turns)} turns")
+            raise FieldError(
+                "type", f"type is single_turn but the case has {len(self.turns)} turns"
+            )
         if self.max_turns is not None and self.max_turns < len(self.turns):
-            raise ValueError(
-                f"max_turns ({self.max_turns}) is less than the {len(self.turns)} static turns"
+            raise FieldError(
+                "max_turns",
+                f"max_turns ({self.max_turns}) is less than the {len(self.turns)} static turns",
             )
         return self
 
@@ -223,13 +241,20 @@ class Case(_Strict):
         explicit `"value": null` survives and reading the record back gives an equal case.
         """
         data = self.model_dump(mode="json", exclude_unset=True)
-        data["turns"] = [_without_empty(t) for t in data.get("turns", [])]
-        return _without_empty(data)
+        data["turns"] = [_without_defaults(t, Turn) for t in data.get("turns", [])]
+        return _without_defaults(data, Case)
 
 
-def _without_empty(record: dict[str, Any]) -> dict[str, Any]:
+def _without_defaults(record: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
     # Only the case's and the turns' own keys: inside an assertion, [] and null are values.
-    return {k: v for k, v in record.items() if v is not None and v != [] and v != {}}
+    # A key is dropped only when it holds the field's default (None, [], {}), so that an
+    # explicit `"interactive": {}` (which is not None) still reads back as an equal case.
+    fields = model.model_fields
+    return {
+        k: v
+        for k, v in record.items()
+        if k not in fields or v != fields[k].get_default(call_default_factory=True)
+    }
 
 
 # -- the tdx YAML format -------------------------------------------------------------
@@ -271,11 +296,14 @@ class YamlTest(_Strict):
     @model_validator(mode="after")
     def _one_form(self) -> YamlTest:
         if self.user_input is None and not self.rounds:
-            raise ValueError("a test needs `user_input` (flat format) or `rounds`")
+            raise FieldError("user_input", "a test needs `user_input` (flat format) or `rounds`")
         if self.user_input is not None and self.rounds:
-            raise ValueError("a test has either `user_input` (flat format) or `rounds`, not both")
+            raise FieldError(
+                "rounds", "a test has either `user_input` (flat format) or `rounds`, not both"
+            )
         if self.rounds is not None and (self.criteria or self.assertions or self.attachments):
-            raise ValueError("with `rounds`, put criteria and assertions on each round")
+            field = next(f for f in ("criteria", "assertions", "attachments") if getattr(self, f))
+            raise FieldError(field, "with `rounds`, put criteria and assertions on each round")
         return self
 
     def to_case_data(self) -> dict[str, Any]:

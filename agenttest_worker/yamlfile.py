@@ -33,6 +33,12 @@ class _TooLarge(Exception):
     pass
 
 
+class _Recursive(Exception):
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
+
+
 def _construct(loader: yaml.SafeLoader, node: yaml.Node, lines: LineMap) -> Any:
     """Build Python data from a composed YAML node, recording each node's line.
 
@@ -40,12 +46,25 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node, lines: LineMap) -> Any:
     laughs" document stops with a message instead of eating the machine.
     """
     budget = [MAX_YAML_NODES]
+    # Collections being built: an alias to one of them (`&a [*a]`) would never end.
+    open_nodes: set[int] = set()
 
     def build(n: yaml.Node, path: YamlPath) -> Any:
         budget[0] -= 1
         if budget[0] < 0:
             raise _TooLarge
         lines.lines.setdefault(path, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode | yaml.SequenceNode):
+            if id(n) in open_nodes:
+                raise _Recursive(n.start_mark.line + 1)
+            open_nodes.add(id(n))
+            try:
+                return build_collection(n, path)
+            finally:
+                open_nodes.discard(id(n))
+        return loader.construct_object(n, deep=True)
+
+    def build_collection(n: yaml.Node, path: YamlPath) -> Any:
         if isinstance(n, yaml.MappingNode):
             loader.flatten_mapping(n)  # resolves `<<: *anchor` merge keys
             result: dict[Any, Any] = {}
@@ -56,9 +75,7 @@ def _construct(loader: yaml.SafeLoader, node: yaml.Node, lines: LineMap) -> Any:
                 lines.lines.setdefault((*path, key), key_node.start_mark.line + 1)
                 result[key] = build(value_node, (*path, key))
             return result
-        if isinstance(n, yaml.SequenceNode):
-            return [build(item, (*path, i)) for i, item in enumerate(n.value)]
-        return loader.construct_object(n, deep=True)
+        return [build(item, (*path, i)) for i, item in enumerate(n.value)]
 
     return build(node, ())
 
@@ -76,6 +93,13 @@ def parse_yaml(text: str, file: str) -> tuple[Any, LineMap]:
                 f"YAML expands to more than {MAX_YAML_NODES:,} values (an alias bomb?)", file=file
             )
         ) from None
+    except _Recursive as exc:
+        raise InputError(
+            InputProblem("recursive YAML alias: a value contains itself", file=file, line=exc.line)
+        ) from None
+    except RecursionError:
+        # PyYAML composes and we build nested collections recursively.
+        raise InputError(InputProblem("YAML nested too deeply", file=file)) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise InputError(
