@@ -120,7 +120,7 @@ def tool_calls_from(raw: Any) -> list[ToolCall]:
         )
         call_id = item.get("id")
         calls.append(
-            ToolCall(name=name, args=parse_arguments(args), id=call_id if call_id else None)
+            ToolCall(name=name, args=parse_arguments(args), id=str(call_id) if call_id else None)
         )
     return calls
 

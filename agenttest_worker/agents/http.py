@@ -25,12 +25,11 @@ from agenttest_worker.agents.base import (
     text_of,
     tool_calls_from,
 )
-from agenttest_worker.agents.openai import as_bool
+from agenttest_worker.agents.openai import as_bool, usage_from
 from agenttest_worker.agents.registry import AgentConfig, ResponseMapping
 from agenttest_worker.agents.retry import RetryPolicy
 from agenttest_worker.agents.transport import post_json
 from agenttest_worker.assertions.structure import find
-from agenttest_worker.results import Usage
 
 DEFAULT_TEMPLATE: dict[str, Any] = {
     "input": "{{input}}",
@@ -107,9 +106,8 @@ def parse_http_reply(data: Any, mapping: ResponseMapping) -> AgentReply:
             if content is not None:
                 break
     if content is not None and not isinstance(content, str):
-        content = text_of(content) if isinstance(content, list) else json.dumps(content)
+        content = _content_text(content)
     hint = _first(mapping.input_hint, data)
-    usage = data.get("usage") if isinstance(data, dict) else None
     return AgentReply(
         content=content,
         tool_calls=tool_calls_from(_first(mapping.tool_calls, data)),
@@ -117,22 +115,27 @@ def parse_http_reply(data: Any, mapping: ResponseMapping) -> AgentReply:
         input_hint=hint if isinstance(hint, str) else None,
         state=_first(mapping.state, data),
         finish_reason=None,
-        usage=Usage.model_validate(usage) if isinstance(usage, dict) and _is_usage(usage) else None,
+        usage=usage_from(data.get("usage")) if isinstance(data, dict) else None,
     )
 
 
-def _is_usage(data: dict[str, Any]) -> bool:
-    return all(
-        isinstance(data.get(k, 0), int)
-        for k in ("prompt_tokens", "completion_tokens", "total_tokens")
-    )
+def _content_text(content: Any) -> str:
+    """Non-string content as text: the text of Chat Completions content parts, else JSON."""
+    if (
+        isinstance(content, list)
+        and content
+        and all(isinstance(part, dict) and isinstance(part.get("type"), str) for part in content)
+    ):
+        return text_of(content) or ""
+    # ensure_ascii=False: assertions look for "café", not "caf\u00e9".
+    return json.dumps(content, ensure_ascii=False)
 
 
 class HttpAgentClient:
     def __init__(self, name: str, config: AgentConfig) -> None:
         self.name = name
         self.config = config
-        self.policy = RetryPolicy(max_retries=config.max_retries)
+        self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
         self.url = config.endpoint()
         self.template = config.request if config.request is not None else DEFAULT_TEMPLATE
 

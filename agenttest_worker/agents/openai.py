@@ -10,6 +10,7 @@ the top level or on the message; agents that declare their state that way are be
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from agenttest_worker.agents.base import (
@@ -69,7 +70,7 @@ class OpenAIClient:
     def __init__(self, name: str, config: AgentConfig) -> None:
         self.name = name
         self.config = config
-        self.policy = RetryPolicy(max_retries=config.max_retries)
+        self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
         self.url = config.endpoint()
 
     def headers(self) -> dict[str, str]:
@@ -102,7 +103,14 @@ class OpenAIClient:
             agent=self.name,
         )
         data = result.json(self.name)
-        reply = parse_completion(data, self.name)
+        try:
+            reply = parse_completion(data, self.name)
+        except AgentError as exc:
+            # The call happened (latency, attempts, status): keep its record and the body.
+            result.record.error = exc.message
+            exc.call = result.record
+            exc.raw = result.text[:4096]
+            raise
         result.record.usage = reply.usage
         reply.call = result.record
         return reply
@@ -111,8 +119,11 @@ class OpenAIClient:
 def parse_completion(data: Any, agent: str) -> AgentReply:
     if not isinstance(data, dict):
         raise AgentError("parse", f"agent error: {agent} replied with JSON that is not an object")
-    if isinstance(data.get("error"), dict):
-        raise AgentError("http", f"agent error: {data['error'].get('message', data['error'])}")
+    error = data.get("error")
+    if isinstance(error, dict):
+        raise AgentError("http", f"agent error: {agent}: {error.get('message', error)}")
+    if isinstance(error, str) and error.strip():
+        raise AgentError("http", f"agent error: {agent}: {error}")
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise AgentError("parse", f"agent error: {agent} reply has no choices")
@@ -123,22 +134,37 @@ def parse_completion(data: Any, agent: str) -> AgentReply:
     usage = data.get("usage")
 
     def declared(key: str) -> Any:
-        return message.get(key, data.get(key))
+        # On the message, else at the top level (an explicit null on the message is absent).
+        value = message.get(key)
+        return value if value is not None else data.get(key)
 
     hint = declared("input_hint")
+    finish_reason = choice.get("finish_reason")
     return AgentReply(
         content=text_of(message.get("content")),
         tool_calls=tool_calls_from(raw_calls),
         raw_tool_calls=raw_calls if isinstance(raw_calls, list) and raw_calls else None,
-        finish_reason=choice.get("finish_reason"),
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         awaiting_input=as_bool(declared("awaiting_input")),
         input_hint=hint if isinstance(hint, str) else None,
         state=declared("state"),
-        usage=Usage(
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            total_tokens=int(usage.get("total_tokens") or 0),
-        )
-        if isinstance(usage, dict)
-        else None,
+        usage=usage_from(usage),
+    )
+
+
+def usage_from(usage: Any) -> Usage | None:
+    """Token counts from a `usage` object; extra keys are ignored, odd values count as 0."""
+    if not isinstance(usage, dict):
+        return None
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return int(value) if isinstance(value, float) and math.isfinite(value) else 0
+
+    return Usage(
+        prompt_tokens=count("prompt_tokens"),
+        completion_tokens=count("completion_tokens"),
+        total_tokens=count("total_tokens"),
     )

@@ -29,7 +29,7 @@ from agenttest_worker.agents.roles import (
 from agenttest_worker.agents.script import ScriptAgentClient
 from agenttest_worker.agents.scripts import ScriptError, call_script, load_script
 from agenttest_worker.assertions.base import AssertionOutcome
-from agenttest_worker.refs import parse_ref
+from agenttest_worker.refs import Ref, RefKind, parse_ref
 from agenttest_worker.results import AgentCallRecord
 
 ClientFactory = Callable[[str, AgentConfig, ProjectConfig], AgentClient]
@@ -93,8 +93,14 @@ class RoleSession:
         case_id: str,
         turn: int,
     ) -> SimulatorTurn:
-        """The simulator's next user input; AgentError when it fails or replies junk."""
-        ref = parse_ref(use, default_kind="agents")
+        """The simulator's next user input; AgentError when it fails or replies junk.
+
+        `metadata` carries test_mode "simulator", persona, goal, turn_number, max_turns
+        (the engine sets them; test_mode and turn_number are filled in when missing).
+        """
+        ref = _ref(use, "agents", allow_params=False)
+        defaults = {"test_mode": "simulator", "turn_number": turn}
+        metadata = {**{k: v for k, v in defaults.items() if k not in metadata}, **metadata}
         if ref.kind == "scripts":
             started = time.monotonic()
             try:
@@ -140,7 +146,10 @@ class RoleSession:
             return AssertionOutcome(
                 False, "no judge: set defaults.judge in agenttest.yaml", error="no judge configured"
             )
-        name = parse_ref(agent, default_kind="agents").id
+        try:
+            name = parse_ref(agent, default_kind="agents").id
+        except ValueError as exc:
+            return AssertionOutcome(False, f"judge: {exc}", error=str(exc))
         if connector and connector in self.pool.config.agents:
             name = connector
         whole = len([m for m in messages if m.get("role") in ("user", "assistant")]) > 2
@@ -163,10 +172,10 @@ class RoleSession:
     async def run_script_assertion(
         self, use: str, response: dict[str, Any], metadata: dict[str, Any]
     ) -> AssertionOutcome:
-        ref = parse_ref(use, default_kind="scripts")
         try:
+            ref = parse_ref(use, default_kind="scripts")
             fn = load_script(self.pool.config.scripts_path, ref.id, "assertion")
-        except ScriptError as exc:
+        except (ScriptError, ValueError) as exc:
             return AssertionOutcome(False, str(exc), error=str(exc))
         try:
             result = await call_script(fn, response, dict(metadata))
@@ -181,7 +190,7 @@ class RoleSession:
         """Raw generated cases from a generator agent or script (validated by the caller)."""
         from agenttest_worker.agents.roles import generator_request
 
-        ref = parse_ref(use, allow_params=True)
+        ref = _ref(use, None, allow_params=True)
         if ref.kind == "scripts":
             try:
                 fn = load_script(self.pool.config.scripts_path, ref.id, "generator")
@@ -206,6 +215,14 @@ class RoleSession:
             return read_generator_reply(reply.content)
         except ReplyParseError as exc:
             raise parse_failure("generator", ref.id, exc, reply.call) from exc
+
+
+def _ref(use: str, default_kind: RefKind | None, *, allow_params: bool) -> Ref:
+    """A role's reference; a malformed one (a path, `..`) is a config error, not a crash."""
+    try:
+        return parse_ref(use, default_kind=default_kind, allow_params=allow_params)
+    except ValueError as exc:
+        raise AgentError("config", str(exc)) from None
 
 
 def _json_text(value: Any) -> str:

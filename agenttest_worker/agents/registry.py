@@ -74,6 +74,9 @@ class AgentConfig(_Strict):
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float = 30.0
     max_retries: int = Field(default=3, ge=0, le=20)
+    # The first retry waits about this long, doubling with each attempt (with jitter, up
+    # to 30 s; a Retry-After from the agent wins). Mostly for tests and local agents.
+    base_delay: float = 0.5
     metadata: MetadataMode = "object"
     description: str | None = None
     tools: list[Any] = Field(default_factory=list)
@@ -93,7 +96,7 @@ class AgentConfig(_Strict):
             )
         return data
 
-    @field_validator("timeout", mode="before")
+    @field_validator("timeout", "base_delay", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> float:
         return parse_duration(value)
@@ -173,7 +176,9 @@ class ProjectConfig(_Strict):
         return {"raw": raw, "path": str(Path(self.path).resolve()) if self.path else None}
 
     @classmethod
-    def from_stored(cls, stored: dict[str, Any], env: dict[str, str] | None = None) -> ProjectConfig:
+    def from_stored(
+        cls, stored: dict[str, Any], env: dict[str, str] | None = None
+    ) -> ProjectConfig:
         """Rebuild a run's config in this process, interpolating with this environment."""
         return config_from_data(stored.get("raw") or {}, stored.get("path"), env)
 

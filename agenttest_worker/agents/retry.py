@@ -1,15 +1,18 @@
 """When and how long to wait before calling an agent again.
 
-Connection errors, timeouts, 429 and 5xx are retried with exponential backoff and full
-jitter (so a fleet of workers hitting the same agent does not retry in lockstep),
-honouring `Retry-After` when the agent sends one; other 4xx are errors at once.
+Connection errors, timeouts, 429 and 5xx are retried with exponential backoff and
+jitter (a random wait between half the ceiling and the ceiling, so a fleet of workers
+hitting the same agent does not retry in lockstep, yet always backs off), honouring
+`Retry-After` when the agent sends one; other 4xx are errors at once.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from time import time
 
@@ -27,13 +30,18 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
         return None
     value = value.strip()
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        # "nan" and "inf" parse as floats but are no number of seconds to wait.
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
-        when = parsedate_to_datetime(value).timestamp()
+        date = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
+    # HTTP dates are in GMT; a zone-less date ("-0000") is UTC too, not local time.
+    when = (date if date.tzinfo is not None else date.replace(tzinfo=UTC)).timestamp()
     return max(0.0, when - (time() if now is None else now))
 
 

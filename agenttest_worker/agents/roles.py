@@ -106,21 +106,37 @@ def conversation_for_role(messages: list[dict[str, Any]]) -> list[dict[str, Any]
     """User and assistant turns as plain text: what a simulator or judge reads.
 
     Tool plumbing (tool messages, tool_calls) is folded into the assistant's text, so
-    that a helper agent behind a strict Chat Completions API gets a valid history.
+    that a helper agent behind a strict Chat Completions API gets a valid history: the
+    calls as `[tool calls: name(args)]`, each result as `[tool result name: ...]` on the
+    assistant message that made the call. System messages are left out.
     """
     out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
     for message in messages:
         role = message.get("role")
+        if role == "tool":
+            if out and out[-1]["role"] == "assistant":
+                name = names.get(str(message.get("tool_call_id")), "")
+                result = text_of(message.get("content")) or ""
+                label = f"tool result {name}" if name else "tool result"
+                out[-1]["content"] += ("\n" if out[-1]["content"] else "") + f"[{label}: {result}]"
+            continue
         if role not in ("user", "assistant"):
             continue
         text = text_of(message.get("content")) or ""
-        if role == "assistant" and message.get("tool_calls"):
-            calls = ", ".join(
-                f"{c.get('function', {}).get('name')}({c.get('function', {}).get('arguments', '')})"
-                for c in message["tool_calls"]
-                if isinstance(c, dict)
-            )
-            text = (text + "\n" if text else "") + f"[tool calls: {calls}]"
+        raw_calls = message.get("tool_calls")
+        if role == "assistant" and isinstance(raw_calls, list) and raw_calls:
+            shown = []
+            for call in raw_calls:
+                if not isinstance(call, dict):
+                    continue
+                function = call.get("function")
+                function = function if isinstance(function, dict) else {}
+                name = str(function.get("name"))
+                if call.get("id") is not None:
+                    names[str(call["id"])] = name
+                shown.append(f"{name}({function.get('arguments', '')})")
+            text = (text + "\n" if text else "") + f"[tool calls: {', '.join(shown)}]"
         out.append({"role": role, "content": text})
     return out
 
@@ -271,4 +287,7 @@ def read_generator_reply(content: str | None) -> list[Any]:
 def parse_failure(
     role: str, agent: str, exc: ReplyParseError, call: AgentCallRecord | None
 ) -> AgentError:
-    return AgentError("parse", f"{role} {agent}: {exc}", call=call, raw=exc.raw[:4096])
+    message = f"{role} {agent}: {exc}"
+    if call is not None and call.error is None:
+        call.error = message  # the call itself went through; its reply is what failed
+    return AgentError("parse", message, call=call, raw=exc.raw[:4096])

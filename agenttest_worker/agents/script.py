@@ -43,6 +43,16 @@ class ScriptAgentClient:
         except Exception as exc:  # the script's own bug is the agent's error, not ours
             message = f"agent error: script {self.script_id} raised {type(exc).__name__}: {exc}"
             raise AgentError("script", message, call=record(message)) from exc
-        reply = parse_http_reply(result, ResponseMapping())
+        if not isinstance(result, str | dict):
+            message = (
+                f"agent error: script {self.script_id} returned {type(result).__name__}, "
+                'expected text or {"content", "tool_calls", "awaiting_input", ...}'
+            )
+            raise AgentError("script", message, call=record(message))
+        try:
+            reply = parse_http_reply(result, ResponseMapping())
+        except Exception as exc:
+            message = f"agent error: cannot read script {self.script_id}'s reply: {exc}"
+            raise AgentError("script", message, call=record(message)) from exc
         reply.call = record()
         return reply

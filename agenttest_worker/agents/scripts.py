@@ -12,8 +12,10 @@ outside are refused.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import inspect
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -49,7 +51,7 @@ def resolve_script(scripts_dir: Path, ident: str, role: ScriptRole) -> ResolvedS
         raise ScriptError(f"scripts:{ident}: not a valid script name")
     root = scripts_dir.resolve()
     parts = ident.split(".")
-    candidates = [
+    candidates: list[tuple[Path, str | None]] = [
         (root.joinpath(*parts[:-1], parts[-1] + ".py"), None),
     ]
     if len(parts) > 1:
@@ -75,7 +77,10 @@ def _load_module(file: Path) -> ModuleType:
     with _lock:
         if key in _modules:
             return _modules[key]
-        module_name = "agenttest_scripts." + "_".join(file.with_suffix("").parts[-3:])
+        # One name per file (the path's hash keeps scripts/a_b.py and scripts/a/b.py apart).
+        digest = hashlib.sha1(str(file).encode()).hexdigest()[:10]
+        stem = re.sub(r"\W", "_", file.stem)
+        module_name = f"agenttest_scripts.{stem}_{digest}"
         spec = importlib.util.spec_from_file_location(module_name, file)
         if spec is None or spec.loader is None:
             raise ScriptError(f"cannot load {file}")
@@ -84,9 +89,13 @@ def _load_module(file: Path) -> ModuleType:
         folder = str(file.parent)
         if folder not in sys.path:
             sys.path.append(folder)
+        # Registered while it runs, as a normal import would be: dataclasses, pickle and
+        # typing.get_type_hints look the module up in sys.modules.
+        sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
+            sys.modules.pop(module_name, None)
             raise ScriptError(f"{file}: failed to import: {type(exc).__name__}: {exc}") from exc
         _modules[key] = module
         return module

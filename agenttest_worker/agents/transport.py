@@ -108,6 +108,7 @@ async def post_json(
     while True:
         attempts += 1
         retry_after: float | None = None
+        status: int | None = None
         try:
             async with session().request(
                 method,
@@ -138,17 +139,20 @@ async def post_json(
                 "http", f"agent error: HTTP {status} from {agent}: {snippet(text)}", raw=text[:4096]
             )
             if not is_retryable_status(status):
+                record.error = failure.message
                 failure.call = record
                 raise failure
             retry_after = parse_retry_after(response_headers)
             if retry_after is not None and retry_after > policy.max_retry_after:
                 failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
+                record.error = failure.message
                 failure.call = record
                 raise failure
         if attempts > policy.max_retries:
-            failure.call = _record(role, agent, started, attempts, None, failure.message)
             if attempts > 1:
                 failure.message += f" (after {attempts} attempts)"
+            # The last attempt's status (a 503, or none for a timeout) is what the call ended on.
+            failure.call = _record(role, agent, started, attempts, status, failure.message)
             raise failure
         await asyncio.sleep(policy.delay(attempts, retry_after))
 

@@ -1,0 +1,298 @@
+"""A scriptable HTTP agent for tests: real sockets, scripted replies, every request kept.
+
+    with AgentServer() as server:
+        server.script("/v1/chat/completions", Reply(429, headers={"Retry-After": "1"}),
+                      Reply(body=completion("hi")))
+        ...  # call the agent at server.url("/v1")
+        assert len(server.requests("/v1/chat/completions")) == 2
+
+Each path has a queue of replies (status, headers, body, delay), served in order; once
+the queue is empty, the path's `always` reply is served, else a 404 saying that nothing
+was scripted (not retryable, so a stray extra attempt shows up as one extra request and a
+clear error). Every request is recorded on arrival (method, path, headers, body, time on
+the `time.monotonic` clock) before its reply's delay, so tests can assert what was sent,
+how many attempts happened and how far apart they came.
+
+The server runs on a background thread with its own event loop, so the code under test
+can use `asyncio.run` in the test's thread. Handlers are cancelled when the client goes
+away (a timed-out call), so a long `delay` does not hold up `stop()`.
+
+Also here: `run(coro)` runs client code in a fresh event loop and closes that loop's
+shared aiohttp session; `completion()` and `tool_call()` build Chat Completions bodies;
+`refused_url()` is an address where nothing listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from agenttest_worker.agents.transport import close_session
+
+START_TIMEOUT_S = 10.0
+SHUTDOWN_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted response. `body`: dict or list → JSON, str → text, bytes → as is."""
+
+    status: int = 200
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    # Default: application/json for dict/list bodies, text/plain for str, none for bytes.
+    content_type: str | None = None
+
+    def encode(self) -> tuple[bytes, str | None]:
+        if isinstance(self.body, bytes):
+            return self.body, self.content_type
+        if isinstance(self.body, str):
+            return self.body.encode(), self.content_type or "text/plain; charset=utf-8"
+        if self.body is None:
+            return b"", self.content_type
+        return json.dumps(self.body).encode(), self.content_type or "application/json"
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as it arrived."""
+
+    method: str
+    path: str
+    headers: CIMultiDictProxy[str]
+    body: bytes
+    at: float  # time.monotonic() on arrival
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def completion(
+    content: Any = "ok",
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str | None = None,
+    usage: dict[str, Any] | None = None,
+    message_extra: Mapping[str, Any] | None = None,
+    **top_level: Any,
+) -> dict[str, Any]:
+    """A chat.completion body; `message_extra` adds fields to the message, `top_level` to
+    the body (e.g. awaiting_input=True)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content, **(message_extra or {})}
+    if tool_calls is not None:
+        message["tool_calls"] = tool_calls
+    body: dict[str, Any] = {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "test",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
+            }
+        ],
+        **top_level,
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def tool_call(name: str, arguments: Any, call_id: str = "call_1") -> dict[str, Any]:
+    """A Chat Completions tool call; dict arguments are JSON-encoded as the protocol says."""
+    encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": encoded}}
+
+
+def refused_url() -> str:
+    """A URL on 127.0.0.1 where nothing listens (connection refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+class AgentServer:
+    """Scripted replies per path on 127.0.0.1 (port 0: a free port), on its own thread."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self._lock = threading.Lock()
+        self._queues: dict[str, deque[Reply]] = defaultdict(deque)
+        self._always: dict[str, Reply] = {}
+        self._received: list[Received] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._base: str | None = None
+
+    # -- scripting and inspection (any thread) -----------------------------------------
+
+    def script(self, path: str, *replies: Reply) -> None:
+        """Queue `replies` for `path`, served in order, one per request."""
+        with self._lock:
+            self._queues[path].extend(replies)
+
+    def always(self, path: str, reply: Reply) -> None:
+        """Serve `reply` for `path` whenever its queue is empty."""
+        with self._lock:
+            self._always[path] = reply
+
+    def requests(self, path: str | None = None) -> list[Received]:
+        with self._lock:
+            return [r for r in self._received if path is None or r.path == path]
+
+    def bodies(self, path: str | None = None) -> list[Any]:
+        """The JSON bodies of the requests to `path`, in order."""
+        return [r.json for r in self.requests(path)]
+
+    def gaps(self, path: str | None = None) -> list[float]:
+        """Seconds between consecutive arrivals at `path`."""
+        times = [r.at for r in self.requests(path)]
+        return [later - earlier for earlier, later in itertools.pairwise(times)]
+
+    def pending(self, path: str) -> int:
+        """Scripted replies not served yet."""
+        with self._lock:
+            return len(self._queues[path])
+
+    @property
+    def base_url(self) -> str:
+        if self._base is None:
+            raise RuntimeError("AgentServer is not running: call start() first")
+        return self._base
+
+    def url(self, path: str = "") -> str:
+        return self.base_url + path
+
+    # -- serving (the server's thread) ----------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
+        body = await request.read()
+        received = Received(
+            request.method,
+            request.path,
+            CIMultiDictProxy(CIMultiDict(request.headers)),
+            body,
+            arrived,
+        )
+        with self._lock:
+            self._received.append(received)
+            queue = self._queues[request.path]
+            reply = queue.popleft() if queue else self._always.get(request.path)
+        if reply is None:
+            return web.json_response(
+                {"error": {"message": f"no scripted reply for {request.method} {request.path}"}},
+                status=404,
+            )
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        payload, content_type = reply.encode()
+        headers = CIMultiDict(reply.headers)
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        return web.Response(status=reply.status, body=payload, headers=headers)
+
+    async def _start_site(self) -> tuple[web.AppRunner, str]:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S, handler_cancellation=True
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        port = int(runner.addresses[0][1])
+        return runner, f"http://{self.host}:{port}"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> str:
+        if self._base is not None:
+            return self._base
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=self._run, args=(loop,), name="agent-server", daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+        future = asyncio.run_coroutine_threadsafe(self._start_site(), loop)
+        try:
+            self._runner, self._base = future.result(timeout=START_TIMEOUT_S)
+        except BaseException:
+            self._stop_loop()
+            raise
+        return self._base
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        try:
+            if self._runner is not None:
+                cleanup = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+                cleanup.result(timeout=START_TIMEOUT_S)
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def _stop_loop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join()
+        self._loop = self._thread = None
+        self._runner = None
+        self._base = None
+
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T]) -> T:
+    """Run `coro` in a fresh event loop and close that loop's shared aiohttp session."""
+
+    async def main() -> T:
+        try:
+            return await coro
+        finally:
+            await close_session()
+
+    return asyncio.run(main())
