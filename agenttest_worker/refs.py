@@ -58,4 +58,4 @@ def parse_ref(text: str, *, default_kind: RefKind | None = None, allow_params: b
             f"{text!r}: {ident!r} is not a valid name (letters, digits, '.', '-', '_'; no paths)"
         )
     params = dict(parse_qsl(query, keep_blank_values=True)) if query else {}
-    return Ref(kind=kind, id=ident, params=params)  # type: ignore[arg-type]
+    return Ref(kind=kind, id=ident, params=params)

@@ -26,6 +26,7 @@ from agenttest_worker.agents.base import (
     tool_calls_from,
 )
 from agenttest_worker.agents.openai import as_bool, usage_from
+from agenttest_worker.agents.ratelimit import Limits, limiter
 from agenttest_worker.agents.registry import AgentConfig, ResponseMapping
 from agenttest_worker.agents.retry import RetryPolicy
 from agenttest_worker.agents.transport import post_json
@@ -136,6 +137,7 @@ class HttpAgentClient:
         self.name = name
         self.config = config
         self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
+        self.limits = Limits.from_config(config.rate_limit)
         self.url = config.endpoint()
         self.template = config.request if config.request is not None else DEFAULT_TEMPLATE
 
@@ -167,6 +169,7 @@ class HttpAgentClient:
             headers=self.headers(),
             timeout=self.config.timeout,
             policy=self.policy,
+            limits=self.limits,
             role=request.role,
             agent=self.name,
             method=self.config.method,
@@ -180,4 +183,6 @@ class HttpAgentClient:
             ) from exc
         result.record.usage = reply.usage
         reply.call = result.record
+        if self.limits is not None and reply.usage is not None:
+            await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
         return reply

@@ -20,6 +20,7 @@ from agenttest_worker.agents.base import (
     text_of,
     tool_calls_from,
 )
+from agenttest_worker.agents.ratelimit import Limits, limiter
 from agenttest_worker.agents.registry import AgentConfig, MetadataMode
 from agenttest_worker.agents.retry import RetryPolicy
 from agenttest_worker.agents.transport import post_json
@@ -71,6 +72,7 @@ class OpenAIClient:
         self.name = name
         self.config = config
         self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
+        self.limits = Limits.from_config(config.rate_limit)
         self.url = config.endpoint()
 
     def headers(self) -> dict[str, str]:
@@ -99,6 +101,7 @@ class OpenAIClient:
             headers=self.headers(),
             timeout=self.config.timeout,
             policy=self.policy,
+            limits=self.limits,
             role=request.role,
             agent=self.name,
         )
@@ -113,6 +116,8 @@ class OpenAIClient:
             raise
         result.record.usage = reply.usage
         reply.call = result.record
+        if self.limits is not None and reply.usage is not None:
+            await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
         return reply
 
 

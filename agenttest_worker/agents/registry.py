@@ -50,8 +50,13 @@ class ResponseMapping(_Strict):
 
 
 class RateLimit(_Strict):
-    """Fleet-wide limits for one agent (enforced through Redis when distributed)."""
+    """Fleet-wide limits for one agent (enforced through Redis when distributed).
 
+    Any `rate_limit` section, even an empty one, also makes the fleet back off
+    together when the agent answers 429.
+    """
+
+    requests_per_second: int | None = Field(default=None, ge=1)
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)
     concurrency: int | None = Field(default=None, ge=1)

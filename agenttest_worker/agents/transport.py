@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from agenttest_worker.agents.base import AgentError
+from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
 from agenttest_worker.results import AgentCallRecord, AgentRole
 
@@ -99,8 +100,13 @@ async def post_json(
     role: AgentRole,
     agent: str,
     method: str = "POST",
+    limits: Limits | None = None,
 ) -> HttpResult:
-    """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent."""
+    """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent.
+
+    With `limits`, every attempt first waits for a slot of the agent's rate limits, and
+    a 429 pauses every caller of the agent (fleet-wide when distributed).
+    """
     payload = json.dumps(body, ensure_ascii=False).encode()
     all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
     started = time.monotonic()
@@ -109,6 +115,7 @@ async def post_json(
         attempts += 1
         retry_after: float | None = None
         status: int | None = None
+        lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
         try:
             async with session().request(
                 method,
@@ -143,11 +150,16 @@ async def post_json(
                 failure.call = record
                 raise failure
             retry_after = parse_retry_after(response_headers)
+            if status == 429 and limits is not None:
+                await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
             if retry_after is not None and retry_after > policy.max_retry_after:
                 failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
                 record.error = failure.message
                 failure.call = record
                 raise failure
+        finally:
+            if lease is not None:
+                await lease.release(0)
         if attempts > policy.max_retries:
             if attempts > 1:
                 failure.message += f" (after {attempts} attempts)"
