@@ -25,7 +25,10 @@ TOOL_REQUIRES_INPUT = "tool_requires_confirmation"
 CONTENT_IS_QUESTION = "content_is_question"
 COMPLETED = "completed"
 
-_SENTENCE_SPLIT = re.compile(r"(?<=[.!?。？！])\s+|\n+")
+# A sentence ends at . ! ? (and closing quotes, brackets or markdown emphasis right after
+# them, as in "**Is this correct?** Reply yes.") followed by whitespace, at a CJK full
+# stop or question mark, or at a line break.
+_SENTENCE_END = re.compile(r"([.!?][\"'”’)\]*_`]*)(?=\s|$)|([。？！])|\n+")
 # Markdown and quoting around a sentence do not change what it asks.
 _DECORATION = " \t*_`>\"'()[]-•·:"
 _QUESTION_START = re.compile(
@@ -33,13 +36,20 @@ _QUESTION_START = re.compile(
     r"|do you|may i)\b",
     re.IGNORECASE,
 )
-_ASKS_TO_CONFIRM = re.compile(
-    r"^(?:kindly\s+)?(?:confirm|verify)\b"
-    r"|\b(?:let me know|tell me|reply|respond|type|say|click)\b"
-    r".*\b(?:confirm|verify|proceed|continue)\b"
-    r"|\b(?:confirm|verify|proceed|continue)\s*[?:]",
+# "Confirm the amount." / "Verify your details." (imperative), or "... proceed?".
+_CONFIRM_REQUEST = re.compile(
+    r"^(?:kindly\s+)?(?:confirm|verify)\b|\b(?:confirm|verify|proceed|continue)\s*\?",
     re.IGNORECASE,
 )
+# An instruction to the user to answer ("let me know", "reply YES", "type CONFIRM"),
+# at the start of the sentence or clause or after please/just/then: "I'll reply to the
+# vendor and continue" is a statement, "If you want to proceed, reply YES" a request.
+_ANSWER_INSTRUCTION = re.compile(
+    r"(?:^|[,;:]\s*|\b(?:please|kindly|just|simply|then)\s+)"
+    r"(?:let me know|tell me|reply|respond|answer|type|say|click|write)\b",
+    re.IGNORECASE,
+)
+_CONFIRM_WORD = re.compile(r"\b(?:confirm|verify|proceed|continue)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -49,12 +59,25 @@ class Awaiting:
 
 
 def sentences(text: str) -> list[str]:
+    pieces: list[str] = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        end = match.end() if match.group(1) or match.group(2) else match.start()
+        pieces.append(text[start:end])
+        start = match.end()
+    pieces.append(text[start:])
     out = []
-    for raw in _SENTENCE_SPLIT.split(text):
+    for raw in pieces:
         sentence = raw.strip(_DECORATION)
         if sentence:
             out.append(sentence)
     return out
+
+
+def asks_to_confirm(sentence: str) -> bool:
+    if _CONFIRM_REQUEST.search(sentence):
+        return True
+    return bool(_ANSWER_INSTRUCTION.search(sentence) and _CONFIRM_WORD.search(sentence))
 
 
 def looks_like_question(text: str | None) -> bool:
@@ -63,7 +86,7 @@ def looks_like_question(text: str | None) -> bool:
     for sentence in sentences(text):
         if sentence.endswith(("?", "？")):
             return True
-        if _QUESTION_START.match(sentence) or _ASKS_TO_CONFIRM.search(sentence):
+        if _QUESTION_START.match(sentence) or asks_to_confirm(sentence):
             return True
     return False
 

@@ -2,7 +2,7 @@
 
 The engine is a step function over a serializable ConversationState:
 
-    state = start_conversation(case, options, session_id)
+    state = start_conversation(case, session_id)
     while state.phase == "ready":
         state = await run_turn(case, state, pool, options)
     # phase "awaiting_human": call give_human_input(...) with the person's reply or None
@@ -69,8 +69,10 @@ class PendingInput(BaseModel):
     source: InputSource
     static_index: int | None = None
     simulator_reasoning: str | None = None
-    # Time spent producing this input (a simulator call), counted in its turn.
+    # Time spent producing this input (a simulator call) and the calls made for it,
+    # counted in the turn that sends it.
     prep_ms: int = 0
+    prep_calls: list[AgentCallRecord] = Field(default_factory=list)
 
 
 class HumanPrompt(BaseModel):
@@ -179,7 +181,7 @@ async def _call_target(
     """Call the target, answering mocked tool calls within the turn (bounded)."""
     client_calls: list[ToolCall] = []
     answered: dict[str, Any] = {}
-    for _ in range(MAX_TOOL_ROUNDS):
+    for round_no in range(MAX_TOOL_ROUNDS):
         reply = await roles.call(
             agent,
             AgentRequest(
@@ -191,20 +193,22 @@ async def _call_target(
                 turn=turn_no,
             ),
         )
-        state.messages.append(reply.assistant_message())
+        assistant = reply.assistant_message()
+        state.messages.append(assistant)
         if reply.state is not None:
             state.agent_state = reply.state
         client_calls.extend(reply.tool_calls)
         if not reply.tool_calls:
             return reply, client_calls, answered
         any_mocked = False
+        history_calls = list(assistant.get("tool_calls") or [])
+        assistant["tool_calls"] = history_calls
         for index, call in enumerate(reply.tool_calls):
-            raw_id = (
-                (reply.raw_tool_calls or [{}] * (index + 1))[index].get("id")
-                if reply.raw_tool_calls
-                else None
-            )
-            call_id = call.id or raw_id or f"call_{index}"
+            call_id = call.id or f"call_{turn_no}_{round_no}_{index}"
+            # An agent that sends no ids still gets a history where every tool message
+            # answers an id of the assistant message (strict APIs check this).
+            if index < len(history_calls) and isinstance(history_calls[index], dict):
+                history_calls[index] = {**history_calls[index], "id": call_id}
             if call.name in mocks:
                 any_mocked = True
                 result = mocks[call.name]
@@ -291,6 +295,8 @@ async def run_turn(
         input_source=pending.source,
         simulator_reasoning=pending.simulator_reasoning,
     )
+    # The simulator call that wrote this turn's input belongs to this turn.
+    log.extend(pending.prep_calls)
     state.messages.append(user_message(pending.text, attachments))
 
     remaining = _remaining(options.case_timeout, state)
@@ -315,7 +321,11 @@ async def run_turn(
     turn.tool_calls = calls
     turn.tool_results = answered or None
     turn.input_hint = reply.input_hint
-    awaiting = detect_awaiting(reply.content, calls, reply.awaiting_input, options.awaiting_tools)
+    # Only the final reply's tool calls say whether the agent now waits: a mocked
+    # request_confirmation earlier in the turn was answered by the mock.
+    awaiting = detect_awaiting(
+        reply.content, reply.tool_calls, reply.awaiting_input, options.awaiting_tools
+    )
     turn.awaiting_input, turn.awaiting_reason = awaiting.awaiting, awaiting.reason
 
     ctx = AssertionContext(
@@ -463,18 +473,26 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
         return
     prep_ms = int((time.monotonic() - started) * 1000)
     if sim.goal_achieved:
+        # No turn follows: the call that ended the conversation is counted in the last
+        # turn (the reply it judged), so that turn durations still add up to the case's.
         state.goal_achieved = True
-        state.turns[-1].simulator_reasoning = sim.reasoning or state.turns[-1].simulator_reasoning
+        last = state.turns[-1]
+        last.simulator_reasoning = sim.reasoning or last.simulator_reasoning
+        last.duration_ms += prep_ms
+        last.calls = [*(last.calls or []), *log] or None
+        usage = [c.usage for c in last.calls or [] if c.usage is not None]
+        last.usage = sum(usage, Usage()) if usage else None
         state.elapsed_ms += prep_ms
         await finish(case, state, pool)
         return
     state.goal_achieved = False
     state.next_input = PendingInput(
-        text=sim.input, source="simulator", simulator_reasoning=sim.reasoning, prep_ms=prep_ms
+        text=sim.input,
+        source="simulator",
+        simulator_reasoning=sim.reasoning,
+        prep_ms=prep_ms,
+        prep_calls=log,
     )
-    if log:
-        # The simulator's call belongs with the turn whose input it wrote.
-        state.turns[-1].calls = [*(state.turns[-1].calls or []), *log]
 
 
 async def give_human_input(

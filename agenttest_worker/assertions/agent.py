@@ -53,4 +53,6 @@ async def check_agent(spec: AgentAssertion, ctx: AssertionContext) -> AssertionO
             {"role": "user", "content": ctx.input or ""},
             {"role": "assistant", "content": ctx.output or ""},
         ]
-    return await ctx.roles.judge(spec.use, messages, dict(options.metadata), options.connector)
+    # The spec's validator metadata names the test (test_id) next to the criteria.
+    metadata = {"test_id": ctx.case_id, **options.metadata}
+    return await ctx.roles.judge(spec.use, messages, metadata, options.connector)

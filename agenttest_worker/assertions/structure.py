@@ -133,15 +133,22 @@ def check_json_path(spec: JsonPathAssertion, ctx: AssertionContext) -> Assertion
     )
 
 
+def _a(type_name: str) -> str:
+    return f"an {type_name}" if type_name[0] in "aeiou" else f"a {type_name}"
+
+
 @register("type")
 def check_type(spec: TypeAssertion, ctx: AssertionContext) -> AssertionOutcome:
     found = find(spec.path, ctx.document)
     if not found:
-        return AssertionOutcome(False, f"{spec.path} matched nothing; expected a {spec.value}")
+        return AssertionOutcome(
+            False,
+            f"{spec.path} matched nothing in {_short(ctx.document)}; expected {_a(spec.value)}",
+        )
     actual = json_type(found[0])
     ok = actual == spec.value or (spec.value == "number" and actual == "integer")
     if ok:
-        return AssertionOutcome(True, f"{spec.path} is a {spec.value}")
+        return AssertionOutcome(True, f"{spec.path} is {_a(spec.value)}")
     return AssertionOutcome(
-        False, f"{spec.path} is a {actual} ({_short(found[0])}), expected a {spec.value}"
+        False, f"{spec.path} is {_a(actual)} ({_short(found[0])}), expected {_a(spec.value)}"
     )
