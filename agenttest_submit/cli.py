@@ -177,15 +177,16 @@ def main(argv: list[str] | None = None) -> int:
 
     get_settings.cache_clear()  # settings come from this invocation's environment
     debug = os.environ.get("AGENTTEST_DEBUG", "").lower() in ("1", "true", "yes")
+    subcommand = bool(args_list) and args_list[0] in SUBCOMMANDS
     try:
-        if args_list and args_list[0] in SUBCOMMANDS:
+        if subcommand:
             from agenttest_submit.commands import run_subcommand
 
             return run_subcommand(args_list)
         args = build_parser().parse_args(args_list)
         return run_main(args)
     except InputError as exc:
-        print_problems(exc.problems)
+        print_problems(exc.problems, nothing_ran=not subcommand)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -200,12 +201,30 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def print_problems(problems: list[InputProblem]) -> None:
+def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> None:
     count = len(problems)
     noun = "problem" if count == 1 else "problems"
-    print(f"agenttest-submit: {count} input {noun}; nothing was run:", file=sys.stderr)
+    tail = "; nothing was run" if nothing_ran else ""
+    print(f"agenttest-submit: {count} input {noun}{tail}:", file=sys.stderr)
     for problem in problems:
         print(f"  {problem}", file=sys.stderr)
+
+
+def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
+    """Why `output` cannot be written, found before anything runs (not after an hour)."""
+    if not output:
+        return None
+    path = Path(output).expanduser()
+    folder = path.parent
+    if path.is_dir():
+        why = "it is a folder; give a file name"
+    elif not folder.is_dir():
+        why = f"folder {folder} does not exist"
+    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        why = "permission denied"
+    else:
+        return None
+    return InputProblem(f"cannot write {output}: {why}", field=flag)
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -216,7 +235,10 @@ def run_main(args: argparse.Namespace) -> int:
     if args.interactive and args.skip_interactive:
         raise InputError("--interactive and --skip-interactive contradict each other")
     config = load_config(args.config)
+    bad_output = output_problem(args.output)
     if args.reeval is not None and not args.input:
+        if bad_output:
+            raise InputError(bad_output)
         from agenttest_submit.reeval import reeval_run
 
         return reeval_run(args, config)
@@ -224,7 +246,7 @@ def run_main(args: argparse.Namespace) -> int:
         raise InputError('no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR')
     sources = [parse_input(text) for text in args.input]
     target = args.name or config.defaults.agent
-    problems = []
+    problems = [bad_output] if bad_output else []
     for flag, ref in (("-n", args.name), ("-c", args.connector)):
         if ref is not None and ref not in config.agents:
             problems.append(InputProblem(config.unknown_agent_message(ref), field=flag))

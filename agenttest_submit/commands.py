@@ -12,14 +12,14 @@ from pathlib import Path
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
-from agenttest_worker.store.models import RunRow
 from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.models import RunRow
 
 FORMATS = ("console", "json", "jsonl", "table", "tsv", "junit")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from agenttest_submit.cli import _Parser
+    from agenttest_submit.cli import _Parser, _positive_int
 
     parser = _Parser(prog="agenttest-submit")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("-v", "--verbose", action="store_true")
     resume = sub.add_parser("resume", help="re-run the unfinished conversations of a run")
     resume.add_argument("run", metavar="RUN")
-    resume.add_argument("--parallel", type=int, default=10)
+    resume.add_argument("--parallel", type=_positive_int, default=10, metavar="N")
     db = sub.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=("upgrade",))
     return parser
@@ -65,6 +65,11 @@ def run_subcommand(argv: list[str]) -> int:
         upgrade(url)
         print(f"database {_safe(url)} is at the current schema")
         return 0
+    if args.command == "report":
+        from agenttest_submit.cli import output_problem
+
+        if problem := output_problem(args.output):
+            raise InputError(problem)
     url = _url()
     run = resolve_run(url, args.run)
     if args.command == "status":
@@ -78,9 +83,10 @@ def run_subcommand(argv: list[str]) -> int:
 
 
 def status_text(run: RunRow) -> str:
+    cancelled = f" (cancelled: {run.cancel_reason or ''})" if run.cancelled else ""
     lines = [
         f"run       {run.id}",
-        f"status    {run.status}{' (cancelled: ' + (run.cancel_reason or '') + ')' if run.cancelled else ''}",
+        f"status    {run.status}{cancelled}",
         f"agent     {run.agent or '-'}",
         f"input     {run.input_label or '-'}",
         f"by        {run.submitted_by or '-'} at {run.created_at:%Y-%m-%d %H:%M:%S}",

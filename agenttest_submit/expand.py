@@ -109,6 +109,9 @@ def expand(
         raise InputError(problems)
     if not cases and (selection.tags or selection.ids):
         raise InputError(InputProblem("no case matches the --tag/--id selection"))
+    if not cases:
+        # An empty (or truncated) case file would otherwise "pass" in CI with 0 tests.
+        raise InputError(InputProblem("no test cases in the input", field="-i"))
     return Expansion(cases, warnings)
 
 

@@ -58,8 +58,12 @@ async def _generate(source: GeneratorInput, config: ProjectConfig, target: str |
 
     log: list[AgentCallRecord] = []
     try:
-        return await AgentPool(config).session(log).generate(
-            f"{source.ref.kind}:{source.ref.id}", generator_metadata(source, config, target)
+        return (
+            await AgentPool(config)
+            .session(log)
+            .generate(
+                f"{source.ref.kind}:{source.ref.id}", generator_metadata(source, config, target)
+            )
         )
     finally:
         await close_session()

@@ -1,8 +1,11 @@
 """`agenttest-submit resume RUN`: finish a run whose conversations stopped (an outage).
 
 Every conversation not yet done is started again at the turn it is waiting for (the
-turn guard makes anything already recorded a no-op); a run whose conversations all
-finished but whose aggregation was lost is aggregated.
+turn guard makes anything already recorded a no-op). A conversation that was waiting
+for a person is asked again at a terminal; without one, its on_missing_input decides.
+A run whose conversations all finished but whose aggregation was lost (or died half
+way) is aggregated. Embedded, resume then prints the console report and exits like a
+run: 0 when nothing failed, 1 when a case failed.
 """
 
 from __future__ import annotations
@@ -11,17 +14,23 @@ import asyncio
 import sys
 
 from agenttest_submit.progress import Progress
-from agenttest_worker.aggregate import aggregate
+from agenttest_worker.aggregate import aggregate, build_report
+from agenttest_worker.report import render
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.models import RunRow
 
 
 def unfinished(url: str, run_id: str) -> list[tuple[str, int]]:
+    """(case_id, next_turn) of the conversations that can run on: not started or mid-way."""
     return [
         *repo.iter_case_ids(url, run_id, "pending"),
         *repo.iter_case_ids(url, run_id, "ready"),
     ]
+
+
+def waiting_for_a_person(url: str, run_id: str) -> list[tuple[str, int]]:
+    return list(repo.iter_case_ids(url, run_id, "awaiting_human"))
 
 
 def resume_run(url: str, run: RunRow, parallel: int) -> int:
@@ -29,24 +38,42 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
         print(f"run {run.id} is complete; nothing to resume", file=sys.stderr)
         return 0
     pending = unfinished(url, run.id)
-    print(f"run {run.id}: resuming {len(pending)} unfinished conversation(s)", file=sys.stderr)
+    parked = waiting_for_a_person(url, run.id)
+    count = len(pending) + len(parked)
+    print(f"run {run.id}: resuming {count} unfinished conversation(s)", file=sys.stderr)
     if get_settings().distributed:
         from agenttest_worker.tasks import turn
 
+        # Conversations parked for a person stay parked: `agenttest-submit` waiting on
+        # the run with --interactive answers them.
         for case_id, next_turn in pending:
             turn.apply_async((run.id, case_id, next_turn))
-    elif pending:
+    elif count:
         from agenttest_submit.runner import drive
 
-        progress = Progress(len(pending))
-        asyncio.run(drive(url, run.id, pending, parallel, progress))
+        progress = Progress(count)
+        asyncio.run(
+            drive(
+                url,
+                run.id,
+                [*pending, *parked],
+                parallel,
+                progress,
+                parked={case_id for case_id, _ in parked},
+                ask=sys.stdin.isatty(),
+            )
+        )
         progress.close()
     current = repo.get_run(url, run.id)
-    if current is not None and current.finished_cases >= current.total_cases:
-        if get_settings().distributed:
-            from agenttest_worker.tasks import aggregate_run
+    if current is None or current.finished_cases < current.total_cases:
+        return 0
+    if get_settings().distributed:
+        from agenttest_worker.tasks import aggregate_run
 
-            aggregate_run.apply_async((run.id,))
-        else:
-            aggregate(url, run.id)
-    return 0
+        aggregate_run.apply_async((run.id,))
+        return 0
+    # Whoever claimed the aggregation before is gone: that is why we are resuming.
+    aggregate(url, run.id, lease_seconds=0)
+    report = build_report(url, run.id, color=sys.stdout.isatty())
+    sys.stdout.write(render("console", report))
+    return 1 if report.summary().failed else 0

@@ -12,9 +12,10 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.inputs import InputSource
@@ -22,14 +23,14 @@ from agenttest_submit.progress import Progress
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.aggregate import aggregate, build_report
 from agenttest_worker.cases import Case
-from agenttest_worker.conversation import PoolCache, answer_human, run_step
+from agenttest_worker.conversation import Advance, PoolCache, answer_human, run_step
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.report import render
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import upgrade
 
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 
 
 def run_options(args: argparse.Namespace, config: ProjectConfig, target: str | None) -> RunOptions:
@@ -126,8 +127,7 @@ def run_cases(
         deadline=args.deadline,
     )
     progress = Progress(total)
-    timeouts = {c.id: (c.interactive.timeout if c.interactive else 300.0) for c in cases}
-    asyncio.run(drive(url, run_id, [(c.id, 1) for c in cases], args.parallel, progress, timeouts))
+    asyncio.run(drive(url, run_id, [(c.id, 1) for c in cases], args.parallel, progress))
     progress.close()
     aggregate(url, run_id)
     return emit_report(url, run_id, args)
@@ -140,30 +140,47 @@ async def drive(
     parallel: int,
     progress: Progress,
     human_timeouts: dict[str, float] | None = None,
+    *,
+    parked: Collection[str] = (),
+    ask: bool = True,
 ) -> None:
-    """Run every conversation of the run to its end, `parallel` at a time."""
+    """Run every conversation of the run to its end, `parallel` at a time.
+
+    `parked` names conversations already waiting for a person (a resumed run); they
+    start with the question. With `ask` false nobody is at a terminal: a conversation
+    that waits for a person gets no reply, and its on_missing_input decides.
+    """
     from agenttest_worker.agents.transport import close_session
 
     pools = PoolCache()
     asker = TerminalAsker(progress)
     queue = iter(conversations)
 
+    async def reply(case_id: str) -> Advance:
+        loaded = repo.load_case(url, run_id, case_id)
+        if loaded is None:
+            return Advance(saved=False)
+        prompt = (loaded.state or {}).get("prompt") or {}
+        if ask:
+            timeout = (human_timeouts or {}).get(case_id) or _human_timeout(loaded.case)
+            text, why = await asker.ask(
+                case_id, prompt.get("question"), prompt.get("hint"), timeout
+            )
+        else:
+            text, why = None, None
+        pool = pools.for_run(run_id, loaded.run_config)
+        return await answer_human(url, pool, run_id, case_id, text, why)
+
     async def conversation(case_id: str, turn: int) -> None:
+        waiting = case_id in parked
         while True:
-            advance = await run_step(url, pools, run_id, case_id, turn, None)
-            if advance.awaiting_human:
-                loaded = repo.load_case(url, run_id, case_id)
-                prompt = (loaded.state or {}).get("prompt") or {} if loaded else {}
-                text, why = await asker.ask(
-                    case_id,
-                    prompt.get("question"),
-                    prompt.get("hint"),
-                    (human_timeouts or {}).get(case_id, 300.0),
-                )
-                pool = pools.for_run(run_id, loaded.run_config) if loaded else None
-                if pool is None:
-                    return
-                advance = await answer_human(url, pool, run_id, case_id, text, why)
+            if waiting:
+                advance = await reply(case_id)
+                waiting = False
+            else:
+                advance = await run_step(url, pools, run_id, case_id, turn, None)
+                if advance.awaiting_human:
+                    advance = await reply(case_id)
             if advance.next_turn is not None and advance.saved:
                 turn = advance.next_turn
                 continue
@@ -175,11 +192,40 @@ async def drive(
         for case_id, turn in queue:
             await conversation(case_id, turn)
 
+    async def past_deadline(deadline_at: float) -> None:
+        """--deadline: the turns still running were cancelled; end every conversation
+        left (they fail with the run's deadline as the reason, keeping their turns)."""
+        await asyncio.sleep(max(deadline_at - time.time(), 0) + 0.01)
+        for case_id, _ in conversations:
+            loaded = repo.load_case(url, run_id, case_id)
+            if loaded is None or loaded.phase not in ("pending", "ready"):
+                continue
+            advance = await run_step(url, pools, run_id, case_id, loaded.next_turn, None)
+            if advance.case_done:
+                progress.case_done(advance.status)
+
     lanes = min(parallel, max(len(conversations), 1))
+    run = repo.get_run(url, run_id)
+    deadline_at = run.deadline_at if run is not None else None
     try:
-        await asyncio.gather(*(lane() for _ in range(lanes)))
+        work = asyncio.gather(*(lane() for _ in range(lanes)))
+        if deadline_at is None:
+            await work
+        else:
+            # A turn in flight is not left to finish after the deadline (it may take
+            # minutes): it is cancelled, and its conversation ends as failed.
+            try:
+                await asyncio.wait_for(work, timeout=max(deadline_at - time.time(), 0))
+            except TimeoutError:
+                await past_deadline(deadline_at)
     finally:
         await close_session()
+
+
+def _human_timeout(case: dict[str, Any]) -> float:
+    interactive = case.get("interactive")
+    timeout = interactive.get("timeout") if isinstance(interactive, dict) else None
+    return float(timeout) if isinstance(timeout, int | float) else 300.0
 
 
 def emit_report(url: str, run_id: str, args: argparse.Namespace) -> int:
@@ -190,6 +236,15 @@ def emit_report(url: str, run_id: str, args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if args.output:
         report.color = False
-        Path(args.output).write_text(render(args.format or "jsonl", report), encoding="utf-8")
+        try:
+            Path(args.output).write_text(render(args.format or "jsonl", report), encoding="utf-8")
+        except OSError as exc:
+            # Checked before the run started; this is the disk filling up or the like.
+            print(
+                f"agenttest-submit: cannot write {args.output}: {exc.strerror or exc}; the "
+                f"results are stored: agenttest-submit report {run_id} -o FILE",
+                file=sys.stderr,
+            )
+            return EXIT_INPUT
         print(f"results written to {args.output} (run {run_id})", file=sys.stderr)
     return EXIT_FAILED if report.summary().failed else EXIT_OK

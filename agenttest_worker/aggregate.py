@@ -38,9 +38,14 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
     )
 
 
-def aggregate(url: str, run_id: str) -> bool:
-    """Build and store the run's reports if this caller wins the claim; True if it did."""
-    if not repo.claim_aggregation(url, run_id):
+def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> bool:
+    """Build and store the run's reports if this caller wins the claim; True if it did.
+
+    `lease_seconds` is how long another aggregator's claim is respected (see
+    `repo.claim_aggregation`); `resume`, run by a person who knows the run stopped,
+    passes 0 to take over an aggregation that died at once.
+    """
+    if not repo.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
         return False
     report = build_report(url, run_id)
     reports = {

@@ -1,0 +1,311 @@
+"""What an embedded run leaves in the store, aggregation, and `resume` of unfinished runs."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from agenttest_submit.cli import build_parser, main
+from agenttest_submit.expand import expand
+from agenttest_submit.inputs import parse_input
+from agenttest_submit.progress import Progress
+from agenttest_submit.runner import drive, run_options, store_run
+from agenttest_worker.agents.registry import load_config
+from agenttest_worker.aggregate import aggregate
+from agenttest_worker.conversation import PoolCache, run_step
+from agenttest_worker.engine import RunOptions
+from agenttest_worker.results import CaseResult
+from agenttest_worker.settings import get_settings
+from agenttest_worker.store import repo
+from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.models import CaseRow, RunReportRow, RunRow, TurnRow
+
+SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
+SUITE_CASES = str(SUITE / "expense-suite.jsonl")
+SUITE_CONFIG = str(SUITE / "agenttest.yaml")
+RUN_ID = re.compile(r"ℹ Run: (\S+)")
+
+
+@pytest.fixture
+def demo(demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def url() -> str:
+    get_settings.cache_clear()
+    return get_settings().effective_database_url()
+
+
+def run_suite(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG, *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def stored_suite(options: RunOptions | None = None) -> tuple[str, str]:
+    """The suite stored as a run whose conversations have not started: (url, run id)."""
+    config = load_config(SUITE_CONFIG)
+    cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
+    if options is None:
+        args = build_parser().parse_args(["-i", SUITE_CASES])
+        options = run_options(args, config, "assistants.expense")
+    db = url()
+    run_id, total = store_run(
+        db, cases, options=options, config=config, target="assistants.expense", label="suite"
+    )
+    assert total == 4
+    return db, run_id
+
+
+def step(db: str, run_id: str, case_id: str, turn: int) -> Any:
+    async def once() -> Any:
+        from agenttest_worker.agents.transport import close_session
+
+        try:
+            return await run_step(db, PoolCache(), run_id, case_id, turn, None)
+        finally:
+            await close_session()
+
+    return asyncio.run(once())
+
+
+def case_rows(db: str, run_id: str) -> dict[str, CaseRow]:
+    with session_scope(db) as session:
+        rows = session.scalars(select(CaseRow).where(CaseRow.run_id == run_id)).all()
+        return {row.case_id: row for row in rows}
+
+
+def check_store_matches_results(db: str, run_id: str) -> list[CaseResult]:
+    """One turns row per (case, turn) of the results, and run counters that agree."""
+    results = list(repo.iter_results(db, run_id))
+    expected = {(r.id, t.turn) for r in results for t in r.turns}
+    counted = repo.count_turn_rows(db, run_id)
+    assert {(c, t) for c, t, _ in counted} == expected
+    assert all(n == 1 for _, _, n in counted), counted
+    with session_scope(db) as session:
+        rows = session.scalars(select(TurnRow).where(TurnRow.run_id == run_id)).all()
+        by_key = {(row.case_id, row.turn): row for row in rows}
+    for result in results:
+        for turn in result.turns:
+            row = by_key[(result.id, turn.turn)]
+            assert (row.input, row.output, row.status) == (turn.input, turn.output, turn.status)
+    run = repo.get_run(db, run_id)
+    assert run is not None
+    statuses = [r.status for r in results]
+    assert (
+        run.total_cases,
+        run.finished_cases,
+        run.passed,
+        run.failed,
+        run.skipped,
+        run.total_turns,
+    ) == (
+        len(results),
+        len(results),
+        statuses.count("passed"),
+        statuses.count("failed"),
+        statuses.count("skipped"),
+        sum(r.total_turns for r in results),
+    )
+    return results
+
+
+# -- after a run ---------------------------------------------------------------------------
+
+
+def test_a_run_stores_each_turn_once_counters_and_reports(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_suite(capsys, "-o", "results.jsonl")
+    assert code == 1
+    run_id = RUN_ID.search(out).group(1)  # type: ignore[union-attr]
+    db = url()
+
+    results = check_store_matches_results(db, run_id)
+    assert [r.status for r in results] == ["passed", "skipped", "passed", "failed"]
+    run = repo.get_run(db, run_id)
+    assert run is not None and run.status == "done" and run.finished_at is not None
+    assert (run.passed, run.failed, run.skipped, run.total_turns) == (2, 1, 1, 8)
+    assert run.agent == "assistants.expense"
+    assert run.total_tokens > 0
+    assert "Total turns: 8\n" in out and "Passed:  2\n" in out
+
+    with session_scope(db) as session:
+        formats = set(
+            session.scalars(select(RunReportRow.format).where(RunReportRow.run_id == run_id))
+        )
+    assert formats == {"jsonl", "console", "console-verbose"}
+    stored_jsonl = repo.get_report(db, run_id, "jsonl")
+    assert stored_jsonl == (demo / "results.jsonl").read_text(encoding="utf-8")
+    console = repo.get_report(db, run_id, "console")
+    assert console is not None and "► [T004] Greeting mentions refunds (1 turn)" in console
+    verbose = repo.get_report(db, run_id, "console-verbose")
+    assert verbose is not None and '✓ agent: The reply must mention "$3500"' in verbose
+    assert "\x1b[" not in console + verbose, "stored reports carry no terminal colors"
+
+    # The run is aggregated already: another aggregation does nothing.
+    assert aggregate(db, run_id) is False
+    assert repo.get_report(db, run_id, "jsonl") == stored_jsonl
+
+
+def test_aggregate_runs_once_and_only_when_every_conversation_ended(demo: Path) -> None:
+    db, run_id = stored_suite()
+    assert aggregate(db, run_id) is False, "conversations still pending"
+    assert repo.get_report(db, run_id, "jsonl") is None
+
+    asyncio.run(drive(db, run_id, [(f"T00{i}", 1) for i in range(1, 5)], 4, Progress(4)))
+    run = repo.get_run(db, run_id)
+    assert run is not None and run.status == "running" and run.finished_cases == 4
+
+    assert aggregate(db, run_id) is True
+    assert aggregate(db, run_id) is False
+    run = repo.get_run(db, run_id)
+    assert run is not None and run.status == "done"
+    jsonl = repo.get_report(db, run_id, "jsonl")
+    assert jsonl is not None
+    assert [json.loads(line)["id"] for line in jsonl.splitlines()] == [
+        "T001",
+        "T002",
+        "T003",
+        "T004",
+    ]
+    check_store_matches_results(db, run_id)
+
+
+def test_a_repeated_step_records_nothing_twice(demo: Path) -> None:
+    db, run_id = stored_suite()
+    first = step(db, run_id, "T001", 1)
+    assert first.saved and first.next_turn == 2
+    again = step(db, run_id, "T001", 1)  # a redelivered task for a turn already recorded
+    assert not again.saved
+    assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+
+
+# -- resume --------------------------------------------------------------------------------
+
+
+def test_resume_finishes_conversations_left_unfinished(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, run_id = stored_suite()
+    # The submitter died mid-run: T001 is at turn 2, T004 finished, T002/T003 never started.
+    assert step(db, run_id, "T001", 1).next_turn == 2
+    assert step(db, run_id, "T004", 1).case_done
+    rows = case_rows(db, run_id)
+    assert (rows["T001"].phase, rows["T001"].next_turn) == ("ready", 2)
+    assert rows["T004"].phase == "done"
+
+    capsys.readouterr()
+    assert main(["status", run_id]) == 0
+    assert "cases     1/4 finished: 0 passed, 1 failed, 0 skipped" in capsys.readouterr().out
+
+    code = main(["resume", run_id])
+    out, err = capsys.readouterr()
+    assert code == 1, "a resumed run exits like a run: a case failed"
+    assert f"run {run_id}: resuming 3 unfinished conversation(s)" in err
+    assert "Failed:  1\n" in out and "Passed:  2\n" in out
+
+    run = repo.get_run(db, run_id)
+    assert run is not None and run.status == "done"
+    results = check_store_matches_results(db, run_id)
+    assert [r.status for r in results] == ["passed", "skipped", "passed", "failed"]
+    t001 = results[0]
+    assert [t.input for t in t001.turns] == [
+        "I want to submit an expense",
+        "Business travel, $3500",
+        "Yes, confirm",
+    ]
+    assert repo.get_report(db, run_id, "jsonl") is not None
+
+    assert main(["resume", run_id]) == 0
+    assert "is complete; nothing to resume" in capsys.readouterr().err
+
+
+def test_resume_of_a_reset_conversation_reruns_from_its_turn(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out, _ = run_suite(capsys)
+    run_id = RUN_ID.search(out).group(1)  # type: ignore[union-attr]
+    db = url()
+    # Undo T004 entirely, as if its only turn had never been recorded.
+    with session_scope(db) as session:
+        session.execute(
+            update(CaseRow)
+            .where(CaseRow.run_id == run_id, CaseRow.case_id == "T004")
+            .values(phase="pending", next_turn=1, state=None, status=None, result=None)
+        )
+        session.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id)
+            .values(
+                status="running",
+                finished_cases=RunRow.finished_cases - 1,
+                failed=RunRow.failed - 1,
+                total_turns=RunRow.total_turns - 1,
+            )
+        )
+        session.query(TurnRow).filter(TurnRow.run_id == run_id, TurnRow.case_id == "T004").delete()
+        session.query(RunReportRow).filter(RunReportRow.run_id == run_id).delete()
+
+    capsys.readouterr()
+    assert main(["resume", run_id]) == 1
+    assert "resuming 1 unfinished conversation(s)" in capsys.readouterr().err
+    results = check_store_matches_results(db, run_id)
+    assert results[3].status == "failed"
+    assert repo.get_run(db, run_id).status == "done"  # type: ignore[union-attr]
+
+
+def test_resume_answers_a_conversation_left_waiting_for_a_person(
+    demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An --interactive run whose submitter died while asking: resumed without a terminal,
+    on_missing_input decides (the case is skipped, the run completes)."""
+    db, run_id = stored_suite(RunOptions(target="assistants.expense", interactive=True))
+    assert step(db, run_id, "T002", 1).awaiting_human
+    assert case_rows(db, run_id)["T002"].phase == "awaiting_human"
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    capsys.readouterr()
+    main(["resume", run_id])
+    run = repo.get_run(db, run_id)
+    assert run is not None and run.status == "done", capsys.readouterr()
+    results = check_store_matches_results(db, run_id)
+    t002 = results[1]
+    assert t002.status == "skipped"
+    assert t002.skip_reason is not None and "awaiting input" in t002.skip_reason
+
+
+def test_resume_redoes_a_lost_aggregation(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The aggregator died after claiming the run: `resume` aggregates it after all."""
+    db, run_id = stored_suite()
+    asyncio.run(drive(db, run_id, [(f"T00{i}", 1) for i in range(1, 5)], 4, Progress(4)))
+    assert repo.claim_aggregation(db, run_id)  # ...and then the process died
+    assert aggregate(db, run_id) is False
+    capsys.readouterr()
+    main(["resume", run_id])
+    run = repo.get_run(db, run_id)
+    assert run is not None and run.status == "done"
+    assert repo.get_report(db, run_id, "jsonl") is not None
+
+
+def test_last_is_the_newest_run_even_within_one_second(demo: Path) -> None:
+    db = url()
+    from agenttest_worker.store.db import upgrade
+
+    upgrade(db)
+    # Run ids sort by second, then randomly: the newer run may sort first.
+    for run_id in ("20990101-000000-ffffff", "20990101-000000-000000"):
+        repo.create_run(db, run_id=run_id, agent=None, input_label="x", options={}, config={})
+    latest = repo.latest_run(db)
+    assert latest is not None and latest.id == "20990101-000000-000000"
