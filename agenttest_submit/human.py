@@ -49,10 +49,10 @@ class TerminalAsker:
                 out.write("\n")
                 return (
                     None,
-                    f"agent awaiting input, no interactive reply within {format_duration(timeout)}",
+                    f"Agent awaiting input, no interactive reply within {format_duration(timeout)}",
                 )
             if not reply.strip():
-                return None, "agent awaiting input, the person at the terminal skipped it"
+                return None, "Agent awaiting input, the person at the terminal skipped it"
             return reply, None
 
     async def ask(

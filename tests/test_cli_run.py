@@ -232,11 +232,20 @@ def test_demo_run_quickstart_reports_every_kind_of_case(processes: Processes) ->
         "T004",
     ]
 
-    # A static multi-turn case that passed (its turns are shown with -v, below).
-    assert case_block(out, "T001").splitlines() == [
-        "► [T001] Expense Reimbursement Flow (3 turns)",
-        "  └─ Result: PASSED",
-    ]
+    # A static multi-turn case that passed, every turn with its reply and assertions,
+    # as in the spec's Console Output.
+    t001 = case_block(out, "T001")
+    assert t001.startswith("► [T001] Expense Reimbursement Flow (3 turns)\n")
+    for line in (
+        '├─ Turn 1: "I want to submit an expense" → PASSED',
+        'Agent: "What type of expense would you like to submit?"',
+        '✓ contains "type of expense"',
+        '✓ agent: The reply must mention "$3500" and ask to "confirm"',
+        '├─ Turn 3: "Yes, confirm" → PASSED',
+        "└─ Final Assertions: PASSED",
+        '✓ $.expense.status = "submitted"',
+    ):
+        assert line in t001, f"{line!r} missing from:\n{t001}"
     # A simulator-driven case.
     assert case_block(out, "T003").startswith(
         "► [T003] Dynamic Expense Flow (simulator: workers.test.user-sim)\n"
@@ -249,7 +258,7 @@ def test_demo_run_quickstart_reports_every_kind_of_case(processes: Processes) ->
         '  │          ✓ contains "manager approval"',
         "  │",
         "  ├─ Turn 2: SKIPPED",
-        "  │          Reason: agent awaiting input, no next turn defined",
+        "  │          Reason: Agent awaiting input, no next turn defined",
         '  │          Agent asked: "Please provide PO number"',
         "  │          Hint: Add more turns, use --interactive, or configure simulator",
         "  │",
@@ -381,7 +390,7 @@ def test_output_jsonl_has_the_spec_record_shape(
     ] == [{"type": "json_path", "path": "$.expense.status", "value": "submitted", "passed": True}]
 
     t002 = recs[1]
-    assert t002["skip_reason"] == "agent awaiting input, no next turn defined"
+    assert t002["skip_reason"] == "Agent awaiting input, no next turn defined"
     assert t002["turns"][-1]["status"] == "skipped" and t002["turns"][-1]["input"] is None
     t003 = recs[2]
     assert t003["simulator"] == "agents:workers.test.user-sim"
@@ -898,7 +907,7 @@ def test_interactive_without_a_terminal_falls_back_to_on_missing_input(
     assert code == 0
     [rec] = records(demo / "i.jsonl")
     assert rec["status"] == "skipped"
-    assert rec["skip_reason"] == "agent awaiting input, no next turn defined"
+    assert rec["skip_reason"] == "Agent awaiting input, no next turn defined"
     assert "interactive" not in {t.get("input_source") for t in rec["turns"]}
 
     code, _, _ = suite(

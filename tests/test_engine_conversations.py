@@ -287,7 +287,7 @@ def test_on_missing_input(agent: ScriptedAgent, policy: str) -> None:
     assert result.total_turns == 1
     if policy == "skip":
         assert result.status == "skipped"
-        assert result.skip_reason == "agent awaiting input, no next turn defined"
+        assert result.skip_reason == "Agent awaiting input, no next turn defined"
         skipped = result.turns[1]
         assert (skipped.turn, skipped.input, skipped.status) == (2, None, "skipped")
         assert skipped.skip_reason == result.skip_reason
@@ -295,7 +295,7 @@ def test_on_missing_input(agent: ScriptedAgent, policy: str) -> None:
     elif policy == "fail":
         assert result.status == "failed"
         assert result.error == (
-            "agent awaiting input, no next turn defined (on_missing_input: fail)"
+            "Agent awaiting input, no next turn defined (on_missing_input: fail)"
         )
         assert len(result.turns) == 1
     else:

@@ -112,11 +112,12 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
 
 
 def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) -> list[str]:
-    """One case's "►" line and tree. `full` shows a passed case's turns too (-v)."""
-    if case.status == "passed" and not full:
-        branches = [_Branch(f"Result: {style.status('passed')}", _FINAL_INDENT)]
-    else:
-        branches = _CaseTree(case, run, style).branches()
+    """One case's "►" line and tree, as the spec's Console Output shows it.
+
+    Every turn is listed; the agent's reply is shown where the spec shows it (turns
+    with assertions, failures, static conversations). `full` (-v) shows every reply.
+    """
+    branches = _CaseTree(case, run, style, verbose=full).branches()
     return [_case_title(case, run), *_tree(branches)]
 
 
@@ -172,9 +173,10 @@ def _question(output: str | None) -> str | None:
 class _CaseTree:
     """Builds the branches of one case: its turns, then final assertions and result."""
 
-    def __init__(self, case: CaseResult, run: RunReport, style: Style) -> None:
+    def __init__(self, case: CaseResult, run: RunReport, style: Style, verbose: bool) -> None:
         self.case = case
         self.style = style
+        self.verbose = verbose
         sources = {turn.input_source for turn in case.turns}
         self.simulated = (
             case.id in run.simulators or case.simulator is not None or "simulator" in sources
@@ -232,6 +234,8 @@ class _CaseTree:
     def _shows_reply(self, turn: TurnResult, status: str) -> bool:
         if turn.output is None and not turn.tool_calls:
             return False
+        if self.verbose:
+            return True
         return not self.simulated or bool(turn.assertions) or status == "failed"
 
     def _skipped(self, number: int, reason: str | None, previous: TurnResult | None) -> _Branch:
