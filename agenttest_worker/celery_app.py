@@ -6,6 +6,9 @@ worker process reserves one message at a time (prefetch 1), so a slow conversati
 never holds others hostage; Redis redelivers an unacknowledged message only after a
 visibility timeout longer than the longest turn (AGENTTEST_VISIBILITY_TIMEOUT).
 No result backend: results live in the store, and nothing waits on task results.
+Workers reconnect to a broker that went away for as long as it takes, and a publish
+retries for about 20 s; what the broker lost meanwhile (or a publish that gave up) is
+re-enqueued from the store (tasks.py, "Recovering lost messages").
 """
 
 from __future__ import annotations
@@ -31,8 +34,14 @@ app.conf.update(
     result_backend=None,
     task_serializer="json",
     accept_content=["json"],
+    # Turns wait on agents, not on the CPU: threads, many of them, per process.
+    worker_pool="threads",
+    worker_concurrency=settings.worker_concurrency,
     broker_transport_options={
         "visibility_timeout": settings.visibility_timeout,
+        # Sweep for messages of dead workers every restore_interval seconds.
+        "unacked_restore_interval": settings.restore_interval,
+        "unacked_restore_throttle": 1,
         # Redis connection hiccups are retried instead of failing the publish.
         "max_retries": 10,
         "interval_start": 0.2,
@@ -40,7 +49,13 @@ app.conf.update(
         "interval_max": 3,
     },
     broker_connection_retry_on_startup=True,
+    broker_connection_retry=True,
     broker_connection_max_retries=None,
+    # When the broker connection drops, let the turns in flight finish: each saves its
+    # step to the store and publishes the next turn (the publish retries while the
+    # broker is away). Cancelling them would only throw that work away; their lost
+    # acknowledgment means at most a redelivery, which the turn guard makes a no-op.
+    worker_cancel_long_running_tasks_on_connection_loss=False,
     task_publish_retry=True,
     task_publish_retry_policy={
         "max_retries": 10,

@@ -74,19 +74,28 @@ def session_id(run_id: str, case_id: str) -> str:
 
 
 def prepare(
-    url: str, run_id: str, case_id: str, turn: int, max_deliveries: int | None = None
+    url: str,
+    run_id: str,
+    case_id: str,
+    turn: int,
+    max_deliveries: int | None = None,
+    redelivered: bool = False,
 ) -> Prepared | Advance:
     """Load what turn `turn` needs, or say why there is nothing to do (an Advance)."""
-    loaded = repo.load_case(url, run_id, case_id, count_delivery=max_deliveries is not None)
+    loaded = repo.load_case(
+        url, run_id, case_id, count_delivery=max_deliveries is not None, turn=turn
+    )
     if loaded is None:
         return Advance(saved=False)
     if loaded.phase == "done":
         return Advance(saved=False, case_done=True)
     if loaded.next_turn != turn or loaded.phase not in ("pending", "ready"):
-        # A duplicate or stale message. If the turn it names already ran but the next
-        # one was never enqueued (the worker died in between), enqueue it again: the
-        # next task's own guard makes a double harmless.
-        resend = loaded.phase == "ready" and loaded.next_turn == turn + 1
+        # A duplicate or stale message: nothing to do. Except when the broker gave back
+        # the message of a worker that died after saving the turn but before enqueueing
+        # the next one: then enqueue that now (its own guard makes a double harmless).
+        # Only a redelivery can be that; a plain duplicate stays a no-op instead of
+        # spawning a second copy of the rest of the conversation.
+        resend = redelivered and loaded.phase == "ready" and loaded.next_turn == turn + 1
         return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
     case = Case.model_validate(loaded.case)
     options = RunOptions.model_validate(loaded.run_options)
@@ -215,12 +224,18 @@ def _after_commit(url: str, prepared: Prepared, advance: Advance) -> Advance:
 
 
 def run_step_sync(
-    url: str, pools: PoolCache, run_id: str, case_id: str, turn: int, max_deliveries: int | None
+    url: str,
+    pools: PoolCache,
+    run_id: str,
+    case_id: str,
+    turn: int,
+    max_deliveries: int | None,
+    redelivered: bool = False,
 ) -> Advance:
     """One step from a worker thread: database here, agent calls on the process's loop."""
     from agenttest_worker.runtime import run_sync
 
-    prepared = prepare(url, run_id, case_id, turn, max_deliveries)
+    prepared = prepare(url, run_id, case_id, turn, max_deliveries, redelivered)
     if isinstance(prepared, Advance):
         return prepared
     state = _stopped(prepared, max_deliveries)

@@ -26,10 +26,26 @@ class Settings(BaseSettings):
     home: Path = Field(default=Path(".agenttest"), description="Local state for embedded runs")
     queue: str = Field(default="agenttest", description="Celery queue for turn tasks")
     visibility_timeout: int = Field(
-        default=3600, ge=60, description="Seconds before Redis redelivers an unacked task"
+        default=3600,
+        ge=1,
+        description="Seconds before Redis redelivers an unacknowledged task; keep it above "
+        "the longest turn (a turn redelivered while still running is discarded, not doubled)",
+    )
+    restore_interval: int = Field(
+        default=10, ge=1, description="Seconds between workers' sweeps for abandoned tasks"
+    )
+    worker_concurrency: int = Field(
+        default=64, ge=1, description="Turn tasks one worker process runs at a time (threads)"
     )
     max_redeliveries: int = Field(
         default=3, ge=1, description="Deliveries of one turn before the case fails"
+    )
+    stall_seconds: float = Field(
+        default=600,
+        gt=0,
+        description="A running conversation not moved for this long is presumed lost (the "
+        "broker dropped its message) and its next turn is enqueued again; keep it above the "
+        "longest turn",
     )
     enqueue_batch: int = Field(default=500, ge=1, description="Cases stored/enqueued per batch")
     http_pool_size: int = Field(default=200, ge=1, description="Connections per agent host")

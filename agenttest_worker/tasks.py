@@ -4,19 +4,40 @@
 that ends a run's last conversation enqueues `agenttest.aggregate(run_id)`. Task
 names and arguments are plain ids, so Flower shows what is running and no secret ever
 travels through the broker.
+
+Recovering lost messages. acks_late + the visibility timeout bring back the message of
+a worker that died, but not a message the broker itself lost: Redis without
+persistence forgets its queues when it restarts, and a publish can fail for good after
+its retries. Nothing in the broker then remembers the conversation; the store does. So
+every worker runs a sweeper thread (`recover`, every `sweep_interval()` seconds) that
+looks for running runs none of whose conversations has moved (no turn started or
+saved) for AGENTTEST_STALL_SECONDS and re-enqueues each waiting conversation's
+`next_turn` (claimed in the store, so one sweeper does it, once per stall period), and
+builds the reports of runs that finished but were never aggregated (the aggregation
+message was lost, or the aggregator died holding the claim). Re-enqueueing is safe
+because a step is idempotent on (run, case, next_turn): a copy of a message that was
+not lost after all finds its turn already recorded and does nothing. The submitter's
+--wait loop runs the same `recover` for its own run, in case no worker sweeps.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import (
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 from agenttest_worker.aggregate import aggregate
 from agenttest_worker.celery_app import app
 from agenttest_worker.conversation import Advance, PoolCache, run_step_sync
 from agenttest_worker.settings import get_settings
+from agenttest_worker.store import repo
 from agenttest_worker.store.db import upgrade
 
 log = logging.getLogger("agenttest.tasks")
@@ -49,10 +70,18 @@ def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
         aggregate_run.apply_async((run_id,))
 
 
-@app.task(name="agenttest.turn")
-def turn(run_id: str, case_id: str, turn: int) -> str:
+@app.task(name="agenttest.turn", bind=True)
+def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
+    # Set by the broker on a message it gave back (its worker died or was too slow).
+    redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
     advance = run_step_sync(
-        _url(), _pools, run_id, case_id, turn, max_deliveries=get_settings().max_redeliveries
+        _url(),
+        _pools,
+        run_id,
+        case_id,
+        turn,
+        max_deliveries=get_settings().max_redeliveries,
+        redelivered=redelivered,
     )
     follow_up(run_id, case_id, advance)
     if not advance.saved:
@@ -68,3 +97,70 @@ def turn(run_id: str, case_id: str, turn: int) -> str:
 def aggregate_run(run_id: str) -> str:
     done = aggregate(_url(), run_id)
     return f"{run_id}: aggregated" if done else f"{run_id}: already aggregated"
+
+
+# -- recovering lost messages (see the module docstring) ----------------------------------
+
+
+def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[int, int]:
+    """Re-enqueue conversations of stalled runs; build lost aggregations.
+
+    Returns (turns re-enqueued, runs aggregated here). `run_id` limits it to one run.
+    """
+    stalled = repo.claim_stalled(url, stall_seconds, run_id)
+    if stalled:
+        with app.producer_or_acquire() as producer:
+            for stalled_run, case_id, next_turn in stalled:
+                turn.apply_async((stalled_run, case_id, next_turn), producer=producer)
+        log.warning(
+            "re-enqueued %d conversation(s) not moved for %ss (lost messages): %s",
+            len(stalled),
+            stall_seconds,
+            ", ".join(f"{r}/{c} turn {t}" for r, c, t in stalled[:20]),
+        )
+    aggregated = 0
+    for lost in repo.unaggregated_runs(url, stall_seconds, run_id):
+        if aggregate(url, lost):
+            aggregated += 1
+            log.warning("run %s: reports built by the sweeper (its aggregation was lost)", lost)
+    return len(stalled), aggregated
+
+
+def sweep_interval(stall_seconds: float) -> float:
+    """A few sweeps per stall period: a loss is noticed within about 1.3 stall periods."""
+    return min(max(stall_seconds / 3, 1.0), 60.0)
+
+
+class Sweeper(threading.Thread):
+    """The worker's background `recover` loop; every worker runs one (claims make it safe)."""
+
+    def __init__(self, stall_seconds: float) -> None:
+        super().__init__(name="agenttest-sweeper", daemon=True)
+        self.stall_seconds = stall_seconds
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(sweep_interval(self.stall_seconds)):
+            try:
+                recover(_url(), self.stall_seconds)
+            except Exception:  # the broker or the database is down: try again next time
+                log.warning("sweep for lost messages failed; retrying", exc_info=True)
+
+
+_sweeper: Sweeper | None = None
+
+
+@worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    global _sweeper
+    settings = get_settings()
+    if not settings.distributed or _sweeper is not None:
+        return
+    _sweeper = Sweeper(settings.stall_seconds)
+    _sweeper.start()
+
+
+@worker_shutdown.connect
+def _stop_sweeper(**_: Any) -> None:
+    if _sweeper is not None:
+        _sweeper.stopping.set()

@@ -15,14 +15,15 @@ import secrets
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
+from agenttest_worker.settings import get_settings
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import (
     AgentCallRow,
@@ -58,6 +59,22 @@ def _insert(session: Session, model: type[Base], rows: Sequence[dict[str, Any]])
     session.execute(statement)
 
 
+def _ago(session: Session, seconds: float) -> ColumnElement[datetime]:
+    """The instant `seconds` before now, by the database's clock where it has one.
+
+    `updated_at` is written by the database (`now()`), so staleness is judged by the
+    same clock: workers on hosts with skewed clocks still agree on what is stale.
+    (SQLite's `now()` has whole seconds only: there, this process's clock.)
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        return func.now() - timedelta(seconds=seconds)
+    return literal(datetime.now(UTC).replace(tzinfo=None) - timedelta(seconds=seconds))
+
+
+def _now(session: Session) -> ColumnElement[datetime]:
+    return _ago(session, 0)
+
+
 # -- runs ----------------------------------------------------------------------------------
 
 
@@ -76,6 +93,10 @@ def create_run(
         session.add(
             RunRow(
                 id=run_id,
+                # Set here rather than by the database: SQLite's CURRENT_TIMESTAMP has
+                # whole seconds, and `latest_run` ("last") must tell apart two runs
+                # submitted within one second (their ids then sort at random).
+                created_at=datetime.now(UTC),
                 status="pending",
                 submitted_by=submitted_by(),
                 agent=agent,
@@ -177,9 +198,13 @@ class LoadedCase:
 
 
 def load_case(
-    url: str, run_id: str, case_id: str, count_delivery: bool = False
+    url: str, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
 ) -> LoadedCase | None:
-    """The conversation and what its run says; optionally counting this delivery."""
+    """The conversation and what its run says; optionally counting this delivery.
+
+    With `turn`, only a delivery of the turn the conversation is waiting for counts: a
+    duplicate or stale message must not use up the next turn's delivery budget.
+    """
     with session_scope(url) as session:
         row = session.execute(
             select(CaseRow, RunRow)
@@ -190,13 +215,21 @@ def load_case(
             return None
         case_row, run_row = row
         deliveries = case_row.deliveries
-        if count_delivery:
-            deliveries += 1
-            session.execute(
+        current = turn is None or (
+            case_row.next_turn == turn and case_row.phase in ("pending", "ready")
+        )
+        if count_delivery and current:
+            guard = [CaseRow.run_id == run_id, CaseRow.case_id == case_id]
+            if turn is not None:
+                guard.append(CaseRow.next_turn == turn)
+            counted = session.execute(
                 update(CaseRow)
-                .where(CaseRow.run_id == run_id, CaseRow.case_id == case_id)
+                .where(*guard)
                 .values(deliveries=CaseRow.deliveries + 1)
-            )
+                .returning(CaseRow.deliveries)
+            ).scalar_one_or_none()
+            if counted is not None:
+                deliveries = counted
         return LoadedCase(
             run_id=run_id,
             case_id=case_id,
@@ -351,17 +384,31 @@ def save_step(
 # -- aggregation and reading results ------------------------------------------------------------
 
 
-def claim_aggregation(url: str, run_id: str) -> bool:
-    """True for exactly one caller once every conversation of the run has finished."""
+def claim_aggregation(url: str, run_id: str, lease_seconds: float | None = None) -> bool:
+    """True for exactly one caller once every conversation of the run has finished.
+
+    The claim is a lease: `finished_at` records when it was taken, and a run left in
+    `aggregating` for longer than `lease_seconds` (default: the stall threshold) can be
+    claimed again, so an aggregator that died mid-way does not leave the run unfinished
+    forever. (A redelivered aggregation task cannot do it: the claim is already taken.)
+    """
+    lease = get_settings().stall_seconds if lease_seconds is None else lease_seconds
     with session_scope(url) as session:
         result = session.execute(
             update(RunRow)
             .where(
                 RunRow.id == run_id,
-                RunRow.status == "running",
                 RunRow.finished_cases >= RunRow.total_cases,
+                or_(
+                    RunRow.status == "running",
+                    and_(
+                        RunRow.status == "aggregating",
+                        RunRow.finished_at.is_not(None),
+                        RunRow.finished_at < _ago(session, lease),
+                    ),
+                ),
             )
-            .values(status="aggregating")
+            .values(status="aggregating", finished_at=_now(session))
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -433,3 +480,96 @@ def count_turn_rows(url: str, run_id: str) -> list[tuple[str, int, int]]:
             .group_by(TurnRow.case_id, TurnRow.turn)
         ).all()
         return [(c, t, n) for c, t, n in rows]
+
+
+# -- recovering from lost messages --------------------------------------------------------------
+
+
+def _stalled_runs(session: Session, stall_seconds: float, run_id: str | None) -> Any:
+    """Running runs none of whose conversations moved (turn started or saved) lately."""
+    query = (
+        select(CaseRow.run_id)
+        .join(RunRow, RunRow.id == CaseRow.run_id)
+        .where(RunRow.status == "running")
+        .group_by(CaseRow.run_id)
+        .having(func.max(CaseRow.updated_at) < _ago(session, stall_seconds))
+    )
+    if run_id is not None:
+        query = query.where(CaseRow.run_id == run_id)
+    return query
+
+
+def claim_stalled(
+    url: str, stall_seconds: float, run_id: str | None = None, limit: int = 1000
+) -> list[tuple[str, str, int]]:
+    """(run, case, next_turn) of conversations whose message was presumably lost; claimed.
+
+    A run is stalled when none of its conversations has moved (no turn started, none
+    saved) for `stall_seconds` while some are still pending or ready: their messages are
+    gone (a broker restart without persistence, a publish that failed for good).
+    Judging the run rather than each conversation keeps a long but moving queue from
+    being mistaken for a loss and flooded with copies. Each returned conversation has
+    been claimed by touching its `updated_at` with a guarded UPDATE, so among several
+    sweepers exactly one re-enqueues it, and nobody again for another `stall_seconds`.
+    """
+    with session_scope(url) as session:
+        stalled = _stalled_runs(session, stall_seconds, run_id).subquery()
+        candidates = session.execute(
+            select(CaseRow.run_id, CaseRow.case_id, CaseRow.next_turn)
+            .join(stalled, stalled.c.run_id == CaseRow.run_id)
+            .where(CaseRow.phase.in_(("pending", "ready")))
+            .order_by(CaseRow.run_id, CaseRow.seq)
+            .limit(limit)
+        ).all()
+    claimed: list[tuple[str, str, int]] = []
+    for run, case_id, next_turn in candidates:
+        with session_scope(url) as session:
+            touched = session.execute(
+                update(CaseRow)
+                .where(
+                    CaseRow.run_id == run,
+                    CaseRow.case_id == case_id,
+                    CaseRow.next_turn == next_turn,
+                    CaseRow.phase.in_(("pending", "ready")),
+                    CaseRow.updated_at < _ago(session, stall_seconds),
+                )
+                .values(updated_at=func.now())
+            )
+            if touched.rowcount:  # type: ignore[attr-defined]
+                claimed.append((run, case_id, next_turn))
+    return claimed
+
+
+def unaggregated_runs(url: str, stall_seconds: float, run_id: str | None = None) -> list[str]:
+    """Runs whose conversations all ended but whose aggregation never happened.
+
+    Either still `running` with every conversation finished and nothing moved for
+    `stall_seconds` (the aggregation message was lost), or `aggregating` for longer than
+    that (the aggregator died). `claim_aggregation` decides who does it, once.
+    """
+    with session_scope(url) as session:
+        cutoff = _ago(session, stall_seconds)
+        moved = (
+            select(func.max(CaseRow.updated_at))
+            .where(CaseRow.run_id == RunRow.id)
+            .scalar_subquery()
+        )
+        query = select(RunRow.id).where(
+            RunRow.finished_cases >= RunRow.total_cases,
+            or_(
+                and_(RunRow.status == "running", or_(moved.is_(None), moved < cutoff)),
+                and_(RunRow.status == "aggregating", RunRow.finished_at < cutoff),
+            ),
+        )
+        if run_id is not None:
+            query = query.where(RunRow.id == run_id)
+        return list(session.scalars(query))
+
+
+def store_report(url: str, run_id: str, fmt: str, content: str) -> None:
+    """Keep one more report with the run (e.g. a reporter agent's), replacing an older one."""
+    with session_scope(url) as session:
+        session.execute(
+            delete(RunReportRow).where(RunReportRow.run_id == run_id, RunReportRow.format == fmt)
+        )
+        session.add(RunReportRow(run_id=run_id, format=fmt, content=content))

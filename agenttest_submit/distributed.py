@@ -1,0 +1,168 @@
+"""Runs on a worker fleet: store the run in the shared database, enqueue, watch, report.
+
+With AGENTTEST_BROKER_URL set, the submitter stores the run and its cases in
+AGENTTEST_DATABASE_URL (Postgres), publishes one `agenttest.turn(run, case, 1)` per
+conversation through one broker connection, prints the run id, and (with --wait, the
+default) shows progress read from the database until the aggregator has built the
+report; then it prints the report, writes -o, and exits 0/1. With --interactive and a
+terminal, conversations parked for a person are answered from here and resumed on any
+worker. While it waits, it also re-enqueues its run's conversations if the broker lost
+their messages, and builds the reports if the aggregation was lost (the workers'
+sweepers do the same for every run; see agenttest_worker.tasks, "Recovering lost
+messages").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Iterable
+
+from agenttest_submit.human import TerminalAsker
+from agenttest_submit.progress import Progress
+from agenttest_submit.runner import emit_report, store_run
+from agenttest_worker.agents.pool import AgentPool
+from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.cases import Case
+from agenttest_worker.conversation import Advance, answer_human
+from agenttest_worker.engine import RunOptions
+from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.settings import get_settings
+from agenttest_worker.store import repo
+
+POLL_SECONDS = 0.5
+
+
+def database_url() -> str:
+    settings = get_settings()
+    if not settings.database_url:
+        raise InputError(
+            InputProblem(
+                "AGENTTEST_BROKER_URL is set but AGENTTEST_DATABASE_URL is not: workers and "
+                "the submitter must share one database (postgresql://...)"
+            )
+        )
+    return settings.database_url
+
+
+def enqueue_first_turns(run_id: str, case_ids: Iterable[str]) -> int:
+    """Publish turn 1 of every conversation over a single broker connection."""
+    from agenttest_worker.celery_app import app
+    from agenttest_worker.tasks import turn
+
+    count = 0
+    with app.producer_or_acquire() as producer:
+        for case_id in case_ids:
+            turn.apply_async((run_id, case_id, 1), producer=producer)
+            count += 1
+    return count
+
+
+def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
+    from agenttest_worker.tasks import follow_up as enqueue
+
+    enqueue(run_id, case_id, advance)
+
+
+def run_distributed(
+    args: argparse.Namespace,
+    config: ProjectConfig,
+    cases: list[Case],
+    options: RunOptions,
+    target: str | None,
+    label: str,
+) -> int:
+    url = database_url()
+    run_id, total = store_run(
+        url,
+        cases,
+        options=options,
+        config=config,
+        target=target,
+        label=label,
+        deadline=args.deadline,
+    )
+    enqueue_first_turns(run_id, (c.id for c in cases))
+    print(f"run {run_id}: {total} case(s) enqueued", file=sys.stderr, flush=True)
+    if not args.wait:
+        print(
+            f"follow it with: agenttest-submit status {run_id}; "
+            f"report with: agenttest-submit report {run_id}",
+            file=sys.stderr,
+        )
+        return 0
+    timeouts = {c.id: (c.interactive.timeout if c.interactive else 300.0) for c in cases}
+    try:
+        wait_for_run(url, run_id, total, config, options, timeouts)
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped watching; run {run_id} goes on on the workers "
+            f"(agenttest-submit status {run_id})",
+            file=sys.stderr,
+        )
+        return 130
+    return emit_report(url, run_id, args)
+
+
+def wait_for_run(
+    url: str,
+    run_id: str,
+    total: int,
+    config: ProjectConfig,
+    options: RunOptions,
+    human_timeouts: dict[str, float],
+) -> None:
+    """Progress from the database until the run's reports exist."""
+    from agenttest_worker.tasks import recover, sweep_interval
+
+    stall = get_settings().stall_seconds
+    next_sweep = time.monotonic() + sweep_interval(stall)
+    progress = Progress(total)
+    asker = TerminalAsker(progress)
+    pool = AgentPool(config)
+    try:
+        while True:
+            run = repo.get_run(url, run_id)
+            if run is None:
+                raise RuntimeError(f"run {run_id} disappeared from the database")
+            progress.set(run.passed, run.failed, run.skipped)
+            if run.status == "done":
+                return
+            if options.interactive is not False:
+                _answer_waiting(url, run_id, pool, asker, human_timeouts)
+            if time.monotonic() >= next_sweep:
+                try:
+                    recover(url, stall, run_id)
+                except Exception as exc:  # e.g. the broker is still down: try again later
+                    print(f"recovering lost messages failed: {exc}", file=sys.stderr)
+                next_sweep = time.monotonic() + sweep_interval(stall)
+            time.sleep(POLL_SECONDS)
+    finally:
+        progress.close()
+
+
+def _answer_waiting(
+    url: str, run_id: str, pool: AgentPool, asker: TerminalAsker, timeouts: dict[str, float]
+) -> None:
+    """Ask about every conversation parked for a person; resume each on the fleet."""
+    for case_id, _turn in list(repo.iter_case_ids(url, run_id, "awaiting_human")):
+        loaded = repo.load_case(url, run_id, case_id)
+        prompt = ((loaded.state or {}).get("prompt") or {}) if loaded else {}
+        text, why = asker.ask_blocking(
+            case_id, prompt.get("question"), prompt.get("hint"), timeouts.get(case_id, 300.0)
+        )
+        advance = asyncio.run(_answer(url, pool, run_id, case_id, text, why))
+        follow_up(run_id, case_id, advance)
+
+
+async def _answer(
+    url: str, pool: AgentPool, run_id: str, case_id: str, text: str | None, why: str | None
+) -> Advance:
+    from agenttest_worker.agents.transport import close_session
+
+    try:
+        return await answer_human(url, pool, run_id, case_id, text, why)
+    finally:
+        await close_session()

@@ -1,0 +1,365 @@
+"""The fleet end to end: real `celery worker` processes, real Redis and Postgres, agents over
+HTTP. A run on the fleet gives what the embedded default gives; a duplicated message is a
+no-op; two conversations ending together aggregate the run once; --fail-fast skips what
+is still queued. (Crashes and broker loss: test_faults.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet import (
+    Fleet,
+    WatchingAgent,
+    case_rows,
+    expense_case,
+    fleet_on,
+    greeting_case,
+    run_id_of,
+    turn_rows,
+    wait_until,
+    write_cases,
+    write_project,
+)
+
+from agenttest_submit.cli import main as submit_main
+from agenttest_worker.store import repo
+from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.models import RunReportRow
+
+SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
+STORED_FORMATS = {"jsonl", "console", "console-verbose"}
+
+ROUNDS_YAML = """\
+tests:
+  - name: rounds_dinner
+    id: R-DINNER
+    tool_mocks:
+      create_expense: {id: EXP-R1, status: draft}
+    rounds:
+      - user_input: I want to submit an expense
+        criteria: The reply must ask "what type of expense"
+      - user_input: Client dinner, $120
+        criteria: The reply must mention "$120" and ask to "confirm"
+      - user_input: Yes, confirm
+        criteria: The reply must say "submitted" and never "error"
+  - name: flat_judged_wrong
+    id: R-FLAT
+    user_input: Hello
+    criteria: The reply must mention "refund"
+"""
+
+
+@pytest.fixture
+def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+def _normalized(value: Any) -> Any:
+    """A result record minus what differs between two runs of the same cases."""
+    volatile = {"duration_ms", "latency_ms", "usage"}
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items() if k not in volatile}
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    return value
+
+
+def _records(path: Path) -> dict[str, dict[str, Any]]:
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return {r["id"]: r for r in records}
+
+
+def _verdicts(record: dict[str, Any]) -> list[tuple[Any, ...]]:
+    per_turn = [
+        (
+            t["turn"],
+            t.get("input"),
+            t.get("input_source"),
+            t.get("output"),
+            t["status"],
+            [(a["type"], a["passed"]) for a in t.get("assertions", [])],
+        )
+        for t in record.get("turns", [])
+    ]
+    final = [(a["type"], a["passed"]) for a in record.get("final_assertions", [])]
+    return [record["status"], *per_turn, *final]
+
+
+def test_fleet_run_matches_the_embedded_default(
+    fleet: Fleet, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rounds = tmp_path / "rounds.yaml"
+    rounds.write_text(ROUNDS_YAML, encoding="utf-8")
+    args = [
+        "-i",
+        str(SUITE / "expense-suite.jsonl"),
+        "-i",
+        str(rounds),
+        "-n",
+        "assistants.expense",
+        "--config",
+        str(SUITE / "agenttest.yaml"),
+    ]
+
+    worker = fleet.start("parity", concurrency=4, wait=False)  # starts while we run embedded
+    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
+    embedded_out = tmp_path / "embedded.jsonl"
+    assert submit_main([*args, "-o", str(embedded_out)]) == 1  # T004 and R-FLAT fail
+
+    worker.wait_ready()
+    fleet_out = tmp_path / "fleet.jsonl"
+    done = fleet.submit([*args, "-o", str(fleet_out)])
+    assert done.returncode == 1, done.stderr
+    assert "case(s) enqueued" in done.stderr  # it did run on the fleet
+
+    embedded, distributed = _records(embedded_out), _records(fleet_out)
+    assert (
+        list(distributed)
+        == list(embedded)
+        == ["T001", "T002", "T003", "T004", "R-DINNER", "R-FLAT"]
+    )
+    statuses = {case: record["status"] for case, record in distributed.items()}
+    assert statuses == {
+        "T001": "passed",
+        "T002": "skipped",
+        "T003": "passed",
+        "T004": "failed",
+        "R-DINNER": "passed",
+        "R-FLAT": "failed",
+    }
+    # A simulator drove T003; the rounds' criteria went to the default judge.
+    assert {t["input_source"] for t in distributed["T003"]["turns"][1:]} == {"simulator"}
+    judged = [a for t in distributed["R-DINNER"]["turns"] for a in t["assertions"]]
+    assert [a["type"] for a in judged] == ["agent"] * 3
+    for case in embedded:
+        assert _verdicts(distributed[case]) == _verdicts(embedded[case]), case
+        assert _normalized(distributed[case]) == _normalized(embedded[case]), case
+
+
+def test_a_duplicated_turn_message_is_a_no_op(fleet: Fleet, demo_url: str, tmp_path: Path) -> None:
+    """D1 gets duplicated and stale messages, D2 (the same conversation) none."""
+    from agenttest_worker.celery_app import app
+    from agenttest_worker.tasks import turn
+
+    with WatchingAgent(demo_url, delay=0.3) as agent:
+        config = write_project(tmp_path, agent.base_url)
+        cases = write_cases(tmp_path, [expense_case("D1"), expense_case("D2")])
+        worker = fleet.start("dup", concurrency=8, wait=False)
+        run_id = fleet.submit_no_wait(
+            ["-i", str(cases), "-n", "slow.expense", "--config", str(config)]
+        )
+        worker.wait_ready()
+        agent.wait_for(lambda s: s.case == "D1" and s.turn == 2)
+        # D1's turn 2 is in flight: send it again twice, plus the turn it already did
+        # and one it has not reached yet.
+        with app.connection_for_write(fleet.broker_url) as connection:
+            for number in (2, 2, 1, 3):
+                turn.apply_async((run_id, "D1", number), connection=connection)
+        fleet.wait_done(run_id)
+        wait_until(
+            lambda: fleet.logs().count("D1 turn") == 7,
+            10,
+            "the worker to log every task",
+        )
+
+    results = {
+        r.id: json.dumps(_normalized(r.model_dump(mode="json")), sort_keys=True)
+        for r in repo.iter_results(fleet.database_url, run_id)
+    }
+    assert results["D1"] == results["D2"].replace("D2", "D1")
+    assert json.loads(results["D1"])["status"] == "passed"
+    assert turn_rows(fleet.database_url, run_id) == {
+        (case, number): 1 for case in ("D1", "D2") for number in (1, 2, 3)
+    }
+    log = fleet.logs()
+    # Two of the three D1 turn-2 tasks lost the race to save it (or came after); the
+    # stale turn 1 and the early turn 3 found nothing to do. Each was a no-op.
+    assert log.count("D1 turn 2: already recorded") == 2, log
+    assert log.count("D1 turn 1: already recorded") == 1, log
+    assert log.count("D1 turn 3: already recorded") == 1, log
+    # And none of them spawned a second copy of the rest of the conversation.
+    assert log.count("D1 turn 2: next turn 3") == 1, log
+    assert log.count("D1 turn 3: case passed") == 1, log
+    assert [s.turn for s in agent.seen("D1")].count(1) == 1  # the stale turn 1 called nobody
+
+
+def _aggregations(log: str, run_id: str) -> tuple[int, int]:
+    return log.count(f"'{run_id}: aggregated'"), log.count(f"'{run_id}: already aggregated'")
+
+
+def _reports(url: str, run_id: str) -> list[str]:
+    from sqlalchemy import select
+
+    with session_scope(url) as session:
+        return list(
+            session.scalars(select(RunReportRow.format).where(RunReportRow.run_id == run_id))
+        )
+
+
+def test_two_conversations_ending_at_once_aggregate_the_run_once(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    with WatchingAgent(demo_url) as agent:
+        # Two one-turn conversations: both requests are held until both have arrived,
+        # then answered at the same moment, so both conversations end together.
+        agent.together(lambda s: True, 2)
+        config = write_project(tmp_path, agent.base_url)
+        cases = write_cases(tmp_path, [greeting_case("E1"), greeting_case("E2")])
+        worker = fleet.start("pair", concurrency=4, wait=False)
+        run_id = fleet.submit_no_wait(
+            ["-i", str(cases), "-n", "slow.expense", "--config", str(config)]
+        )
+        worker.wait_ready()
+        fleet.wait_done(run_id)
+        wait_until(lambda: _aggregations(fleet.logs(), run_id)[0], 10, "the aggregation log")
+
+    assert sorted(str(s.case) for s in agent.seen()) == ["E1", "E2"]
+    aggregated, already = _aggregations(fleet.logs(), run_id)
+    assert aggregated == 1 and already <= 1, fleet.logs()
+    assert sorted(_reports(fleet.database_url, run_id)) == sorted(STORED_FORMATS)
+    run = repo.get_run(fleet.database_url, run_id)
+    assert run is not None and (run.status, run.finished_cases, run.passed) == ("done", 2, 2)
+
+
+def _race(call: Callable[[], bool]) -> list[bool]:
+    """`call()` from two threads released at the same instant; what each returned."""
+    barrier = threading.Barrier(2)
+    results: list[bool] = []
+
+    def contender() -> None:
+        barrier.wait()
+        results.append(call())
+
+    threads = [threading.Thread(target=contender) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_racing_aggregators_build_the_reports_once(
+    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aggregate() called from two threads at the same moment on finished runs."""
+    import asyncio
+
+    from agenttest_submit.progress import Progress
+    from agenttest_submit.runner import drive, store_run
+    from agenttest_worker.agents.registry import load_config
+    from agenttest_worker.aggregate import aggregate
+    from agenttest_worker.cases import Case
+    from agenttest_worker.engine import RunOptions
+
+    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
+    config = load_config(str(SUITE / "agenttest.yaml"))
+    cases = [Case.model_validate(greeting_case(f"A{i}")) for i in range(2)]
+    for _ in range(5):
+        run_id, total = store_run(
+            pg_database,
+            cases,
+            options=RunOptions(target="assistants.expense", interactive=False),
+            config=config,
+            target="assistants.expense",
+            label="race",
+        )
+        progress = Progress(total)
+        asyncio.run(drive(pg_database, run_id, [(c.id, 1) for c in cases], 2, progress))
+        progress.close()
+        run = repo.get_run(pg_database, run_id)
+        assert run is not None and (run.status, run.finished_cases) == ("running", 2)
+
+        won = _race(partial(aggregate, pg_database, run_id))
+        assert sorted(won) == [False, True]
+        assert sorted(_reports(pg_database, run_id)) == sorted(STORED_FORMATS)
+        run = repo.get_run(pg_database, run_id)
+        assert run is not None and run.status == "done"
+
+
+def test_fail_fast_on_the_fleet_skips_the_queued_conversations(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    with WatchingAgent(demo_url) as agent:
+        config = write_project(tmp_path, agent.base_url)
+        failing = greeting_case("F1")
+        failing["assertions"] = [{"type": "contains", "value": "no such words"}]
+        cases = write_cases(tmp_path, [failing, *(expense_case(f"F{i}", 3) for i in range(2, 5))])
+        # One worker, one turn at a time: F1 runs first, the others are still queued.
+        fleet.start("ff", concurrency=1, wait=False)  # ready while the submitter starts
+        out = tmp_path / "ff.jsonl"
+        done = fleet.submit(
+            [
+                "-i",
+                str(cases),
+                "-n",
+                "slow.expense",
+                "--config",
+                str(config),
+                "--fail-fast",
+                "-o",
+                str(out),
+            ]
+        )
+    assert done.returncode == 1, done.stderr
+    records = _records(out)
+    assert records["F1"]["status"] == "failed"
+    reason = "not run: --fail-fast stopped the run after F1 failed"
+    for case in ("F2", "F3", "F4"):
+        assert records[case]["status"] == "skipped", records[case]
+        assert reason in json.dumps(records[case]), records[case]
+    assert {s.case for s in agent.seen()} == {"F1"}  # no skipped case reached the agent
+    run_id = run_id_of(done.stderr)
+    assert [(c, p) for c, p, _ in case_rows(fleet.database_url, run_id)] == [
+        (c, "done") for c in ("F1", "F2", "F3", "F4")
+    ]
+
+
+def test_only_a_redelivered_message_resends_the_next_turn(
+    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that died between saving turn N and enqueueing N+1 left no N+1 message;
+    the broker gives N back (redelivered) and that copy enqueues N+1. A plain duplicate
+    of N does nothing, or every duplicate would run the rest of the conversation twice."""
+    import asyncio
+
+    from agenttest_submit.runner import store_run
+    from agenttest_worker.agents.registry import load_config
+    from agenttest_worker.cases import Case
+    from agenttest_worker.conversation import Advance, PoolCache, prepare, run_step
+    from agenttest_worker.engine import RunOptions
+
+    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
+    run_id, _ = store_run(
+        pg_database,
+        [Case.model_validate(expense_case("N1"))],
+        options=RunOptions(target="assistants.expense", interactive=False),
+        config=load_config(str(SUITE / "agenttest.yaml")),
+        target="assistants.expense",
+        label="resend",
+    )
+
+    async def first_turn() -> Advance:
+        from agenttest_worker.agents.transport import close_session
+
+        try:
+            return await run_step(pg_database, PoolCache(), run_id, "N1", 1, 3)
+        finally:
+            await close_session()
+
+    advance = asyncio.run(first_turn())
+    assert (advance.saved, advance.next_turn) == (True, 2)  # ... and then the worker died
+
+    duplicate = prepare(pg_database, run_id, "N1", 1, 3, redelivered=False)
+    redelivery = prepare(pg_database, run_id, "N1", 1, 3, redelivered=True)
+    assert isinstance(duplicate, Advance) and isinstance(redelivery, Advance)
+    assert (duplicate.saved, duplicate.next_turn) == (False, None)
+    assert (redelivery.saved, redelivery.next_turn) == (False, 2)
+    loaded = repo.load_case(pg_database, run_id, "N1")
+    assert loaded is not None and loaded.deliveries == 0  # stale copies use no budget
