@@ -22,6 +22,7 @@ from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import InputError, InputProblem
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+MAX_PROBLEMS_SHOWN = 200
 SUBCOMMANDS = ("status", "report", "resume", "db")
 FORMATS = ("console", "json", "jsonl", "table", "tsv", "junit")
 
@@ -206,8 +207,12 @@ def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> No
     noun = "problem" if count == 1 else "problems"
     tail = "; nothing was run" if nothing_ran else ""
     print(f"agenttest-submit: {count} input {noun}{tail}:", file=sys.stderr)
-    for problem in problems:
+    # A file that is wrong throughout would bury the terminal; the first ones show the
+    # pattern, and the count says how many there are.
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(f"  {problem}", file=sys.stderr)
+    if count > MAX_PROBLEMS_SHOWN:
+        print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
 
 
 def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
@@ -228,7 +233,7 @@ def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
 
 
 def run_main(args: argparse.Namespace) -> int:
-    from agenttest_submit.expand import Selection, expand, print_warnings
+    from agenttest_submit.expand import CaseStream, Selection, print_warnings
     from agenttest_submit.inputs import parse_input
     from agenttest_worker.agents.registry import load_config
 
@@ -255,6 +260,10 @@ def run_main(args: argparse.Namespace) -> int:
 
         if message := check_ref(config, args.simulator, "simulator"):
             problems.append(InputProblem(message, field="--simulator"))
+    from agenttest_submit.reporter import reporter_problem
+
+    if reporter := reporter_problem(config, args.reporter):
+        problems.append(reporter)  # not found out after the whole run
     if problems:
         raise InputError(problems)
     from agenttest_submit.inputs import MessageInput
@@ -263,37 +272,42 @@ def run_main(args: argparse.Namespace) -> int:
         raise InputError(
             InputProblem("a direct message needs a target agent: add -n NAME", field="-i")
         )
-    expansion = expand(
+    stream = CaseStream(
         sources,
         config,
         target=target,
         simulator=args.simulator,
         selection=Selection(tags=args.tag, ids=args.ids),
     )
-    print_warnings(expansion.warnings)
     if args.dry_run:
-        return _dry_run(expansion.cases, args.output)
+        return _dry_run(stream, args.output)
     if args.reeval is not None:
         from agenttest_submit.reeval import reeval_cases
 
-        return reeval_cases(args, config, expansion.cases)
+        cases = list(stream)
+        stream.finish()
+        print_warnings(stream.warnings)
+        return reeval_cases(args, config, cases)
     from agenttest_submit.runner import run_cases
 
-    return run_cases(args, config, expansion.cases, sources, target)
+    return run_cases(args, config, stream, sources, target)
 
 
-def _dry_run(cases: list[Any], output: str | None) -> int:
-    lines = [json.dumps(case.to_record(), ensure_ascii=False) for case in cases]
-    text = "".join(line + "\n" for line in lines)
-    if output:
-        Path(output).write_text(text, encoding="utf-8")
-        print(
-            f"{len(cases)} case(s) written to {output} (dry run: no target was called)",
-            file=sys.stderr,
-        )
-    else:
-        sys.stdout.write(text)
-        print(f"{len(cases)} case(s) (dry run: no target was called)", file=sys.stderr)
+def _dry_run(stream: Any, output: str | None) -> int:
+    """Print (or write) the normalized cases, only once all of them proved valid."""
+    from agenttest_submit.expand import Spool, print_warnings
+
+    with Spool(stream, None) as spool:
+        print_warnings(stream.warnings)
+        lines = (json.dumps(record, ensure_ascii=False) + "\n" for _, _, record in spool.records())
+        if output:
+            with Path(output).open("w", encoding="utf-8") as handle:
+                handle.writelines(lines)
+            where = f" written to {output}"
+        else:
+            sys.stdout.writelines(lines)
+            where = ""
+    print(f"{stream.count} case(s){where} (dry run: no target was called)", file=sys.stderr)
     return EXIT_OK
 
 

@@ -22,10 +22,9 @@ from collections.abc import Iterable
 
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import emit_report, store_run
+from agenttest_submit.runner import emit_report, human_timeout
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.cases import Case
 from agenttest_worker.conversation import Advance, answer_human
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
@@ -68,23 +67,15 @@ def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
 
 def run_distributed(
     args: argparse.Namespace,
+    url: str,
+    run_id: str,
+    total: int,
+    case_ids: list[str],
     config: ProjectConfig,
-    cases: list[Case],
     options: RunOptions,
-    target: str | None,
-    label: str,
 ) -> int:
-    url = database_url()
-    run_id, total = store_run(
-        url,
-        cases,
-        options=options,
-        config=config,
-        target=target,
-        label=label,
-        deadline=args.deadline,
-    )
-    enqueue_first_turns(run_id, (c.id for c in cases))
+    """Enqueue a stored run's conversations, then watch it (unless --no-wait)."""
+    enqueue_first_turns(run_id, case_ids)
     print(f"run {run_id}: {total} case(s) enqueued", file=sys.stderr, flush=True)
     if not args.wait:
         print(
@@ -93,9 +84,8 @@ def run_distributed(
             file=sys.stderr,
         )
         return 0
-    timeouts = {c.id: (c.interactive.timeout if c.interactive else 300.0) for c in cases}
     try:
-        wait_for_run(url, run_id, total, config, options, timeouts)
+        wait_for_run(url, run_id, total, config, options, {})
     except KeyboardInterrupt:
         print(
             f"\nstopped watching; run {run_id} goes on on the workers "
@@ -150,9 +140,10 @@ def _answer_waiting(
     for case_id, _turn in list(repo.iter_case_ids(url, run_id, "awaiting_human")):
         loaded = repo.load_case(url, run_id, case_id)
         prompt = ((loaded.state or {}).get("prompt") or {}) if loaded else {}
-        text, why = asker.ask_blocking(
-            case_id, prompt.get("question"), prompt.get("hint"), timeouts.get(case_id, 300.0)
-        )
+        if loaded is None:
+            continue
+        timeout = timeouts.get(case_id) or human_timeout(loaded.case)
+        text, why = asker.ask_blocking(case_id, prompt.get("question"), prompt.get("hint"), timeout)
         advance = asyncio.run(_answer(url, pool, run_id, case_id, text, why))
         follow_up(run_id, case_id, advance)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
 from agenttest_worker.agents.registry import ProjectConfig
@@ -55,6 +58,121 @@ def iter_source(
         yield from generate_cases(source, config, target)
 
 
+class CaseStream:
+    """The checked cases of the inputs, one at a time, problems collected on the way.
+
+    Nothing is held but each case's id (for duplicates), so a 100,000-case file streams
+    through in constant memory. Iterate once, then call `finish()`: it raises an
+    InputError listing every problem found (and for an empty input), so a caller that
+    stored cases while iterating can undo that before anything runs.
+    """
+
+    def __init__(
+        self,
+        sources: Iterable[InputSource],
+        config: ProjectConfig,
+        *,
+        target: str | None,
+        simulator: str | None = None,
+        selection: Selection | None = None,
+    ) -> None:
+        self.sources = list(sources)
+        self.config = config
+        self.target = target
+        self.simulator = simulator
+        self.selection = selection or Selection()
+        self.problems: list[InputProblem] = []
+        self.warnings: list[str] = []
+        self.count = 0
+        self._seen: dict[str, str] = {}
+
+    def __iter__(self) -> Iterator[Case]:
+        for source in self.sources:
+            try:
+                for item in iter_source(source, self.config, self.target):
+                    if isinstance(item, InputProblem):
+                        self.problems.append(item)
+                    elif (case := self._check(item)) is not None:
+                        self.count += 1
+                        yield case
+            except InputError as exc:
+                self.problems.extend(exc.problems)
+
+    def _check(self, case: Case) -> Case | None:
+        where = f"{case.source_file}:{case.source_line}" if case.source_file else "input"
+        if case.id in self._seen:
+            self.problems.append(
+                InputProblem(
+                    f"duplicate id {case.id!r} (first defined at {self._seen[case.id]})",
+                    file=case.source_file,
+                    line=case.source_line,
+                    field="id",
+                )
+            )
+            return None
+        self._seen[case.id] = where
+        if not self.selection.wants(case):
+            return None
+        if self.simulator is not None:
+            case = case.with_default_simulator(self.simulator)
+        found = list(check_case_refs(case, self.config, self.target))
+        self.problems.extend(found)
+        self.warnings.extend(_connector_warnings(case, self.config))
+        try:
+            case = inline_attachments(case)
+        except InputError as exc:
+            self.problems.extend(exc.problems)
+            return None
+        return None if found else case
+
+    def finish(self) -> None:
+        """Raise the problems found while iterating (every one), or for no cases at all."""
+        if self.problems:
+            raise InputError(self.problems)
+        if not self.count and (self.selection.tags or self.selection.ids):
+            raise InputError(InputProblem("no case matches the --tag/--id selection"))
+        if not self.count:
+            # An empty (or truncated) case file would otherwise "pass" in CI with 0 tests.
+            raise InputError(InputProblem("no test cases in the input", field="-i"))
+
+
+class Spool:
+    """Checked cases written to a temporary file, to be read back once all are valid.
+
+    Checking a case (parsing, validation, references) costs far more than reading its
+    normalized record back; spooling lets a run reject bad input before it stores or
+    runs anything, without holding a 100,000-case file in memory.
+    """
+
+    def __init__(self, stream: CaseStream, target: str | None) -> None:
+        # Closed by close() / __exit__: the spool outlives this constructor on purpose.
+        self.handle = tempfile.TemporaryFile("w+b")  # noqa: SIM115
+        self.ids: list[str] = []
+        for case in stream:
+            record = case.to_record()
+            line = [case.id, case.agent or target, record]
+            self.handle.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+            self.ids.append(case.id)
+        stream.finish()
+        self.handle.seek(0)
+
+    def records(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+        """(case id, agent, normalized record) of every case, in input order."""
+        self.handle.seek(0)
+        for line in self.handle:
+            case_id, agent, record = json.loads(line)
+            yield case_id, agent, record
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 def expand(
     sources: Iterable[InputSource],
     config: ProjectConfig,
@@ -63,56 +181,11 @@ def expand(
     simulator: str | None = None,
     selection: Selection | None = None,
 ) -> Expansion:
-    """Load, check and select cases; raises InputError listing every problem found."""
-    problems: list[InputProblem] = []
-    cases: list[Case] = []
-    warnings: list[str] = []
-    seen: dict[str, Case] = {}
-    selection = selection or Selection()
-    for source in sources:
-        try:
-            items = list(iter_source(source, config, target))
-        except InputError as exc:
-            problems.extend(exc.problems)
-            continue
-        for item in items:
-            if isinstance(item, InputProblem):
-                problems.append(item)
-                continue
-            case = item
-            if case.id in seen:
-                first = seen[case.id]
-                where = f"{first.source_file}:{first.source_line}" if first.source_file else "input"
-                problems.append(
-                    InputProblem(
-                        f"duplicate id {case.id!r} (first defined at {where})",
-                        file=case.source_file,
-                        line=case.source_line,
-                        field="id",
-                    )
-                )
-                continue
-            seen[case.id] = case
-            if not selection.wants(case):
-                continue
-            if simulator is not None:
-                case = case.with_default_simulator(simulator)
-            problems.extend(check_case_refs(case, config, target))
-            warnings.extend(_connector_warnings(case, config))
-            try:
-                case = inline_attachments(case)
-            except InputError as exc:
-                problems.extend(exc.problems)
-                continue
-            cases.append(case)
-    if problems:
-        raise InputError(problems)
-    if not cases and (selection.tags or selection.ids):
-        raise InputError(InputProblem("no case matches the --tag/--id selection"))
-    if not cases:
-        # An empty (or truncated) case file would otherwise "pass" in CI with 0 tests.
-        raise InputError(InputProblem("no test cases in the input", field="-i"))
-    return Expansion(cases, warnings)
+    """Load, check and select cases into memory; raises InputError listing every problem."""
+    stream = CaseStream(sources, config, target=target, simulator=simulator, selection=selection)
+    cases = list(stream)
+    stream.finish()
+    return Expansion(cases, stream.warnings)
 
 
 def _connector_warnings(case: Case, config: ProjectConfig) -> Iterator[str]:

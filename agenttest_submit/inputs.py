@@ -1,9 +1,9 @@
 """The `-i` argument, parsed exactly as the spec's "Input Sources" section.
 
-    ./tests.jsonl | ./tests/           a case file (by extension) or a folder of them
-    "Hello, how are you?"              a direct message (not an existing path; needs -n)
-    agents:ID?count=10&focus=x         cases from a generator agent
-    scripts:ID?scenario=y              cases from a generator script
+./tests.jsonl | ./tests/           a case file (by extension) or a folder of them
+"Hello, how are you?"              a direct message (not an existing path; needs -n)
+agents:ID?count=10&focus=x         cases from a generator agent
+scripts:ID?scenario=y              cases from a generator script
 """
 
 from __future__ import annotations

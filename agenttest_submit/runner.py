@@ -17,6 +17,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from agenttest_submit.expand import CaseStream, Spool, print_warnings
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.progress import Progress
@@ -25,7 +26,7 @@ from agenttest_worker.aggregate import aggregate, build_report
 from agenttest_worker.cases import Case
 from agenttest_worker.conversation import Advance, PoolCache, answer_human, run_step
 from agenttest_worker.engine import RunOptions
-from agenttest_worker.report import render
+from agenttest_worker.report import RunReport, render
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import upgrade
@@ -74,7 +75,32 @@ def store_run(
     deadline: float | None = None,
     parent_run_id: str | None = None,
 ) -> tuple[str, int]:
-    """Create the run and its cases (in batches); returns (run id, number of cases)."""
+    """Create the run and its cases; returns (run id, number of cases)."""
+    records = ((c.id, c.agent or target, c.to_record()) for c in cases)
+    return store_records(
+        url,
+        records,
+        options=options,
+        config=config,
+        target=target,
+        label=label,
+        deadline=deadline,
+        parent_run_id=parent_run_id,
+    )
+
+
+def store_records(
+    url: str,
+    records: Iterable[tuple[str, str | None, dict[str, Any]]],
+    *,
+    options: RunOptions,
+    config: ProjectConfig,
+    target: str | None,
+    label: str,
+    deadline: float | None = None,
+    parent_run_id: str | None = None,
+) -> tuple[str, int]:
+    """Create the run and store (case id, agent, record) rows a batch at a time."""
     upgrade(url)
     run_id = repo.new_run_id()
     repo.create_run(
@@ -88,8 +114,8 @@ def store_run(
         deadline_at=time.time() + deadline if deadline else None,
     )
     rows = (
-        repo.NewCase(seq=i, case_id=c.id, case=c.to_record(), agent=c.agent or target)
-        for i, c in enumerate(cases)
+        repo.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
+        for i, (case_id, agent, record) in enumerate(records)
     )
     total = 0
     try:
@@ -105,29 +131,38 @@ def store_run(
 def run_cases(
     args: argparse.Namespace,
     config: ProjectConfig,
-    cases: list[Case],
+    stream: CaseStream,
     sources: list[InputSource],
     target: str | None,
 ) -> int:
+    """Store the stream's cases (rejecting bad input before anything runs), run, report."""
     settings = get_settings()
     options = run_options(args, config, target)
-    label = input_label(sources, len(cases))
+    label = input_label(sources, 0)
+    url = settings.effective_database_url()
+    if settings.distributed:
+        from agenttest_submit.distributed import database_url
+
+        url = database_url()
+    # Every case is checked (and every problem reported) before anything is stored.
+    with Spool(stream, target) as spool:
+        print_warnings(stream.warnings)
+        run_id, total = store_records(
+            url,
+            spool.records(),
+            options=options,
+            config=config,
+            target=target,
+            label=label,
+            deadline=args.deadline,
+        )
+        ids = spool.ids
     if settings.distributed:
         from agenttest_submit.distributed import run_distributed
 
-        return run_distributed(args, config, cases, options, target, label)
-    url = settings.effective_database_url()
-    run_id, total = store_run(
-        url,
-        cases,
-        options=options,
-        config=config,
-        target=target,
-        label=label,
-        deadline=args.deadline,
-    )
+        return run_distributed(args, url, run_id, total, ids, config, options)
     progress = Progress(total)
-    asyncio.run(drive(url, run_id, [(c.id, 1) for c in cases], args.parallel, progress))
+    asyncio.run(drive(url, run_id, [(c, 1) for c in ids], args.parallel, progress))
     progress.close()
     aggregate(url, run_id)
     return emit_report(url, run_id, args)
@@ -162,7 +197,7 @@ async def drive(
             return Advance(saved=False)
         prompt = (loaded.state or {}).get("prompt") or {}
         if ask:
-            timeout = (human_timeouts or {}).get(case_id) or _human_timeout(loaded.case)
+            timeout = (human_timeouts or {}).get(case_id) or human_timeout(loaded.case)
             text, why = await asker.ask(
                 case_id, prompt.get("question"), prompt.get("hint"), timeout
             )
@@ -222,7 +257,8 @@ async def drive(
         await close_session()
 
 
-def _human_timeout(case: dict[str, Any]) -> float:
+def human_timeout(case: dict[str, Any]) -> float:
+    """A stored case's interactive.timeout in seconds (the spec's default: 5m)."""
     interactive = case.get("interactive")
     timeout = interactive.get("timeout") if isinstance(interactive, dict) else None
     return float(timeout) if isinstance(timeout, int | float) else 300.0
@@ -247,4 +283,24 @@ def emit_report(url: str, run_id: str, args: argparse.Namespace) -> int:
             )
             return EXIT_INPUT
         print(f"results written to {args.output} (run {run_id})", file=sys.stderr)
+    if getattr(args, "reporter", None):
+        _custom_report(url, run_id, args.reporter, report)
     return EXIT_FAILED if report.summary().failed else EXIT_OK
+
+
+def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
+    """--reporter: the reporter agent's account, stored with the run and printed."""
+    from agenttest_submit.reporter import run_reporter
+    from agenttest_worker.agents.base import AgentError
+
+    run = repo.get_run(url, run_id)
+    config = ProjectConfig.from_stored(run.config) if run is not None else ProjectConfig()
+    try:
+        text = run_reporter(use, report, config)
+    except AgentError as exc:
+        # The run's own results stand; only the extra report is missing.
+        print(f"warning: reporter {use} failed: {exc.message}", file=sys.stderr)
+        return
+    repo.store_report(url, run_id, "reporter", text)
+    sys.stdout.write(f"\n── Report by {use} ──\n{text.rstrip()}\n")
+    sys.stdout.flush()

@@ -24,7 +24,13 @@ from agenttest_worker.cases import Case, FieldError, YamlTest
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.yamlfile import YamlPath, parse_yaml
 
-CASE_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+CASE_SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+}
 MAX_CASE_BYTES = 8 * 1024 * 1024
 MAX_DEPTH = 64
 # A directory of cases may hold the project's own config; it is not a case file.
@@ -56,7 +62,9 @@ def case_files_in(path: Path) -> list[Path]:
         found = [
             p
             for p in sorted(path.rglob("*"))
-            if p.is_file() and is_case_file(p) and p.name not in CONFIG_NAMES
+            if p.is_file()
+            and is_case_file(p)
+            and p.name not in CONFIG_NAMES
             and not any(part.startswith(".") for part in p.relative_to(path).parts)
         ]
         if not found:
@@ -155,10 +163,14 @@ def _iter_jsonl(path: Path) -> Iterator[Located | InputProblem]:
                 )
                 continue
             except RecursionError:
-                yield InputProblem(f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number)
+                yield InputProblem(
+                    f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number
+                )
                 continue
             if _depth(data) > MAX_DEPTH:
-                yield InputProblem(f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number)
+                yield InputProblem(
+                    f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number
+                )
                 continue
             yield Located(data, name, number)
 
@@ -197,7 +209,9 @@ def _iter_json(path: Path) -> Iterator[Located | InputProblem]:
     try:
         whole, end = decoder.raw_decode(text, start)
     except json.JSONDecodeError as exc:
-        yield InputProblem(f"invalid JSON: {exc.msg} (column {exc.colno})", file=name, line=exc.lineno)
+        yield InputProblem(
+            f"invalid JSON: {exc.msg} (column {exc.colno})", file=name, line=exc.lineno
+        )
         return
     except RecursionError:
         yield InputProblem(f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=1)
@@ -289,8 +303,11 @@ def _depth(value: Any, limit: int = MAX_DEPTH + 1) -> int:
     return deepest
 
 
+_KINDS: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
+
+
 def _json_kind(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), repr(value))
+    return _KINDS.get(type(value), repr(value))
 
 
 # -- YAML ----------------------------------------------------------------------------------
@@ -314,7 +331,9 @@ def _iter_yaml_cases(path: Path) -> Iterator[Case | InputProblem]:
         return
     unknown = sorted(str(k) for k in data if k not in ("tests", "agent"))
     for key in unknown:
-        yield InputProblem("unknown top-level key", file=name, line=lines.line_of((key,)), field=key)
+        yield InputProblem(
+            "unknown top-level key", file=name, line=lines.line_of((key,)), field=key
+        )
     tests = data["tests"]
     if not isinstance(tests, list):
         yield InputProblem("`tests` must be a list", file=name, line=lines.line_of(("tests",)))
@@ -357,7 +376,10 @@ def problems_from_validation(
         if isinstance(cause, FieldError):  # a cross-field check names its own field
             loc = (*loc, cause.field)
         yield InputProblem(
-            _user_message(err), file=file, line=line_for(loc), field=_format_loc(loc) or None,
+            _user_message(err),
+            file=file,
+            line=line_for(loc),
+            field=_format_loc(loc) or None,
             test=test,
         )
 
@@ -366,7 +388,12 @@ def _user_loc(loc: Path_) -> Path_:
     """Drop pydantic's union-tag segments: ('assertions', 0, 'contains', 'value') -> ..."""
     out: list[str | int] = []
     for i, part in enumerate(loc):
-        if isinstance(part, str) and part in ASSERTION_TYPES and i > 0 and isinstance(loc[i - 1], int):
+        if (
+            isinstance(part, str)
+            and part in ASSERTION_TYPES
+            and i > 0
+            and isinstance(loc[i - 1], int)
+        ):
             continue
         if isinstance(part, str) and part.startswith("function-"):
             continue

@@ -24,7 +24,11 @@ PATH = "/v1/chat/completions"
 
 def _client(server: AgentServer, name: str, **limit: int) -> OpenAIClient:
     config = AgentConfig(
-        base_url=server.url("/v1"), model="m", timeout=5, max_retries=3, base_delay=0.05,
+        base_url=server.url("/v1"),
+        model="m",
+        timeout=5,
+        max_retries=3,
+        base_delay=0.05,
         rate_limit=RateLimit(**limit),
     )
     return OpenAIClient(name, config)
@@ -120,7 +124,10 @@ def test_redis_limits_are_shared_between_limiters(redis_db: str) -> None:
     limits = Limits(requests=3, request_window=1.0 + WINDOW_SLACK)
 
     async def scenario() -> list[float]:
-        first, second = RedisLimiter(redis_db, prefix="t:shared"), RedisLimiter(redis_db, prefix="t:shared")
+        first, second = (
+            RedisLimiter(redis_db, prefix="t:shared"),
+            RedisLimiter(redis_db, prefix="t:shared"),
+        )
         stamps: list[float] = []
 
         async def take(limiter: RedisLimiter) -> None:
