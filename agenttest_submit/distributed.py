@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Iterable
 
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.progress import Progress
@@ -46,17 +45,22 @@ def database_url() -> str:
     return settings.database_url
 
 
-def enqueue_first_turns(run_id: str, case_ids: Iterable[str]) -> int:
-    """Publish turn 1 of every conversation over a single broker connection."""
-    from agenttest_worker.celery_app import app
-    from agenttest_worker.tasks import turn
+def enqueue_run(run_id: str, total: int) -> int:
+    """Start every conversation of a stored run: one `agenttest.start` per batch of cases.
 
-    count = 0
+    Workers expand each batch into turn tasks (only for conversations not yet started),
+    so the submitter's cost does not grow with one publish per case.
+    """
+    from agenttest_worker.celery_app import app
+    from agenttest_worker.tasks import start
+
+    size = get_settings().enqueue_batch
+    batches = 0
     with app.producer_or_acquire() as producer:
-        for case_id in case_ids:
-            turn.apply_async((run_id, case_id, 1), producer=producer)
-            count += 1
-    return count
+        for first in range(0, total, size):
+            start.apply_async((run_id, first, min(first + size, total) - 1), producer=producer)
+            batches += 1
+    return batches
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
@@ -70,12 +74,11 @@ def run_distributed(
     url: str,
     run_id: str,
     total: int,
-    case_ids: list[str],
     config: ProjectConfig,
     options: RunOptions,
 ) -> int:
     """Enqueue a stored run's conversations, then watch it (unless --no-wait)."""
-    enqueue_first_turns(run_id, case_ids)
+    enqueue_run(run_id, total)
     print(f"run {run_id}: {total} case(s) enqueued", file=sys.stderr, flush=True)
     if not args.wait:
         print(

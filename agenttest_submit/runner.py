@@ -160,7 +160,7 @@ def run_cases(
     if settings.distributed:
         from agenttest_submit.distributed import run_distributed
 
-        return run_distributed(args, url, run_id, total, ids, config, options)
+        return run_distributed(args, url, run_id, total, config, options)
     progress = Progress(total)
     asyncio.run(drive(url, run_id, [(c, 1) for c in ids], args.parallel, progress))
     progress.close()

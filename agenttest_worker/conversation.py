@@ -81,9 +81,18 @@ def prepare(
     max_deliveries: int | None = None,
     redelivered: bool = False,
 ) -> Prepared | Advance:
-    """Load what turn `turn` needs, or say why there is nothing to do (an Advance)."""
+    """Load what turn `turn` needs, or say why there is nothing to do (an Advance).
+
+    Only a redelivery (a message the broker gave back after a worker died) is counted
+    in the store: a first delivery costs no write, which keeps the hot path to one read
+    and one write transaction per turn.
+    """
     loaded = repo.load_case(
-        url, run_id, case_id, count_delivery=max_deliveries is not None, turn=turn
+        url,
+        run_id,
+        case_id,
+        count_delivery=max_deliveries is not None and redelivered,
+        turn=turn,
     )
     if loaded is None:
         return Advance(saved=False)
@@ -113,9 +122,11 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
         return "skip", loaded.cancel_reason or "run cancelled"
     if loaded.deadline_at is not None and time.time() > loaded.deadline_at:
         return "fail", "run deadline passed before this case finished"
-    if max_deliveries is not None and loaded.deliveries > max_deliveries:
+    # `deliveries` counts redeliveries of this turn; this delivery is one more.
+    delivered = loaded.deliveries + 1
+    if max_deliveries is not None and delivered > max_deliveries:
         return "fail", (
-            f"turn {prepared.turn} was delivered {loaded.deliveries} times without finishing "
+            f"turn {prepared.turn} was delivered {delivered} times without finishing "
             "(the worker running it died each time)"
         )
     return None

@@ -70,6 +70,21 @@ def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
         aggregate_run.apply_async((run_id,))
 
 
+@app.task(name="agenttest.start")
+def start(run_id: str, first: int, last: int) -> str:
+    """Publish turn 1 of the run's not-yet-started conversations numbered first..last.
+
+    The submitter publishes one of these per batch of cases instead of one message per
+    case, so submitting 100,000 cases takes a few hundred publishes, and the fan-out
+    happens on the fleet. Redelivered, it publishes only what has still not started.
+    """
+    case_ids = repo.pending_case_ids(_url(), run_id, first, last)
+    with app.producer_or_acquire() as producer:
+        for case_id in case_ids:
+            turn.apply_async((run_id, case_id, 1), producer=producer)
+    return f"{run_id}: started {len(case_ids)} conversation(s) ({first}-{last})"
+
+
 @app.task(name="agenttest.turn", bind=True)
 def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
     # Set by the broker on a message it gave back (its worker died or was too slow).

@@ -10,6 +10,7 @@ from the store by the sweeper (agenttest_worker.tasks, "Recovering lost messages
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -74,7 +75,8 @@ def test_a_worker_killed_mid_turn_loses_nothing(
     # What A was doing when it died was given back by the broker and run again by B.
     rerun = {(s.case, s.turn) for s in agent.seen() if s.worker == "b"}
     assert in_flight and in_flight <= rerun
-    assert "succeeded" not in a.log()
+    # A finished no turn (it may have expanded the run's start batch before dying).
+    assert not re.search(r"agenttest\.turn\[[^\]]+\] succeeded", a.log())
 
 
 def test_a_turn_that_keeps_killing_its_worker_fails_its_case(

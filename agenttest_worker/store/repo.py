@@ -55,8 +55,10 @@ def _insert(session: Session, model: type[Base], rows: Sequence[dict[str, Any]])
         return
     dialect = session.get_bind().dialect.name
     module: Any = postgresql if dialect == "postgresql" else sqlite
-    statement = module.insert(model).values(list(rows)).on_conflict_do_nothing()
-    session.execute(statement)
+    # One statement executed for many rows (not a VALUES list per call): its compiled
+    # form is cached, so a turn's inserts cost no SQL compilation.
+    statement = module.insert(model.__table__).on_conflict_do_nothing()
+    session.connection().execute(statement, list(rows))
 
 
 def _ago(session: Session, seconds: float) -> ColumnElement[datetime]:
@@ -573,3 +575,20 @@ def store_report(url: str, run_id: str, fmt: str, content: str) -> None:
             delete(RunReportRow).where(RunReportRow.run_id == run_id, RunReportRow.format == fmt)
         )
         session.add(RunReportRow(run_id=run_id, format=fmt, content=content))
+
+
+def pending_case_ids(url: str, run_id: str, first: int, last: int) -> list[str]:
+    """Ids of the run's conversations numbered first..last that have not started."""
+    with session_scope(url) as session:
+        return list(
+            session.scalars(
+                select(CaseRow.case_id)
+                .where(
+                    CaseRow.run_id == run_id,
+                    CaseRow.seq >= first,
+                    CaseRow.seq <= last,
+                    CaseRow.phase == "pending",
+                )
+                .order_by(CaseRow.seq)
+            )
+        )

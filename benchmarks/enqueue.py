@@ -1,0 +1,128 @@
+"""Submitting a large run to the fleet: time and submitter peak memory, beside a floor.
+
+    python -m benchmarks.enqueue --cases 100000
+
+agenttest: `agenttest-submit -i cases.jsonl -n bench --no-wait` with a Redis broker and
+Postgres, timed as a whole process (start-up, checking every case, storing the run,
+publishing one `agenttest.start` task per 500 cases, which workers expand into turn
+tasks), its peak RSS from the kernel's rusage. Checks that every case is stored and
+every batch queued.
+
+floor: the least any submitter must do with the same file, in one process: read each
+line with json.loads, insert the rows into Postgres in batches of 500, and push one
+message per case onto a Redis list through a pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+import redis
+
+from benchmarks.throughput import BIN, database, redis_db
+
+FLOOR = r"""
+import json, sys, time, psycopg, redis
+path, db, broker = sys.argv[1:4]
+started = time.monotonic()
+conn = psycopg.connect(db, autocommit=False)
+conn.execute("CREATE TABLE floor_cases (id text PRIMARY KEY, body jsonb)")
+r = redis.Redis.from_url(broker)
+pipe = r.pipeline(transaction=False)
+batch = []
+with open(path) as handle:
+    for line in handle:
+        case = json.loads(line)
+        batch.append((case["id"], line))
+        pipe.lpush("floor", json.dumps({"task": "turn", "args": [case["id"], 1]}))
+        if len(batch) == 500:
+            conn.cursor().executemany("INSERT INTO floor_cases VALUES (%s, %s)", batch)
+            conn.commit()
+            pipe.execute()
+            batch = []
+if batch:
+    conn.cursor().executemany("INSERT INTO floor_cases VALUES (%s, %s)", batch)
+    conn.commit()
+pipe.execute()
+print(time.monotonic() - started)
+"""
+
+
+def write_cases(path: Path, count: int) -> None:
+    with path.open("w") as handle:
+        for i in range(count):
+            case = {
+                "id": f"c{i:06d}",
+                "input": f"Hello, this is test message number {i}",
+                "assertions": [{"type": "contains", "value": "Noted"}],
+            }
+            handle.write(json.dumps(case) + "\n")
+
+
+def run_timed(command: list[str], env: dict[str, str]) -> tuple[float, int, str]:
+    started = time.monotonic()
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.monotonic() - started
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if status != 0:
+        raise SystemExit(f"{command[0]} failed ({status}): {err[-2000:]}")
+    return elapsed, usage.ru_maxrss, err
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=100_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        cases = tmp / "cases.jsonl"
+        write_cases(cases, args.cases)
+        config = tmp / "agenttest.yaml"
+        config.write_text("agents:\n  bench:\n    base_url: http://127.0.0.1:9/v1\n")
+
+        with redis_db() as broker, database() as db:
+            floor_s, floor_kb, _ = run_timed(
+                [sys.executable, "-c", FLOOR, str(cases), db, broker], dict(os.environ)
+            )
+
+        with redis_db() as broker, database() as db:
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")},
+                "AGENTTEST_BROKER_URL": broker,
+                "AGENTTEST_DATABASE_URL": db,
+            }
+            command = [
+                str(BIN / "agenttest-submit"), "-i", str(cases), "-n", "bench",
+                "--config", str(config), "--no-wait",
+            ]
+            ours_s, ours_kb, err = run_timed(command, env)
+            queued = redis.Redis.from_url(broker).llen("agenttest")
+            with psycopg.connect(db) as conn:
+                stored = conn.execute("SELECT count(*) FROM cases").fetchone()
+        batches = -(-args.cases // 500)
+        if queued != batches or stored is None or stored[0] != args.cases:
+            raise SystemExit(
+                f"expected {args.cases} cases stored and {batches} batches queued, "
+                f"got {stored} and {queued}"
+            )
+
+    print(f"submission of {args.cases:,} single-turn cases (Redis broker, Postgres store)")
+    print(f"  floor (json.loads, batched INSERT, pipelined LPUSH)  {floor_s:7.1f} s  "
+          f"{floor_kb / 1024:5.0f} MB")
+    print(f"  agenttest-submit --no-wait                           {ours_s:7.1f} s  "
+          f"{ours_kb / 1024:5.0f} MB")
+    print(f"  ratio to the floor                                   {ours_s / floor_s:7.2f}")
+    print(f"  cases per second                                     {args.cases / ours_s:7.0f}")
+
+
+if __name__ == "__main__":
+    main()
