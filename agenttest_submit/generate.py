@@ -3,13 +3,16 @@
 The generator agent is called per the spec's generator interface (test_mode
 "generator", target_agent, target_description and target_tools from the registry, the
 query parameters); a script gets the same dictionary. Each generated case is validated
-like a case from a file: a bad one is reported (with its index) and left out, and the
-rest run.
+like a case from a file: a bad one (its schema, an agent or script it names that does
+not exist, an id the generator already used) is reported on stderr by position and id
+and left out, and the rest run. A generator that fails, returns nothing, or returns
+nothing valid is an input error: nothing runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,25 +21,29 @@ from agenttest_submit.inputs import GeneratorInput
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.case_checks import check_case_refs
 from agenttest_worker.case_files import Located, validate_case
 from agenttest_worker.cases import Case
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.results import AgentCallRecord
 
+# Only plain decimal numerals become numbers: "007" (an id), "1e3", "nan" or "inf" (not
+# JSON) stay text, so no query value is altered or turned into something a JSON
+# endpoint rejects.
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
+
 
 def _typed(value: str) -> Any:
     """Query values are text; numbers and booleans are passed as such (count=10 is 10)."""
-    lowered = value.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return int(value)
-    except ValueError:
-        pass
-    try:
-        return float(value)
-    except ValueError:
-        return value
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return value
 
 
 def generator_metadata(
@@ -69,6 +76,13 @@ async def _generate(source: GeneratorInput, config: ProjectConfig, target: str |
         await close_session()
 
 
+def _warn(index: int, case_id: str | None, problems: list[InputProblem]) -> None:
+    which = f"generated case {index}" + (f" ({case_id})" if case_id else "")
+    for problem in problems:
+        where = f"{problem.field}: " if problem.field else ""
+        print(f"warning: {which} left out: {where}{problem.message}", file=sys.stderr)
+
+
 def generate_cases(
     source: GeneratorInput, config: ProjectConfig, target: str | None = None
 ) -> Iterator[Case | InputProblem]:
@@ -81,21 +95,39 @@ def generate_cases(
     if not raw_cases:
         raise InputError(InputProblem("generator returned no cases", file=label))
     kept = 0
-    for index, raw in enumerate(raw_cases):
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_cases, start=1):
         if isinstance(raw, dict) and "id" not in raw:
-            raw = {"id": f"{source.ref.id}-{index + 1:03d}", **raw}
-        problems: list[InputProblem] = []
-        for item in validate_case(Located(raw, label, index + 1)):
-            if isinstance(item, InputProblem):
-                problems.append(item)
-            else:
-                kept += 1
-                yield item
-        for problem in problems:
-            print(
-                f"warning: generated case {index + 1} left out: "
-                f"{problem.field + ': ' if problem.field else ''}{problem.message}",
-                file=sys.stderr,
-            )
+            raw = {"id": f"{source.ref.id}-{index:03d}", **raw}
+        raw_id = raw.get("id") if isinstance(raw, dict) else None
+        case_id = str(raw_id) if isinstance(raw_id, str | int) else None
+        items = list(validate_case(Located(raw, label, index)))
+        problems = [item for item in items if isinstance(item, InputProblem)]
+        cases = [item for item in items if isinstance(item, Case)]
+        if problems or not cases:
+            _warn(index, case_id, problems)
+            continue
+        case = cases[0]
+        if case.id in seen:
+            _warn(index, case.id, [InputProblem(f"duplicate id {case.id!r}", field="id")])
+            continue
+        # An agent or script the case names itself must exist; the target the user gave
+        # (-n) is checked for the whole run, so its problem is not this case's.
+        own = [
+            p
+            for p in check_case_refs(case, config, target)
+            if not (p.field == "agent" and case.agent is None)
+        ]
+        if own:
+            _warn(index, case.id, own)
+            continue
+        seen.add(case.id)
+        kept += 1
+        yield case
     if kept == 0:
-        raise InputError(InputProblem("no generated case was valid", file=label))
+        raise InputError(
+            InputProblem(
+                f"no generated case was valid ({len(raw_cases)} generated; see the warnings)",
+                file=label,
+            )
+        )

@@ -1,25 +1,65 @@
-"""Asking the person at the terminal when an agent awaits input (--interactive)."""
+"""Asking the person at the terminal when an agent awaits input (--interactive).
+
+One question at a time, even with many conversations waiting: the agent's question,
+its `input_hint`, then the reply line. No reply within the case's `interactive.timeout`,
+an empty line, or the end of the terminal's input (Ctrl-D) means "no reply": the
+conversation's `on_missing_input` decides, with the reason saying which it was.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import codecs
+import io
+import os
 import select
 import sys
 import threading
+import time
 
 from agenttest_submit.progress import Progress
 from agenttest_worker.durations import format_duration
 
 
-def _read_line(timeout: float) -> str | None:
-    """A line from stdin, or None on timeout or end of input."""
-    ready, _, _ = select.select([sys.stdin], [], [], timeout)
-    if not ready:
-        return None
-    line = sys.stdin.readline()
-    if not line:
-        return None
-    return line.rstrip("\n")
+class _Lines:
+    """Lines from stdin's file descriptor, with a timeout per line.
+
+    Reading the descriptor (not `sys.stdin`, whose buffer `select` cannot see) keeps a
+    second line typed or pasted ahead in our own buffer, for the next question.
+    """
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.eof = False
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def read(self, timeout: float) -> str | None:
+        """A line without its end, or None on timeout or at the end of input."""
+        try:
+            fd = sys.stdin.fileno()
+        except (AttributeError, ValueError, io.UnsupportedOperation):
+            line = sys.stdin.readline()  # not a real file (embedded use): no timeout
+            return line.rstrip("\r\n") if line else None
+        deadline = time.monotonic() + timeout
+        while "\n" not in self.buffer:
+            if self.eof:
+                return None
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+            if not ready:
+                return None
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the terminal went away
+                chunk = b""
+            if not chunk:
+                self.eof = True
+                if self.buffer:  # a last line without a newline still counts
+                    line, self.buffer = self.buffer, ""
+                    return line.rstrip("\r")
+                return None
+            self.buffer += self.decoder.decode(chunk)
+        line, self.buffer = self.buffer.split("\n", 1)
+        return line.rstrip("\r")
 
 
 class TerminalAsker:
@@ -27,6 +67,7 @@ class TerminalAsker:
 
     def __init__(self, progress: Progress | None = None) -> None:
         self._lock = threading.Lock()
+        self._lines = _Lines()
         self.progress = progress
 
     def ask_blocking(
@@ -34,6 +75,8 @@ class TerminalAsker:
     ) -> tuple[str | None, str | None]:
         """(reply, None) or (None, why there is no reply)."""
         with self._lock:
+            if self._lines.eof:
+                return None, "Agent awaiting input, the terminal's input has ended"
             if self.progress:
                 self.progress.pause()
             out = sys.stderr
@@ -44,9 +87,12 @@ class TerminalAsker:
                 out.write(f"  Hint: {hint}\n")
             out.write(f"  Your reply (empty line or {format_duration(timeout)} to skip): ")
             out.flush()
-            reply = _read_line(timeout)
+            reply = self._lines.read(timeout)
             if reply is None:
                 out.write("\n")
+                out.flush()
+                if self._lines.eof:
+                    return None, "Agent awaiting input, the terminal's input has ended"
                 return (
                     None,
                     f"Agent awaiting input, no interactive reply within {format_duration(timeout)}",

@@ -1,0 +1,93 @@
+"""`--reporter agents:ID`: a custom reporter agent writes its own account of a run.
+
+The agent gets a system prompt, then one user message holding the run's summary and
+its case records as JSON, with `metadata` {test_mode: "reporter", run_id, summary}.
+Its reply (any text: a digest, a Slack message, a triage list) is stored with the run
+as the report format "reporter" and printed after the standard report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from agenttest_worker.agents.base import AgentError, AgentRequest
+from agenttest_worker.agents.pool import AgentPool
+from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.errors import InputProblem
+from agenttest_worker.refs import parse_ref
+from agenttest_worker.report import RunReport
+from agenttest_worker.results import AgentCallRecord
+
+REPORTER_PROMPT = """You write the report of an automated test run of an AI agent.
+You receive the run's summary and one JSON record per test case (status, turns, the
+agent's replies, each assertion with its verdict and reason). Write a concise report
+for the team that owns the agent: what failed, why, and what to look at first."""
+
+# Records are cut to this many characters in total: a reporter is an LLM with a context.
+MAX_PAYLOAD_CHARS = 200_000
+
+
+def reporter_request(report: RunReport) -> AgentRequest:
+    summary = report.summary().as_dict()
+    records: list[Any] = []
+    size = 0
+    for result in report.results:
+        record = result.model_dump(mode="json", exclude={"turns": {"__all__": {"calls"}}})
+        size += len(json.dumps(record))
+        if size > MAX_PAYLOAD_CHARS:
+            break
+        records.append(record)
+    payload = {
+        "run_id": report.run_id,
+        "agent": report.agent,
+        "input": report.input_label,
+        "summary": summary,
+        "results": records,
+        "results_included": len(records),
+        "results_total": len(report.results),
+    }
+    return AgentRequest(
+        role="reporter",
+        messages=[
+            {"role": "system", "content": REPORTER_PROMPT},
+            {"role": "user", "content": json.dumps(payload, ensure_ascii=False)},
+        ],
+        metadata={"test_mode": "reporter", "run_id": report.run_id, "summary": summary},
+    )
+
+
+def reporter_problem(config: ProjectConfig, use: str | None) -> InputProblem | None:
+    """Why `--reporter use` cannot work, found before the run (not after an hour of it)."""
+    if use is None:
+        return None
+    try:
+        ref = parse_ref(use, default_kind="agents")
+    except ValueError as exc:
+        return InputProblem(str(exc), field="--reporter")
+    if ref.kind != "agents":
+        return InputProblem(f"{use!r}: a reporter is an agent (agents:NAME)", field="--reporter")
+    if ref.id not in config.agents:
+        return InputProblem(config.unknown_agent_message(ref.id), field="--reporter")
+    return None
+
+
+def run_reporter(use: str, report: RunReport, config: ProjectConfig) -> str:
+    """The reporter agent's reply; AgentError when it fails."""
+    problem = reporter_problem(config, use)
+    if problem is not None:
+        raise AgentError("config", problem.message)
+    ref = parse_ref(use, default_kind="agents")
+
+    async def call() -> str:
+        from agenttest_worker.agents.transport import close_session
+
+        log: list[AgentCallRecord] = []
+        try:
+            reply = await AgentPool(config).session(log).call(ref.id, reporter_request(report))
+        finally:
+            await close_session()
+        return reply.content or ""
+
+    return asyncio.run(call())
