@@ -41,6 +41,16 @@ def _duration_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -167,7 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-tokens",
         type=_positive_int,
         default=None,
-        help="stop starting turns once the run has used this many tokens",
+        help="start no new turn once the run's agent calls used this many tokens",
+    )
+    p.add_argument(
+        "--max-cost",
+        type=_positive_float,
+        default=None,
+        metavar="AMOUNT",
+        help="start no new turn once the run cost this much (agents' `pricing`)",
     )
     return p
 

@@ -51,6 +51,8 @@ def run_options(args: argparse.Namespace, config: ProjectConfig, target: str | N
         case_timeout=args.timeout,
         fail_fast=args.fail_fast,
         awaiting_tools=list(config.awaiting_tools),
+        max_tokens=getattr(args, "max_tokens", None),
+        max_cost=getattr(args, "max_cost", None),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.budget import budget_spent, turns_spend
 from agenttest_worker.cases import Case
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
@@ -69,6 +70,27 @@ class PoolCache:
         return pool
 
 
+def _spend(
+    options: RunOptions, loaded: repo.LoadedCase, turns: list[TurnResult]
+) -> tuple[int, float] | None:
+    """What the step's turns used, when the run has a budget to count it against."""
+    if not options.budgeted:
+        return None
+    return turns_spend(turns, _run_config(loaded.run_id, loaded.run_config))
+
+
+_configs: OrderedDict[str, ProjectConfig] = OrderedDict()
+
+
+def _run_config(run_id: str, stored: dict[str, Any]) -> ProjectConfig:
+    config = _configs.get(run_id)
+    if config is None:
+        config = _configs[run_id] = ProjectConfig.from_stored(stored)
+        while len(_configs) > 32:
+            _configs.popitem(last=False)
+    return config
+
+
 def session_id(run_id: str, case_id: str) -> str:
     return f"agenttest-{run_id}-{case_id}"
 
@@ -120,6 +142,10 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
     loaded = prepared.loaded
     if loaded.run_cancelled:
         return "skip", loaded.cancel_reason or "run cancelled"
+    if prepared.options.budgeted and (
+        spent := budget_spent(prepared.options, loaded.run_tokens, loaded.run_cost)
+    ):
+        return "skip", spent
     if loaded.deadline_at is not None and time.time() > loaded.deadline_at:
         return "fail", "run deadline passed before this case finished"
     # `deliveries` counts redeliveries of this turn; this delivery is one more.
@@ -164,6 +190,7 @@ def commit(url: str, prepared: Prepared, state: ConversationState) -> Advance:
         new_turns=new_turns,
         final_assertions=state.final_assertions if result else (),
         result=result,
+        spend=_spend(prepared.options, loaded, new_turns),
     )
     if not saved.saved:
         return Advance(saved=False)

@@ -61,6 +61,13 @@ class RunOptions(BaseModel):
     interactive: bool | None = None
     case_timeout: float = 300.0
     fail_fast: bool = False
+    # Budgets for the whole run: once spent, no new turn starts (--max-tokens/--max-cost).
+    max_tokens: int | None = None
+    max_cost: float | None = None
+
+    @property
+    def budgeted(self) -> bool:
+        return self.max_tokens is not None or self.max_cost is not None
     awaiting_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_AWAITING_TOOLS))
 
 
@@ -566,6 +573,13 @@ async def finish(case: Case, state: ConversationState, pool: AgentPool) -> None:
     )
     state.final_assertions = await run_assertions(list(case.final_assertions), ctx)
     state.elapsed_ms += int((time.monotonic() - started) * 1000)
+    if log and ran:
+        # Judges of final assertions are calls too: kept with the last turn, so that
+        # their tokens count in the case's usage and against a run's budget.
+        last = ran[-1]
+        last.calls = [*(last.calls or []), *log]
+        usage = [c.usage for c in last.calls if c.usage is not None]
+        last.usage = sum(usage, Usage()) if usage else None
 
 
 # -- the result ----------------------------------------------------------------------------

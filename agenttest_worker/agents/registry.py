@@ -62,6 +62,13 @@ class RateLimit(_Strict):
     concurrency: int | None = Field(default=None, ge=1)
 
 
+class Pricing(_Strict):
+    """What an agent's tokens cost, in your currency per million tokens (for --max-cost)."""
+
+    prompt_per_million: float = Field(default=0.0, ge=0)
+    completion_per_million: float = Field(default=0.0, ge=0)
+
+
 class AgentConfig(_Strict):
     """One named agent. `protocol` decides how it is called:
 
@@ -90,6 +97,7 @@ class AgentConfig(_Strict):
     response: ResponseMapping = Field(default_factory=ResponseMapping)
     use: str | None = None
     rate_limit: RateLimit | None = None
+    pricing: Pricing | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -59,6 +59,7 @@ class RunRow(Base):
     skipped: Mapped[int] = mapped_column(Integer, default=0)
     total_turns: Mapped[int] = mapped_column(Integer, default=0)
     total_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    total_cost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     cancelled: Mapped[bool] = mapped_column(Boolean, default=False)
     cancel_reason: Mapped[str | None] = mapped_column(Text)
     deadline_at: Mapped[float | None] = mapped_column(Float)
@@ -88,6 +89,8 @@ class CaseRow(Base):
     __table_args__ = (
         Index("ix_cases_run_seq", "run_id", "seq"),
         Index("ix_cases_run_phase", "run_id", "phase"),
+        # The stall sweeper asks each running run when any of its conversations last moved.
+        Index("ix_cases_run_updated", "run_id", "updated_at"),
     )
 
 

@@ -197,6 +197,8 @@ class LoadedCase:
     run_options: dict[str, Any]
     run_config: dict[str, Any]
     deadline_at: float | None
+    run_tokens: int = 0
+    run_cost: float = 0.0
 
 
 def load_case(
@@ -246,6 +248,8 @@ def load_case(
             run_options=run_row.options,
             run_config=run_row.config,
             deadline_at=run_row.deadline_at,
+            run_tokens=run_row.total_tokens,
+            run_cost=run_row.total_cost,
         )
 
 
@@ -329,8 +333,14 @@ def save_step(
     final_assertions: Sequence[AssertionResult] = (),
     result: CaseResult | None = None,
     expected_phase: str | None = None,
+    spend: tuple[int, float] | None = None,
 ) -> Saved:
-    """Record one step of a conversation, exactly once (see the module docstring)."""
+    """Record one step of a conversation, exactly once (see the module docstring).
+
+    `spend` (tokens, cost) is added to the run's totals with the step: runs with a
+    budget account per turn, so the next turn anywhere in the fleet sees it. Without,
+    tokens are added once per case when it ends (one write to the run row per case).
+    """
     with session_scope(url) as session:
         guard = [
             CaseRow.run_id == run_id,
@@ -364,15 +374,25 @@ def save_step(
             )
             _insert(session, AgentCallRow, _call_rows(run_id, case_id, turn.turn, turn.calls or []))
         _insert(session, AssertionResultRow, _assertion_rows(run_id, case_id, 0, final_assertions))
+        counters: dict[str, Any] = {}
+        if spend is not None and (spend[0] or spend[1]):
+            counters["total_tokens"] = RunRow.total_tokens + spend[0]
+            counters["total_cost"] = RunRow.total_cost + spend[1]
         if result is None:
+            if counters:
+                session.execute(update(RunRow).where(RunRow.id == run_id).values(**counters))
             return Saved(True)
-        counters = {
-            "finished_cases": RunRow.finished_cases + 1,
-            "total_turns": RunRow.total_turns + result.total_turns,
-            "total_tokens": RunRow.total_tokens
-            + (result.usage.total_tokens if result.usage else 0),
-            result.status: getattr(RunRow, result.status) + 1,
-        }
+        counters.update(
+            {
+                "finished_cases": RunRow.finished_cases + 1,
+                "total_turns": RunRow.total_turns + result.total_turns,
+                result.status: getattr(RunRow, result.status) + 1,
+            }
+        )
+        if spend is None:
+            counters["total_tokens"] = RunRow.total_tokens + (
+                result.usage.total_tokens if result.usage else 0
+            )
         row = session.execute(
             update(RunRow)
             .where(RunRow.id == run_id)
