@@ -1,0 +1,67 @@
+"""A Chat Completions agent that answers every request after a fixed delay.
+
+    python -m benchmarks.fixed_agent --port 0 --latency-ms 50
+
+Prints its base URL (…/v1) on the first line, then serves until killed. Runs in its own
+process so that its CPU is not counted as the runner's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+
+from aiohttp import web
+
+REPLY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Noted, thank you."},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+    }
+).encode()
+
+
+def make_app(latency: float) -> web.Application:
+    async def complete(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(latency)
+        return web.Response(body=REPLY, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", complete)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    args = parser.parse_args()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    port = sock.getsockname()[1]
+    print(f"http://127.0.0.1:{port}/v1", flush=True)
+    web.run_app(
+        make_app(args.latency_ms / 1000),
+        sock=sock,
+        print=None,
+        access_log=None,
+        backlog=1024,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""Distributed throughput against the floor the stack allows, measured in the same run.
+
+    python -m benchmarks.throughput --conversations 300 --turns 3 --concurrency 100 \
+        --latency-ms 50 --workers 1
+
+Both sides run N conversations of `--turns` turns against the same fixed-latency agent
+(its own process), through real Redis, Postgres and Celery worker processes (threads
+pool, same concurrency):
+- floor: a bare Celery chain, one httpx call and one Postgres insert per turn
+  (benchmarks/floor_chain.py);
+- agenttest: `agenttest-submit --no-wait` on a JSONL file of N cases with `--turns`
+  static turns and a `contains` assertion each, workers `celery -A agenttest_worker`;
+  timed from the submitter's start to the run's aggregation.
+Prints turns/s for both, the ratio, and the peak RSS of the worker(s) and submitter.
+Needs Redis at 127.0.0.1:6379 and Postgres at 127.0.0.1:5432 (user postgres).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
+BIN = Path(sys.executable).parent
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def database() -> Iterator[str]:
+    name = f"agenttest_bench_{os.getpid()}_{secrets.token_hex(2)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def redis_db() -> Iterator[str]:
+    token = secrets.token_hex(4)
+    for number in range(15, 0, -1):
+        client = redis.Redis.from_url(f"{REDIS}/{number}")
+        if client.set("agenttest:bench-owner", token, nx=True, ex=3600):
+            client.flushdb()
+            client.set("agenttest:bench-owner", token, ex=3600)
+            try:
+                yield f"{REDIS}/{number}"
+            finally:
+                client.flushdb()
+            return
+    raise SystemExit("no free Redis database number")
+
+
+@contextmanager
+def fixed_agent(latency_ms: float) -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.fixed_agent", "--latency-ms", str(latency_ms)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class Worker:
+    """A Celery worker process; peak memory read from its rusage when it exits."""
+
+    def __init__(self, app: str, env: dict[str, str], concurrency: int, queue: str, log_path: Path):
+        self.log_path = log_path
+        self.handle = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                str(BIN / "celery"),
+                "-A",
+                app,
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(concurrency),
+                "-Q",
+                queue,
+                "--loglevel",
+                "WARNING",
+                "-n",
+                f"{queue}-{secrets.token_hex(3)}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.handle,
+            stderr=subprocess.STDOUT,
+        )
+        self.peak_kb = 0
+
+    def wait_ready(self, broker: str, queue: str, timeout: float = 60) -> None:
+        # Ready when it consumes: a probe message it cannot run would be noise, so poll
+        # the broker for the worker's registration via its consumer (BRPOP) instead.
+        client = redis.Redis.from_url(broker)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"worker exited: see {self.log_path}")
+            clients = client.client_list()
+            if any(c.get("cmd") == "brpop" for c in clients):
+                return
+            time.sleep(0.2)
+        raise SystemExit(f"worker not ready after {timeout}s: see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, _, usage = os.wait4(self.proc.pid, 0)
+        self.peak_kb = usage.ru_maxrss
+        self.handle.close()
+
+
+def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path) -> float:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE floor_turns (conversation text, turn int, output text, "
+            "PRIMARY KEY (conversation, turn))"
+        )
+    env = {
+        **os.environ,
+        "BENCH_BROKER": broker,
+        "BENCH_DB": db,
+        "BENCH_AGENT": agent,
+        "PYTHONPATH": str(ROOT),
+    }
+    workers = [
+        Worker("benchmarks.floor_chain", env, args.concurrency, "floor", tmp / f"floor-{i}.log")
+        for i in range(args.workers)
+    ]
+    for w in workers:
+        w.wait_ready(broker, "floor")
+    os.environ.update({"BENCH_BROKER": broker})
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.floor_chain import app, turn
+
+    app.conf.broker_url = broker
+    total = args.conversations * args.turns
+    started = time.monotonic()
+    with app.producer_or_acquire() as producer:
+        for i in range(args.conversations):
+            turn.apply_async((f"c{i}", 1, args.turns), producer=producer)
+    with psycopg.connect(db, autocommit=True) as conn:
+        while conn.execute("SELECT count(*) FROM floor_turns").fetchone()[0] < total:  # type: ignore[index]
+            time.sleep(0.05)
+    elapsed = time.monotonic() - started
+    for w in workers:
+        w.stop()
+    return total / elapsed
+
+
+def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
+    cases = tmp / "cases.jsonl"
+    with cases.open("w") as handle:
+        for i in range(args.conversations):
+            turns = [
+                {
+                    "input": f"message {t + 1}",
+                    "assertions": [{"type": "contains", "value": "Noted"}],
+                }
+                for t in range(args.turns)
+            ]
+            handle.write(json.dumps({"id": f"c{i}", "turns": turns}) + "\n")
+    config = tmp / "agenttest.yaml"
+    config.write_text(
+        f"agents:\n  bench:\n    base_url: {agent}\n    model: bench\n    max_retries: 0\n"
+    )
+    return cases, config
+
+
+def run_agenttest(
+    args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path
+) -> tuple[float, int, list[int]]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")},
+        "AGENTTEST_BROKER_URL": broker,
+        "AGENTTEST_DATABASE_URL": db,
+        "AGENTTEST_WORKER_CONCURRENCY": str(args.concurrency),
+    }
+    subprocess.run(
+        [str(BIN / "agenttest-submit"), "db", "upgrade"], env=env, check=True, capture_output=True
+    )
+    workers = [
+        Worker("agenttest_worker", env, args.concurrency, "agenttest", tmp / f"agenttest-{i}.log")
+        for i in range(args.workers)
+    ]
+    for w in workers:
+        w.wait_ready(broker, "agenttest")
+    cases, config = write_suite(tmp, args, agent)
+    started = time.monotonic()
+    submitter = subprocess.Popen(
+        [
+            str(BIN / "agenttest-submit"),
+            "-i",
+            str(cases),
+            "-n",
+            "bench",
+            "--config",
+            str(config),
+            "--no-wait",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, status, usage = os.wait4(submitter.pid, 0)
+    submitter_kb = usage.ru_maxrss
+    if status != 0:
+        raise SystemExit(f"submitter failed: {submitter.stderr.read() if submitter.stderr else ''}")
+    with psycopg.connect(db, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT status FROM runs ORDER BY created_at DESC LIMIT 1"
+            ).fetchone()
+            if row and row[0] == "done":
+                break
+            time.sleep(0.05)
+        turns = conn.execute("SELECT count(*) FROM turns").fetchone()[0]  # type: ignore[index]
+    elapsed = time.monotonic() - started
+    expected = args.conversations * args.turns
+    if turns != expected:
+        raise SystemExit(f"expected {expected} turn rows, found {turns}")
+    for w in workers:
+        w.stop()
+    return turns / elapsed, submitter_kb, [w.peak_kb for w in workers]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=300)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
+        tmp = Path(tmpdir)
+        with redis_db() as broker, database() as db:
+            floor = run_floor(args, broker, db, agent, tmp)
+        with redis_db() as broker, database() as db:
+            ours, submitter_kb, worker_kb = run_agenttest(args, broker, db, agent, tmp)
+    print(
+        f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
+        f"concurrency {args.concurrency} x {args.workers} worker(s), agent {args.latency_ms:g} ms"
+    )
+    print(f"  floor (bare Celery chain)   {floor:8.1f} turns/s")
+    print(f"  agenttest                   {ours:8.1f} turns/s")
+    print(f"  ratio                       {ours / floor:8.2f}")
+    print(
+        f"  peak RSS: worker {max(worker_kb) / 1024:.0f} MB, submitter {submitter_kb / 1024:.0f} MB"
+    )
+    own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"  (benchmark process peak {own_mb:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
