@@ -66,7 +66,7 @@ app.conf.update(
     # Flower and `celery events` show tasks as workers receive, start and finish them.
     # No "task-sent" events: one extra broker message per published turn doubled the
     # cost of every publish, and the queue length in Flower already shows what waits.
-    worker_send_task_events=True,
+    worker_send_task_events=settings.task_events,
     task_send_sent_event=False,
     worker_hijack_root_logger=False,
 )

@@ -8,6 +8,7 @@ event loop and its connection pool).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -91,6 +92,47 @@ def _run_config(run_id: str, stored: dict[str, Any]) -> ProjectConfig:
     return config
 
 
+class _Memo:
+    """A small LRU of validated models: a run's cases and options never change, and
+    validating them again on every turn was a measurable share of a turn's CPU."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.items: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[str, str], make: Any) -> Any:
+        with self.lock:
+            found = self.items.get(key)
+            if found is not None:
+                self.items.move_to_end(key)
+                return found
+        value = make()
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+_cases_memo = _Memo(4096)
+_options_memo = _Memo(64)
+
+
+def _case(loaded: repo.LoadedCase) -> Case:
+    made: Case = _cases_memo.get(
+        (loaded.run_id, loaded.case_id), lambda: Case.model_validate(loaded.case)
+    )
+    return made
+
+
+def _options(loaded: repo.LoadedCase) -> RunOptions:
+    made: RunOptions = _options_memo.get(
+        (loaded.run_id, ""), lambda: RunOptions.model_validate(loaded.run_options)
+    )
+    return made
+
+
 def session_id(run_id: str, case_id: str) -> str:
     return f"agenttest-{run_id}-{case_id}"
 
@@ -128,8 +170,8 @@ def prepare(
         # spawning a second copy of the rest of the conversation.
         resend = redelivered and loaded.phase == "ready" and loaded.next_turn == turn + 1
         return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
-    case = Case.model_validate(loaded.case)
-    options = RunOptions.model_validate(loaded.run_options)
+    case = _case(loaded)
+    options = _options(loaded)
     if loaded.state is None:
         state = start_conversation(case, session_id(run_id, case_id))
     else:
@@ -159,7 +201,8 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
 
 
 async def execute(prepared: Prepared, pool: AgentPool) -> ConversationState:
-    return await run_turn(prepared.case, prepared.state, pool, prepared.options)
+    # The state was loaded for this step alone: the engine may update it in place.
+    return await run_turn(prepared.case, prepared.state, pool, prepared.options, in_place=True)
 
 
 def end_without_running(prepared: Prepared, kind: str, message: str) -> ConversationState:
@@ -216,8 +259,8 @@ async def answer_human(
     loaded = repo.load_case(url, run_id, case_id)
     if loaded is None or loaded.phase != "awaiting_human" or loaded.state is None:
         return Advance(saved=False)
-    case = Case.model_validate(loaded.case)
-    options = RunOptions.model_validate(loaded.run_options)
+    case = _case(loaded)
+    options = _options(loaded)
     state = ConversationState.model_validate(loaded.state)
     new_state = await give_human_input(case, state, text, pool, options, reason)
     result = case_result(case, new_state, loaded.agent) if new_state.phase == "done" else None

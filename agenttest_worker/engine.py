@@ -282,12 +282,22 @@ def _remaining(case_timeout: float, state: ConversationState) -> float:
 
 
 async def run_turn(
-    case: Case, state: ConversationState, pool: AgentPool, options: RunOptions
+    case: Case,
+    state: ConversationState,
+    pool: AgentPool,
+    options: RunOptions,
+    *,
+    in_place: bool = False,
 ) -> ConversationState:
-    """Run the pending turn and choose what comes next. Never raises for agent trouble."""
+    """Run the pending turn and choose what comes next. Never raises for agent trouble.
+
+    The given state is left as it was (a copy is returned) unless `in_place`: a caller
+    that has just loaded the state for this step saves the copy's cost.
+    """
     if state.phase != "ready" or state.next_input is None:
         return state
-    state = state.model_copy(deep=True)
+    if not in_place:
+        state = state.model_copy(deep=True)
     pending = state.next_input
     assert pending is not None
     state.next_input = None

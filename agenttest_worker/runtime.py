@@ -1,15 +1,16 @@
-"""One event loop per worker process, on its own thread, for every agent call.
+"""An event loop per worker thread, kept for the thread's life, for agent calls.
 
-Celery runs tasks on pool threads (or processes); agent calls are coroutines that
-share one aiohttp connection pool. A task hands its coroutine to this loop and waits,
-so database work stays on the task's thread and HTTP work on the loop. The loop is
-created lazily and per process (after a fork, the child makes its own).
+Celery runs turn tasks on pool threads; agent calls are coroutines. Each pool thread
+runs its task's coroutines on a loop of its own, reused from task to task together
+with that loop's aiohttp connections. Handing every call to one shared I/O thread
+instead cost a cross-thread wake-up and a GIL hand-off per call, which on a busy
+worker doubled the CPU spent per turn (benchmarks/throughput.py). Loops belong to
+the thread and the process that made them, so a forked child makes its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 from collections.abc import Coroutine
@@ -17,54 +18,46 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_pid: int | None = None
-
-
-def _start_loop() -> asyncio.AbstractEventLoop:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.call_soon(ready.set)
-        loop.run_forever()
-
-    threading.Thread(target=run, name="agenttest-io", daemon=True).start()
-    ready.wait()
-    return loop
+_local = threading.local()
+_all_lock = threading.Lock()
+_all: list[asyncio.AbstractEventLoop] = []
 
 
 def get_loop() -> asyncio.AbstractEventLoop:
-    global _loop, _loop_pid
-    with _lock:
-        if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
-            _loop = _start_loop()
-            _loop_pid = os.getpid()
-        return _loop
+    """This thread's loop (made on first use in this thread and process)."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed() or getattr(_local, "pid", None) != os.getpid():
+        loop = asyncio.new_event_loop()
+        _local.loop, _local.pid = loop, os.getpid()
+        with _all_lock:
+            _all.append(loop)
+    return loop
 
 
 def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-    """Run `coro` on the process's I/O loop and wait for its result."""
-    future = asyncio.run_coroutine_threadsafe(coro, get_loop())
-    try:
-        return future.result(timeout)
-    except BaseException:
-        future.cancel()
-        raise
+    """Run `coro` to completion on this thread's loop."""
+    loop = get_loop()
+    if timeout is not None:
+        return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+    return loop.run_until_complete(coro)
 
 
 def shutdown() -> None:
-    """Close the loop's HTTP session and stop the loop (worker shutdown)."""
-    global _loop
-    with _lock:
-        loop = _loop
-        _loop = None
-    if loop is None or loop.is_closed() or _loop_pid != os.getpid():
-        return
+    """Close this process's loops and their HTTP sessions (worker shutdown).
+
+    A loop can only run on its own thread: loops of other threads are closed only when
+    idle, which is the case once the pool has stopped.
+    """
     from agenttest_worker.agents.transport import close_session
 
-    with contextlib.suppress(Exception):  # best effort: the process is ending anyway
-        asyncio.run_coroutine_threadsafe(close_session(), loop).result(5)
-    loop.call_soon_threadsafe(loop.stop)
+    with _all_lock:
+        loops, _all[:] = list(_all), []
+    for loop in loops:
+        if loop.is_closed() or loop.is_running():
+            continue
+        try:
+            loop.run_until_complete(close_session())
+        except Exception:
+            pass  # best effort: the process is ending anyway
+        finally:
+            loop.close()

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
         "broker dropped its message) and its next turn is enqueued again; keep it above the "
         "longest turn",
     )
+    task_events: bool = Field(
+        default=True, description="Workers send task events (what Flower shows as tasks)"
+    )
     enqueue_batch: int = Field(default=500, ge=1, description="Cases stored/enqueued per batch")
     http_pool_size: int = Field(default=200, ge=1, description="Connections per agent host")
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")

@@ -264,15 +264,22 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--only", choices=("floor", "agenttest"), help="measure one side (for profiling)"
+    )
     args = parser.parse_args()
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
         tmp = Path(tmpdir)
-        with redis_db() as broker, database() as db:
-            floor = run_floor(args, broker, db, agent, tmp)
-        with redis_db() as broker, database() as db:
-            ours, submitter_kb, worker_kb = run_agenttest(args, broker, db, agent, tmp)
+        floor = ours = float("nan")
+        submitter_kb, worker_kb = 0, [0]
+        if args.only != "agenttest":
+            with redis_db() as broker, database() as db:
+                floor = run_floor(args, broker, db, agent, tmp)
+        if args.only != "floor":
+            with redis_db() as broker, database() as db:
+                ours, submitter_kb, worker_kb = run_agenttest(args, broker, db, agent, tmp)
     print(
         f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
         f"concurrency {args.concurrency} x {args.workers} worker(s), agent {args.latency_ms:g} ms"

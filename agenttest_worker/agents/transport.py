@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -37,6 +38,18 @@ def configure_pool(size: int) -> None:
     _pool_size = size
 
 
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
+
+
+def _proxied() -> bool:
+    """Whether to honour proxy settings from the environment.
+
+    aiohttp's trust_env also reads ~/.netrc and the proxy variables on every request,
+    through a thread hop each time; that is only worth it when a proxy is configured.
+    """
+    return any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARS)
+
+
 def session() -> aiohttp.ClientSession:
     """The shared session of the running event loop."""
     loop = asyncio.get_running_loop()
@@ -50,7 +63,7 @@ def session() -> aiohttp.ClientSession:
             # Bodies are parsed by us (lenient, with clear errors), not by aiohttp.
             json_serialize=json.dumps,
             raise_for_status=False,
-            trust_env=True,
+            trust_env=_proxied(),
         )
         _sessions[loop] = current
     return current

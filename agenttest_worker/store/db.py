@@ -9,15 +9,18 @@ submitter starting at once migrate the database exactly once.
 from __future__ import annotations
 
 import fcntl
+import functools
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -56,7 +59,36 @@ def get_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=40, pool_pre_ping=True, pool_recycle=1800)
+    # No pre-ping: it cost a round trip per checkout, twice per turn. A connection the
+    # server dropped fails its statement instead; `reconnecting` retries that.
+    return create_engine(url, pool_size=20, max_overflow=0, pool_timeout=60, pool_recycle=1800)
+
+
+RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reconnecting(fn: F) -> F:
+    """Retry `fn` when the database connection was lost (a restart, a failover).
+
+    Only for functions safe to run again: the hot path's reads, and writes guarded so
+    that a second attempt of a write that did land changes nothing. Gives up (and
+    raises) after about 16 s of trying.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for delay in (*RECONNECT_DELAYS, None):
+            try:
+                return fn(*args, **kwargs)
+            except DBAPIError as exc:
+                if not exc.connection_invalidated or delay is None:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    return wrapper  # type: ignore[return-value]
 
 
 @lru_cache(maxsize=8)

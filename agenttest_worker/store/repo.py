@@ -13,18 +13,32 @@ from __future__ import annotations
 import getpass
 import secrets
 import socket
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, func, literal, or_, select, update
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.db import get_engine, reconnecting, session_scope
 from agenttest_worker.store.models import (
     AgentCallRow,
     AssertionResultRow,
@@ -201,6 +215,61 @@ class LoadedCase:
     run_cost: float = 0.0
 
 
+# The turn's hot path (load_case, save_step) runs prebuilt Core statements on a plain
+# connection: their compiled forms are cached, and no ORM unit of work is involved.
+# Building the same expressions and going through the ORM on every turn cost more CPU
+# than everything else a turn does (benchmarks/throughput.py).
+_cases: Table = CaseRow.__table__  # type: ignore[assignment]
+_runs: Table = RunRow.__table__  # type: ignore[assignment]
+
+_LOAD = (
+    select(
+        _cases.c.case,
+        _cases.c.agent,
+        _cases.c.phase,
+        _cases.c.next_turn,
+        _cases.c.state,
+        _cases.c.deliveries,
+        _runs.c.cancelled,
+        _runs.c.cancel_reason,
+        _runs.c.deadline_at,
+        _runs.c.total_tokens,
+        _runs.c.total_cost,
+    )
+    .select_from(_cases.join(_runs, _runs.c.id == _cases.c.run_id))
+    .where(_cases.c.run_id == bindparam("b_run"), _cases.c.case_id == bindparam("b_case"))
+)
+_COUNT_DELIVERY = (
+    update(_cases)
+    .where(
+        _cases.c.run_id == bindparam("b_run"),
+        _cases.c.case_id == bindparam("b_case"),
+        _cases.c.next_turn == bindparam("b_turn"),
+    )
+    .values(deliveries=_cases.c.deliveries + 1)
+    .returning(_cases.c.deliveries)
+)
+_RUN_SETTINGS = select(_runs.c.options, _runs.c.config).where(_runs.c.id == bindparam("b_run"))
+
+# What a run was created with never changes: read once per process and run.
+_settings_cache: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+_settings_lock = threading.Lock()
+
+
+def _run_settings(connection: Any, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    with _settings_lock:
+        cached = _settings_cache.get(run_id)
+    if cached is None:
+        row = connection.execute(_RUN_SETTINGS, {"b_run": run_id}).one()
+        cached = (row.options, row.config)
+        with _settings_lock:
+            if len(_settings_cache) > 64:
+                _settings_cache.clear()
+            _settings_cache[run_id] = cached
+    return cached
+
+
+@reconnecting
 def load_case(
     url: str, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
 ) -> LoadedCase | None:
@@ -209,47 +278,40 @@ def load_case(
     With `turn`, only a delivery of the turn the conversation is waiting for counts: a
     duplicate or stale message must not use up the next turn's delivery budget.
     """
-    with session_scope(url) as session:
-        row = session.execute(
-            select(CaseRow, RunRow)
-            .join(RunRow, RunRow.id == CaseRow.run_id)
-            .where(CaseRow.run_id == run_id, CaseRow.case_id == case_id)
-        ).first()
+    with get_engine(url).begin() as connection:
+        row = connection.execute(_LOAD, {"b_run": run_id, "b_case": case_id}).first()
         if row is None:
             return None
-        case_row, run_row = row
-        deliveries = case_row.deliveries
-        current = turn is None or (
-            case_row.next_turn == turn and case_row.phase in ("pending", "ready")
-        )
+        deliveries = row.deliveries
+        current = turn is None or (row.next_turn == turn and row.phase in ("pending", "ready"))
         if count_delivery and current:
-            guard = [CaseRow.run_id == run_id, CaseRow.case_id == case_id]
-            if turn is not None:
-                guard.append(CaseRow.next_turn == turn)
-            counted = session.execute(
-                update(CaseRow)
-                .where(*guard)
-                .values(deliveries=CaseRow.deliveries + 1)
-                .returning(CaseRow.deliveries)
+            counted = connection.execute(
+                _COUNT_DELIVERY,
+                {
+                    "b_run": run_id,
+                    "b_case": case_id,
+                    "b_turn": row.next_turn if turn is None else turn,
+                },
             ).scalar_one_or_none()
             if counted is not None:
                 deliveries = counted
+        options, config = _run_settings(connection, run_id)
         return LoadedCase(
             run_id=run_id,
             case_id=case_id,
-            case=case_row.case,
-            agent=case_row.agent,
-            phase=case_row.phase,
-            next_turn=case_row.next_turn,
-            state=case_row.state,
+            case=row.case,
+            agent=row.agent,
+            phase=row.phase,
+            next_turn=row.next_turn,
+            state=row.state,
             deliveries=deliveries,
-            run_cancelled=run_row.cancelled,
-            cancel_reason=run_row.cancel_reason,
-            run_options=run_row.options,
-            run_config=run_row.config,
-            deadline_at=run_row.deadline_at,
-            run_tokens=run_row.total_tokens,
-            run_cost=run_row.total_cost,
+            run_cancelled=row.cancelled,
+            cancel_reason=row.cancel_reason,
+            run_options=options,
+            run_config=config,
+            deadline_at=row.deadline_at,
+            run_tokens=row.total_tokens,
+            run_cost=row.total_cost,
         )
 
 
@@ -320,6 +382,66 @@ def _call_rows(
     ]
 
 
+# None must be SQL NULL (a case without a result yet), not the JSON value null.
+_JSON_OR_NULL = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+_STEP_VALUES = {
+    "next_turn": bindparam("b_next"),
+    "phase": bindparam("b_phase"),
+    "state": bindparam("b_state", type_=_JSON_OR_NULL),
+    "status": bindparam("b_status"),
+    "result": bindparam("b_result", type_=_JSON_OR_NULL),
+    "deliveries": 0,
+}
+_STEP_KEYS = [
+    _cases.c.run_id == bindparam("b_run"),
+    _cases.c.case_id == bindparam("b_case"),
+    _cases.c.next_turn == bindparam("b_turn"),
+]
+# The guard: the conversation must still be at the turn this step ran (and running, or
+# parked for a person when a person's reply is what is being saved).
+_SAVE_RUNNING = (
+    update(_cases)
+    .where(*_STEP_KEYS, _cases.c.phase.in_(("pending", "ready")))
+    .values(**_STEP_VALUES)
+)
+_SAVE_PARKED = (
+    update(_cases)
+    .where(*_STEP_KEYS, _cases.c.phase == bindparam("b_expected_phase"))
+    .values(**_STEP_VALUES)
+)
+_SPEND = (
+    update(_runs)
+    .where(_runs.c.id == bindparam("b_run"))
+    .values(
+        total_tokens=_runs.c.total_tokens + bindparam("b_tokens"),
+        total_cost=_runs.c.total_cost + bindparam("b_cost"),
+    )
+)
+_CASE_ENDED = (
+    update(_runs)
+    .where(_runs.c.id == bindparam("b_run"))
+    .values(
+        finished_cases=_runs.c.finished_cases + 1,
+        total_turns=_runs.c.total_turns + bindparam("b_turns"),
+        total_tokens=_runs.c.total_tokens + bindparam("b_tokens"),
+        total_cost=_runs.c.total_cost + bindparam("b_cost"),
+        passed=_runs.c.passed + bindparam("b_passed"),
+        failed=_runs.c.failed + bindparam("b_failed"),
+        skipped=_runs.c.skipped + bindparam("b_skipped"),
+    )
+    .returning(_runs.c.finished_cases, _runs.c.total_cases, _runs.c.status)
+)
+
+
+def _insert_rows(connection: Any, model: type[Base], rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    module: Any = postgresql if connection.dialect.name == "postgresql" else sqlite
+    connection.execute(module.insert(model.__table__).on_conflict_do_nothing(), list(rows))
+
+
+@reconnecting
 def save_step(
     url: str,
     *,
@@ -341,65 +463,51 @@ def save_step(
     budget account per turn, so the next turn anywhere in the fleet sees it. Without,
     tokens are added once per case when it ends (one write to the run row per case).
     """
-    with session_scope(url) as session:
-        guard = [
-            CaseRow.run_id == run_id,
-            CaseRow.case_id == case_id,
-            CaseRow.next_turn == expected_turn,
-        ]
-        if expected_phase is not None:
-            guard.append(CaseRow.phase == expected_phase)
+    with get_engine(url).begin() as connection:
+        params = {
+            "b_run": run_id,
+            "b_case": case_id,
+            "b_turn": expected_turn,
+            "b_next": next_turn,
+            "b_phase": phase,
+            "b_state": state,
+            "b_status": result.status if result else None,
+            "b_result": result.model_dump(mode="json") if result else None,
+        }
+        if expected_phase is None:
+            moved = connection.execute(_SAVE_RUNNING, params)
         else:
-            guard.append(CaseRow.phase.in_(("pending", "ready")))
-        moved = session.execute(
-            update(CaseRow)
-            .where(*guard)
-            .values(
-                next_turn=next_turn,
-                phase=phase,
-                state=state,
-                status=result.status if result else None,
-                result=result.model_dump(mode="json") if result else None,
-                deliveries=0,
-            )
-        )
-        if not moved.rowcount:  # type: ignore[attr-defined]
+            moved = connection.execute(_SAVE_PARKED, {**params, "b_expected_phase": expected_phase})
+        if not moved.rowcount:
             return Saved(False)
-        _insert(session, TurnRow, _turn_rows(run_id, case_id, new_turns))
+        _insert_rows(connection, TurnRow, _turn_rows(run_id, case_id, new_turns))
+        assertion_rows: list[dict[str, Any]] = []
+        call_rows: list[dict[str, Any]] = []
         for turn in new_turns:
-            _insert(
-                session,
-                AssertionResultRow,
-                _assertion_rows(run_id, case_id, turn.turn, turn.assertions),
-            )
-            _insert(session, AgentCallRow, _call_rows(run_id, case_id, turn.turn, turn.calls or []))
-        _insert(session, AssertionResultRow, _assertion_rows(run_id, case_id, 0, final_assertions))
-        counters: dict[str, Any] = {}
-        if spend is not None and (spend[0] or spend[1]):
-            counters["total_tokens"] = RunRow.total_tokens + spend[0]
-            counters["total_cost"] = RunRow.total_cost + spend[1]
+            assertion_rows += _assertion_rows(run_id, case_id, turn.turn, turn.assertions)
+            call_rows += _call_rows(run_id, case_id, turn.turn, turn.calls or [])
+        assertion_rows += _assertion_rows(run_id, case_id, 0, final_assertions)
+        _insert_rows(connection, AssertionResultRow, assertion_rows)
+        _insert_rows(connection, AgentCallRow, call_rows)
+        tokens, cost = spend if spend is not None else (0, 0.0)
         if result is None:
-            if counters:
-                session.execute(update(RunRow).where(RunRow.id == run_id).values(**counters))
+            if tokens or cost:
+                connection.execute(_SPEND, {"b_run": run_id, "b_tokens": tokens, "b_cost": cost})
             return Saved(True)
-        counters.update(
-            {
-                "finished_cases": RunRow.finished_cases + 1,
-                "total_turns": RunRow.total_turns + result.total_turns,
-                result.status: getattr(RunRow, result.status) + 1,
-            }
-        )
         if spend is None:
-            counters["total_tokens"] = RunRow.total_tokens + (
-                result.usage.total_tokens if result.usage else 0
-            )
-        row = session.execute(
-            update(RunRow)
-            .where(RunRow.id == run_id)
-            .values(**counters)
-            .returning(RunRow.finished_cases, RunRow.total_cases, RunRow.status)
+            tokens = result.usage.total_tokens if result.usage else 0
+        finished, total, status = connection.execute(
+            _CASE_ENDED,
+            {
+                "b_run": run_id,
+                "b_turns": result.total_turns,
+                "b_tokens": tokens,
+                "b_cost": cost,
+                "b_passed": int(result.status == "passed"),
+                "b_failed": int(result.status == "failed"),
+                "b_skipped": int(result.status == "skipped"),
+            },
         ).one()
-        finished, total, status = row
         return Saved(True, run_finished=status == "running" and finished >= total)
 
 
@@ -597,6 +705,7 @@ def store_report(url: str, run_id: str, fmt: str, content: str) -> None:
         session.add(RunReportRow(run_id=run_id, format=fmt, content=content))
 
 
+@reconnecting
 def pending_case_ids(url: str, run_id: str, first: int, last: int) -> list[str]:
     """Ids of the run's conversations numbered first..last that have not started."""
     with session_scope(url) as session:
