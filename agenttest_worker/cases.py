@@ -224,9 +224,7 @@ class Case(_Strict):
         """
         if self.simulator is not None:
             return self
-        return self.model_copy(
-            update={"simulator": SimulatorConfig(use=use), "type": "multi_turn"}
-        )
+        return self.model_copy(update={"simulator": SimulatorConfig(use=use), "type": "multi_turn"})
 
     def iter_assertions(self) -> list[Assertion]:
         found: list[Assertion] = [a for t in self.turns for a in t.assertions]

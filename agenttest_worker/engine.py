@@ -68,6 +68,7 @@ class RunOptions(BaseModel):
     @property
     def budgeted(self) -> bool:
         return self.max_tokens is not None or self.max_cost is not None
+
     awaiting_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_AWAITING_TOOLS))
 
 

@@ -101,10 +101,16 @@ def main() -> None:
                 "AGENTTEST_DATABASE_URL": db,
             }
             command = [
-                str(BIN / "agenttest-submit"), "-i", str(cases), "-n", "bench",
-                "--config", str(config), "--no-wait",
+                str(BIN / "agenttest-submit"),
+                "-i",
+                str(cases),
+                "-n",
+                "bench",
+                "--config",
+                str(config),
+                "--no-wait",
             ]
-            ours_s, ours_kb, err = run_timed(command, env)
+            ours_s, ours_kb, _ = run_timed(command, env)
             queued = redis.Redis.from_url(broker).llen("agenttest")
             with psycopg.connect(db) as conn:
                 stored = conn.execute("SELECT count(*) FROM cases").fetchone()
@@ -116,10 +122,14 @@ def main() -> None:
             )
 
     print(f"submission of {args.cases:,} single-turn cases (Redis broker, Postgres store)")
-    print(f"  floor (json.loads, batched INSERT, pipelined LPUSH)  {floor_s:7.1f} s  "
-          f"{floor_kb / 1024:5.0f} MB")
-    print(f"  agenttest-submit --no-wait                           {ours_s:7.1f} s  "
-          f"{ours_kb / 1024:5.0f} MB")
+    print(
+        f"  floor (json.loads, batched INSERT, pipelined LPUSH)  {floor_s:7.1f} s  "
+        f"{floor_kb / 1024:5.0f} MB"
+    )
+    print(
+        f"  agenttest-submit --no-wait                           {ours_s:7.1f} s  "
+        f"{ours_kb / 1024:5.0f} MB"
+    )
     print(f"  ratio to the floor                                   {ours_s / floor_s:7.2f}")
     print(f"  cases per second                                     {args.cases / ours_s:7.0f}")
 
