@@ -9,7 +9,7 @@ terminal, conversations parked for a person are answered from here and resumed o
 worker. While it waits, it also re-enqueues its run's conversations if the broker lost
 their messages, and builds the reports if the aggregation was lost (the workers'
 sweepers do the same for every run; see agenttest_worker.tasks, "Recovering lost
-messages").
+messages"), and it keeps watching through a database restart.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import argparse
 import asyncio
 import sys
 import time
+
+from sqlalchemy.exc import DBAPIError
 
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.progress import Progress
@@ -29,6 +31,7 @@ from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
+from agenttest_worker.store.db import is_connection_lost
 
 POLL_SECONDS = 0.5
 
@@ -115,16 +118,37 @@ def wait_for_run(
     progress = Progress(total)
     asker = TerminalAsker(progress)
     pool = AgentPool(config)
+    unreachable = False
     try:
         while True:
-            run = repo.get_run(url, run_id)
+            # The database may restart while we wait (the workers ride it out too):
+            # keep watching rather than die with the run still going on the fleet.
+            try:
+                run = repo.get_run(url, run_id)
+                if run is not None and run.status != "done" and options.interactive is not False:
+                    _answer_waiting(url, run_id, pool, asker, human_timeouts)
+            except DBAPIError as exc:
+                if not is_connection_lost(exc):
+                    raise
+                if not unreachable:
+                    first_line = str(exc.orig or exc).strip().splitlines()[0]
+                    print(
+                        f"the database is unreachable ({first_line}); still waiting for "
+                        f"run {run_id}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    unreachable = True
+                time.sleep(POLL_SECONDS)
+                continue
+            if unreachable:
+                print("the database is back", file=sys.stderr, flush=True)
+                unreachable = False
             if run is None:
                 raise RuntimeError(f"run {run_id} disappeared from the database")
             progress.set(run.passed, run.failed, run.skipped)
             if run.status == "done":
                 return
-            if options.interactive is not False:
-                _answer_waiting(url, run_id, pool, asker, human_timeouts)
             if time.monotonic() >= next_sweep:
                 try:
                     recover(url, stall, run_id)

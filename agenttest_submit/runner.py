@@ -29,6 +29,7 @@ from agenttest_worker.engine import RunOptions
 from agenttest_worker.report import RunReport, render
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
+from agenttest_worker.store.conversations import BufferedStore
 from agenttest_worker.store.db import upgrade
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
@@ -166,8 +167,7 @@ def run_cases(
     progress = Progress(total)
     asyncio.run(drive(url, run_id, [(c, 1) for c in ids], args.parallel, progress))
     progress.close()
-    aggregate(url, run_id)
-    return emit_report(url, run_id, args)
+    return emit_report(url, run_id, args, aggregate(url, run_id))
 
 
 async def drive(
@@ -186,15 +186,19 @@ async def drive(
     `parked` names conversations already waiting for a person (a resumed run); they
     start with the question. With `ask` false nobody is at a terminal: a conversation
     that waits for a person gets no reply, and its on_missing_input decides.
+
+    This process owns the run, so its conversations live in a BufferedStore: the same
+    steps and guards as on a worker, written to the store in batches.
     """
     from agenttest_worker.agents.transport import close_session
 
+    store = BufferedStore(url, run_id)
     pools = PoolCache()
     asker = TerminalAsker(progress)
     queue = iter(conversations)
 
     async def reply(case_id: str) -> Advance:
-        loaded = repo.load_case(url, run_id, case_id)
+        loaded = store.load_case(run_id, case_id)
         if loaded is None:
             return Advance(saved=False)
         prompt = (loaded.state or {}).get("prompt") or {}
@@ -206,7 +210,7 @@ async def drive(
         else:
             text, why = None, None
         pool = pools.for_run(run_id, loaded.run_config)
-        return await answer_human(url, pool, run_id, case_id, text, why)
+        return await answer_human(store, pool, run_id, case_id, text, why)
 
     async def conversation(case_id: str, turn: int) -> None:
         waiting = case_id in parked
@@ -215,9 +219,10 @@ async def drive(
                 advance = await reply(case_id)
                 waiting = False
             else:
-                advance = await run_step(url, pools, run_id, case_id, turn, None)
+                advance = await run_step(store, pools, run_id, case_id, turn, None)
                 if advance.awaiting_human:
                     advance = await reply(case_id)
+            store.maybe_flush()
             if advance.next_turn is not None and advance.saved:
                 turn = advance.next_turn
                 continue
@@ -234,16 +239,15 @@ async def drive(
         left (they fail with the run's deadline as the reason, keeping their turns)."""
         await asyncio.sleep(max(deadline_at - time.time(), 0) + 0.01)
         for case_id, _ in conversations:
-            loaded = repo.load_case(url, run_id, case_id)
+            loaded = store.load_case(run_id, case_id)
             if loaded is None or loaded.phase not in ("pending", "ready"):
                 continue
-            advance = await run_step(url, pools, run_id, case_id, loaded.next_turn, None)
+            advance = await run_step(store, pools, run_id, case_id, loaded.next_turn, None)
             if advance.case_done:
                 progress.case_done(advance.status)
 
     lanes = min(parallel, max(len(conversations), 1))
-    run = repo.get_run(url, run_id)
-    deadline_at = run.deadline_at if run is not None else None
+    deadline_at = store.run.deadline_at
     try:
         work = asyncio.gather(*(lane() for _ in range(lanes)))
         if deadline_at is None:
@@ -256,6 +260,7 @@ async def drive(
             except TimeoutError:
                 await past_deadline(deadline_at)
     finally:
+        store.flush()
         await close_session()
 
 
@@ -266,9 +271,19 @@ def human_timeout(case: dict[str, Any]) -> float:
     return float(timeout) if isinstance(timeout, int | float) else 300.0
 
 
-def emit_report(url: str, run_id: str, args: argparse.Namespace) -> int:
-    """Print the report (console unless --format says otherwise), write -o, exit code."""
-    report = build_report(url, run_id, verbose=args.verbose, color=sys.stdout.isatty())
+def emit_report(
+    url: str, run_id: str, args: argparse.Namespace, built: RunReport | None = None
+) -> int:
+    """Print the report (console unless --format says otherwise), write -o, exit code.
+
+    `built` is the aggregator's report when this process just built it: the results
+    are not read from the store a second time.
+    """
+    if built is not None:
+        report = built
+        report.verbose, report.color = args.verbose, sys.stdout.isatty()
+    else:
+        report = build_report(url, run_id, verbose=args.verbose, color=sys.stdout.isatty())
     stdout_format = args.format if args.format and not args.output else "console"
     sys.stdout.write(render(stdout_format, report))
     sys.stdout.flush()

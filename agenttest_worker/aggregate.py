@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 from agenttest_worker.report import RunReport, render
 from agenttest_worker.store import repo
 
-STORED_FORMATS = ("jsonl", "console", "console-verbose")
+# What every run keeps; any other format (`report RUN --format ...`) is rendered from
+# the stored records when asked for.
+STORED_FORMATS = ("jsonl", "console")
 
 
 def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = False) -> RunReport:
@@ -38,21 +40,17 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
     )
 
 
-def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> bool:
-    """Build and store the run's reports if this caller wins the claim; True if it did.
+def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> RunReport | None:
+    """Build and store the run's reports if this caller wins the claim.
 
+    Returns the report built (the caller that waited for the run may print it without
+    reading the results again), or None when another aggregator has the claim.
     `lease_seconds` is how long another aggregator's claim is respected (see
     `repo.claim_aggregation`); `resume`, run by a person who knows the run stopped,
     passes 0 to take over an aggregation that died at once.
     """
     if not repo.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
-        return False
+        return None
     report = build_report(url, run_id)
-    reports = {
-        "jsonl": render("jsonl", report),
-        "console": render("console", report),
-    }
-    report.verbose = True
-    reports["console-verbose"] = render("console", report)
-    repo.complete_run(url, run_id, reports)
-    return True
+    repo.complete_run(url, run_id, {fmt: render(fmt, report) for fmt in STORED_FORMATS})
+    return report

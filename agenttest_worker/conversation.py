@@ -29,6 +29,7 @@ from agenttest_worker.engine import (
 )
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import repo
+from agenttest_worker.store.conversations import ConversationStore, as_store
 
 
 @dataclass
@@ -138,7 +139,7 @@ def session_id(run_id: str, case_id: str) -> str:
 
 
 def prepare(
-    url: str,
+    store: ConversationStore | str,
     run_id: str,
     case_id: str,
     turn: int,
@@ -151,8 +152,7 @@ def prepare(
     in the store: a first delivery costs no write, which keeps the hot path to one read
     and one write transaction per turn.
     """
-    loaded = repo.load_case(
-        url,
+    loaded = as_store(store).load_case(
         run_id,
         case_id,
         count_delivery=max_deliveries is not None and redelivered,
@@ -216,14 +216,13 @@ def end_without_running(prepared: Prepared, kind: str, message: str) -> Conversa
     return state
 
 
-def commit(url: str, prepared: Prepared, state: ConversationState) -> Advance:
+def commit(store: ConversationStore | str, prepared: Prepared, state: ConversationState) -> Advance:
     """Save the step's outcome once; say what to enqueue next."""
     loaded = prepared.loaded
     new_turns: list[TurnResult] = [t for t in state.turns if t.turn >= prepared.turn]
     result = case_result(prepared.case, state, loaded.agent) if state.phase == "done" else None
     next_turn = state.turns_run + 1
-    saved = repo.save_step(
-        url,
+    saved = as_store(store).save_step(
         run_id=loaded.run_id,
         case_id=loaded.case_id,
         expected_turn=prepared.turn,
@@ -248,7 +247,7 @@ def commit(url: str, prepared: Prepared, state: ConversationState) -> Advance:
 
 
 async def answer_human(
-    url: str,
+    store: ConversationStore | str,
     pool: AgentPool,
     run_id: str,
     case_id: str,
@@ -256,7 +255,8 @@ async def answer_human(
     reason: str | None = None,
 ) -> Advance:
     """A person's reply (or None: no reply came) to a conversation parked for input."""
-    loaded = repo.load_case(url, run_id, case_id)
+    store = as_store(store)
+    loaded = store.load_case(run_id, case_id)
     if loaded is None or loaded.phase != "awaiting_human" or loaded.state is None:
         return Advance(saved=False)
     case = _case(loaded)
@@ -265,8 +265,7 @@ async def answer_human(
     new_state = await give_human_input(case, state, text, pool, options, reason)
     result = case_result(case, new_state, loaded.agent) if new_state.phase == "done" else None
     skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
-    saved = repo.save_step(
-        url,
+    saved = store.save_step(
         run_id=run_id,
         case_id=case_id,
         expected_turn=loaded.next_turn,
@@ -294,10 +293,9 @@ def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationStat
     return end_without_running(prepared, *reason) if reason else None
 
 
-def _after_commit(url: str, prepared: Prepared, advance: Advance) -> Advance:
+def _after_commit(store: ConversationStore, prepared: Prepared, advance: Advance) -> Advance:
     if advance.status == "failed" and prepared.options.fail_fast:
-        repo.cancel_run(
-            url,
+        store.cancel_run(
             prepared.loaded.run_id,
             f"not run: --fail-fast stopped the run after {prepared.case.id} failed",
         )
@@ -305,7 +303,7 @@ def _after_commit(url: str, prepared: Prepared, advance: Advance) -> Advance:
 
 
 def run_step_sync(
-    url: str,
+    store: ConversationStore | str,
     pools: PoolCache,
     run_id: str,
     case_id: str,
@@ -316,27 +314,34 @@ def run_step_sync(
     """One step from a worker thread: database here, agent calls on the process's loop."""
     from agenttest_worker.runtime import run_sync
 
-    prepared = prepare(url, run_id, case_id, turn, max_deliveries, redelivered)
+    store = as_store(store)
+    prepared = prepare(store, run_id, case_id, turn, max_deliveries, redelivered)
     if isinstance(prepared, Advance):
         return prepared
     state = _stopped(prepared, max_deliveries)
     if state is None:
         pool = pools.for_run(run_id, prepared.loaded.run_config)
         state = run_sync(execute(prepared, pool))
-    return _after_commit(url, prepared, commit(url, prepared, state))
+    return _after_commit(store, prepared, commit(store, prepared, state))
 
 
 async def run_step(
-    url: str, pools: PoolCache, run_id: str, case_id: str, turn: int, max_deliveries: int | None
+    store: ConversationStore | str,
+    pools: PoolCache,
+    run_id: str,
+    case_id: str,
+    turn: int,
+    max_deliveries: int | None,
 ) -> Advance:
     """The same step from inside an event loop (the embedded runner)."""
-    prepared = prepare(url, run_id, case_id, turn, max_deliveries)
+    store = as_store(store)
+    prepared = prepare(store, run_id, case_id, turn, max_deliveries)
     if isinstance(prepared, Advance):
         return prepared
     state = _stopped(prepared, max_deliveries)
     if state is None:
         state = await execute(prepared, pools.for_run(run_id, prepared.loaded.run_config))
-    return _after_commit(url, prepared, commit(url, prepared, state))
+    return _after_commit(store, prepared, commit(store, prepared, state))
 
 
 def timeout_message(seconds: float) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 
 RESULT_VERSION = 1
 
@@ -30,17 +30,22 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
     _keep_none: ClassVar[frozenset[str]] = frozenset()
 
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if not isinstance(data, dict):
-            return data
-        optional = {
-            name
-            for name, field in type(self).model_fields.items()
-            if field.default is None and name not in self._keep_none
-        }
-        return {k: v for k, v in data.items() if not (v is None and k in optional)}
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # Marked once per class and serialized by pydantic-core: a Python serializer
+        # wrapping every record was a visible share of each turn's CPU.
+        super().__pydantic_init_subclass__(**kwargs)
+        changed = False
+        for name, field in cls.model_fields.items():
+            if field.default is None and name not in cls._keep_none and field.exclude_if is None:
+                field.exclude_if = _is_none
+                changed = True
+        if changed:
+            cls.model_rebuild(force=True)
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
 
 
 class ToolCall(_Record):

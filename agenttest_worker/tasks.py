@@ -32,13 +32,14 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.aggregate import aggregate
 from agenttest_worker.celery_app import app
 from agenttest_worker.conversation import Advance, PoolCache, run_step_sync
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
-from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.db import is_connection_lost, upgrade
 
 log = logging.getLogger("agenttest.tasks")
 _pools = PoolCache()
@@ -110,7 +111,7 @@ def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
 
 @app.task(name="agenttest.aggregate")
 def aggregate_run(run_id: str) -> str:
-    done = aggregate(_url(), run_id)
+    done = aggregate(_url(), run_id) is not None
     return f"{run_id}: aggregated" if done else f"{run_id}: already aggregated"
 
 
@@ -135,7 +136,7 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
         )
     aggregated = 0
     for lost in repo.unaggregated_runs(url, stall_seconds, run_id):
-        if aggregate(url, lost):
+        if aggregate(url, lost) is not None:
             aggregated += 1
             log.warning("run %s: reports built by the sweeper (its aggregation was lost)", lost)
     return len(stalled), aggregated
@@ -158,7 +159,17 @@ class Sweeper(threading.Thread):
         while not self.stopping.wait(sweep_interval(self.stall_seconds)):
             try:
                 recover(_url(), self.stall_seconds)
-            except Exception:  # the broker or the database is down: try again next time
+            except DBAPIError as exc:
+                # The database is restarting: say so in one line per sweep, not a traceback.
+                lost = is_connection_lost(exc)
+                log.warning(
+                    "sweep for lost messages failed; retrying%s",
+                    f" (database unreachable: {str(exc.orig).strip().splitlines()[0]})"
+                    if lost
+                    else "",
+                    exc_info=not lost,
+                )
+            except Exception:  # the broker is down: try again next time
                 log.warning("sweep for lost messages failed; retrying", exc_info=True)
 
 

@@ -145,31 +145,30 @@ def test_a_run_stores_each_turn_once_counters_and_reports(
         formats = set(
             session.scalars(select(RunReportRow.format).where(RunReportRow.run_id == run_id))
         )
-    assert formats == {"jsonl", "console", "console-verbose"}
+    assert formats == {"jsonl", "console"}
     stored_jsonl = repo.get_report(db, run_id, "jsonl")
     assert stored_jsonl == (demo / "results.jsonl").read_text(encoding="utf-8")
     console = repo.get_report(db, run_id, "console")
     assert console is not None and "► [T004] Greeting mentions refunds (1 turn)" in console
-    verbose = repo.get_report(db, run_id, "console-verbose")
-    assert verbose is not None and '✓ agent: The reply must mention "$3500"' in verbose
-    assert "\x1b[" not in console + verbose, "stored reports carry no terminal colors"
+    assert '✓ agent: The reply must mention "$3500"' in console
+    assert "\x1b[" not in console, "stored reports carry no terminal colors"
 
     # The run is aggregated already: another aggregation does nothing.
-    assert aggregate(db, run_id) is False
+    assert aggregate(db, run_id) is None
     assert repo.get_report(db, run_id, "jsonl") == stored_jsonl
 
 
 def test_aggregate_runs_once_and_only_when_every_conversation_ended(demo: Path) -> None:
     db, run_id = stored_suite()
-    assert aggregate(db, run_id) is False, "conversations still pending"
+    assert aggregate(db, run_id) is None, "conversations still pending"
     assert repo.get_report(db, run_id, "jsonl") is None
 
     asyncio.run(drive(db, run_id, [(f"T00{i}", 1) for i in range(1, 5)], 4, Progress(4)))
     run = repo.get_run(db, run_id)
     assert run is not None and run.status == "running" and run.finished_cases == 4
 
-    assert aggregate(db, run_id) is True
-    assert aggregate(db, run_id) is False
+    assert aggregate(db, run_id) is not None
+    assert aggregate(db, run_id) is None
     run = repo.get_run(db, run_id)
     assert run is not None and run.status == "done"
     jsonl = repo.get_report(db, run_id, "jsonl")
@@ -291,7 +290,7 @@ def test_resume_redoes_a_lost_aggregation(demo: Path, capsys: pytest.CaptureFixt
     db, run_id = stored_suite()
     asyncio.run(drive(db, run_id, [(f"T00{i}", 1) for i in range(1, 5)], 4, Progress(4)))
     assert repo.claim_aggregation(db, run_id)  # ...and then the process died
-    assert aggregate(db, run_id) is False
+    assert aggregate(db, run_id) is None
     capsys.readouterr()
     main(["resume", run_id])
     run = repo.get_run(db, run_id)

@@ -10,7 +10,6 @@ import json
 from functools import lru_cache
 from typing import Any, Literal
 
-from jsonpath_ng.ext.parser import parse as parse_jsonpath
 from pydantic import field_validator, model_validator
 
 from agenttest_worker.assertions.base import (
@@ -42,6 +41,9 @@ _TYPE_ALIASES: dict[str, JsonType] = {
 
 @lru_cache(maxsize=4096)
 def compile_path(path: str) -> Any:
+    # Imported on first use: runs without JSONPaths do not pay for building its parser.
+    from jsonpath_ng.ext.parser import parse as parse_jsonpath
+
     try:
         return parse_jsonpath(path)
     except Exception as exc:  # jsonpath-ng raises several unrelated exception types

@@ -9,9 +9,9 @@ pattern cannot hang a worker with catastrophic backtracking. Python-only constru
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any, Literal
 
-import re2
 from pydantic import field_validator, model_validator
 
 from agenttest_worker.assertions.base import (
@@ -57,20 +57,23 @@ class EqualsAssertion(AssertionSpec):
     value: Any
 
 
-def _re2_options() -> Any:
+@lru_cache(maxsize=1)
+def _re2() -> tuple[Any, Any]:
+    # Imported on first use: runs without regexes do not load RE2.
+    import re2
+
     options = re2.Options()
     options.log_errors = False  # RE2 would print parse errors to stderr; we report them
     options.max_mem = 8 << 20
-    return options
+    return re2, options
 
 
-_RE2_OPTIONS = _re2_options()
-
-
+@lru_cache(maxsize=4096)
 def compile_pattern(pattern: str, ignore_case: bool = False) -> Any:
+    re2, options = _re2()
     source = f"(?i){pattern}" if ignore_case else pattern
     try:
-        return re2.compile(source, _RE2_OPTIONS)
+        return re2.compile(source, options)
     except re2.error as exc:
         detail = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
         raise ValueError(f"invalid regex {pattern!r}: {detail}") from None

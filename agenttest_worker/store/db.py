@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
@@ -66,7 +66,34 @@ def get_engine(url: str) -> Engine:
 
 RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 
+# SQLSTATEs of a server going away or not there yet: class 08 (connection exception),
+# admin_shutdown, crash_shutdown, cannot_connect_now ("the database system is starting
+# up" / "shutting down").
+_GONE_STATES = ("57P01", "57P02", "57P03")
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def is_connection_lost(exc: DBAPIError) -> bool:
+    """Whether `exc` says the database is unreachable (rather than the statement wrong).
+
+    A dropped pooled connection marks the error `connection_invalidated`. While the
+    server is still down (a restart takes a few seconds), opening a new connection
+    fails instead, with a psycopg OperationalError that has no SQLSTATE (refused, reset)
+    or one of a server shutting down or starting up: that is the same outage, not a
+    reason to give up on the first retry.
+    """
+    if exc.connection_invalidated:
+        return True
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return False
+    orig = exc.orig
+    if not isinstance(orig, psycopg.OperationalError):
+        return False
+    state = orig.sqlstate
+    return state is None or state.startswith("08") or state in _GONE_STATES
 
 
 def reconnecting(fn: F) -> F:
@@ -74,21 +101,40 @@ def reconnecting(fn: F) -> F:
 
     Only for functions safe to run again: the hot path's reads, and writes guarded so
     that a second attempt of a write that did land changes nothing. Gives up (and
-    raises) after about 16 s of trying.
+    raises) after about 16 s of trying; past that, the stall sweeper brings the
+    conversation back (tasks.py, "Recovering lost messages").
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        for delay in (*RECONNECT_DELAYS, None):
-            try:
-                return fn(*args, **kwargs)
-            except DBAPIError as exc:
-                if not exc.connection_invalidated or delay is None:
-                    raise
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        outer = getattr(_attempts, "retry", False)
+        try:
+            for delay in (*RECONNECT_DELAYS, None):
+                try:
+                    return fn(*args, **kwargs)
+                except DBAPIError as exc:
+                    if delay is None or not is_connection_lost(exc):
+                        raise
+                    time.sleep(delay)
+                    _attempts.retry = True
+            raise AssertionError("unreachable")
+        finally:
+            _attempts.retry = outer
 
     return wrapper  # type: ignore[return-value]
+
+
+_attempts = threading.local()
+
+
+def retrying() -> bool:
+    """Inside a `reconnecting` function: whether this is a retry after a lost connection.
+
+    The connection can drop after the server committed the earlier attempt's write but
+    before it said so; a guarded write that finds its guard already moved on may then be
+    looking at its own work.
+    """
+    return bool(getattr(_attempts, "retry", False))
 
 
 @lru_cache(maxsize=8)
@@ -114,23 +160,64 @@ _upgraded: set[str] = set()
 _upgrade_lock = threading.Lock()
 
 
+# The newest migration. tests/test_migrations.py checks it against Alembic's head, so
+# that a database already there can be recognized without importing Alembic (which
+# costs a noticeable share of a small run's start-up).
+HEAD_REVISION = "0002"
+
+
+def current_revision(connection: Any) -> str | None:
+    """The schema revision recorded in the database, or None for an empty database."""
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    return str(version) if version is not None else None
+
+
 def upgrade(url: str) -> None:
     """Bring the database at `url` to the current schema (idempotent, safe concurrently)."""
-    from alembic import command
-    from alembic.config import Config
-
     url = normalize_url(url)
     with _upgrade_lock:
         if url in _upgraded:
             return
         engine = get_engine(url)
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-        with _migration_lock(url, engine) as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+        with engine.connect() as connection:
+            current = current_revision(connection)
+        if current is None and is_sqlite(url):
+            _create_fresh(url, engine)
+        elif current != HEAD_REVISION:
+            _migrate(url, engine)
         _upgraded.add(url)
+
+
+def _create_fresh(url: str, engine: Engine) -> None:
+    """A new embedded database: the models' tables at the head revision, directly.
+
+    The same schema the migrations build (tests/test_migrations.py compares them),
+    without importing Alembic for what is most often a one-off local run.
+    """
+    from agenttest_worker.store.models import Base
+
+    with _migration_lock(url, engine) as connection:
+        if current_revision(connection) is not None:
+            return  # another process got there first
+        Base.metadata.create_all(connection)
+        connection.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        connection.execute(
+            text("INSERT INTO alembic_version (version_num) VALUES (:v)"), {"v": HEAD_REVISION}
+        )
+
+
+def _migrate(url: str, engine: Engine) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    with _migration_lock(url, engine) as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
 
 
 @contextmanager

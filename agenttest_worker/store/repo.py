@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.db import get_engine, reconnecting, session_scope
+from agenttest_worker.store.db import get_engine, reconnecting, retrying, session_scope
 from agenttest_worker.store.models import (
     AgentCallRow,
     AssertionResultRow,
@@ -321,7 +321,7 @@ class Saved:
     run_finished: bool = False
 
 
-def _turn_rows(run_id: str, case_id: str, turns: Iterable[TurnResult]) -> list[dict[str, Any]]:
+def turn_rows(run_id: str, case_id: str, turns: Iterable[TurnResult]) -> list[dict[str, Any]]:
     return [
         {
             "run_id": run_id,
@@ -341,7 +341,7 @@ def _turn_rows(run_id: str, case_id: str, turns: Iterable[TurnResult]) -> list[d
     ]
 
 
-def _assertion_rows(
+def assertion_rows(
     run_id: str, case_id: str, turn: int, results: Sequence[AssertionResult]
 ) -> list[dict[str, Any]]:
     return [
@@ -359,7 +359,7 @@ def _assertion_rows(
     ]
 
 
-def _call_rows(
+def call_rows(
     run_id: str, case_id: str, turn: int, calls: Sequence[AgentCallRecord]
 ) -> list[dict[str, Any]]:
     return [
@@ -383,14 +383,14 @@ def _call_rows(
 
 
 # None must be SQL NULL (a case without a result yet), not the JSON value null.
-_JSON_OR_NULL = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+JSON_OR_NULL = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 _STEP_VALUES = {
     "next_turn": bindparam("b_next"),
     "phase": bindparam("b_phase"),
-    "state": bindparam("b_state", type_=_JSON_OR_NULL),
+    "state": bindparam("b_state", type_=JSON_OR_NULL),
     "status": bindparam("b_status"),
-    "result": bindparam("b_result", type_=_JSON_OR_NULL),
+    "result": bindparam("b_result", type_=JSON_OR_NULL),
     "deliveries": 0,
 }
 _STEP_KEYS = [
@@ -434,7 +434,31 @@ _CASE_ENDED = (
 )
 
 
-def _insert_rows(connection: Any, model: type[Base], rows: Sequence[dict[str, Any]]) -> None:
+_STEP_NOW = select(_cases.c.next_turn, _cases.c.phase, _cases.c.state).where(
+    _cases.c.run_id == bindparam("b_run"), _cases.c.case_id == bindparam("b_case")
+)
+_RUN_COUNTS = select(_runs.c.finished_cases, _runs.c.total_cases, _runs.c.status).where(
+    _runs.c.id == bindparam("b_run")
+)
+
+
+def _landed(connection: Any, params: dict[str, Any]) -> bool:
+    """Whether the conversation holds exactly what this step writes: its own earlier
+    attempt's write (a concurrent duplicate's state differs, in its timings at least)."""
+    row = connection.execute(_STEP_NOW, params).first()
+    return row is not None and (row.next_turn, row.phase, row.state) == (
+        params["b_next"],
+        params["b_phase"],
+        params["b_state"],
+    )
+
+
+def _run_complete(connection: Any, run_id: str) -> bool:
+    finished, total, status = connection.execute(_RUN_COUNTS, {"b_run": run_id}).one()
+    return bool(status == "running" and finished >= total)
+
+
+def insert_rows(connection: Any, model: type[Base], rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         return
     module: Any = postgresql if connection.dialect.name == "postgresql" else sqlite
@@ -479,16 +503,22 @@ def save_step(
         else:
             moved = connection.execute(_SAVE_PARKED, {**params, "b_expected_phase": expected_phase})
         if not moved.rowcount:
+            if retrying() and _landed(connection, params):
+                # The first attempt committed and the connection dropped before the
+                # commit was acknowledged: this step is saved, and its caller must still
+                # enqueue what follows (else the conversation waits for the sweeper).
+                finished = result is not None and _run_complete(connection, run_id)
+                return Saved(True, run_finished=finished)
             return Saved(False)
-        _insert_rows(connection, TurnRow, _turn_rows(run_id, case_id, new_turns))
-        assertion_rows: list[dict[str, Any]] = []
-        call_rows: list[dict[str, Any]] = []
+        insert_rows(connection, TurnRow, turn_rows(run_id, case_id, new_turns))
+        verdicts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
         for turn in new_turns:
-            assertion_rows += _assertion_rows(run_id, case_id, turn.turn, turn.assertions)
-            call_rows += _call_rows(run_id, case_id, turn.turn, turn.calls or [])
-        assertion_rows += _assertion_rows(run_id, case_id, 0, final_assertions)
-        _insert_rows(connection, AssertionResultRow, assertion_rows)
-        _insert_rows(connection, AgentCallRow, call_rows)
+            verdicts += assertion_rows(run_id, case_id, turn.turn, turn.assertions)
+            calls += call_rows(run_id, case_id, turn.turn, turn.calls or [])
+        verdicts += assertion_rows(run_id, case_id, 0, final_assertions)
+        insert_rows(connection, AssertionResultRow, verdicts)
+        insert_rows(connection, AgentCallRow, calls)
         tokens, cost = spend if spend is not None else (0, 0.0)
         if result is None:
             if tokens or cost:

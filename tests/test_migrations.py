@@ -1,0 +1,61 @@
+"""The schema: migrations reach the models' tables, and start-up recognizes a current database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect
+
+from agenttest_worker.store import db
+from agenttest_worker.store.models import Base
+
+
+def test_head_revision_constant_matches_the_migrations() -> None:
+    config = Config()
+    config.set_main_option("script_location", str(db.MIGRATIONS))
+    assert ScriptDirectory.from_config(config).get_current_head() == db.HEAD_REVISION
+
+
+def _columns(url: str) -> dict[str, set[str]]:
+    engine = create_engine(url)
+    inspector = inspect(engine)
+    return {t: {c["name"] for c in inspector.get_columns(t)} for t in inspector.get_table_names()}
+
+
+def test_migrations_build_exactly_the_models_tables(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    db.upgrade(url)
+    tables = _columns(url)
+    tables.pop("alembic_version")
+    expected = {t.name: {c.name for c in t.columns} for t in Base.metadata.sorted_tables}
+    assert tables == expected
+
+
+def test_upgrade_on_postgres_is_idempotent(pg_database: str) -> None:
+    db.upgrade(pg_database)
+    db._upgraded.clear()  # a new process: it finds the database current and does nothing
+    db.upgrade(pg_database)
+    with db.get_engine(pg_database).connect() as connection:
+        assert db.current_revision(connection) == db.HEAD_REVISION
+
+
+def test_a_fresh_embedded_database_matches_a_migrated_one(tmp_path: Path) -> None:
+    migrated = f"sqlite:///{tmp_path / 'migrated.db'}"
+    db._migrate(db.normalize_url(migrated), db.get_engine(migrated))
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    db.upgrade(fresh)  # empty SQLite: created from the models, stamped at head
+    assert _columns(fresh) == _columns(migrated)
+
+    def indexes(url: str) -> set[tuple[str, tuple[str, ...]]]:
+        inspector = inspect(create_engine(url))
+        return {
+            (i["name"], tuple(i["column_names"]))
+            for t in inspector.get_table_names()
+            for i in inspector.get_indexes(t)
+        }
+
+    assert indexes(fresh) == indexes(migrated)
+    with db.get_engine(fresh).connect() as connection:
+        assert db.current_revision(connection) == db.HEAD_REVISION
