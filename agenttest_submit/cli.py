@@ -167,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reporter", metavar="REF", help="send the results to a reporter agent")
     p.add_argument(
+        "--turn-timeout",
+        type=_duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="timeout per turn: the target, its tool calls, judges and the simulator together",
+    )
+    p.add_argument(
         "--deadline",
         type=_duration_arg,
         default=None,

@@ -50,6 +50,7 @@ def run_options(args: argparse.Namespace, config: ProjectConfig, target: str | N
         on_missing_input=args.on_missing_input,
         interactive=interactive,
         case_timeout=args.timeout,
+        turn_timeout=getattr(args, "turn_timeout", None),
         fail_fast=args.fail_fast,
         awaiting_tools=list(config.awaiting_tools),
         max_tokens=getattr(args, "max_tokens", None),

@@ -60,6 +60,8 @@ class RunOptions(BaseModel):
     # None: each case's `interactive.enabled` decides.
     interactive: bool | None = None
     case_timeout: float = 300.0
+    # A bound on one turn (target, judges, simulator together); None: only the case's.
+    turn_timeout: float | None = None
     fail_fast: bool = False
     # Budgets for the whole run: once spent, no new turn starts (--max-tokens/--max-cost).
     max_tokens: int | None = None
@@ -317,20 +319,51 @@ async def run_turn(
     log.extend(pending.prep_calls)
     state.messages.append(user_message(pending.text, attachments))
 
+    # Everything the turn does (target, tool mocks, judges, the simulator writing the
+    # next input) is bounded by what is left of the case's time and by the turn's own
+    # limit, in the event loop, whatever pool the worker runs.
     remaining = _remaining(options.case_timeout, state)
+    turn_limited = options.turn_timeout is not None and options.turn_timeout < remaining
+    budget = options.turn_timeout if turn_limited and options.turn_timeout else remaining
+    if turn_limited:
+        late = f"timeout: the turn took longer than {format_duration(budget)}"
+    else:
+        late = f"timeout: the case took longer than {format_duration(options.case_timeout)}"
+    body = _turn_body(case, state, pool, options, roles, turn, pending, assertions, started, log)
     try:
-        if remaining <= 0:
+        if budget <= 0:
+            body.close()
             raise TimeoutError
-        agent = target_for(case, options, pool, pending.static_index)
-        reply, calls, answered = await asyncio.wait_for(
-            _call_target(
-                case, state, roles, agent, _metadata(case, pending), _mocks(case, pending), turn_no
-            ),
-            timeout=remaining,
-        )
+        return await asyncio.wait_for(body, timeout=budget)
     except TimeoutError:
-        turn.error = f"timeout: the case took longer than {format_duration(options.case_timeout)}"
+        if any(recorded is turn for recorded in state.turns):
+            # The turn itself was recorded; what timed out came after it (a judge's or the
+            # simulator's call): the case fails with the reason.
+            state.next_input = None
+            state.error = late
+            state.phase = "done"
+            return state
+        turn.error = late
         return _end_turn_with_error(state, turn, started, pending, log)
+
+
+async def _turn_body(
+    case: Case,
+    state: ConversationState,
+    pool: AgentPool,
+    options: RunOptions,
+    roles: RoleSession,
+    turn: TurnResult,
+    pending: PendingInput,
+    assertions: list[Assertion],
+    started: float,
+    log: list[AgentCallRecord],
+) -> ConversationState:
+    try:
+        agent = target_for(case, options, pool, pending.static_index)
+        reply, calls, answered = await _call_target(
+            case, state, roles, agent, _metadata(case, pending), _mocks(case, pending), turn.turn
+        )
     except AgentError as exc:
         turn.error = exc.message
         return _end_turn_with_error(state, turn, started, pending, log)
