@@ -239,6 +239,28 @@ def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> No
         print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
 
 
+def parse_inputs(values: list[str]) -> tuple[list[Any], list[InputProblem]]:
+    """Every -i value classified, with the problems of all of them (not just the first)."""
+    from dataclasses import replace
+
+    from agenttest_submit.inputs import MessageInput, parse_input
+
+    sources: list[Any] = []
+    problems: list[InputProblem] = []
+    messages = 0
+    for value in values:
+        try:
+            source = parse_input(value)
+        except InputError as exc:
+            problems.extend(exc.problems)
+            continue
+        if isinstance(source, MessageInput):
+            messages += 1
+            source = replace(source, number=messages)
+        sources.append(source)
+    return sources, problems
+
+
 def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
     """Why `output` cannot be written, found before anything runs (not after an hour)."""
     if not output:
@@ -258,7 +280,6 @@ def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
 
 def run_main(args: argparse.Namespace) -> int:
     from agenttest_submit.expand import CaseStream, Selection, print_warnings
-    from agenttest_submit.inputs import parse_input
     from agenttest_worker.agents.registry import load_config
 
     if args.interactive and args.skip_interactive:
@@ -273,9 +294,10 @@ def run_main(args: argparse.Namespace) -> int:
         return reeval_run(args, config)
     if not args.input:
         raise InputError('no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR')
-    sources = [parse_input(text) for text in args.input]
+    sources, problems = parse_inputs(args.input)
     target = args.name or config.defaults.agent
-    problems = [bad_output] if bad_output else []
+    if bad_output:
+        problems.append(bad_output)
     for flag, ref in (("-n", args.name), ("-c", args.connector)):
         if ref is not None and ref not in config.agents:
             problems.append(InputProblem(config.unknown_agent_message(ref), field=flag))

@@ -38,10 +38,13 @@ class Expansion:
     warnings: list[str]
 
 
-def message_case(text: str) -> Case:
-    """A direct `-i "message"`: one single-turn case with no assertions."""
+def message_case(text: str, number: int = 1) -> Case:
+    """A direct `-i "message"`: one single-turn case with no assertions.
+
+    Its id is `message`, then `message-2`, `message-3`... for further messages.
+    """
     name = text if len(text) <= 60 else text[:59] + "…"
-    return Case(id="message", name=name, input=text)
+    return Case(id="message" if number == 1 else f"message-{number}", name=name, input=text)
 
 
 def iter_source(
@@ -51,7 +54,7 @@ def iter_source(
         for file in case_files_in(source.path):
             yield from iter_cases(file)
     elif isinstance(source, MessageInput):
-        yield message_case(source.text)
+        yield message_case(source.text, source.number)
     elif isinstance(source, GeneratorInput):
         from agenttest_submit.generate import generate_cases
 

@@ -27,6 +27,8 @@ class FileInput:
 @dataclass(frozen=True)
 class MessageInput:
     text: str
+    # The n-th message given with -i: each becomes its own case (message, message-2, ...).
+    number: int = 1
 
     def describe(self) -> str:
         return repr(self.text if len(self.text) <= 60 else self.text[:59] + "…")

@@ -275,3 +275,33 @@ def test_bad_generator_reference_through_the_cli(
         "  -i: 'agents:../x?count=1': '../x' is not a valid name (letters, digits, '.', '-', "
         "'_'; no paths)\n"
     )
+
+
+def test_two_messages_are_two_cases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agenttest_submit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agenttest.yaml").write_text("agents:\n  a:\n    base_url: http://127.0.0.1:9/v1\n")
+    assert main(["-i", "Hello", "-i", "Bye", "-n", "a", "--dry-run"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["id"], r["turns"][0]["input"]) for r in records] == [
+        ("message", "Hello"),
+        ("message-2", "Bye"),
+    ]
+
+
+def test_every_bad_input_value_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agenttest_submit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agenttest.yaml").write_text("agents:\n  a:\n    base_url: http://127.0.0.1:9/v1\n")
+    code = main(["-i", "missing.jsonl", "-i", "agents:../x", "-n", "a", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "2 input problems" in err
+    assert "case file not found: missing.jsonl" in err
+    assert "agents:../x" in err
