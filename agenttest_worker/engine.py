@@ -594,6 +594,22 @@ def _fail(state: ConversationState, error: str) -> None:
     state.phase = "done"
 
 
+def final_context(case: Case, state: ConversationState, roles: RoleSession) -> AssertionContext:
+    """What final_assertions see: the last reply, every tool call, the final document."""
+    ran = [t for t in state.turns if t.input is not None]
+    return AssertionContext(
+        output=ran[-1].output if ran else None,
+        document=final_document(state.turns, state.tool_results, state.agent_state),
+        tool_calls=[c for t in ran for c in t.tool_calls],
+        input=ran[0].input if ran else None,
+        messages=state.messages,
+        final=True,
+        case_id=case.id,
+        metadata=dict(case.options.metadata) if case.options else {},
+        roles=roles,
+    )
+
+
 async def finish(case: Case, state: ConversationState, pool: AgentPool) -> None:
     """The conversation is complete: run final_assertions."""
     state.phase = "done"
@@ -602,19 +618,7 @@ async def finish(case: Case, state: ConversationState, pool: AgentPool) -> None:
     started = time.monotonic()
     log: list[AgentCallRecord] = []
     ran = [t for t in state.turns if t.input is not None]
-    calls = [c for t in ran for c in t.tool_calls]
-    last_output = ran[-1].output if ran else None
-    ctx = AssertionContext(
-        output=last_output,
-        document=final_document(state.turns, state.tool_results, state.agent_state),
-        tool_calls=calls,
-        input=ran[0].input if ran else None,
-        messages=state.messages,
-        final=True,
-        case_id=case.id,
-        metadata=dict(case.options.metadata) if case.options else {},
-        roles=pool.session(log),
-    )
+    ctx = final_context(case, state, pool.session(log))
     state.final_assertions = await run_assertions(list(case.final_assertions), ctx)
     state.elapsed_ms += int((time.monotonic() - started) * 1000)
     if log and ran:

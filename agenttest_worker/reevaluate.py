@@ -14,8 +14,8 @@ from typing import Any
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.assertions import Assertion, AssertionContext
 from agenttest_worker.cases import Case
-from agenttest_worker.documents import final_document, turn_document
-from agenttest_worker.engine import ConversationState, run_assertions
+from agenttest_worker.documents import turn_document
+from agenttest_worker.engine import ConversationState, final_context, run_assertions
 from agenttest_worker.options import merge_options
 from agenttest_worker.results import AgentCallRecord, Usage
 
@@ -63,18 +63,6 @@ async def reevaluate(case: Case, stored: ConversationState, pool: AgentPool) -> 
         usage = [c.usage for c in turn.calls or [] if c.usage is not None]
         turn.usage = sum(usage, Usage()) if usage else None
     if _completed(state):
-        log = []
-        calls = [c for t in ran for c in t.tool_calls]
-        ctx = AssertionContext(
-            output=ran[-1].output if ran else None,
-            document=final_document(state.turns, state.tool_results, state.agent_state),
-            tool_calls=calls,
-            input=ran[0].input if ran else None,
-            messages=state.messages,
-            final=True,
-            case_id=case.id,
-            metadata=dict(case.options.metadata) if case.options else {},
-            roles=pool.session(log),
-        )
+        ctx = final_context(case, state, pool.session([]))
         state.final_assertions = await run_assertions(list(case.final_assertions), ctx)
     return state

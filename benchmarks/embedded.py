@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.throughput import BIN, fixed_agent
+from benchmarks.common import submit_command, timed
+from benchmarks.throughput import fixed_agent
 
 FLOOR = r"""
 import asyncio, sys, aiohttp
@@ -46,19 +45,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def timed(command: list[str], env: dict[str, str]) -> tuple[float, int, int]:
-    """(seconds, peak RSS in KB, exit code) of a whole process."""
-    started = time.monotonic()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.monotonic() - started
-    code = os.waitstatus_to_exitcode(status)
-    if code not in (0, 1):
-        err = proc.stderr.read().decode() if proc.stderr else ""
-        raise SystemExit(f"{command[0]} exited {code}: {err[-2000:]}")
-    return elapsed, usage.ru_maxrss, code
 
 
 def main() -> None:
@@ -95,20 +81,8 @@ def main() -> None:
             for attempt in range(args.repeat):
                 home = tmp / f"home-{parallel}-{attempt}"
                 run_env = {**env, "AGENTTEST_HOME": str(home)}
-                command = [
-                    str(BIN / "agenttest-submit"),
-                    "-i",
-                    str(cases),
-                    "-n",
-                    "bench",
-                    "--config",
-                    str(config),
-                    "--parallel",
-                    str(parallel),
-                ]
-                seconds, kb, code = timed(command, run_env)
-                if code != 0:
-                    raise SystemExit(f"agenttest-submit exited {code}: a case failed")
+                command = submit_command(cases, config, "--parallel", str(parallel))
+                seconds, kb, _ = timed(command, run_env)
                 ours_runs.append((seconds, kb))
             ours = min(ours_runs)
             print(

@@ -18,16 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
 import redis
 
-from benchmarks.throughput import BIN, database, redis_db
+from benchmarks.common import submit_command, timed
+from benchmarks.throughput import database, redis_db
 
 FLOOR = r"""
 import json, sys, time, psycopg, redis
@@ -67,17 +66,6 @@ def write_cases(path: Path, count: int) -> None:
             handle.write(json.dumps(case) + "\n")
 
 
-def run_timed(command: list[str], env: dict[str, str]) -> tuple[float, int, str]:
-    started = time.monotonic()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.monotonic() - started
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if status != 0:
-        raise SystemExit(f"{command[0]} failed ({status}): {err[-2000:]}")
-    return elapsed, usage.ru_maxrss, err
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=100_000)
@@ -90,7 +78,7 @@ def main() -> None:
         config.write_text("agents:\n  bench:\n    base_url: http://127.0.0.1:9/v1\n")
 
         with redis_db() as broker, database() as db:
-            floor_s, floor_kb, _ = run_timed(
+            floor_s, floor_kb, _ = timed(
                 [sys.executable, "-c", FLOOR, str(cases), db, broker], dict(os.environ)
             )
 
@@ -100,17 +88,8 @@ def main() -> None:
                 "AGENTTEST_BROKER_URL": broker,
                 "AGENTTEST_DATABASE_URL": db,
             }
-            command = [
-                str(BIN / "agenttest-submit"),
-                "-i",
-                str(cases),
-                "-n",
-                "bench",
-                "--config",
-                str(config),
-                "--no-wait",
-            ]
-            ours_s, ours_kb, _ = run_timed(command, env)
+            command = submit_command(cases, config, "--no-wait")
+            ours_s, ours_kb, _ = timed(command, env)
             queued = redis.Redis.from_url(broker).llen("agenttest")
             with psycopg.connect(db) as conn:
                 stored = conn.execute("SELECT count(*) FROM cases").fetchone()

@@ -33,10 +33,11 @@ from pathlib import Path
 import psycopg
 import redis
 
+from benchmarks.common import BIN, submit_command
+
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
-BIN = Path(sys.executable).parent
 
 
 def log(message: str) -> None:
@@ -220,16 +221,7 @@ def run_agenttest(
     cases, config = write_suite(tmp, args, agent)
     started = time.monotonic()
     submitter = subprocess.Popen(
-        [
-            str(BIN / "agenttest-submit"),
-            "-i",
-            str(cases),
-            "-n",
-            "bench",
-            "--config",
-            str(config),
-            "--no-wait",
-        ],
+        submit_command(cases, config, "--no-wait"),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -19,17 +19,14 @@ import re
 from typing import Any
 
 from agenttest_worker.agents.base import (
-    AgentError,
     AgentReply,
     AgentRequest,
     text_of,
     tool_calls_from,
 )
+from agenttest_worker.agents.json_client import JsonAgentClient
 from agenttest_worker.agents.openai import as_bool, usage_from
-from agenttest_worker.agents.ratelimit import Limits, limiter
 from agenttest_worker.agents.registry import AgentConfig, ResponseMapping
-from agenttest_worker.agents.retry import RetryPolicy
-from agenttest_worker.agents.transport import post_json
 from agenttest_worker.assertions.structure import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {
@@ -132,21 +129,10 @@ def _content_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
-class HttpAgentClient:
+class HttpAgentClient(JsonAgentClient):
     def __init__(self, name: str, config: AgentConfig) -> None:
-        self.name = name
-        self.config = config
-        self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
-        self.limits = Limits.from_config(config.rate_limit)
-        self.url = config.endpoint()
+        super().__init__(name, config)
         self.template = config.request if config.request is not None else DEFAULT_TEMPLATE
-
-    def headers(self) -> dict[str, str]:
-        headers = dict(self.config.headers)
-        key = self.config.api_key()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
 
     def body(self, request: AgentRequest) -> Any:
         metadata = request.metadata if self.config.metadata != "none" else {}
@@ -162,27 +148,5 @@ class HttpAgentClient:
         }
         return render(self.template, values)
 
-    async def complete(self, request: AgentRequest) -> AgentReply:
-        result = await post_json(
-            url=self.url,
-            body=self.body(request),
-            headers=self.headers(),
-            timeout=self.config.timeout,
-            policy=self.policy,
-            limits=self.limits,
-            role=request.role,
-            agent=self.name,
-            method=self.config.method,
-        )
-        data = result.json(self.name)
-        try:
-            reply = parse_http_reply(data, self.config.response)
-        except Exception as exc:
-            raise AgentError(
-                "parse", f"agent error: cannot read {self.name}'s reply: {exc}", call=result.record
-            ) from exc
-        result.record.usage = reply.usage
-        reply.call = result.record
-        if self.limits is not None and reply.usage is not None:
-            await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
-        return reply
+    def parse(self, data: Any) -> AgentReply:
+        return parse_http_reply(data, self.config.response)

@@ -20,10 +20,8 @@ from agenttest_worker.agents.base import (
     text_of,
     tool_calls_from,
 )
-from agenttest_worker.agents.ratelimit import Limits, limiter
-from agenttest_worker.agents.registry import AgentConfig, MetadataMode
-from agenttest_worker.agents.retry import RetryPolicy
-from agenttest_worker.agents.transport import post_json
+from agenttest_worker.agents.json_client import JsonAgentClient
+from agenttest_worker.agents.registry import MetadataMode
 from agenttest_worker.results import Usage
 
 MAX_METADATA_KEYS = 16
@@ -67,21 +65,7 @@ def as_bool(value: Any) -> bool | None:
     return None
 
 
-class OpenAIClient:
-    def __init__(self, name: str, config: AgentConfig) -> None:
-        self.name = name
-        self.config = config
-        self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
-        self.limits = Limits.from_config(config.rate_limit)
-        self.url = config.endpoint()
-
-    def headers(self) -> dict[str, str]:
-        headers = dict(self.config.headers)
-        key = self.config.api_key()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
-
+class OpenAIClient(JsonAgentClient):
     def body(self, request: AgentRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.config.model or self.name,
@@ -94,31 +78,8 @@ class OpenAIClient:
             body["tools"] = tool_definitions(self.config.tools)
         return body
 
-    async def complete(self, request: AgentRequest) -> AgentReply:
-        result = await post_json(
-            url=self.url,
-            body=self.body(request),
-            headers=self.headers(),
-            timeout=self.config.timeout,
-            policy=self.policy,
-            limits=self.limits,
-            role=request.role,
-            agent=self.name,
-        )
-        data = result.json(self.name)
-        try:
-            reply = parse_completion(data, self.name)
-        except AgentError as exc:
-            # The call happened (latency, attempts, status): keep its record and the body.
-            result.record.error = exc.message
-            exc.call = result.record
-            exc.raw = result.text[:4096]
-            raise
-        result.record.usage = reply.usage
-        reply.call = result.record
-        if self.limits is not None and reply.usage is not None:
-            await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
-        return reply
+    def parse(self, data: Any) -> AgentReply:
+        return parse_completion(data, self.name)
 
 
 def parse_completion(data: Any, agent: str) -> AgentReply:

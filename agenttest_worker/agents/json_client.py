@@ -1,0 +1,66 @@
+"""What the openai and http protocols share: one JSON call per request, retried, rate
+limited, recorded. A protocol says how to build its body and how to read the reply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.ratelimit import Limits, limiter
+from agenttest_worker.agents.registry import AgentConfig
+from agenttest_worker.agents.retry import RetryPolicy
+from agenttest_worker.agents.transport import post_json
+
+
+class JsonAgentClient:
+    def __init__(self, name: str, config: AgentConfig) -> None:
+        self.name = name
+        self.config = config
+        self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
+        self.limits = Limits.from_config(config.rate_limit)
+        self.url = config.endpoint()
+
+    def headers(self) -> dict[str, str]:
+        headers = dict(self.config.headers)
+        key = self.config.api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def body(self, request: AgentRequest) -> Any:
+        raise NotImplementedError
+
+    def parse(self, data: Any) -> AgentReply:
+        raise NotImplementedError
+
+    async def complete(self, request: AgentRequest) -> AgentReply:
+        result = await post_json(
+            url=self.url,
+            body=self.body(request),
+            headers=self.headers(),
+            timeout=self.config.timeout,
+            policy=self.policy,
+            limits=self.limits,
+            role=request.role,
+            agent=self.name,
+            method=self.config.method,
+        )
+        data = result.json(self.name)
+        try:
+            reply = self.parse(data)
+        except Exception as exc:
+            error = (
+                exc
+                if isinstance(exc, AgentError)
+                else AgentError("parse", f"agent error: cannot read {self.name}'s reply: {exc}")
+            )
+            # The call happened (latency, attempts, status): keep its record and the body.
+            result.record.error = error.message
+            error.call = result.record
+            error.raw = result.text[:4096]
+            raise error from exc
+        result.record.usage = reply.usage
+        reply.call = result.record
+        if self.limits is not None and reply.usage is not None:
+            await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
+        return reply

@@ -1,0 +1,47 @@
+"""What the benchmarks share: timing whole processes and the submitter's command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def timed(
+    command: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)
+) -> tuple[float, int, int]:
+    """(seconds, peak RSS in KB, exit code) of a whole process, start-up included.
+
+    stderr goes to a file, not a pipe: a chatty process must not block on a full pipe
+    while it is being timed. An exit code outside `ok` stops the benchmark with it.
+    """
+    with tempfile.TemporaryFile() as errors:
+        started = time.monotonic()
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.monotonic() - started
+        code = os.waitstatus_to_exitcode(status)
+        if code not in ok:
+            errors.seek(0)
+            tail = errors.read().decode(errors="replace")[-2000:]
+            raise SystemExit(f"{command[0]} exited {code}: {tail}")
+    return elapsed, usage.ru_maxrss, code
+
+
+def submit_command(cases: Path, config: Path, *extra: str) -> list[str]:
+    """agenttest-submit on `cases` against the agent named `bench` in `config`."""
+    return [
+        str(BIN / "agenttest-submit"),
+        "-i",
+        str(cases),
+        "-n",
+        "bench",
+        "--config",
+        str(config),
+        *extra,
+    ]
