@@ -28,6 +28,7 @@ from sqlalchemy import (
     delete,
     func,
     literal,
+    literal_column,
     or_,
     select,
     update,
@@ -35,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import Label
 
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
 from agenttest_worker.settings import get_settings
@@ -434,23 +436,36 @@ _CASE_ENDED = (
 )
 
 
-_STEP_NOW = select(_cases.c.next_turn, _cases.c.phase, _cases.c.state).where(
+# Postgres: the guarded UPDATE also returns the row version it wrote (`xmin`, the id of
+# the writing transaction), so that a retry can tell its own landed write from anyone
+# else's (see `_landed`).
+_VERSION: Label[str] = literal_column("xmin::text").label("version")
+_SAVE_RUNNING_PG = _SAVE_RUNNING.returning(_VERSION)
+_SAVE_PARKED_PG = _SAVE_PARKED.returning(_VERSION)
+_CASE_VERSION = select(_VERSION).where(
     _cases.c.run_id == bindparam("b_run"), _cases.c.case_id == bindparam("b_case")
 )
 _RUN_COUNTS = select(_runs.c.finished_cases, _runs.c.total_cases, _runs.c.status).where(
     _runs.c.id == bindparam("b_run")
 )
+# (run, case, turn, row version) of the step this thread last wrote, until it commits.
+_written = threading.local()
 
 
-def _landed(connection: Any, params: dict[str, Any]) -> bool:
-    """Whether the conversation holds exactly what this step writes: its own earlier
-    attempt's write (a concurrent duplicate's state differs, in its timings at least)."""
-    row = connection.execute(_STEP_NOW, params).first()
-    return row is not None and (row.next_turn, row.phase, row.state) == (
-        params["b_next"],
-        params["b_phase"],
-        params["b_state"],
-    )
+def _landed(connection: Any, step: tuple[str, str, int]) -> bool:
+    """Whether this thread's previous attempt at `step` committed after all.
+
+    The connection can drop after the server committed but before it said so. The
+    attempt that wrote the row saw its version; if the row still has that version, the
+    write is ours (a concurrent copy of the turn, or anything since, writes another).
+    Without a known version (the attempt failed before its UPDATE returned, so it never
+    committed), or on SQLite (no connection to lose), it did not land.
+    """
+    known = getattr(_written, "step", None)
+    if known is None or known[:3] != step or connection.dialect.name != "postgresql":
+        return False
+    version = connection.execute(_CASE_VERSION, {"b_run": step[0], "b_case": step[1]}).scalar()
+    return bool(version == known[3])
 
 
 def _run_complete(connection: Any, run_id: str) -> bool:
@@ -483,10 +498,18 @@ def save_step(
 ) -> Saved:
     """Record one step of a conversation, exactly once (see the module docstring).
 
+    Retried by `reconnecting` when the connection drops. If it dropped after the commit
+    landed, the retry finds the guard moved on by its own write (Postgres: the row
+    version it wrote) and reports the step saved, so that the caller still enqueues
+    the next turn; any other write it finds there (a duplicate's) is not saved.
+
     `spend` (tokens, cost) is added to the run's totals with the step: runs with a
     budget account per turn, so the next turn anywhere in the fleet sees it. Without,
     tokens are added once per case when it ends (one write to the run row per case).
     """
+    step = (run_id, case_id, expected_turn)
+    if not retrying():
+        _written.step = None  # a first attempt: nothing of this call was written yet
     with get_engine(url).begin() as connection:
         params = {
             "b_run": run_id,
@@ -498,12 +521,19 @@ def save_step(
             "b_status": result.status if result else None,
             "b_result": result.model_dump(mode="json") if result else None,
         }
-        if expected_phase is None:
-            moved = connection.execute(_SAVE_RUNNING, params)
+        if expected_phase is not None:
+            params["b_expected_phase"] = expected_phase
+        if connection.dialect.name == "postgresql":
+            saving = _SAVE_RUNNING_PG if expected_phase is None else _SAVE_PARKED_PG
+            version = connection.execute(saving, params).scalar()
+            if version is not None:
+                _written.step = (*step, version)
+            moved = version is not None
         else:
-            moved = connection.execute(_SAVE_PARKED, {**params, "b_expected_phase": expected_phase})
-        if not moved.rowcount:
-            if retrying() and _landed(connection, params):
+            plain = _SAVE_RUNNING if expected_phase is None else _SAVE_PARKED
+            moved = bool(connection.execute(plain, params).rowcount)
+        if not moved:
+            if retrying() and _landed(connection, step):
                 # The first attempt committed and the connection dropped before the
                 # commit was acknowledged: this step is saved, and its caller must still
                 # enqueue what follows (else the conversation waits for the sweeper).

@@ -1,0 +1,171 @@
+"""The hot path and a database that goes away: `reconnecting` retries through a restart
+(including while the server is still refusing connections), and a step whose commit
+landed just before the connection dropped is recognized as saved by its retry, so its
+conversation goes on at once instead of waiting for the stall sweeper.
+(The same on a fleet with real restarts: test_faults_fleet.py.)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from fault_kit import PostgresServer
+from fleet import greeting_case, write_project
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from agenttest_submit.runner import store_run
+from agenttest_worker.agents.registry import load_config
+from agenttest_worker.cases import Case
+from agenttest_worker.conversation import Advance, PoolCache, commit, execute, prepare
+from agenttest_worker.engine import RunOptions
+from agenttest_worker.runtime import run_sync
+from agenttest_worker.store import repo
+from agenttest_worker.store.db import get_engine, is_connection_lost, upgrade
+
+
+def _stored_run(url: str, demo_url: str, tmp_path: Path, n: int = 1) -> str:
+    config = load_config(str(write_project(tmp_path, demo_url)))
+    run_id, total = store_run(
+        url,
+        [Case.model_validate(greeting_case(f"C{i}")) for i in range(n)],
+        options=RunOptions(target="slow.expense", interactive=False),
+        config=config,
+        target="slow.expense",
+        label="reconnect",
+    )
+    repo.start_run(url, run_id, total)
+    return run_id
+
+
+class _AckLost:
+    """An engine whose next transaction commits, then reports the connection lost: what a
+    client sees when the server goes down between committing and saying so."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.armed = True
+
+    @contextmanager
+    def begin(self) -> Iterator[Any]:
+        with self.engine.begin() as connection:
+            yield connection
+        if self.armed:
+            self.armed = False
+            lost = psycopg.OperationalError("server closed the connection unexpectedly")
+            raise DBAPIError("COMMIT", None, lost, connection_invalidated=True)
+
+
+class _LostOnEntry:
+    """An engine whose first transaction fails at once with a lost connection."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.calls = 0
+
+    @contextmanager
+    def begin(self) -> Iterator[Any]:
+        self.calls += 1
+        if self.calls == 1:
+            lost = psycopg.OperationalError("server closed the connection unexpectedly")
+            raise DBAPIError("BEGIN", None, lost, connection_invalidated=True)
+        with self.engine.begin() as connection:
+            yield connection
+
+
+def test_a_step_whose_commit_landed_before_the_connection_dropped_counts_as_saved(
+    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upgrade(pg_database)
+    run_id = _stored_run(pg_database, demo_url, tmp_path)
+    prepared = prepare(pg_database, run_id, "C0", 1)
+    assert not isinstance(prepared, Advance)
+    state = run_sync(execute(prepared, PoolCache().for_run(run_id, prepared.loaded.run_config)))
+
+    flaky = _AckLost(get_engine(pg_database))
+    monkeypatch.setattr(repo, "get_engine", lambda url: flaky)
+    advance = commit(pg_database, prepared, state)
+    monkeypatch.undo()
+
+    assert not flaky.armed  # the first attempt's commit landed, and "failed"
+    # The retry found its own write: saved, the case done, the run complete (so the
+    # caller enqueues the aggregation now).
+    assert advance == Advance(saved=True, run_finished=True, case_done=True, status="passed")
+    assert repo.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
+    run = repo.get_run(pg_database, run_id)
+    assert run is not None and (run.finished_cases, run.passed) == (1, 1)
+    # A second copy of the same step that is not a retry stays a no-op.
+    assert commit(pg_database, prepared, state) == Advance(saved=False)
+
+
+def test_a_concurrent_duplicate_is_not_mistaken_for_a_landed_retry(
+    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two copies of a turn ran; the other one saved first. A retry of this one (after a
+    lost connection) finds that write there, not its own: not saved, nothing enqueued."""
+    upgrade(pg_database)
+    run_id = _stored_run(pg_database, demo_url, tmp_path, n=2)
+    pool = PoolCache()
+    copies = [prepare(pg_database, run_id, "C0", 1) for _ in range(2)]
+    steps = []
+    for copy in copies:
+        assert not isinstance(copy, Advance)
+        steps.append((copy, run_sync(execute(copy, pool.for_run(run_id, copy.loaded.run_config)))))
+    assert commit(pg_database, *steps[0]).saved
+
+    lost_once = _LostOnEntry(get_engine(pg_database))
+    monkeypatch.setattr(repo, "get_engine", lambda url: lost_once)
+    assert commit(pg_database, *steps[1]) == Advance(saved=False)
+    assert lost_once.calls == 2
+    assert repo.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
+
+
+def test_reconnecting_waits_for_a_server_that_is_still_starting(tmp_path: Path) -> None:
+    """Down, then refusing connections for a while: the hot path's reads keep trying
+    (they used to give up at the first refused connection, after one dropped one)."""
+    with PostgresServer(tmp_path / "pg") as pg:
+        url = pg.create_database("agenttest")
+        upgrade(url)
+        assert repo.pending_case_ids(url, "no-run", 0, 10) == []  # a pooled connection
+        pg.stop()
+        outcome: list[object] = []
+
+        def read() -> None:
+            try:
+                outcome.append(repo.pending_case_ids(url, "no-run", 0, 10))
+            except Exception as exc:
+                outcome.append(exc)
+
+        # (The server is started from this thread: its death signal follows the thread
+        # that started it.)
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            time.sleep(1.5)
+            assert reader.is_alive()  # still trying
+            pg.start()
+            reader.join(20)
+            assert outcome == [[]]
+        finally:
+            reader.join(20)
+            get_engine(url).dispose()
+
+
+def test_only_a_lost_connection_counts_as_one(tmp_path: Path) -> None:
+    refused = get_engine("postgresql://postgres@127.0.0.1:1/none")
+    with pytest.raises(DBAPIError) as down, refused.connect():
+        pass
+    assert is_connection_lost(down.value)
+    with (
+        pytest.raises(DBAPIError) as wrong,
+        get_engine(f"sqlite:///{tmp_path / 'x.db'}").connect() as connection,
+    ):
+        connection.execute(text("SELECT * FROM missing"))
+    assert not is_connection_lost(wrong.value)
