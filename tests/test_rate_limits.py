@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from agent_servers import AgentServer, Reply, completion, run
@@ -170,3 +171,112 @@ def test_the_broker_decides_which_limiter(monkeypatch: pytest.MonkeyPatch, redis
     monkeypatch.setenv("AGENTTEST_BROKER_URL", redis_db)
     get_settings.cache_clear()
     assert asyncio.run(kind()) == "RedisLimiter"
+
+
+def test_after_a_pause_one_probe_goes_before_the_others() -> None:
+    """When a 429 pause ends, one call goes first; the rest wait for its answer."""
+
+    async def scenario() -> tuple[float, list[float]]:
+        limiter = LocalLimiter()
+        await limiter.pause("agent", 0.2)
+        started = time.monotonic()
+        first = await limiter.acquire("agent", Limits(), 5)
+        probe_at = time.monotonic() - started
+
+        async def follower() -> float:
+            lease = await limiter.acquire("agent", Limits(), 5)
+            await lease.release(0, 200)
+            return time.monotonic() - started
+
+        followers = [asyncio.create_task(follower()) for _ in range(3)]
+        await asyncio.sleep(0.4)  # the probe is still waiting for its reply
+        assert not any(task.done() for task in followers)
+        await first.release(0, 200)
+        return probe_at, list(await asyncio.gather(*followers))
+
+    probe_at, followers = asyncio.run(scenario())
+    assert 0.15 <= probe_at < 0.5
+    assert all(0.55 <= at < 1.0 for at in followers)
+
+
+def test_a_probe_answered_by_429_keeps_the_fleet_waiting(redis_db: str) -> None:
+    """Through Redis: a probe that meets another 429 re-pauses every limiter; the next
+    probe goes only after the new pause, and then everyone is let through."""
+
+    async def scenario() -> tuple[float, float]:
+        one = RedisLimiter(redis_db, prefix="t:probe")
+        other = RedisLimiter(redis_db, prefix="t:probe")
+        await one.pause("agent", 0.2)
+        started = time.monotonic()
+        probe = await one.acquire("agent", Limits(), 5)
+        waiting = asyncio.create_task(other.acquire("agent", Limits(), 5))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        # The agent answered the probe with another 429: the transport pauses, then releases.
+        await one.pause("agent", 0.5)
+        await probe.release(0, 429)
+        second = await waiting  # itself the next probe
+        second_at = time.monotonic() - started
+        third = asyncio.create_task(one.acquire("agent", Limits(), 5))
+        await asyncio.sleep(0.15)
+        assert not third.done()
+        await second.release(0, 200)
+        await (await third).release(0, 200)
+        third_at = time.monotonic() - started
+        await one.client.aclose()
+        await other.client.aclose()
+        return second_at, third_at
+
+    second_at, third_at = asyncio.run(scenario())
+    assert second_at >= 0.85
+    assert third_at - second_at < 0.6
+
+
+def test_limits_wait_out_a_redis_restart(tmp_path: Path) -> None:
+    """The broker down for a second: calls wait for it and then take their slot."""
+    from fleet import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+
+    async def scenario() -> tuple[str, float]:
+        limiter = RedisLimiter(server.url, prefix="t:outage", outage_grace=30)
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        restart = loop.run_in_executor(None, lambda: (time.sleep(1.0), server.start()))
+        lease = await limiter.acquire("agent", Limits(requests=5), 5)
+        waited = time.monotonic() - started
+        await lease.release(0, 200)
+        await restart
+        await limiter.client.aclose()
+        return type(lease).__name__, waited
+
+    try:
+        kind, waited = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert kind == "_RedisLease"
+    assert waited >= 0.9
+
+
+def test_an_unreachable_redis_never_fails_a_call(tmp_path: Path) -> None:
+    """Past the grace period a call goes ahead unlimited; pausing, counting tokens and
+    releasing are best effort and raise nothing."""
+    from fleet import free_port
+
+    async def scenario() -> tuple[str, float]:
+        limiter = RedisLimiter(
+            f"redis://127.0.0.1:{free_port()}/0", prefix="t:down", outage_grace=1.0
+        )
+        limits = Limits(requests=1, tokens=10)
+        started = time.monotonic()
+        lease = await limiter.acquire("agent", limits, 5)
+        waited = time.monotonic() - started
+        await limiter.pause("agent", 1)
+        await limiter.add_tokens("agent", limits, 20)
+        await lease.release(20, 429)
+        await limiter.client.aclose()
+        return type(lease).__name__, waited
+
+    kind, waited = asyncio.run(scenario())
+    assert kind == "_NoLease"
+    assert 0.9 <= waited < 10

@@ -18,11 +18,16 @@ names, never a busy loop; a worker thread waiting on a slot is idle.
   one frees it when the lease expires (its call's timeout plus a margin).
 - 429: a `Retry-After` (or a default pause) sets a pause shared by every caller of the
   agent, so the whole fleet backs off together instead of each worker hammering it.
+  When the pause ends, one call goes first (a probe); the others wait for its answer,
+  so an agent still overloaded gets one request, not the whole backlog at once.
+- Redis unreachable (the broker restarting): limiter calls wait for it, and after
+  OUTAGE_GRACE seconds calls go ahead unlimited rather than failing their turns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 import weakref
@@ -32,21 +37,31 @@ from typing import Any, Protocol
 
 from agenttest_worker.agents.registry import RateLimit
 
+log = logging.getLogger("agenttest.ratelimit")
+
 PAUSE_AFTER_429 = 5.0
 LEASE_MARGIN = 30.0
+OUTAGE_GRACE = 60.0
+PROBE_WAIT = 0.05
 # Windows are kept this much longer than nominal, so that network jitter between the
 # limiter's clock and the agent's arrival times cannot squeeze one call too many into
 # what the agent sees as one window.
 WINDOW_SLACK = 0.01
 
-# KEYS: requests zset, tokens zset, concurrency zset, pause key
+# KEYS: requests zset, tokens zset, concurrency zset, pause key, probe key
 # ARGV: now, request_limit, request_window, token_limit, token_window, concurrency_limit,
-#       lease_id, lease_expiry
-# Returns {0, wait_seconds} or {1, 0}.
+#       lease_id, lease_expiry, probe_wait
+# Returns {0, wait_seconds}, {1, 0} or {1, 'probe'} (this call goes first after a pause).
 _ACQUIRE = """
 local now = tonumber(ARGV[1])
 local pause = tonumber(redis.call('GET', KEYS[4]) or '0')
 if pause > now then return {0, tostring(pause - now)} end
+local probe = redis.call('GET', KEYS[5])
+local probing = false
+if probe then
+  if probe ~= 'open' then return {0, ARGV[9]} end
+  probing = true
+end
 local wait = 0
 local req_limit = tonumber(ARGV[2])
 if req_limit > 0 then
@@ -78,6 +93,9 @@ if conc_limit > 0 then
   end
 end
 if wait > 0 then return {0, tostring(wait)} end
+if probing then
+  redis.call('SET', KEYS[5], ARGV[7], 'PX', math.ceil((tonumber(ARGV[8]) - now) * 1000))
+end
 if req_limit > 0 then
   redis.call('ZADD', KEYS[1], now, ARGV[7])
   redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 5)
@@ -86,7 +104,15 @@ if conc_limit > 0 then
   redis.call('ZADD', KEYS[3], ARGV[8], ARGV[7])
   redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[8]) - now) + 5)
 end
+if probing then return {1, 'probe'} end
 return {1, '0'}
+"""
+
+# The probe's answer was not a 429: let everyone through again (only if this lease is
+# still the probe). KEYS: probe key; ARGV: lease_id.
+_CLEAR_PROBE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 
@@ -117,7 +143,7 @@ class Limits:
 
 
 class Lease(Protocol):
-    async def release(self, tokens: int) -> None: ...
+    async def release(self, tokens: int, status: int | None = None) -> None: ...
 
 
 class Limiter(Protocol):
@@ -133,6 +159,8 @@ class Limiter(Protocol):
 
 class _LocalState:
     def __init__(self) -> None:
+        # After a pause: "open" until a probe goes, then the probe's lease until it answers.
+        self.probe: object | None = None
         # One [stamp] cell per admitted call, restamped when its response arrives.
         self.starts: list[list[float]] = []
         self.tokens: deque[tuple[float, int]] = deque()
@@ -146,7 +174,9 @@ class _LocalLease:
         self.counted = counted
         self.start = start
 
-    async def release(self, tokens: int) -> None:
+    async def release(self, tokens: int, status: int | None = None) -> None:
+        if self.state.probe is self and status != 429:
+            self.state.probe = None
         if self.start is not None:
             self.start[0] = time.monotonic()
         if self.counted:
@@ -166,6 +196,8 @@ class LocalLimiter:
         while True:
             now = time.monotonic()
             wait = max(0.0, state.paused_until - now)
+            if wait == 0 and state.probe is not None and state.probe != "open":
+                wait = PROBE_WAIT  # the probe after a pause has not answered yet
             if limits.requests:
                 state.starts = [s for s in state.starts if s[0] > now - limits.request_window]
                 if len(state.starts) >= limits.requests:
@@ -184,12 +216,16 @@ class LocalLimiter:
                     state.starts.append(start)
                 if limits.concurrency:
                     state.active += 1
-                return _LocalLease(state, bool(limits.concurrency), start)
+                lease = _LocalLease(state, bool(limits.concurrency), start)
+                if state.probe == "open":
+                    state.probe = lease
+                return lease
             await asyncio.sleep(wait)
 
     async def pause(self, agent: str, seconds: float) -> None:
         state = self._states.setdefault(agent, _LocalState())
         state.paused_until = max(state.paused_until, time.monotonic() + seconds)
+        state.probe = "open"
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None:
         if tokens and limits.tokens:
@@ -199,16 +235,37 @@ class LocalLimiter:
 # -- across the fleet (Redis) -------------------------------------------------------------
 
 
+class _NoLease:
+    """What a call gets while Redis is unreachable past the grace period."""
+
+    async def release(self, tokens: int, status: int | None = None) -> None:
+        return None
+
+
 class _RedisLease:
-    def __init__(self, limiter: RedisLimiter, agent: str, lease_id: str, limits: Limits) -> None:
+    def __init__(
+        self, limiter: RedisLimiter, agent: str, lease_id: str, limits: Limits, probe: bool
+    ) -> None:
         self.limiter = limiter
         self.agent = agent
         self.lease_id = lease_id
         self.limits = limits
+        self.probe = probe
 
-    async def release(self, tokens: int) -> None:
+    async def release(self, tokens: int, status: int | None = None) -> None:
+        try:
+            await self._release(tokens, status)
+        except self.limiter.outage:
+            # Best effort: a lease left behind expires, a window entry ages out.
+            log.warning(
+                "rate limit: could not release a slot of %s (Redis unreachable)", self.agent
+            )
+
+    async def _release(self, tokens: int, status: int | None) -> None:
         client = self.limiter.client
         keys = self.limiter.keys(self.agent)
+        if self.probe and status != 429:
+            await self.limiter._clear_probe(keys=[keys[4]], args=[self.lease_id])
         now = await self.limiter.now()
         pipe = client.pipeline(transaction=False)
         if self.limits.requests:
@@ -225,16 +282,34 @@ class _RedisLease:
 class RedisLimiter:
     """Limits shared by every process that uses the same Redis (the broker)."""
 
-    def __init__(self, url: str, prefix: str = "agenttest:ratelimit") -> None:
+    def __init__(
+        self, url: str, prefix: str = "agenttest:ratelimit", outage_grace: float = OUTAGE_GRACE
+    ) -> None:
         import redis.asyncio as aioredis
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
 
+        # What a Redis outage looks like from redis-py (refused, reset, timed out).
+        self.outage: tuple[type[BaseException], ...] = (
+            OSError,
+            RedisConnectionError,
+            RedisTimeoutError,
+        )
         self.client: Any = aioredis.Redis.from_url(url)
         self.prefix = prefix
+        self.outage_grace = outage_grace
         self._script: Any = self.client.register_script(_ACQUIRE)
+        self._clear_probe: Any = self.client.register_script(_CLEAR_PROBE)
 
     def keys(self, agent: str) -> list[str]:
         base = f"{self.prefix}:{agent}"
-        return [f"{base}:requests", f"{base}:tokens", f"{base}:active", f"{base}:pause"]
+        return [
+            f"{base}:requests",
+            f"{base}:tokens",
+            f"{base}:active",
+            f"{base}:pause",
+            f"{base}:probe",
+        ]
 
     async def now(self) -> float:
         # Redis's clock, not ours: every worker must agree on what "the last second" is.
@@ -243,41 +318,61 @@ class RedisLimiter:
 
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
         lease_id = secrets.token_hex(8)
+        outage_since: float | None = None
         while True:
-            now = await self.now()
-            ok, wait = await self._script(
-                keys=self.keys(agent),
-                args=[
-                    repr(now),
-                    limits.requests,
-                    limits.request_window,
-                    limits.tokens,
-                    limits.token_window,
-                    limits.concurrency,
-                    lease_id,
-                    repr(now + lease_seconds + LEASE_MARGIN),
-                ],
-            )
+            try:
+                now = await self.now()
+                ok, wait = await self._script(
+                    keys=self.keys(agent),
+                    args=[
+                        repr(now),
+                        limits.requests,
+                        limits.request_window,
+                        limits.tokens,
+                        limits.token_window,
+                        limits.concurrency,
+                        lease_id,
+                        repr(now + lease_seconds + LEASE_MARGIN),
+                        repr(PROBE_WAIT),
+                    ],
+                )
+            except self.outage:
+                # The broker is restarting: wait for it, but never fail a turn over it.
+                outage_since = outage_since or time.monotonic()
+                if time.monotonic() - outage_since > self.outage_grace:
+                    log.warning("rate limit: Redis unreachable; calling %s without limits", agent)
+                    return _NoLease()
+                await asyncio.sleep(1.0)
+                continue
             if int(ok) == 1:
-                return _RedisLease(self, agent, lease_id, limits)
+                probe = wait in (b"probe", "probe")
+                return _RedisLease(self, agent, lease_id, limits, probe)
             await asyncio.sleep(max(float(wait), 0.005))
 
     async def pause(self, agent: str, seconds: float) -> None:
-        now = await self.now()
-        key = self.keys(agent)[3]
-        until = now + seconds
-        # Never shorten a pause another worker set.
-        current = await self.client.get(key)
-        if current is None or float(current) < until:
-            await self.client.set(key, repr(until), ex=int(seconds) + 5)
+        try:
+            now = await self.now()
+            keys = self.keys(agent)
+            until = now + seconds
+            # Never shorten a pause another worker set.
+            current = await self.client.get(keys[3])
+            if current is None or float(current) < until:
+                await self.client.set(keys[3], repr(until), ex=int(seconds) + 5)
+            # When it ends, one call goes first.
+            await self.client.set(keys[4], "open", ex=int(seconds + LEASE_MARGIN) + 5)
+        except self.outage:
+            log.warning("rate limit: could not share a pause for %s (Redis unreachable)", agent)
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None:
         if not (tokens and limits.tokens):
             return
         key = self.keys(agent)[1]
-        now = await self.now()
-        await self.client.zadd(key, {f"{secrets.token_hex(8)}:{tokens}": now})
-        await self.client.expire(key, int(limits.token_window) + 5)
+        try:
+            now = await self.now()
+            await self.client.zadd(key, {f"{secrets.token_hex(8)}:{tokens}": now})
+            await self.client.expire(key, int(limits.token_window) + 5)
+        except self.outage:
+            log.warning("rate limit: could not count tokens of %s (Redis unreachable)", agent)
 
 
 _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Limiter] = (

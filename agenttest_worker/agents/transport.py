@@ -172,7 +172,7 @@ async def post_json(
                 raise failure
         finally:
             if lease is not None:
-                await lease.release(0)
+                await lease.release(0, status)
         if attempts > policy.max_retries:
             if attempts > 1:
                 failure.message += f" (after {attempts} attempts)"
