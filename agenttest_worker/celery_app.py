@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from agenttest_worker.broker import use_shared_clients
 from agenttest_worker.settings import get_settings
 
 settings = get_settings()
@@ -24,6 +25,9 @@ app = Celery(
     broker=settings.broker_url or "memory://",
     include=["agenttest_worker.tasks"],
 )
+if (settings.broker_url or "").startswith("redis://"):
+    # kombu's Redis transport, reusing one client per channel (see broker.py).
+    use_shared_clients()
 app.conf.update(
     task_default_queue=settings.queue,
     task_acks_late=True,

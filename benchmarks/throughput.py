@@ -89,6 +89,12 @@ def fixed_agent(latency_ms: float) -> Iterator[str]:
         proc.wait(10)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Worker:
     """A Celery worker process; peak memory read from its rusage when it exits."""
 
@@ -120,6 +126,7 @@ class Worker:
             stderr=subprocess.STDOUT,
         )
         self.peak_kb = 0
+        self.cpu_at_ready = 0.0
 
     def wait_ready(self, broker: str, queue: str, timeout: float = 60) -> None:
         # Ready when it consumes: a probe message it cannot run would be noise, so poll
@@ -131,9 +138,14 @@ class Worker:
                 raise SystemExit(f"worker exited: see {self.log_path}")
             clients = client.client_list()
             if any(c.get("cmd") == "brpop" for c in clients):
+                self.cpu_at_ready = process_cpu_seconds(self.proc.pid)
                 return
             time.sleep(0.2)
         raise SystemExit(f"worker not ready after {timeout}s: see {self.log_path}")
+
+    def busy_cpu(self) -> float:
+        """CPU seconds used since the worker was ready (its start-up excluded)."""
+        return process_cpu_seconds(self.proc.pid) - self.cpu_at_ready
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -143,7 +155,9 @@ class Worker:
         self.handle.close()
 
 
-def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path) -> float:
+def run_floor(
+    args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path
+) -> tuple[float, float]:
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE floor_turns (conversation text, turn int, output text, "
@@ -176,9 +190,10 @@ def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: P
         while conn.execute("SELECT count(*) FROM floor_turns").fetchone()[0] < total:  # type: ignore[index]
             time.sleep(0.05)
     elapsed = time.monotonic() - started
+    cpu = sum(w.busy_cpu() for w in workers)
     for w in workers:
         w.stop()
-    return total / elapsed
+    return total / elapsed, cpu / total
 
 
 def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
@@ -202,12 +217,13 @@ def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, 
 
 def run_agenttest(
     args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path
-) -> tuple[float, int, list[int]]:
+) -> tuple[float, int, list[int], float]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")},
         "AGENTTEST_BROKER_URL": broker,
         "AGENTTEST_DATABASE_URL": db,
         "AGENTTEST_WORKER_CONCURRENCY": str(args.concurrency),
+        **dict(item.split("=", 1) for item in args.env),
     }
     subprocess.run(
         [str(BIN / "agenttest-submit"), "db", "upgrade"], env=env, check=True, capture_output=True
@@ -241,12 +257,13 @@ def run_agenttest(
             time.sleep(0.05)
         turns = conn.execute("SELECT count(*) FROM turns").fetchone()[0]  # type: ignore[index]
     elapsed = time.monotonic() - started
+    cpu = sum(w.busy_cpu() for w in workers)
     expected = args.conversations * args.turns
     if turns != expected:
         raise SystemExit(f"expected {expected} turn rows, found {turns}")
     for w in workers:
         w.stop()
-    return turns / elapsed, submitter_kb, [w.peak_kb for w in workers]
+    return turns / elapsed, submitter_kb, [w.peak_kb for w in workers], cpu / turns
 
 
 def main() -> None:
@@ -257,6 +274,13 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="AGENTTEST_X=VALUE",
+        help="a setting for the agenttest workers and submitter (repeatable)",
+    )
+    parser.add_argument(
         "--only", choices=("floor", "agenttest"), help="measure one side (for profiling)"
     )
     args = parser.parse_args()
@@ -264,14 +288,16 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
         tmp = Path(tmpdir)
-        floor = ours = float("nan")
+        floor = ours = floor_cpu = our_cpu = float("nan")
         submitter_kb, worker_kb = 0, [0]
         if args.only != "agenttest":
             with redis_db() as broker, database() as db:
-                floor = run_floor(args, broker, db, agent, tmp)
+                floor, floor_cpu = run_floor(args, broker, db, agent, tmp)
         if args.only != "floor":
             with redis_db() as broker, database() as db:
-                ours, submitter_kb, worker_kb = run_agenttest(args, broker, db, agent, tmp)
+                ours, submitter_kb, worker_kb, our_cpu = run_agenttest(
+                    args, broker, db, agent, tmp
+                )
     print(
         f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
         f"concurrency {args.concurrency} x {args.workers} worker(s), agent {args.latency_ms:g} ms"
@@ -279,6 +305,10 @@ def main() -> None:
     print(f"  floor (bare Celery chain)   {floor:8.1f} turns/s")
     print(f"  agenttest                   {ours:8.1f} turns/s")
     print(f"  ratio                       {ours / floor:8.2f}")
+    print(
+        f"  worker CPU per turn: floor {floor_cpu * 1000:.1f} ms, "
+        f"agenttest {our_cpu * 1000:.1f} ms (user + system, start-up excluded)"
+    )
     print(
         f"  peak RSS: worker {max(worker_kb) / 1024:.0f} MB, submitter {submitter_kb / 1024:.0f} MB"
     )

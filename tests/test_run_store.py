@@ -308,3 +308,81 @@ def test_last_is_the_newest_run_even_within_one_second(demo: Path) -> None:
         repo.create_run(db, run_id=run_id, agent=None, input_label="x", options={}, config={})
     latest = repo.latest_run(db)
     assert latest is not None and latest.id == "20990101-000000-000000"
+
+
+# -- the same rows on both databases ---------------------------------------------------------
+
+
+def _stored_rows(db: str, run_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    from agenttest_worker.store.models import AgentCallRow, AssertionResultRow
+
+    with session_scope(db) as session:
+        turns = session.scalars(select(TurnRow).where(TurnRow.run_id == run_id)).all()
+        verdicts = session.scalars(
+            select(AssertionResultRow).where(AssertionResultRow.run_id == run_id)
+        ).all()
+        calls = session.scalars(select(AgentCallRow).where(AgentCallRow.run_id == run_id)).all()
+        return {
+            "turns": sorted(
+                (
+                    t.case_id,
+                    t.turn,
+                    t.input,
+                    t.input_source,
+                    t.output,
+                    json.dumps(t.tool_calls, sort_keys=True),
+                    t.awaiting_input,
+                    t.status,
+                    t.error,
+                    t.skip_reason,
+                )
+                for t in turns
+            ),
+            "assertions": sorted(
+                (a.case_id, a.turn, a.position, a.type, a.passed, a.reason, a.detail["type"])
+                for a in verdicts
+            ),
+            "calls": sorted(
+                (
+                    c.case_id,
+                    c.turn,
+                    c.position,
+                    c.role,
+                    c.agent,
+                    c.attempts,
+                    c.status_code,
+                    c.prompt_tokens,
+                    c.completion_tokens,
+                    c.total_tokens,
+                    c.error,
+                )
+                for c in calls
+            ),
+        }
+
+
+def test_postgres_and_sqlite_store_the_same_rows_for_each_step(
+    demo: Path, pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step is saved by one statement on Postgres and by a transaction of several on
+    SQLite: every turn, assertion and agent call row comes out the same, once."""
+    stored: list[dict[str, list[tuple[Any, ...]]]] = []
+    for database in (None, pg_database):
+        if database is not None:
+            monkeypatch.setenv("AGENTTEST_DATABASE_URL", database)
+        db, run_id = stored_suite()
+        for case_id in case_rows(db, run_id):
+            turn: int | None = 1
+            while turn is not None:
+                advance = step(db, run_id, case_id, turn)
+                assert advance.saved, (case_id, turn)
+                # The same step again (a duplicate message) saves nothing.
+                assert not step(db, run_id, case_id, turn).saved
+                turn = advance.next_turn
+        check_store_matches_results(db, run_id)
+        stored.append(_stored_rows(db, run_id))
+    embedded, postgres = stored
+    assert embedded == postgres
+    assert len(postgres["turns"]) >= 8
+    assert {row[3] for row in postgres["assertions"]} >= {"contains", "agent"}
+    assert {row[3] for row in postgres["calls"]} >= {"target", "validator", "simulator"}

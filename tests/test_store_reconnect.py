@@ -45,38 +45,68 @@ def _stored_run(url: str, demo_url: str, tmp_path: Path, n: int = 1) -> str:
     return run_id
 
 
-class _AckLost:
-    """An engine whose next transaction commits, then reports the connection lost: what a
-    client sees when the server goes down between committing and saying so."""
+class _FaultyEngine:
+    """The store's engine, with a fault injected into its connections (see subclasses).
+
+    Stands in for `get_engine(url)`: the hot path asks it for its dialect and for an
+    autocommit variant, and connects through `connect` (Postgres) or `begin`."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.armed = True
+        self.dialect = engine.dialect
+        self.options: dict[str, Any] = {}
+
+    def execution_options(self, **options: Any) -> _FaultyEngine:
+        self.options = options
+        return self
+
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        with self.fault(self.engine.execution_options(**self.options).connect()) as connection:
+            yield connection
 
     @contextmanager
     def begin(self) -> Iterator[Any]:
-        with self.engine.begin() as connection:
+        with self.fault(self.engine.begin()) as connection:
+            yield connection
+
+    @contextmanager
+    def fault(self, opened: Any) -> Iterator[Any]:
+        with opened as connection:
+            yield connection
+
+
+def _lost(statement: str) -> DBAPIError:
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    return DBAPIError(statement, None, lost, connection_invalidated=True)
+
+
+class _AckLost(_FaultyEngine):
+    """An engine whose next write lands, then reports the connection lost: what a client
+    sees when the server goes down between committing and saying so."""
+
+    armed = True
+
+    @contextmanager
+    def fault(self, opened: Any) -> Iterator[Any]:
+        with opened as connection:
             yield connection
         if self.armed:
             self.armed = False
-            lost = psycopg.OperationalError("server closed the connection unexpectedly")
-            raise DBAPIError("COMMIT", None, lost, connection_invalidated=True)
+            raise _lost("COMMIT")
 
 
-class _LostOnEntry:
-    """An engine whose first transaction fails at once with a lost connection."""
+class _LostOnEntry(_FaultyEngine):
+    """An engine whose first connection fails at once with a lost connection."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.calls = 0
+    calls = 0
 
     @contextmanager
-    def begin(self) -> Iterator[Any]:
+    def fault(self, opened: Any) -> Iterator[Any]:
         self.calls += 1
         if self.calls == 1:
-            lost = psycopg.OperationalError("server closed the connection unexpectedly")
-            raise DBAPIError("BEGIN", None, lost, connection_invalidated=True)
-        with self.engine.begin() as connection:
+            raise _lost("BEGIN")
+        with opened as connection:
             yield connection
 
 
