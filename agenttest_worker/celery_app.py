@@ -68,8 +68,11 @@ app.conf.update(
         "interval_max": 3,
     },
     # Flower and `celery events` show tasks as workers receive, start and finish them.
-    # No "task-sent" events: one extra broker message per published turn doubled the
-    # cost of every publish, and the queue length in Flower already shows what waits.
+    # Off unless asked for: three broker messages per turn cost about 1 ms of worker CPU
+    # per turn (benchmarks/throughput.py) whether anyone watches or not, and Flower
+    # turns them on in the workers it watches (an `enable_events` control command every
+    # few seconds). No "task-sent" events ever: one extra broker message per published
+    # turn, and the queue length in Flower already shows what waits.
     worker_send_task_events=settings.task_events,
     task_send_sent_event=False,
     worker_hijack_root_logger=False,

@@ -48,7 +48,9 @@ class Settings(BaseSettings):
         "longest turn",
     )
     task_events: bool = Field(
-        default=True, description="Workers send task events (what Flower shows as tasks)"
+        default=False,
+        description="Workers send task events from the start; Flower turns them on in the "
+        "workers it watches anyway (its --enable-events default)",
     )
     enqueue_batch: int = Field(default=500, ge=1, description="Cases stored/enqueued per batch")
     http_pool_size: int = Field(default=200, ge=1, description="Connections per agent host")

@@ -9,9 +9,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from fleet import run_id_of
 
 BIN = Path(sys.executable).parent
 
@@ -88,3 +90,44 @@ def test_flower_serves_the_agenttest_app_behind_basic_auth(flower: str, redis_db
     assert lengths.status_code == 200
     queues = {q["name"]: q["messages"] for q in lengths.json()["active_queues"]}
     assert queues.get("agenttest") == 2
+
+
+def test_flower_shows_the_turns_of_a_run_on_workers_with_default_settings(
+    flower: str, redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """Workers send no task events by default; Flower turns them on in the workers it
+    watches, and then lists each turn task with its (run, case, turn) arguments."""
+    from fleet import fleet_on, greeting_case, write_cases, write_project
+
+    (tmp_path / "fleet").mkdir()
+    fleets = fleet_on(redis_db, pg_database, demo_url, tmp_path / "fleet")
+    fleet = next(fleets)
+    try:
+        fleet.start("w", concurrency=2)
+        config = write_project(tmp_path / "fleet", demo_url, name="expense")
+        auth = ("admin", "secret")
+        deadline = time.monotonic() + 60
+        seen: dict[str, Any] = {}
+        run_ids: list[str] = []
+        # Flower enables events every few seconds: a run finished before that is not
+        # in its list, so submit small runs until one shows up.
+        while time.monotonic() < deadline and not seen:
+            cases = write_cases(tmp_path, [greeting_case(f"F{len(run_ids)}")])
+            done = fleet.submit(["-i", str(cases), "-n", "expense", "--config", str(config)])
+            assert done.returncode == 0, done.stderr
+            run_ids.append(run_id_of(done.stderr))
+            time.sleep(1.0)
+            tasks = httpx.get(
+                f"{flower}/api/tasks", params={"taskname": "agenttest.turn"}, auth=auth, timeout=10
+            ).json()
+            seen = {
+                task["args"]: task
+                for task in tasks.values()
+                if any(run_id in task["args"] for run_id in run_ids)
+            }
+        assert seen, f"no turn of runs {run_ids} appeared in Flower within 60 s"
+        task = next(iter(seen.values()))
+        assert task["state"] == "SUCCESS"
+        assert "turn 1: case passed" in task["result"]
+    finally:
+        fleets.close()

@@ -231,7 +231,8 @@ def test_api_keys_never_reach_the_database_reports_logs_or_broker(
         monitor = Monitor(redis_server.port, tmp_path / "monitor.log")
         flower = None
         try:
-            fleet.start("w", concurrency=2, wait=False)
+            # Task events from the start, so that Flower sees every task of the run.
+            fleet.start("w", concurrency=2, wait=False, task_events="true")
             flower = Flower(fleet.env, tmp_path / "flower.log")
             fleet.workers[0].wait_ready()
             out = tmp_path / "fleet.jsonl"
