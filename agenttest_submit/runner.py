@@ -272,6 +272,12 @@ def human_timeout(case: dict[str, Any]) -> float:
     return float(timeout) if isinstance(timeout, int | float) else 300.0
 
 
+def _rendered(fmt: str, report: RunReport) -> str:
+    """`render`, unless the aggregator rendered the same report in `fmt` already."""
+    text = report.rendered.get(fmt)
+    return text if text is not None else render(fmt, report)
+
+
 def emit_report(
     url: str, run_id: str, args: argparse.Namespace, built: RunReport | None = None
 ) -> int:
@@ -280,18 +286,22 @@ def emit_report(
     `built` is the aggregator's report when this process just built it: the results
     are not read from the store a second time.
     """
+    color = sys.stdout.isatty()
     if built is not None:
         report = built
-        report.verbose, report.color = args.verbose, sys.stdout.isatty()
+        if (report.verbose, report.color) != (args.verbose, color):
+            report.verbose, report.color, report.rendered = args.verbose, color, {}
     else:
-        report = build_report(url, run_id, verbose=args.verbose, color=sys.stdout.isatty())
+        report = build_report(url, run_id, verbose=args.verbose, color=color)
     stdout_format = args.format if args.format and not args.output else "console"
-    sys.stdout.write(render(stdout_format, report))
+    sys.stdout.write(_rendered(stdout_format, report))
     sys.stdout.flush()
     if args.output:
-        report.color = False
+        if report.color:
+            report.color, report.rendered = False, {}
         try:
-            Path(args.output).write_text(render(args.format or "jsonl", report), encoding="utf-8")
+            text = _rendered(args.format or "jsonl", report)
+            Path(args.output).write_text(text, encoding="utf-8")
         except OSError as exc:
             # Checked before the run started; this is the disk filling up or the like.
             print(

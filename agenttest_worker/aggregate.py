@@ -52,5 +52,6 @@ def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> R
     if not repo.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
         return None
     report = build_report(url, run_id)
-    repo.complete_run(url, run_id, {fmt: render(fmt, report) for fmt in STORED_FORMATS})
+    report.rendered = {fmt: render(fmt, report) for fmt in STORED_FORMATS}
+    repo.complete_run(url, run_id, report.rendered)
     return report

@@ -46,6 +46,9 @@ class RunReport:
     # case id -> simulator name, for the "(simulator: NAME)" case header
     simulators: dict[str, str] = field(default_factory=dict)
     color: bool = False
+    # Reports already rendered from this report as it stands (format -> text), kept by
+    # the aggregator so that a submitter printing the same thing does not render twice.
+    rendered: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> Summary:
         total = len(self.results)
