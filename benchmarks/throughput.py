@@ -295,9 +295,7 @@ def main() -> None:
                 floor, floor_cpu = run_floor(args, broker, db, agent, tmp)
         if args.only != "floor":
             with redis_db() as broker, database() as db:
-                ours, submitter_kb, worker_kb, our_cpu = run_agenttest(
-                    args, broker, db, agent, tmp
-                )
+                ours, submitter_kb, worker_kb, our_cpu = run_agenttest(args, broker, db, agent, tmp)
     print(
         f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
         f"concurrency {args.concurrency} x {args.workers} worker(s), agent {args.latency_ms:g} ms"

@@ -386,3 +386,18 @@ def test_postgres_and_sqlite_store_the_same_rows_for_each_step(
     assert len(postgres["turns"]) >= 8
     assert {row[3] for row in postgres["assertions"]} >= {"contains", "agent"}
     assert {row[3] for row in postgres["calls"]} >= {"target", "validator", "simulator"}
+
+
+def test_the_one_statement_save_inserts_every_column_the_row_builders_fill() -> None:
+    from agenttest_worker.results import AgentCallRecord, AssertionResult, TurnResult
+    from agenttest_worker.store.models import AgentCallRow, AssertionResultRow
+
+    verdict = AssertionResult(type="contains", passed=True, reason="ok")
+    call = AgentCallRecord(role="target", agent="a", latency_ms=1)
+    built = {
+        TurnRow: repo.turn_rows("r", "c", [TurnResult(turn=1, status="passed")]),
+        AssertionResultRow: repo.assertion_rows("r", "c", 1, [verdict]),
+        AgentCallRow: repo.call_rows("r", "c", 1, [call]),
+    }
+    for model, rows in built.items():
+        assert tuple(rows[0]) == repo._ROW_COLUMNS[model], model.__name__
