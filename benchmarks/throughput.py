@@ -244,6 +244,7 @@ def run_agenttest(
         text=True,
     )
     _, status, usage = os.wait4(submitter.pid, 0)
+    submitted = time.monotonic() - started
     submitter_kb = usage.ru_maxrss
     if status != 0:
         raise SystemExit(f"submitter failed: {submitter.stderr.read() if submitter.stderr else ''}")
@@ -256,7 +257,19 @@ def run_agenttest(
                 break
             time.sleep(0.05)
         turns = conn.execute("SELECT count(*) FROM turns").fetchone()[0]  # type: ignore[index]
-    elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - started
+        # Where the wall time went, from the rows' own timestamps (the database's clock).
+        first_turn, last_turn, reports = conn.execute(
+            "SELECT extract(epoch FROM min(t.created_at) - r.created_at),"
+            " extract(epoch FROM max(t.created_at) - r.created_at),"
+            " extract(epoch FROM r.finished_at - r.created_at)"
+            " FROM runs r JOIN turns t ON t.run_id = r.id GROUP BY r.id"
+        ).fetchone()  # type: ignore[misc]
+    log(
+        f"agenttest phases: submitter exited at {submitted:.1f} s; from the run's creation: "
+        f"first turn saved {first_turn:.1f} s, last turn {last_turn:.1f} s, "
+        f"reports stored {reports:.1f} s; total {elapsed:.1f} s"
+    )
     cpu = sum(w.busy_cpu() for w in workers)
     expected = args.conversations * args.turns
     if turns != expected:

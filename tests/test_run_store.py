@@ -401,3 +401,8 @@ def test_the_one_statement_save_inserts_every_column_the_row_builders_fill() -> 
     }
     for model, rows in built.items():
         assert tuple(rows[0]) == repo._ROW_COLUMNS[model], model.__name__
+
+
+def test_the_turn_read_names_its_columns_in_order() -> None:
+    names = [column.name for column in repo._LOAD.selected_columns]
+    assert list(repo._LoadedRow._fields) == names

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     JSON,
@@ -44,6 +44,7 @@ from sqlalchemy.sql import Select
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.db import get_engine, reconnecting, retrying, session_scope
+from agenttest_worker.store.hot_path import CompiledStatement, compile_statement, fetch_one
 from agenttest_worker.store.models import (
     AgentCallRow,
     AssertionResultRow,
@@ -256,6 +257,41 @@ _COUNT_DELIVERY = (
 )
 _RUN_SETTINGS = select(_runs.c.options, _runs.c.config).where(_runs.c.id == bindparam("b_run"))
 
+
+class _LoadedRow(NamedTuple):
+    """A row of _LOAD, its columns in order (tests/test_run_store.py checks them)."""
+
+    case: dict[str, Any]
+    agent: str | None
+    phase: str
+    next_turn: int
+    state: dict[str, Any] | None
+    deliveries: int
+    cancelled: bool
+    cancel_reason: str | None
+    deadline_at: float | None
+    total_tokens: int
+    total_cost: float
+
+
+# The hot path's statements compiled for Postgres (hot_path.py), by statement.
+_compiled: dict[Any, CompiledStatement] = {}
+# Parameters of the hot path that are JSON documents.
+_JSON_PARAMS = frozenset({"b_state", "b_result", "b_turn_rows", "b_verdict_rows", "b_call_rows"})
+
+
+def _fetch_one(connection: Any, statement: Any, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The first row of one of the turn's statements: on Postgres through the driver
+    directly (hot_path.py), elsewhere through SQLAlchemy."""
+    if connection.dialect.name != "postgresql":
+        row = connection.execute(statement, params).first()
+        return tuple(row) if row is not None else None
+    compiled = _compiled.get(statement)
+    if compiled is None:
+        compiled = _compiled[statement] = compile_statement(statement, connection, _JSON_PARAMS)
+    return fetch_one(connection, compiled, params)
+
+
 # What a run was created with never changes: read once per process and run.
 _settings_cache: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
 _settings_lock = threading.Lock()
@@ -284,9 +320,10 @@ def load_case(
     duplicate or stale message must not use up the next turn's delivery budget.
     """
     with _autocommit(url).connect() as connection:
-        row = connection.execute(_LOAD, {"b_run": run_id, "b_case": case_id}).first()
-        if row is None:
+        found = _fetch_one(connection, _LOAD, {"b_run": run_id, "b_case": case_id})
+        if found is None:
             return None
+        row = _LoadedRow(*found)
         deliveries = row.deliveries
         current = turn is None or (row.next_turn == turn and row.phase in ("pending", "ready"))
         if count_delivery and current:
@@ -408,7 +445,7 @@ _STEP_KEYS = [
 # parked for a person when a person's reply is what is being saved).
 _SAVE_RUNNING = (
     update(_cases)
-    .where(*_STEP_KEYS, _cases.c.phase.in_(("pending", "ready")))
+    .where(*_STEP_KEYS, or_(_cases.c.phase == "pending", _cases.c.phase == "ready"))
     .values(**_STEP_VALUES)
 )
 _SAVE_PARKED = (
@@ -661,13 +698,13 @@ def save_step(
         )
         params.update(b_turn_rows=turns, b_verdict_rows=verdicts, b_call_rows=calls)
         with _autocommit(url).connect() as connection:
-            row = connection.execute(statement, params).first()
+            row = _fetch_one(connection, statement, params)
             if row is None:
                 return _not_moved(connection, step, result)
         if result is None:
             return Saved(True)
-        finished = row.status == "running" and row.finished_cases >= row.total_cases
-        return Saved(True, run_finished=finished)
+        _, finished, total, status = row
+        return Saved(True, run_finished=status == "running" and finished >= total)
 
     with engine.begin() as connection:
         guard = _SAVE_RUNNING if expected_phase is None else _SAVE_PARKED
