@@ -111,7 +111,8 @@ def wait_for_run(
     human_timeouts: dict[str, float],
 ) -> None:
     """Progress from the database until the run's reports exist."""
-    from agenttest_worker.tasks import recover, sweep_interval
+    from agenttest_worker.celery_app import sweep_interval
+    from agenttest_worker.tasks import recover
 
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)

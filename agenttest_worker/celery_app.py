@@ -77,3 +77,20 @@ app.conf.update(
     task_send_sent_event=False,
     worker_hijack_root_logger=False,
 )
+
+
+def sweep_interval(stall_seconds: float) -> float:
+    """A few sweeps per stall period: a loss is noticed within about 1.3 stall periods."""
+    return min(max(stall_seconds / 3, 1.0), 60.0)
+
+
+# For fleets that prefer one sweeper to one per worker: `celery -A agenttest_worker beat`
+# sends `agenttest.sweep` on this schedule (tasks.py, "Recovering lost messages").
+app.conf.beat_schedule = {
+    "agenttest-sweep": {
+        "task": "agenttest.sweep",
+        "schedule": sweep_interval(settings.stall_seconds),
+        # A sweep not picked up before the next one is due is redundant.
+        "options": {"expires": sweep_interval(settings.stall_seconds)},
+    }
+}

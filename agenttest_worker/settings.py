@@ -47,6 +47,11 @@ class Settings(BaseSettings):
         "broker dropped its message) and its next turn is enqueued again; keep it above the "
         "longest turn",
     )
+    worker_sweeper: bool = Field(
+        default=True,
+        description="Every worker sweeps for stalled runs in a thread; turn off when "
+        "`celery -A agenttest_worker beat` runs the sweep instead",
+    )
     task_events: bool = Field(
         default=False,
         description="Workers send task events from the start; Flower turns them on in the "

@@ -9,7 +9,8 @@ Recovering lost messages. acks_late + the visibility timeout bring back the mess
 a worker that died, but not a message the broker itself lost: Redis without
 persistence forgets its queues when it restarts, and a publish can fail for good after
 its retries. Nothing in the broker then remembers the conversation; the store does. So
-every worker runs a sweeper thread (`recover`, every `sweep_interval()` seconds) that
+every worker runs a sweeper thread (`recover`, every `sweep_interval()` seconds; or,
+with AGENTTEST_WORKER_SWEEPER=false, `celery beat` sends `agenttest.sweep` instead) that
 looks for running runs none of whose conversations has moved (no turn started or
 saved) for AGENTTEST_STALL_SECONDS and re-enqueues each waiting conversation's
 `next_turn` (claimed in the store, so one sweeper does it, once per stall period), and
@@ -35,7 +36,7 @@ from celery.signals import (
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.aggregate import aggregate
-from agenttest_worker.celery_app import app
+from agenttest_worker.celery_app import app, sweep_interval
 from agenttest_worker.conversation import Advance, PoolCache, run_step_sync
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
@@ -142,9 +143,11 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
     return len(stalled), aggregated
 
 
-def sweep_interval(stall_seconds: float) -> float:
-    """A few sweeps per stall period: a loss is noticed within about 1.3 stall periods."""
-    return min(max(stall_seconds / 3, 1.0), 60.0)
+@app.task(name="agenttest.sweep")
+def sweep() -> str:
+    """One `recover` pass over every running run (what Celery beat schedules)."""
+    requeued, aggregated = recover(_url(), get_settings().stall_seconds)
+    return f"re-enqueued {requeued} conversation(s), aggregated {aggregated} run(s)"
 
 
 class Sweeper(threading.Thread):
@@ -180,7 +183,7 @@ _sweeper: Sweeper | None = None
 def _start_sweeper(**_: Any) -> None:
     global _sweeper
     settings = get_settings()
-    if not settings.distributed or _sweeper is not None:
+    if not settings.distributed or not settings.worker_sweeper or _sweeper is not None:
         return
     _sweeper = Sweeper(settings.stall_seconds)
     _sweeper.start()
