@@ -14,14 +14,19 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
 from agenttest_worker.results import AgentCallRecord, AgentRole
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# aiohttp is imported where a call is made, not here: a submitter that only enqueues
+# a run to the fleet never calls an agent, and importing aiohttp (which builds its TLS
+# contexts at import) was a tenth of its start-up.
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 _SNIPPET = 200
@@ -52,6 +57,8 @@ def _proxied() -> bool:
 
 def session() -> aiohttp.ClientSession:
     """The shared session of the running event loop."""
+    import aiohttp
+
     loop = asyncio.get_running_loop()
     current = _sessions.get(loop)
     if current is None or current.closed:
@@ -120,6 +127,8 @@ async def post_json(
     With `limits`, every attempt first waits for a slot of the agent's rate limits, and
     a 429 pauses every caller of the agent (fleet-wide when distributed).
     """
+    import aiohttp
+
     payload = json.dumps(body, ensure_ascii=False).encode()
     all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
     started = time.monotonic()
