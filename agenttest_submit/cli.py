@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    from agenttest_worker.heap import starting
+
+    starting()  # see heap.py
     from agenttest_worker.settings import get_settings
 
     get_settings.cache_clear()  # settings come from this invocation's environment

@@ -140,6 +140,9 @@ def run_cases(
     target: str | None,
 ) -> int:
     """Store the stream's cases (rejecting bad input before anything runs), run, report."""
+    from agenttest_worker.heap import settle
+
+    settle()  # start-up is over: see heap.py
     settings = get_settings()
     options = run_options(args, config, target)
     label = input_label(sources, 0)

@@ -182,6 +182,9 @@ _sweeper: Sweeper | None = None
 @worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     global _sweeper
+    from agenttest_worker.heap import settle
+
+    settle()  # everything is imported and the consumer is up: see heap.py
     settings = get_settings()
     if not settings.distributed or not settings.worker_sweeper or _sweeper is not None:
         return

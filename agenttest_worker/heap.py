@@ -1,0 +1,41 @@
+"""Garbage collection tuned for a run: called once start-up is over.
+
+A run allocates many short-lived objects (models, JSON documents, requests). With
+CPython's default thresholds the cyclic collector runs every 700 net allocations, and
+each of its full passes walks every object the imported libraries (pydantic,
+SQLAlchemy, aiohttp, Celery) created at import time, none of which will ever be
+garbage. Measured on the embedded benchmark, collection was about a tenth of the run.
+
+So, after start-up: move everything alive into the permanent generation (`gc.freeze`,
+never scanned again) and collect the young generation less often. Cycles are still
+collected; memory holds what they pin a little longer.
+"""
+
+from __future__ import annotations
+
+import gc
+
+# Young-generation threshold: allocations (net) between collections; the older
+# generations keep CPython's ratios.
+YOUNG_THRESHOLD = 20_000
+
+_settled = False
+
+
+def starting() -> None:
+    """Before start-up's imports: they allocate much and free little, so collecting
+    during them is wasted work; `settle` then freezes what they built."""
+    if not _settled:
+        _, middle, old = gc.get_threshold()
+        gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+
+
+def settle() -> None:
+    """Freeze what start-up created and collect less often (idempotent)."""
+    global _settled
+    if _settled:
+        return
+    _settled = True
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
