@@ -42,12 +42,12 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     count = len(pending) + len(parked)
     print(f"run {run.id}: resuming {count} unfinished conversation(s)", file=sys.stderr)
     if get_settings().distributed:
-        from agenttest_worker.tasks import turn
+        from agenttest_worker.tasks import enqueue_turn
 
         # Conversations parked for a person stay parked: `agenttest-submit` waiting on
         # the run with --interactive answers them.
         for case_id, next_turn in pending:
-            turn.apply_async((run.id, case_id, next_turn))
+            enqueue_turn(run.id, case_id, next_turn)
     elif count:
         from agenttest_submit.runner import drive
 

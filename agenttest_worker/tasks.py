@@ -64,10 +64,25 @@ def _close_io(**_: Any) -> None:
     shutdown()
 
 
+def enqueue_turn(run_id: str, case_id: str, number: int, producer: Any = None) -> None:
+    """Publish `agenttest.turn(run_id, case_id, number)`.
+
+    The arguments' display form (what Flower shows) is written here rather than left
+    to Celery's `saferepr`, which walks the arguments on every publish; ids are plain
+    strings, so `repr` says the same.
+    """
+    turn.apply_async(
+        (run_id, case_id, number),
+        producer=producer,
+        argsrepr=f"({run_id!r}, {case_id!r}, {number})",
+        kwargsrepr="{}",
+    )
+
+
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
     """Enqueue what the step asked for: the next turn, the aggregation."""
     if advance.next_turn is not None:
-        turn.apply_async((run_id, case_id, advance.next_turn))
+        enqueue_turn(run_id, case_id, advance.next_turn)
     if advance.run_finished:
         aggregate_run.apply_async((run_id,))
 
@@ -83,7 +98,7 @@ def start(run_id: str, first: int, last: int) -> str:
     case_ids = repo.pending_case_ids(_url(), run_id, first, last)
     with app.producer_or_acquire() as producer:
         for case_id in case_ids:
-            turn.apply_async((run_id, case_id, 1), producer=producer)
+            enqueue_turn(run_id, case_id, 1, producer)
     return f"{run_id}: started {len(case_ids)} conversation(s) ({first}-{last})"
 
 
@@ -128,7 +143,7 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
     if stalled:
         with app.producer_or_acquire() as producer:
             for stalled_run, case_id, next_turn in stalled:
-                turn.apply_async((stalled_run, case_id, next_turn), producer=producer)
+                enqueue_turn(stalled_run, case_id, next_turn, producer)
         log.warning(
             "re-enqueued %d conversation(s) not moved for %ss (lost messages): %s",
             len(stalled),
