@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from agent_servers import AgentServer, Reply, completion, run
+from fault_kit import max_in_window
 
 from agenttest_worker.agents.base import AgentRequest
 from agenttest_worker.agents.openai import OpenAIClient
@@ -39,16 +40,6 @@ def _request() -> AgentRequest:
     return AgentRequest(role="target", messages=[{"role": "user", "content": "hi"}])
 
 
-def _max_in_window(times: list[float], window: float) -> int:
-    times = sorted(times)
-    best, start = 0, 0
-    for end, t in enumerate(times):
-        while t - times[start] >= window:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
-
-
 @pytest.fixture
 def server() -> Iterator[AgentServer]:
     with AgentServer() as agent:
@@ -66,7 +57,7 @@ def test_requests_per_second_hold_in_process(server: AgentServer) -> None:
     run(burst())
     arrivals = [r.at for r in server.requests(PATH)]
     assert len(arrivals) == 12
-    assert _max_in_window(arrivals, 1.0) <= 4
+    assert max_in_window(arrivals, 1.0) <= 4
     # 12 calls at 4 per second need at least two full windows after the first four.
     assert time.monotonic() - started >= 1.9
 
@@ -143,7 +134,7 @@ def test_redis_limits_are_shared_between_limiters(redis_db: str) -> None:
 
     stamps = asyncio.run(scenario())
     assert len(stamps) == 9
-    assert _max_in_window(stamps, 1.0) <= 3
+    assert max_in_window(stamps, 1.0) <= 3
 
 
 def test_redis_pause_reaches_the_other_limiter(redis_db: str) -> None:
