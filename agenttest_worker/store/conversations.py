@@ -225,24 +225,17 @@ class BufferedStore:
         found.next_turn, found.phase, found.state = next_turn, phase, state
         found.deliveries = 0
         self._dirty[case_id] = found
-        rows = self._rows
-        rows[TurnRow] += repo.turn_rows(run_id, case_id, new_turns)
-        for turn in new_turns:
-            rows[AssertionResultRow] += repo.assertion_rows(
-                run_id, case_id, turn.turn, turn.assertions
-            )
-            rows[AgentCallRow] += repo.call_rows(run_id, case_id, turn.turn, turn.calls or [])
-        rows[AssertionResultRow] += repo.assertion_rows(run_id, case_id, 0, list(final_assertions))
-        tokens, cost = spend if spend is not None else (0, 0.0)
+        added = repo.step_rows(run_id, case_id, new_turns, final_assertions)
+        self._rows[TurnRow] += added.turns
+        self._rows[AssertionResultRow] += added.verdicts
+        self._rows[AgentCallRow] += added.calls
+        tokens, cost = repo.step_spend(spend, result)
         run = self.run
         run.total_cost += cost
+        run.total_tokens += tokens
         if result is None:
-            run.total_tokens += tokens
             return repo.Saved(True)
         found.result = result.model_dump(mode="json")
-        if spend is None:
-            tokens = result.usage.total_tokens if result.usage else 0
-        run.total_tokens += tokens
         run.finished_cases += 1
         run.counters[result.status] += 1
         run.counters["total_turns"] += result.total_turns

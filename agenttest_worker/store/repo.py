@@ -424,6 +424,44 @@ def call_rows(
     ]
 
 
+@dataclass(frozen=True)
+class StepRows:
+    """The rows one step adds: its turns, their assertions (and the case's final ones,
+    as turn 0), and their agent calls."""
+
+    turns: list[dict[str, Any]]
+    verdicts: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+
+
+def step_rows(
+    run_id: str,
+    case_id: str,
+    new_turns: Sequence[TurnResult],
+    final_assertions: Sequence[AssertionResult],
+) -> StepRows:
+    verdicts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for turn in new_turns:
+        verdicts += assertion_rows(run_id, case_id, turn.turn, turn.assertions)
+        calls += call_rows(run_id, case_id, turn.turn, turn.calls or [])
+    verdicts += assertion_rows(run_id, case_id, 0, final_assertions)
+    return StepRows(turn_rows(run_id, case_id, new_turns), verdicts, calls)
+
+
+def step_spend(spend: tuple[int, float] | None, result: CaseResult | None) -> tuple[int, float]:
+    """(tokens, cost) a step adds to its run's totals.
+
+    With `spend` (runs with a budget account per turn) that; without, a case's tokens
+    are added once, when it ends.
+    """
+    if spend is not None:
+        return spend
+    if result is not None and result.usage:
+        return result.usage.total_tokens, 0.0
+    return 0, 0.0
+
+
 # None must be SQL NULL (a case without a result yet), not the JSON value null.
 JSON_OR_NULL = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
@@ -667,17 +705,9 @@ def save_step(
     }
     if expected_phase is not None:
         params["b_expected_phase"] = expected_phase
-    turns = turn_rows(run_id, case_id, new_turns)
-    verdicts: list[dict[str, Any]] = []
-    calls: list[dict[str, Any]] = []
-    for turn in new_turns:
-        verdicts += assertion_rows(run_id, case_id, turn.turn, turn.assertions)
-        calls += call_rows(run_id, case_id, turn.turn, turn.calls or [])
-    verdicts += assertion_rows(run_id, case_id, 0, final_assertions)
-    tokens, cost = spend if spend is not None else (0, 0.0)
+    rows = step_rows(run_id, case_id, new_turns, final_assertions)
+    tokens, cost = step_spend(spend, result)
     if result is not None:
-        if spend is None:
-            tokens = result.usage.total_tokens if result.usage else 0
         params.update(
             b_turns=result.total_turns,
             b_passed=int(result.status == "passed"),
@@ -690,13 +720,13 @@ def save_step(
     if engine.dialect.name == "postgresql":
         statement = _pg_step(
             expected_phase is not None,
-            bool(turns),
-            bool(verdicts),
-            bool(calls),
+            bool(rows.turns),
+            bool(rows.verdicts),
+            bool(rows.calls),
             result is not None,
             bool(tokens or cost),
         )
-        params.update(b_turn_rows=turns, b_verdict_rows=verdicts, b_call_rows=calls)
+        params.update(b_turn_rows=rows.turns, b_verdict_rows=rows.verdicts, b_call_rows=rows.calls)
         with _autocommit(url).connect() as connection:
             row = _fetch_one(connection, statement, params)
             if row is None:
@@ -710,9 +740,9 @@ def save_step(
         guard = _SAVE_RUNNING if expected_phase is None else _SAVE_PARKED
         if not connection.execute(guard, params).rowcount:
             return _not_moved(connection, step, result)
-        insert_rows(connection, TurnRow, turns)
-        insert_rows(connection, AssertionResultRow, verdicts)
-        insert_rows(connection, AgentCallRow, calls)
+        insert_rows(connection, TurnRow, rows.turns)
+        insert_rows(connection, AssertionResultRow, rows.verdicts)
+        insert_rows(connection, AgentCallRow, rows.calls)
         if result is None:
             if tokens or cost:
                 connection.execute(_SPEND, params)
