@@ -319,7 +319,7 @@ def load_case(
     With `turn`, only a delivery of the turn the conversation is waiting for counts: a
     duplicate or stale message must not use up the next turn's delivery budget.
     """
-    with _autocommit(url).connect() as connection:
+    with _autocommit(get_engine(url)).connect() as connection:
         found = _fetch_one(connection, _LOAD, {"b_run": run_id, "b_case": case_id})
         if found is None:
             return None
@@ -526,10 +526,9 @@ _written = threading.local()
 _autocommit_engines: dict[Engine, Engine] = {}
 
 
-def _autocommit(url: str) -> Engine:
-    """The store's engine without transactions: for single statements, which are atomic
-    on their own, a transaction would only add a BEGIN and a COMMIT round trip each."""
-    engine = get_engine(url)
+def _autocommit(engine: Engine) -> Engine:
+    """`engine` without transactions: for single statements, which are atomic on their
+    own, a transaction would only add a BEGIN and a COMMIT round trip each."""
     plain = _autocommit_engines.get(engine)
     if plain is None:
         plain = _autocommit_engines[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -727,7 +726,7 @@ def save_step(
             bool(tokens or cost),
         )
         params.update(b_turn_rows=rows.turns, b_verdict_rows=rows.verdicts, b_call_rows=rows.calls)
-        with _autocommit(url).connect() as connection:
+        with _autocommit(engine).connect() as connection:
             row = _fetch_one(connection, statement, params)
             if row is None:
                 return _not_moved(connection, step, result)
