@@ -86,11 +86,12 @@ def sweep_interval(stall_seconds: float) -> float:
 
 # For fleets that prefer one sweeper to one per worker: `celery -A agenttest_worker beat`
 # sends `agenttest.sweep` on this schedule (tasks.py, "Recovering lost messages").
+_sweep_every = sweep_interval(settings.stall_seconds)
 app.conf.beat_schedule = {
     "agenttest-sweep": {
         "task": "agenttest.sweep",
-        "schedule": sweep_interval(settings.stall_seconds),
+        "schedule": _sweep_every,
         # A sweep not picked up before the next one is due is redundant.
-        "options": {"expires": sweep_interval(settings.stall_seconds)},
+        "options": {"expires": _sweep_every},
     }
 }

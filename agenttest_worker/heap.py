@@ -22,12 +22,16 @@ YOUNG_THRESHOLD = 20_000
 _settled = False
 
 
+def _collect_young_less_often() -> None:
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+
+
 def starting() -> None:
     """Before start-up's imports: they allocate much and free little, so collecting
     during them is wasted work; `settle` then freezes what they built."""
     if not _settled:
-        _, middle, old = gc.get_threshold()
-        gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+        _collect_young_less_often()
 
 
 def settle() -> None:
@@ -37,5 +41,4 @@ def settle() -> None:
         return
     _settled = True
     gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
+    _collect_young_less_often()

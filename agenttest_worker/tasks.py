@@ -194,22 +194,22 @@ class Sweeper(threading.Thread):
 _sweeper: Sweeper | None = None
 
 
-def _warm_up() -> None:
-    """Import now what the first turns would import on their own: a hundred threads
-    taking their first turn at once would each wait on the import lock (and the GIL)
-    for modules that are kept off the submitter's start-up path."""
+@worker_ready.connect
+def _warm_up(**_: Any) -> None:
+    """Import now what the first turns would import on their own (a hundred threads
+    taking their first turn at once would each wait on the import lock and the GIL for
+    modules kept off the submitter's start-up path), then settle the heap (heap.py)."""
     import aiohttp  # noqa: F401  (agents/transport.py imports it where a call is made)
 
+    from agenttest_worker.heap import settle
     from agenttest_worker.runtime import run_sync  # noqa: F401
+
+    settle()
 
 
 @worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     global _sweeper
-    from agenttest_worker.heap import settle
-
-    _warm_up()
-    settle()  # everything is imported and the consumer is up: see heap.py
     settings = get_settings()
     if not settings.distributed or not settings.worker_sweeper or _sweeper is not None:
         return
