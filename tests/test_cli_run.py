@@ -476,6 +476,42 @@ def test_exit_2_for_input_errors_without_traceback(
         assert not (demo / ".agenttest" / "agenttest.db").exists(), "nothing runs"
 
 
+def test_bad_settings_are_input_errors_naming_the_variable(
+    demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTTEST_VISIBILITY_TIMEOUT", "an hour")
+    monkeypatch.setenv("agenttest_worker_sweeper", "maybe")  # names match in any case
+    code, out, err = run(
+        capsys, "-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG
+    )
+    assert code == 2, (out, err)
+    assert "AGENTTEST_VISIBILITY_TIMEOUT: Input should be a valid integer" in err
+    assert "AGENTTEST_WORKER_SWEEPER: Input should be a valid boolean" in err
+    assert "Traceback" not in err and "internal error" not in err
+    assert not (demo / ".agenttest" / "agenttest.db").exists(), "nothing runs"
+
+
+def test_settings_convert_environment_strings() -> None:
+    from agenttest_worker.settings import Settings
+
+    settings = Settings.from_environment(
+        {
+            "AGENTTEST_VISIBILITY_TIMEOUT": "120",
+            "agenttest_task_events": "yes",
+            "AGENTTEST_STALL_SECONDS": "2.5",
+            "AGENTTEST_HOME": "/tmp/somewhere",
+            "AGENTTEST_SCRIPTS_DIR": "/not/a/setting",  # read elsewhere: ignored here
+            "OTHER_QUEUE": "nope",
+        }
+    )
+    assert settings.visibility_timeout == 120
+    assert settings.task_events is True
+    assert settings.stall_seconds == 2.5
+    assert settings.home == Path("/tmp/somewhere")
+    assert settings.queue == "agenttest"
+    assert not settings.distributed
+
+
 def test_input_errors_as_a_process_exit_2_without_traceback(processes: Processes) -> None:
     code, out, err = processes.result("input-error")
     assert code == 2

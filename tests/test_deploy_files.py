@@ -495,7 +495,7 @@ def test_configured_values_are_valid_settings(monkeypatch: pytest.MonkeyPatch) -
             monkeypatch.delenv(name, raising=False)
         for name, value in values.items():
             monkeypatch.setenv(name, value)
-        settings = Settings()
+        settings = Settings.from_environment()
         assert settings.queue == "agenttest"
         assert settings.visibility_timeout > _per_case_timeout()
 
