@@ -10,6 +10,21 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def compile_bytecode() -> None:
+    """Compile the project's modules, as installing a wheel does.
+
+    From an editable checkout with PYTHONDONTWRITEBYTECODE set (as on CI machines),
+    every process would compile the project's ~90 modules from source on each start
+    (~0.1 s) while its dependencies load compiled: a cost no installed deployment pays.
+    Existing bytecode is read even with that variable set.
+    """
+    import compileall
+
+    for package in ("agenttest_worker", "agenttest_submit", "benchmarks"):
+        compileall.compile_dir(ROOT / package, quiet=1)
 
 
 def timed(

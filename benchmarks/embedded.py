@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import submit_command, timed
+from benchmarks.common import compile_bytecode, submit_command, timed
 from benchmarks.throughput import fixed_agent
 
 FLOOR = r"""
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, nargs="+", default=[100, 20])
     parser.add_argument("--repeat", type=int, default=3, help="runs per side; the best counts")
     args = parser.parse_args()
+    compile_bytecode()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
         tmp = Path(tmpdir)

@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from benchmarks.common import submit_command, timed
+from benchmarks.common import compile_bytecode, submit_command, timed
 from benchmarks.throughput import database, redis_db
 
 FLOOR = r"""
@@ -70,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=100_000)
     args = parser.parse_args()
+    compile_bytecode()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         cases = tmp / "cases.jsonl"

@@ -33,9 +33,8 @@ from pathlib import Path
 import psycopg
 import redis
 
-from benchmarks.common import BIN, submit_command
+from benchmarks.common import BIN, ROOT, compile_bytecode, submit_command
 
-ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
 
@@ -297,6 +296,7 @@ def main() -> None:
         "--only", choices=("floor", "agenttest"), help="measure one side (for profiling)"
     )
     args = parser.parse_args()
+    compile_bytecode()
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:

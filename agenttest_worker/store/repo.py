@@ -24,8 +24,10 @@ from sqlalchemy import (
     JSON,
     ColumnElement,
     Table,
+    Text,
     and_,
     bindparam,
+    cast,
     column,
     delete,
     func,
@@ -817,8 +819,10 @@ def iter_results(url: str, run_id: str, batch: int = 500) -> Iterator[CaseResult
     last = -1
     while True:
         with session_scope(url) as session:
+            # As text, parsed and checked in one pass by pydantic-core: the driver's
+            # json.loads and then validating the Python objects took twice as long.
             rows = session.execute(
-                select(CaseRow.seq, CaseRow.result)
+                select(CaseRow.seq, cast(CaseRow.result, Text))
                 .where(CaseRow.run_id == run_id, CaseRow.seq > last, CaseRow.result.is_not(None))
                 .order_by(CaseRow.seq)
                 .limit(batch)
@@ -827,7 +831,7 @@ def iter_results(url: str, run_id: str, batch: int = 500) -> Iterator[CaseResult
             return
         for seq, result in rows:
             last = seq
-            yield CaseResult.model_validate(result)
+            yield CaseResult.model_validate_json(result)
 
 
 def iter_case_ids(
