@@ -148,9 +148,10 @@ def run_cases(
     label = input_label(sources, 0)
     url = settings.effective_database_url()
     if settings.distributed:
-        from agenttest_submit.distributed import database_url
+        from agenttest_submit.distributed import database_url, import_celery_meanwhile
 
         url = database_url()
+        import_celery_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
     with Spool(stream, target) as spool:
         print_warnings(stream.warnings)
