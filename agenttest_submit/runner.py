@@ -22,15 +22,18 @@ from agenttest_submit.human import TerminalAsker
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.progress import Progress
 from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.aggregate import aggregate, build_report
 from agenttest_worker.cases import Case
 from agenttest_worker.conversation import Advance, PoolCache, answer_human, run_step
 from agenttest_worker.engine import RunOptions
+from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.report import RunReport, render
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
-from agenttest_worker.store.conversations import BufferedStore
-from agenttest_worker.store.db import upgrade
+from agenttest_worker.store import steps
+from agenttest_worker.store.conversations import BufferedStore, StoreSetup
+
+# The store (SQLAlchemy, the models, the repository) is imported where it is used, not
+# here: a new embedded run imports it on a thread while its first conversations run
+# (see run_embedded).
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 
@@ -62,7 +65,7 @@ def input_label(sources: Iterable[InputSource], count: int) -> str:
     return ", ".join(s.describe() for s in sources) or f"{count} cases"
 
 
-def _batches(items: Iterable[repo.NewCase], size: int) -> Iterator[list[repo.NewCase]]:
+def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
     iterator = iter(items)
     while batch := list(islice(iterator, size)):
         yield batch
@@ -105,17 +108,47 @@ def store_records(
     parent_run_id: str | None = None,
 ) -> tuple[str, int]:
     """Create the run and store (case id, agent, record) rows a batch at a time."""
+    run_id = steps.new_run_id()
+    total = write_run(
+        url,
+        run_id,
+        records,
+        options=options.model_dump(mode="json"),
+        config=config.stored(),
+        target=target,
+        label=label,
+        deadline_at=time.time() + deadline if deadline else None,
+        parent_run_id=parent_run_id,
+    )
+    return run_id, total
+
+
+def write_run(
+    url: str,
+    run_id: str,
+    records: Iterable[tuple[str, str | None, dict[str, Any]]],
+    *,
+    options: dict[str, Any],
+    config: dict[str, Any],
+    target: str | None,
+    label: str,
+    deadline_at: float | None,
+    parent_run_id: str | None = None,
+) -> int:
+    """Bring the store up to date, create the run, add its cases, start it."""
+    from agenttest_worker.store import repo
+    from agenttest_worker.store.db import upgrade
+
     upgrade(url)
-    run_id = repo.new_run_id()
     repo.create_run(
         url,
         run_id=run_id,
         agent=target,
         input_label=label,
-        options=options.model_dump(mode="json"),
-        config=config.stored(),
+        options=options,
+        config=config,
         parent_run_id=parent_run_id,
-        deadline_at=time.time() + deadline if deadline else None,
+        deadline_at=deadline_at,
     )
     rows = (
         repo.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
@@ -129,7 +162,7 @@ def store_records(
         repo.delete_run(url, run_id)
         raise
     repo.start_run(url, run_id, total)
-    return run_id, total
+    return total
 
 
 def run_cases(
@@ -155,6 +188,8 @@ def run_cases(
     # Every case is checked (and every problem reported) before anything is stored.
     with Spool(stream, target) as spool:
         print_warnings(stream.warnings)
+        if not settings.distributed:
+            return run_embedded(args, url, list(spool.records()), options, config, target, label)
         run_id, total = store_records(
             url,
             spool.records(),
@@ -164,14 +199,76 @@ def run_cases(
             label=label,
             deadline=args.deadline,
         )
-        ids = spool.ids
-    if settings.distributed:
-        from agenttest_submit.distributed import run_distributed
+    from agenttest_submit.distributed import run_distributed
 
-        return run_distributed(args, url, run_id, total, config, options)
-    progress = Progress(total)
-    asyncio.run(drive(url, run_id, [(c, 1) for c in ids], args.parallel, progress))
+    return run_distributed(args, url, run_id, total, config, options)
+
+
+def run_embedded(
+    args: argparse.Namespace,
+    url: str,
+    records: list[tuple[str, str | None, dict[str, Any]]],
+    options: RunOptions,
+    config: ProjectConfig,
+    target: str | None,
+    label: str,
+) -> int:
+    """Run checked cases in this process, storing the run while it starts.
+
+    Importing the store and writing the run and its cases take a few tenths of a
+    second that the first conversations need not wait for (they wait on the agent
+    most of the time): a thread does it (StoreSetup) while they run from memory, and
+    nothing is written before it is done. A store that cannot be written still fails
+    the run, at its first write instead of before its first turn.
+    """
+    settings = get_settings()
+    if not settings.database_url:
+        # The one store problem worth catching before any agent is called: a home
+        # that cannot be a directory (a typo, a file in the way, no permission).
+        try:
+            settings.home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                InputProblem(
+                    f"cannot create the local store's directory {settings.home}: "
+                    f"{exc.strerror or exc}",
+                    field="AGENTTEST_HOME",
+                )
+            ) from None
+    # What the first agent call imports, imported before the store's thread starts:
+    # both are CPU work, and the calls should not wait for the store's share of it.
+    import aiohttp  # noqa: F401  (agents/transport.py imports it where a call is made)
+
+    run_id = steps.new_run_id()
+    stored_options, stored_config = options.model_dump(mode="json"), config.stored()
+    deadline_at = time.time() + args.deadline if args.deadline else None
+    setup = StoreSetup(
+        lambda: write_run(
+            url,
+            run_id,
+            records,
+            options=stored_options,
+            config=stored_config,
+            target=target,
+            label=label,
+            deadline_at=deadline_at,
+        )
+    )
+    store = BufferedStore.fresh(
+        url,
+        run_id,
+        records,
+        options=stored_options,
+        config=stored_config,
+        deadline_at=deadline_at,
+        setup=setup,
+    )
+    progress = Progress(len(records))
+    conversations = [(case_id, 1) for case_id, _, _ in records]
+    asyncio.run(drive(url, run_id, conversations, args.parallel, progress, store=store))
     progress.close()
+    from agenttest_worker.aggregate import aggregate
+
     return emit_report(url, run_id, args, aggregate(url, run_id))
 
 
@@ -185,6 +282,7 @@ async def drive(
     *,
     parked: Collection[str] = (),
     ask: bool = True,
+    store: BufferedStore | None = None,
 ) -> None:
     """Run every conversation of the run to its end, `parallel` at a time.
 
@@ -193,11 +291,13 @@ async def drive(
     that waits for a person gets no reply, and its on_missing_input decides.
 
     This process owns the run, so its conversations live in a BufferedStore: the same
-    steps and guards as on a worker, written to the store in batches.
+    steps and guards as on a worker, written to the store in batches. `store` is the
+    run's, when the caller made it; otherwise it is read from the database.
     """
     from agenttest_worker.agents.transport import close_session
 
-    store = BufferedStore(url, run_id)
+    if store is None:
+        store = BufferedStore.from_database(url, run_id)
     pools = PoolCache()
     asker = TerminalAsker(progress)
     queue = iter(conversations)
@@ -265,8 +365,10 @@ async def drive(
             except TimeoutError:
                 await past_deadline(deadline_at)
     finally:
-        store.flush()
-        await close_session()
+        try:
+            store.flush()
+        finally:
+            await close_session()
 
 
 def human_timeout(case: dict[str, Any]) -> float:
@@ -296,6 +398,8 @@ def emit_report(
         if (report.verbose, report.color) != (args.verbose, color):
             report.verbose, report.color, report.rendered = args.verbose, color, {}
     else:
+        from agenttest_worker.aggregate import build_report
+
         report = build_report(url, run_id, verbose=args.verbose, color=color)
     stdout_format = args.format if args.format and not args.output else "console"
     sys.stdout.write(_rendered(stdout_format, report))
@@ -324,6 +428,7 @@ def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
     """--reporter: the reporter agent's account, stored with the run and printed."""
     from agenttest_submit.reporter import run_reporter
     from agenttest_worker.agents.base import AgentError
+    from agenttest_worker.store import repo
 
     run = repo.get_run(url, run_id)
     config = ProjectConfig.from_stored(run.config) if run is not None else ProjectConfig()

@@ -28,7 +28,7 @@ from agenttest_worker.engine import (
     start_conversation,
 )
 from agenttest_worker.results import TurnResult
-from agenttest_worker.store import repo
+from agenttest_worker.store import steps
 from agenttest_worker.store.conversations import ConversationStore, as_store
 
 
@@ -46,7 +46,7 @@ class Advance:
 
 @dataclass
 class Prepared:
-    loaded: repo.LoadedCase
+    loaded: steps.LoadedCase
     case: Case
     state: ConversationState
     options: RunOptions
@@ -73,7 +73,7 @@ class PoolCache:
 
 
 def _spend(
-    options: RunOptions, loaded: repo.LoadedCase, turns: list[TurnResult]
+    options: RunOptions, loaded: steps.LoadedCase, turns: list[TurnResult]
 ) -> tuple[int, float] | None:
     """What the step's turns used, when the run has a budget to count it against."""
     if not options.budgeted:
@@ -120,14 +120,14 @@ _cases_memo = _Memo(4096)
 _options_memo = _Memo(64)
 
 
-def _case(loaded: repo.LoadedCase) -> Case:
+def _case(loaded: steps.LoadedCase) -> Case:
     made: Case = _cases_memo.get(
         (loaded.run_id, loaded.case_id), lambda: Case.model_validate(loaded.case)
     )
     return made
 
 
-def _options(loaded: repo.LoadedCase) -> RunOptions:
+def _options(loaded: steps.LoadedCase) -> RunOptions:
     made: RunOptions = _options_memo.get(
         (loaded.run_id, ""), lambda: RunOptions.model_validate(loaded.run_options)
     )

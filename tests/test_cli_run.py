@@ -491,6 +491,19 @@ def test_bad_settings_are_input_errors_naming_the_variable(
     assert not (demo / ".agenttest" / "agenttest.db").exists(), "nothing runs"
 
 
+def test_a_home_that_cannot_be_a_directory_is_an_input_error(
+    demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (demo / "a-file").write_text("in the way")
+    monkeypatch.setenv("AGENTTEST_HOME", str(demo / "a-file" / "home"))
+    code, out, err = run(
+        capsys, "-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG
+    )
+    assert code == 2, (out, err)
+    assert "AGENTTEST_HOME: cannot create the local store's directory" in err
+    assert "nothing was run" in err and "Traceback" not in err
+
+
 def test_settings_convert_environment_strings() -> None:
     from agenttest_worker.settings import Settings
 

@@ -7,6 +7,7 @@ import io
 import json
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,16 @@ from agenttest_submit.cli import build_parser, main
 from agenttest_submit.expand import expand
 from agenttest_submit.inputs import parse_input
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import drive, run_options, store_run
+from agenttest_submit.runner import drive, run_options, store_run, write_run
 from agenttest_worker.agents.registry import load_config
 from agenttest_worker.aggregate import aggregate
 from agenttest_worker.conversation import PoolCache, run_step
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.results import CaseResult
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
-from agenttest_worker.store.db import session_scope
+from agenttest_worker.store import repo, steps
+from agenttest_worker.store.conversations import BufferedStore, StoreSetup
+from agenttest_worker.store.db import session_scope, upgrade
 from agenttest_worker.store.models import CaseRow, RunReportRow, RunRow, TurnRow
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
@@ -189,6 +191,92 @@ def test_a_repeated_step_records_nothing_twice(demo: Path) -> None:
     again = step(db, run_id, "T001", 1)  # a redelivered task for a turn already recorded
     assert not again.saved
     assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+
+
+# -- a new embedded run: conversations start while the run is being stored -----------------
+
+
+def fresh_suite(work: Any) -> tuple[str, str, BufferedStore, list[Any]]:
+    """The suite as a new embedded run's BufferedStore, its setup running `work(store
+    the run)` on a thread: (url, run id, store, records)."""
+    config = load_config(SUITE_CONFIG)
+    cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
+    records = [(c.id, "assistants.expense", c.to_record()) for c in cases]
+    options = run_options(
+        build_parser().parse_args(["-i", SUITE_CASES]), config, "assistants.expense"
+    )
+    db, run_id = url(), steps.new_run_id()
+    stored = {"options": options.model_dump(mode="json"), "config": config.stored()}
+
+    def store_the_run() -> None:
+        write_run(db, run_id, records, target="assistants.expense", label="suite",
+                  deadline_at=None, **stored)  # fmt: skip
+
+    setup = StoreSetup(lambda: work(store_the_run))
+    store = BufferedStore.fresh(db, run_id, records, deadline_at=None, setup=setup, **stored)
+    store.flush_every = 0  # every maybe_flush would write, if it could
+    return db, run_id, store, records
+
+
+def step_in(store: BufferedStore, case_id: str, turn: int) -> Any:
+    async def once() -> Any:
+        from agenttest_worker.agents.transport import close_session
+
+        try:
+            return await run_step(store, PoolCache(), store.run_id, case_id, turn, None)
+        finally:
+            await close_session()
+
+    return asyncio.run(once())
+
+
+def test_a_new_runs_steps_wait_in_memory_until_the_run_is_stored(demo: Path) -> None:
+    stored = threading.Event()
+
+    def when_released(store_the_run: Any) -> None:
+        stored.wait(30)
+        store_the_run()
+
+    db, run_id, store, _ = fresh_suite(when_released)
+    upgrade(db)  # the tables exist; the run is what is not there yet
+    first = step_in(store, "T001", 1)
+    assert first.saved and first.next_turn == 2
+    store.maybe_flush()  # the setup is not done: returns at once and writes nothing
+    assert repo.get_run(db, run_id) is None
+    assert repo.count_turn_rows(db, run_id) == []
+
+    stored.set()
+    store.flush()  # waits for the setup, then writes what was buffered
+    assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+    rows = case_rows(db, run_id)
+    assert (rows["T001"].next_turn, rows["T001"].phase) == (2, "ready")
+    assert {rows[c].phase for c in ("T002", "T003", "T004")} == {"pending"}
+
+    # The same conversation, stepped again from the store the setup wrote, agrees.
+    again = step(db, run_id, "T001", 1)
+    assert not again.saved, "turn 1 is recorded once, whichever store is asked"
+
+
+def test_a_failed_run_setup_fails_the_run_at_its_next_write(demo: Path) -> None:
+    def cannot(store_the_run: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    _, _, store, _ = fresh_suite(cannot)
+    assert step_in(store, "T001", 1).saved
+    with pytest.raises(OSError, match="No space left"):
+        store.maybe_flush()  # the setup is done (it failed): the first write says so
+
+
+def test_an_embedded_run_whose_store_cannot_be_opened_stops_with_the_reason(
+    demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (demo / "a-file").write_text("not a directory")
+    monkeypatch.setenv("AGENTTEST_DATABASE_URL", f"sqlite:///{demo}/a-file/runs.db")
+    code, out, err = run_suite(capsys)
+    assert code == 3, (out, err)
+    assert f"File exists: '{demo}/a-file'" in err
+    assert "Traceback" not in err
+    assert "Unclosed client session" not in err, "the agent connections were closed"
 
 
 # -- resume --------------------------------------------------------------------------------
@@ -395,9 +483,9 @@ def test_the_one_statement_save_inserts_every_column_the_row_builders_fill() -> 
     verdict = AssertionResult(type="contains", passed=True, reason="ok")
     call = AgentCallRecord(role="target", agent="a", latency_ms=1)
     built = {
-        TurnRow: repo.turn_rows("r", "c", [TurnResult(turn=1, status="passed")]),
-        AssertionResultRow: repo.assertion_rows("r", "c", 1, [verdict]),
-        AgentCallRow: repo.call_rows("r", "c", 1, [call]),
+        TurnRow: steps.turn_rows("r", "c", [TurnResult(turn=1, status="passed")]),
+        AssertionResultRow: steps.assertion_rows("r", "c", 1, [verdict]),
+        AgentCallRow: steps.call_rows("r", "c", 1, [call]),
     }
     for model, rows in built.items():
         assert tuple(rows[0]) == repo._ROW_COLUMNS[model], model.__name__

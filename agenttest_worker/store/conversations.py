@@ -6,27 +6,28 @@ runner's: one process owns the whole run, so conversations are kept in memory, w
 the same guards (a step is saved once, at the turn it ran), and what they produce is
 written to the same tables in batches. A run interrupted mid-way loses at most the
 last half second of turns, which `agenttest-submit resume` runs again.
+
+Nothing here imports SQLAlchemy until it touches the database: a new embedded run's
+BufferedStore starts from the cases in memory while another thread imports the store
+and writes the run (`BufferedStore.fresh`), so its first conversations overlap that
+start-up instead of waiting for it.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from sqlalchemy import Table, bindparam, select, update
+from functools import cache
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
-from agenttest_worker.store import repo
-from agenttest_worker.store.db import get_engine
-from agenttest_worker.store.models import (
-    AgentCallRow,
-    AssertionResultRow,
-    CaseRow,
-    RunRow,
-    TurnRow,
-)
+from agenttest_worker.store import steps
+
+if TYPE_CHECKING:
+    from sqlalchemy import Table, Update
 
 
 class ConversationStore(Protocol):
@@ -34,7 +35,7 @@ class ConversationStore(Protocol):
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
-    ) -> repo.LoadedCase | None: ...
+    ) -> steps.LoadedCase | None: ...
 
     def save_step(
         self,
@@ -50,7 +51,7 @@ class ConversationStore(Protocol):
         result: CaseResult | None = None,
         expected_phase: str | None = None,
         spend: tuple[int, float] | None = None,
-    ) -> repo.Saved: ...
+    ) -> steps.Saved: ...
 
     def cancel_run(self, run_id: str, reason: str) -> bool: ...
 
@@ -59,18 +60,21 @@ class SqlStore:
     """Every step straight to the database (workers, and anything shared)."""
 
     def __init__(self, url: str) -> None:
+        from agenttest_worker.store import repo
+
         self.url = url
+        self.repo = repo
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
-    ) -> repo.LoadedCase | None:
-        return repo.load_case(self.url, run_id, case_id, count_delivery, turn)
+    ) -> steps.LoadedCase | None:
+        return self.repo.load_case(self.url, run_id, case_id, count_delivery, turn)
 
-    def save_step(self, **step: Any) -> repo.Saved:
-        return repo.save_step(self.url, **step)
+    def save_step(self, **step: Any) -> steps.Saved:
+        return self.repo.save_step(self.url, **step)
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
-        return repo.cancel_run(self.url, run_id, reason)
+        return self.repo.cancel_run(self.url, run_id, reason)
 
 
 def as_store(store: ConversationStore | str) -> ConversationStore:
@@ -106,83 +110,175 @@ class _Run:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-_cases: Table = CaseRow.__table__  # type: ignore[assignment]
-_runs: Table = RunRow.__table__  # type: ignore[assignment]
+@cache
+def _flush_case() -> Update:
+    from sqlalchemy import bindparam, update
 
-_FLUSH_CASE = (
-    update(_cases)
-    .where(_cases.c.run_id == bindparam("b_run"), _cases.c.case_id == bindparam("b_case"))
-    .values(
-        next_turn=bindparam("b_next"),
-        phase=bindparam("b_phase"),
-        state=bindparam("b_state", type_=repo.JSON_OR_NULL),
-        status=bindparam("b_status"),
-        result=bindparam("b_result", type_=repo.JSON_OR_NULL),
-        deliveries=0,
+    from agenttest_worker.store.models import CaseRow
+    from agenttest_worker.store.repo import JSON_OR_NULL
+
+    cases: Table = CaseRow.__table__  # type: ignore[assignment]
+    return (
+        update(cases)
+        .where(cases.c.run_id == bindparam("b_run"), cases.c.case_id == bindparam("b_case"))
+        .values(
+            next_turn=bindparam("b_next"),
+            phase=bindparam("b_phase"),
+            state=bindparam("b_state", type_=JSON_OR_NULL),
+            status=bindparam("b_status"),
+            result=bindparam("b_result", type_=JSON_OR_NULL),
+            deliveries=0,
+        )
     )
-)
+
+
+class StoreSetup:
+    """Work that must reach the database before a BufferedStore's first write, run on
+    a thread of its own; `wait` returns once it is done, or raises what it raised."""
+
+    def __init__(self, work: Callable[[], object]) -> None:
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(work,), name="agenttest-store")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _run(self, work: Callable[[], object]) -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to whoever waits
+            self._error = exc
+        finally:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+def _no_rows() -> dict[str, list[dict[str, Any]]]:
+    return {"turns": [], "assertions": [], "calls": []}
 
 
 class BufferedStore:
     """One run's conversations in memory, written to the database in batches."""
 
-    def __init__(self, url: str, run_id: str, flush_every: float = 0.5) -> None:
+    def __init__(
+        self,
+        url: str,
+        run_id: str,
+        run: _Run,
+        conversations: dict[str, _Conversation],
+        *,
+        flush_every: float = 0.5,
+        setup: StoreSetup | None = None,
+    ) -> None:
         self.url = url
         self.run_id = run_id
+        self.run = run
+        self.conversations = conversations
         self.flush_every = flush_every
+        self._setup = setup
         self._last_flush = time.monotonic()
         self._dirty: dict[str, _Conversation] = {}
-        self._rows: dict[type, list[dict[str, Any]]] = {
-            TurnRow: [],
-            AssertionResultRow: [],
-            AgentCallRow: [],
-        }
+        self._rows = _no_rows()
         self._cancel: str | None = None
+
+    @classmethod
+    def fresh(
+        cls,
+        url: str,
+        run_id: str,
+        records: Iterable[tuple[str, str | None, dict[str, Any]]],
+        *,
+        options: dict[str, Any],
+        config: dict[str, Any],
+        deadline_at: float | None,
+        setup: StoreSetup,
+    ) -> BufferedStore:
+        """A run not yet started: its cases as `repo.add_cases` stores them, the run as
+        `repo.start_run` leaves it. `setup` is storing them meanwhile; nothing is written
+        before it is done."""
+        conversations = {
+            case_id: _Conversation(record, agent, "pending", 1, None, 0)
+            for case_id, agent, record in records
+        }
+        run = _Run(
+            options=options,
+            config=config,
+            cancelled=False,
+            cancel_reason=None,
+            deadline_at=deadline_at,
+            status="running",
+            total_cases=len(conversations),
+            finished_cases=0,
+            total_tokens=0,
+            total_cost=0.0,
+            counters={"passed": 0, "failed": 0, "skipped": 0, "total_turns": 0},
+        )
+        return cls(url, run_id, run, conversations, setup=setup)
+
+    @classmethod
+    def from_database(cls, url: str, run_id: str) -> BufferedStore:
+        """A stored run as it is now (a run being resumed)."""
+        from sqlalchemy import select
+
+        from agenttest_worker.store.db import get_engine
+        from agenttest_worker.store.models import CaseRow, RunRow
+
+        cases: Table = CaseRow.__table__  # type: ignore[assignment]
+        runs: Table = RunRow.__table__  # type: ignore[assignment]
         with get_engine(url).connect() as connection:
-            run = connection.execute(select(_runs).where(_runs.c.id == run_id)).one()
-            self.run = _Run(
-                options=run.options,
-                config=run.config,
-                cancelled=run.cancelled,
-                cancel_reason=run.cancel_reason,
-                deadline_at=run.deadline_at,
-                status=run.status,
-                total_cases=run.total_cases,
-                finished_cases=run.finished_cases,
-                total_tokens=run.total_tokens,
-                total_cost=run.total_cost,
+            row = connection.execute(select(runs).where(runs.c.id == run_id)).one()
+            run = _Run(
+                options=row.options,
+                config=row.config,
+                cancelled=row.cancelled,
+                cancel_reason=row.cancel_reason,
+                deadline_at=row.deadline_at,
+                status=row.status,
+                total_cases=row.total_cases,
+                finished_cases=row.finished_cases,
+                total_tokens=row.total_tokens,
+                total_cost=row.total_cost,
                 counters={
-                    "passed": run.passed,
-                    "failed": run.failed,
-                    "skipped": run.skipped,
-                    "total_turns": run.total_turns,
+                    "passed": row.passed,
+                    "failed": row.failed,
+                    "skipped": row.skipped,
+                    "total_turns": row.total_turns,
                 },
             )
-            self.conversations = {
-                row.case_id: _Conversation(
-                    row.case, row.agent, row.phase, row.next_turn, row.state, row.deliveries
+            conversations = {
+                c.case_id: _Conversation(
+                    c.case, c.agent, c.phase, c.next_turn, c.state, c.deliveries
                 )
-                for row in connection.execute(
+                for c in connection.execute(
                     select(
-                        _cases.c.case_id,
-                        _cases.c.case,
-                        _cases.c.agent,
-                        _cases.c.phase,
-                        _cases.c.next_turn,
-                        _cases.c.state,
-                        _cases.c.deliveries,
-                    ).where(_cases.c.run_id == run_id)
+                        cases.c.case_id,
+                        cases.c.case,
+                        cases.c.agent,
+                        cases.c.phase,
+                        cases.c.next_turn,
+                        cases.c.state,
+                        cases.c.deliveries,
+                    ).where(cases.c.run_id == run_id)
                 )
             }
+        return cls(url, run_id, run, conversations)
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
-    ) -> repo.LoadedCase | None:
+    ) -> steps.LoadedCase | None:
         found = self.conversations.get(case_id) if run_id == self.run_id else None
         if found is None:
             return None
         run = self.run
-        return repo.LoadedCase(
+        return steps.LoadedCase(
             run_id=run_id,
             case_id=case_id,
             case=found.case,
@@ -215,32 +311,32 @@ class BufferedStore:
         result: CaseResult | None = None,
         expected_phase: str | None = None,
         spend: tuple[int, float] | None = None,
-    ) -> repo.Saved:
+    ) -> steps.Saved:
         found = self.conversations.get(case_id) if run_id == self.run_id else None
         if found is None or found.next_turn != expected_turn:
-            return repo.Saved(False)
+            return steps.Saved(False)
         allowed = ("pending", "ready") if expected_phase is None else (expected_phase,)
         if found.phase not in allowed:
-            return repo.Saved(False)
+            return steps.Saved(False)
         found.next_turn, found.phase, found.state = next_turn, phase, state
         found.deliveries = 0
         self._dirty[case_id] = found
-        added = repo.step_rows(run_id, case_id, new_turns, final_assertions)
-        self._rows[TurnRow] += added.turns
-        self._rows[AssertionResultRow] += added.verdicts
-        self._rows[AgentCallRow] += added.calls
-        tokens, cost = repo.step_spend(spend, result)
+        added = steps.step_rows(run_id, case_id, new_turns, final_assertions)
+        self._rows["turns"] += added.turns
+        self._rows["assertions"] += added.verdicts
+        self._rows["calls"] += added.calls
+        tokens, cost = steps.step_spend(spend, result)
         run = self.run
         run.total_cost += cost
         run.total_tokens += tokens
         if result is None:
-            return repo.Saved(True)
+            return steps.Saved(True)
         found.result = result.model_dump(mode="json")
         run.finished_cases += 1
         run.counters[result.status] += 1
         run.counters["total_turns"] += result.total_turns
         finished = run.status == "running" and run.finished_cases >= run.total_cases
-        return repo.Saved(True, run_finished=finished)
+        return steps.Saved(True, run_finished=finished)
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
         if run_id != self.run_id or self.run.cancelled:
@@ -250,14 +346,32 @@ class BufferedStore:
         return True
 
     def maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= self.flush_every:
-            self.flush()
+        if time.monotonic() - self._last_flush < self.flush_every:
+            return
+        if self._setup is not None and not self._setup.done:
+            return  # the run is still being stored: keep buffering, never wait here
+        self.flush()
 
     def flush(self) -> None:
-        """Write everything saved since the last flush, in one transaction."""
+        """Write everything saved since the last flush, in one transaction (once the
+        run's setup, if any, is done: waits for it, and raises what it raised)."""
+        if self._setup is not None:
+            self._setup.wait()
+            self._setup = None
+        from sqlalchemy import update
+
+        from agenttest_worker.store import repo
+        from agenttest_worker.store.db import get_engine
+        from agenttest_worker.store.models import (
+            AgentCallRow,
+            AssertionResultRow,
+            RunRow,
+            TurnRow,
+        )
+
         self._last_flush = time.monotonic()
         dirty, self._dirty = self._dirty, {}
-        rows, self._rows = self._rows, {TurnRow: [], AssertionResultRow: [], AgentCallRow: []}
+        rows, self._rows = self._rows, _no_rows()
         cancel, self._cancel = self._cancel, None
         if not dirty and not any(rows.values()) and cancel is None:
             return
@@ -265,7 +379,7 @@ class BufferedStore:
         with get_engine(self.url).begin() as connection:
             if dirty:
                 connection.execute(
-                    _FLUSH_CASE,
+                    _flush_case(),
                     [
                         {
                             "b_run": self.run_id,
@@ -279,8 +393,9 @@ class BufferedStore:
                         for case_id, c in dirty.items()
                     ],
                 )
-            for model, batch in rows.items():
-                repo.insert_rows(connection, model, batch)
+            repo.insert_rows(connection, TurnRow, rows["turns"])
+            repo.insert_rows(connection, AssertionResultRow, rows["assertions"])
+            repo.insert_rows(connection, AgentCallRow, rows["calls"])
             values: dict[str, Any] = {
                 "finished_cases": run.finished_cases,
                 "total_tokens": run.total_tokens,
@@ -289,7 +404,8 @@ class BufferedStore:
             }
             if cancel is not None:
                 values.update(cancelled=True, cancel_reason=cancel)
-            connection.execute(update(_runs).where(_runs.c.id == self.run_id).values(**values))
+            runs: Table = RunRow.__table__  # type: ignore[assignment]
+            connection.execute(update(runs).where(runs.c.id == self.run_id).values(**values))
 
     def snapshot(self) -> dict[str, _Conversation]:
         """A copy of the conversations (for tests and the deadline sweep)."""

@@ -43,7 +43,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql import Select
 
-from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
+from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.db import get_engine, reconnecting, retrying, session_scope
 from agenttest_worker.store.hot_path import CompiledStatement, compile_statement, fetch_one
@@ -56,11 +56,7 @@ from agenttest_worker.store.models import (
     RunRow,
     TurnRow,
 )
-
-
-def new_run_id() -> str:
-    """Sortable by time, unique across a fleet: 20261129-203512-3fa9c1."""
-    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+from agenttest_worker.store.steps import LoadedCase, Saved, step_rows, step_spend
 
 
 def submitted_by() -> str:
@@ -204,25 +200,6 @@ def delete_run(url: str, run_id: str) -> None:
 # -- conversations -------------------------------------------------------------------------
 
 
-@dataclass
-class LoadedCase:
-    run_id: str
-    case_id: str
-    case: dict[str, Any]
-    agent: str | None
-    phase: str
-    next_turn: int
-    state: dict[str, Any] | None
-    deliveries: int
-    run_cancelled: bool
-    cancel_reason: str | None
-    run_options: dict[str, Any]
-    run_config: dict[str, Any]
-    deadline_at: float | None
-    run_tokens: int = 0
-    run_cost: float = 0.0
-
-
 # The turn's hot path (load_case, save_step) runs prebuilt Core statements on a plain
 # connection: their compiled forms are cached, and no ORM unit of work is involved.
 # Building the same expressions and going through the ORM on every turn cost more CPU
@@ -357,111 +334,6 @@ def load_case(
             run_tokens=row.total_tokens,
             run_cost=row.total_cost,
         )
-
-
-@dataclass(frozen=True)
-class Saved:
-    saved: bool
-    run_finished: bool = False
-
-
-def turn_rows(run_id: str, case_id: str, turns: Iterable[TurnResult]) -> list[dict[str, Any]]:
-    return [
-        {
-            "run_id": run_id,
-            "case_id": case_id,
-            "turn": t.turn,
-            "input": t.input,
-            "input_source": t.input_source,
-            "output": t.output,
-            "tool_calls": [c.model_dump(mode="json", exclude_none=True) for c in t.tool_calls],
-            "awaiting_input": t.awaiting_input,
-            "status": t.status,
-            "duration_ms": t.duration_ms,
-            "error": t.error,
-            "skip_reason": t.skip_reason,
-        }
-        for t in turns
-    ]
-
-
-def assertion_rows(
-    run_id: str, case_id: str, turn: int, results: Sequence[AssertionResult]
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "run_id": run_id,
-            "case_id": case_id,
-            "turn": turn,
-            "position": i,
-            "type": r.type,
-            "passed": r.passed,
-            "reason": r.reason,
-            "detail": r.model_dump(mode="json"),
-        }
-        for i, r in enumerate(results)
-    ]
-
-
-def call_rows(
-    run_id: str, case_id: str, turn: int, calls: Sequence[AgentCallRecord]
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "run_id": run_id,
-            "case_id": case_id,
-            "turn": turn,
-            "position": i,
-            "role": c.role,
-            "agent": c.agent,
-            "latency_ms": c.latency_ms,
-            "attempts": c.attempts,
-            "status_code": c.status_code,
-            "prompt_tokens": c.usage.prompt_tokens if c.usage else 0,
-            "completion_tokens": c.usage.completion_tokens if c.usage else 0,
-            "total_tokens": c.usage.total_tokens if c.usage else 0,
-            "error": c.error,
-        }
-        for i, c in enumerate(calls)
-    ]
-
-
-@dataclass(frozen=True)
-class StepRows:
-    """The rows one step adds: its turns, their assertions (and the case's final ones,
-    as turn 0), and their agent calls."""
-
-    turns: list[dict[str, Any]]
-    verdicts: list[dict[str, Any]]
-    calls: list[dict[str, Any]]
-
-
-def step_rows(
-    run_id: str,
-    case_id: str,
-    new_turns: Sequence[TurnResult],
-    final_assertions: Sequence[AssertionResult],
-) -> StepRows:
-    verdicts: list[dict[str, Any]] = []
-    calls: list[dict[str, Any]] = []
-    for turn in new_turns:
-        verdicts += assertion_rows(run_id, case_id, turn.turn, turn.assertions)
-        calls += call_rows(run_id, case_id, turn.turn, turn.calls or [])
-    verdicts += assertion_rows(run_id, case_id, 0, final_assertions)
-    return StepRows(turn_rows(run_id, case_id, new_turns), verdicts, calls)
-
-
-def step_spend(spend: tuple[int, float] | None, result: CaseResult | None) -> tuple[int, float]:
-    """(tokens, cost) a step adds to its run's totals.
-
-    With `spend` (runs with a budget account per turn) that; without, a case's tokens
-    are added once, when it ends.
-    """
-    if spend is not None:
-        return spend
-    if result is not None and result.usage:
-        return result.usage.total_tokens, 0.0
-    return 0, 0.0
 
 
 # None must be SQL NULL (a case without a result yet), not the JSON value null.

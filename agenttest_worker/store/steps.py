@@ -1,0 +1,146 @@
+"""What a conversation step loads and what it adds, as plain data: no database here.
+
+The embedded runner starts its conversations before the store is set up (importing
+SQLAlchemy and creating the run take a few tenths of a second, which the first agent
+calls can overlap), so everything a step needs besides the store itself lives here,
+away from SQLAlchemy. `repo` builds its statements from these rows.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
+
+
+def new_run_id() -> str:
+    """Sortable by time, unique across a fleet: 20261129-203512-3fa9c1."""
+    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class LoadedCase:
+    run_id: str
+    case_id: str
+    case: dict[str, Any]
+    agent: str | None
+    phase: str
+    next_turn: int
+    state: dict[str, Any] | None
+    deliveries: int
+    run_cancelled: bool
+    cancel_reason: str | None
+    run_options: dict[str, Any]
+    run_config: dict[str, Any]
+    deadline_at: float | None
+    run_tokens: int = 0
+    run_cost: float = 0.0
+
+
+@dataclass(frozen=True)
+class Saved:
+    saved: bool
+    run_finished: bool = False
+
+
+def turn_rows(run_id: str, case_id: str, turns: Iterable[TurnResult]) -> list[dict[str, Any]]:
+    return [
+        {
+            "run_id": run_id,
+            "case_id": case_id,
+            "turn": t.turn,
+            "input": t.input,
+            "input_source": t.input_source,
+            "output": t.output,
+            "tool_calls": [c.model_dump(mode="json", exclude_none=True) for c in t.tool_calls],
+            "awaiting_input": t.awaiting_input,
+            "status": t.status,
+            "duration_ms": t.duration_ms,
+            "error": t.error,
+            "skip_reason": t.skip_reason,
+        }
+        for t in turns
+    ]
+
+
+def assertion_rows(
+    run_id: str, case_id: str, turn: int, results: Sequence[AssertionResult]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "run_id": run_id,
+            "case_id": case_id,
+            "turn": turn,
+            "position": i,
+            "type": r.type,
+            "passed": r.passed,
+            "reason": r.reason,
+            "detail": r.model_dump(mode="json"),
+        }
+        for i, r in enumerate(results)
+    ]
+
+
+def call_rows(
+    run_id: str, case_id: str, turn: int, calls: Sequence[AgentCallRecord]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "run_id": run_id,
+            "case_id": case_id,
+            "turn": turn,
+            "position": i,
+            "role": c.role,
+            "agent": c.agent,
+            "latency_ms": c.latency_ms,
+            "attempts": c.attempts,
+            "status_code": c.status_code,
+            "prompt_tokens": c.usage.prompt_tokens if c.usage else 0,
+            "completion_tokens": c.usage.completion_tokens if c.usage else 0,
+            "total_tokens": c.usage.total_tokens if c.usage else 0,
+            "error": c.error,
+        }
+        for i, c in enumerate(calls)
+    ]
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The rows one step adds: its turns, their assertions (and the case's final ones,
+    as turn 0), and their agent calls."""
+
+    turns: list[dict[str, Any]]
+    verdicts: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+
+
+def step_rows(
+    run_id: str,
+    case_id: str,
+    new_turns: Sequence[TurnResult],
+    final_assertions: Sequence[AssertionResult],
+) -> StepRows:
+    verdicts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for turn in new_turns:
+        verdicts += assertion_rows(run_id, case_id, turn.turn, turn.assertions)
+        calls += call_rows(run_id, case_id, turn.turn, turn.calls or [])
+    verdicts += assertion_rows(run_id, case_id, 0, final_assertions)
+    return StepRows(turn_rows(run_id, case_id, new_turns), verdicts, calls)
+
+
+def step_spend(spend: tuple[int, float] | None, result: CaseResult | None) -> tuple[int, float]:
+    """(tokens, cost) a step adds to its run's totals.
+
+    With `spend` (runs with a budget account per turn) that; without, a case's tokens
+    are added once, when it ends.
+    """
+    if spend is not None:
+        return spend
+    if result is not None and result.usage:
+        return result.usage.total_tokens, 0.0
+    return 0, 0.0
