@@ -8,7 +8,6 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
 from agenttest_worker.agents.registry import ProjectConfig
@@ -17,6 +16,7 @@ from agenttest_worker.case_checks import check_case_refs
 from agenttest_worker.case_files import case_files_in, iter_cases
 from agenttest_worker.cases import Case
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.store.steps import CaseRecord
 
 
 @dataclass
@@ -159,7 +159,7 @@ class Spool:
         stream.finish()
         self.handle.seek(0)
 
-    def records(self) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    def records(self) -> Iterator[CaseRecord]:
         """(case id, agent, normalized record) of every case, in input order."""
         self.handle.seek(0)
         for line in self.handle:

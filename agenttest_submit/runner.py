@@ -98,7 +98,7 @@ def store_run(
 
 def store_records(
     url: str,
-    records: Iterable[tuple[str, str | None, dict[str, Any]]],
+    records: Iterable[steps.CaseRecord],
     *,
     options: RunOptions,
     config: ProjectConfig,
@@ -126,7 +126,7 @@ def store_records(
 def write_run(
     url: str,
     run_id: str,
-    records: Iterable[tuple[str, str | None, dict[str, Any]]],
+    records: Iterable[steps.CaseRecord],
     *,
     options: dict[str, Any],
     config: dict[str, Any],
@@ -207,7 +207,7 @@ def run_cases(
 def run_embedded(
     args: argparse.Namespace,
     url: str,
-    records: list[tuple[str, str | None, dict[str, Any]]],
+    records: list[steps.CaseRecord],
     options: RunOptions,
     config: ProjectConfig,
     target: str | None,

@@ -194,7 +194,7 @@ class BufferedStore:
         cls,
         url: str,
         run_id: str,
-        records: Iterable[tuple[str, str | None, dict[str, Any]]],
+        records: Iterable[steps.CaseRecord],
         *,
         options: dict[str, Any],
         config: dict[str, Any],

@@ -16,6 +16,10 @@ from typing import Any
 
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
 
+# A checked case as a run stores it: (case id, agent or None for the run's target,
+# the case's normalized record).
+CaseRecord = tuple[str, str | None, dict[str, Any]]
+
 
 def new_run_id() -> str:
     """Sortable by time, unique across a fleet: 20261129-203512-3fa9c1."""
