@@ -40,6 +40,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from agenttest_worker.agents.transport import close_session
+from agenttest_worker.demo.threaded import ThreadedServer
 
 START_TIMEOUT_S = 10.0
 SHUTDOWN_TIMEOUT_S = 1.0
@@ -132,16 +133,28 @@ class AgentServer:
     """Scripted replies per path on 127.0.0.1 (port 0: a free port), on its own thread."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.host = host
-        self.port = port
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Reply]] = defaultdict(deque)
         self._always: dict[str, Reply] = {}
         self._received: list[Received] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._base: str | None = None
+        self._server = ThreadedServer(
+            self._app,
+            host=host,
+            port=port,
+            name="agent-server",
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            handler_cancellation=True,
+            start_timeout=START_TIMEOUT_S,
+        )
+
+    @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
+    def port(self) -> int:
+        """The port asked for (0: a free one, picked at each start)."""
+        return self._server.port
 
     # -- scripting and inspection (any thread) -----------------------------------------
 
@@ -175,9 +188,7 @@ class AgentServer:
 
     @property
     def base_url(self) -> str:
-        if self._base is None:
-            raise RuntimeError("AgentServer is not running: call start() first")
-        return self._base
+        return self._server.url
 
     def url(self, path: str = "") -> str:
         return self.base_url + path
@@ -211,47 +222,18 @@ class AgentServer:
             headers["Content-Type"] = content_type
         return web.Response(status=reply.status, body=payload, headers=headers)
 
-    async def _start_site(self) -> tuple[web.AppRunner, str]:
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S, handler_cancellation=True
-        )
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, self.host, self.port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        port = int(runner.addresses[0][1])
-        return runner, f"http://{self.host}:{port}"
+        return app
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> str:
-        if self._base is not None:
-            return self._base
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=self._run, args=(loop,), name="agent-server", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
-        future = asyncio.run_coroutine_threadsafe(self._start_site(), loop)
-        try:
-            self._runner, self._base = future.result(timeout=START_TIMEOUT_S)
-        except BaseException:
-            self._stop_loop()
-            raise
-        return self._base
+        return self._server.start()
 
     def stop(self) -> None:
-        if self._loop is None:
-            return
-        try:
-            if self._runner is not None:
-                cleanup = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-                cleanup.result(timeout=START_TIMEOUT_S)
-        finally:
-            self._stop_loop()
+        self._server.stop()
 
     def __enter__(self) -> Self:
         self.start()
@@ -264,23 +246,6 @@ class AgentServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-    @staticmethod
-    def _run(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
-
-    def _stop_loop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join()
-        self._loop = self._thread = None
-        self._runner = None
-        self._base = None
 
 
 T = TypeVar("T")

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from glob import glob
 from pathlib import Path
@@ -42,6 +42,8 @@ from typing import Any, Self
 import aiohttp
 from aiohttp import web
 from fleet import WORKER_ENV, WORKER_HEADER, _die_with_parent, free_port, wait_until
+
+from agenttest_worker.demo.threaded import ThreadedServer
 
 # -- a private PostgreSQL cluster ---------------------------------------------------------------
 
@@ -220,10 +222,6 @@ def _describe(body: dict[str, Any]) -> tuple[str | None, int]:
     return case, len(users)
 
 
-async def _client_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession()
-
-
 class FaultAgent:
     """An HTTP agent in front of the demo agents, misbehaving as its `rule` says."""
 
@@ -237,9 +235,10 @@ class FaultAgent:
         self.count = 0
         self._requests: list[Request] = []
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._server = ThreadedServer(
+            self._app, name="fault-agent", shutdown_timeout=0.5, handler_cancellation=True
+        )
         self.port = 0
 
     @property
@@ -314,33 +313,21 @@ class FaultAgent:
                 content_type=upstream.content_type,
             )
 
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        app.cleanup_ctx.append(self._upstream_session)
+        return app
+
+    async def _upstream_session(self, app: web.Application) -> AsyncIterator[None]:
+        # One session for every forwarded request, opened and closed on the server's loop.
+        self._session = aiohttp.ClientSession()
+        yield
+        await self._session.close()
+
     def __enter__(self) -> Self:
-        started = threading.Event()
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._handle)
-            runner = web.AppRunner(
-                app, shutdown_timeout=0.5, handler_cancellation=True, access_log=None
-            )
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            self._session = loop.run_until_complete(_client_session())
-            self.port = int(runner.addresses[0][1])
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(self._session.close())
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="fault-agent", daemon=True)
-        self._thread.start()
-        if not started.wait(10):
-            raise RuntimeError("the fault agent did not start")
+        self._server.start()
+        self.port = self._server.bound_port
         return self
 
     def __exit__(
@@ -349,10 +336,7 @@ class FaultAgent:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+        self._server.stop()
 
 
 def write_config(directory: Path, agents: dict[str, dict[str, Any]], **top: Any) -> Path:

@@ -44,6 +44,7 @@ import aiohttp
 from aiohttp import web
 from sqlalchemy import select
 
+from agenttest_worker.demo.threaded import ThreadedServer
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import CaseRow
@@ -423,9 +424,9 @@ class WatchingAgent:
         self._seen: list[Seen] = []
         self._lock = threading.Lock()
         self._groups: list[tuple[Callable[[Seen], bool], int, asyncio.Event, list[int]]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
+        self._server = ThreadedServer(
+            self._app, name="watching-agent", shutdown_timeout=1.0, access_log=True
+        )
         self.port = 0
 
     @property
@@ -479,30 +480,14 @@ class WatchingAgent:
                 content_type=upstream.content_type,
             )
 
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        return app
+
     def __enter__(self) -> Self:
-        started = threading.Event()
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._handle)
-            runner = web.AppRunner(app, shutdown_timeout=1.0)
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            self.port = int(runner.addresses[0][1])
-            self._runner = runner
-            started.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="watching-agent", daemon=True)
-        self._thread.start()
-        if not started.wait(10):
-            raise RuntimeError("the watching agent did not start")
+        self._server.start()
+        self.port = self._server.bound_port
         return self
 
     def __exit__(
@@ -511,10 +496,7 @@ class WatchingAgent:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+        self._server.stop()
 
 
 # -- project files --------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.agents.transport import close_session
 from agenttest_worker.cases import Case
+from agenttest_worker.demo.threaded import ThreadedServer
 from agenttest_worker.engine import (
     ConversationState,
     RunOptions,
@@ -164,10 +165,7 @@ class ScriptedAgent:
         self._used: dict[str, int] = {}
         self._requests: dict[str, list[Body]] = {}
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._url: str | None = None
+        self._server = ThreadedServer(self._app, name="scripted-agent", shutdown_timeout=0.2)
 
     # -- what the tests use ------------------------------------------------------------
 
@@ -185,9 +183,7 @@ class ScriptedAgent:
 
     @property
     def base_url(self) -> str:
-        if self._url is None:
-            raise RuntimeError("ScriptedAgent is not running")
-        return self._url
+        return self._server.url + "/v1"
 
     def entry(self, model: str, **settings: Any) -> Body:
         """An agenttest.yaml agent entry for `model` (timeout 2s, one retry unless given)."""
@@ -245,37 +241,16 @@ class ScriptedAgent:
             )
         return web.json_response(_completion(model, reply, index), headers=reply.headers)
 
-    async def _start_site(self) -> tuple[web.AppRunner, str]:
+    def _app(self) -> web.Application:
         app = web.Application(client_max_size=32 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = int(runner.addresses[0][1])
-        return runner, f"http://127.0.0.1:{port}/v1"
+        return app
 
     def start(self) -> str:
-        if self._url is not None:
-            return self._url
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="scripted-agent", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
-        future = asyncio.run_coroutine_threadsafe(self._start_site(), loop)
-        self._runner, self._url = future.result(timeout=10)
-        return self._url
+        return self._server.start() + "/v1"
 
     def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
-        self._loop = self._thread = self._runner = None
-        self._url = None
+        self._server.stop()
 
     def __enter__(self) -> Self:
         self.start()

@@ -13,5 +13,6 @@ that model's behaviour:
 - `generator` (`generator.py`): test case generator, replies `{cases: [...]}`.
 - `echo`      (`echo.py`): replies with what it was sent (messages, metadata, tools).
 
-`server.py` serves them (`create_app`, `DemoServer`); `cli.py` is `agenttest-demo serve`.
+`server.py` serves them (`create_app`, `DemoServer`), on a thread of its own through
+`threaded.py` (which the test agents in tests/ use too); `cli.py` is `agenttest-demo serve`.
 """

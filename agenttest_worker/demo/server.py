@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, Self
@@ -35,6 +34,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from agenttest_worker.demo import echo, expense, generator, simulator, validator
+from agenttest_worker.demo.threaded import ThreadedServer, root_url, start_runner
 
 Responder = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -140,22 +140,14 @@ def create_app() -> web.Application:
 
 def base_url(host: str, port: int) -> str:
     """The /v1 base URL clients use for a server bound to host:port."""
-    shown = f"[{host}]" if ":" in host else host  # IPv6 literals need brackets in URLs
-    return f"http://{shown}:{port}/v1"
+    return root_url(host, port) + "/v1"
 
 
 async def start_site(host: str, port: int) -> tuple[web.AppRunner, str]:
     """Start serving `create_app()` on host:port (0: a free port); returns the runner
     (call `cleanup()` to stop) and the base URL with the port actually bound."""
-    runner = web.AppRunner(create_app(), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound_port = int(runner.addresses[0][1])
-    return runner, base_url(host, bound_port)
+    runner, root = await start_runner(create_app(), host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    return runner, root + "/v1"
 
 
 class DemoServer:
@@ -167,47 +159,35 @@ class DemoServer:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.host = host
-        self.port = port
-        self._url: str | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
+        self._server = ThreadedServer(
+            create_app,
+            host=host,
+            port=port,
+            name="agenttest-demo-server",
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            start_timeout=START_TIMEOUT_S,
+        )
+
+    @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
+    def port(self) -> int:
+        """The port asked for (0: a free one, picked at each start)."""
+        return self._server.port
 
     @property
     def base_url(self) -> str:
-        if self._url is None:
-            raise RuntimeError("DemoServer is not running: call start() first")
-        return self._url
+        return self._server.url + "/v1"
 
     def start(self) -> str:
         """Start serving (idempotent) and return the base URL."""
-        if self._url is not None:
-            return self._url
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=self._run_loop, args=(loop,), name="agenttest-demo-server", daemon=True
-        )
-        thread.start()
-        self._loop, self._thread = loop, thread
-        future = asyncio.run_coroutine_threadsafe(start_site(self.host, self.port), loop)
-        try:
-            self._runner, self._url = future.result(timeout=START_TIMEOUT_S)
-        except BaseException:
-            self._stop_loop()  # e.g. the port is taken: leave no thread behind
-            raise
-        return self._url
+        return self._server.start() + "/v1"
 
     def stop(self) -> None:
         """Stop serving and join the thread (idempotent)."""
-        if self._loop is None:
-            return
-        try:
-            if self._runner is not None:
-                cleanup = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
-                cleanup.result(timeout=START_TIMEOUT_S + SHUTDOWN_TIMEOUT_S)
-        finally:
-            self._stop_loop()
+        self._server.stop()
 
     def __enter__(self) -> Self:
         self.start()
@@ -220,21 +200,3 @@ class DemoServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-    @staticmethod
-    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
-
-    def _stop_loop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join()
-        self._loop = None
-        self._thread = None
-        self._runner = None
-        self._url = None
