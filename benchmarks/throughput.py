@@ -154,6 +154,24 @@ class Worker:
         self.handle.close()
 
 
+class Stall:
+    """Stops the benchmark, loudly, when a side makes no progress for `seconds`."""
+
+    def __init__(self, side: str, logs: list[Path], seconds: float = 60.0) -> None:
+        self.side, self.logs, self.seconds = side, logs, seconds
+        self.last, self.since = -1, time.monotonic()
+
+    def check(self, done: int, total: int) -> None:
+        if done != self.last:
+            self.last, self.since = done, time.monotonic()
+        elif time.monotonic() - self.since > self.seconds:
+            tails = "\n".join(p.read_text(errors="replace")[-1500:] for p in self.logs)
+            raise SystemExit(
+                f"{self.side}: no progress for {self.seconds:g} s at {done} of {total} turns; "
+                f"worker logs end with:\n{tails}"
+            )
+
+
 def run_floor(
     args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path
 ) -> tuple[float, float]:
@@ -186,7 +204,9 @@ def run_floor(
         for i in range(args.conversations):
             turn.apply_async((f"c{i}", 1, args.turns), producer=producer)
     with psycopg.connect(db, autocommit=True) as conn:
-        while conn.execute("SELECT count(*) FROM floor_turns").fetchone()[0] < total:  # type: ignore[index]
+        watch = Stall("floor", [w.log_path for w in workers])
+        while (done := conn.execute("SELECT count(*) FROM floor_turns").fetchone()[0]) < total:  # type: ignore[index]
+            watch.check(done, total)
             time.sleep(0.05)
     elapsed = time.monotonic() - started
     cpu = sum(w.busy_cpu() for w in workers)
@@ -248,12 +268,15 @@ def run_agenttest(
     if status != 0:
         raise SystemExit(f"submitter failed: {submitter.stderr.read() if submitter.stderr else ''}")
     with psycopg.connect(db, autocommit=True) as conn:
+        watch = Stall("agenttest", [w.log_path for w in workers])
         while True:
             row = conn.execute(
-                "SELECT status FROM runs ORDER BY created_at DESC LIMIT 1"
+                "SELECT status, (SELECT count(*) FROM turns) FROM runs"
+                " ORDER BY created_at DESC LIMIT 1"
             ).fetchone()
             if row and row[0] == "done":
                 break
+            watch.check(row[1] if row else 0, args.conversations * args.turns)
             time.sleep(0.05)
         turns = conn.execute("SELECT count(*) FROM turns").fetchone()[0]  # type: ignore[index]
         elapsed = time.monotonic() - started
