@@ -172,5 +172,13 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
     asyncio.set_event_loop(loop)
     try:
         loop.run_forever()
+        # Handlers still running after the shutdown timeout (a client that gave up on a
+        # slow reply) are cancelled and finished here, rather than destroyed pending
+        # with the loop (asyncio then prints "Task was destroyed but it is pending").
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
     finally:
         loop.close()
