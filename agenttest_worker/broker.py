@@ -46,8 +46,7 @@ class Transport(kombu_redis.Transport):
 
 
 def use_shared_clients() -> None:
-    """Make `redis://` brokers use this transport in this process.
-
-    Call before the first broker connection: kombu caches the class behind an alias.
-    """
+    """Make `redis://` brokers use this transport in this process (connections made
+    from now on; kombu caches the class behind an alias, so a cached one is dropped)."""
     kombu_transports.TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"
+    kombu_transports._transport_cache.pop("redis", None)

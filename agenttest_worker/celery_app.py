@@ -9,6 +9,14 @@ No result backend: results live in the store, and nothing waits on task results.
 Workers reconnect to a broker that went away for as long as it takes, and a publish
 retries for about 20 s; what the broker lost meanwhile (or a publish that gave up) is
 re-enqueued from the store (tasks.py, "Recovering lost messages").
+
+Conversations under way go before new ones: a conversation's first turn is published
+with priority NEW_CONVERSATION, everything else (later turns, start batches, the
+aggregation) with CONTINUING. On Redis a priority is a list of its own (`agenttest`
+and `agenttest:9`), and workers pop the CONTINUING list first. Without this a run's
+next turns queued behind all of its not-yet-started conversations, and a conversation's
+turns were spread over the whole run (hours on a nightly run: long enough for an agent
+to forget a session).
 """
 
 from __future__ import annotations
@@ -19,6 +27,20 @@ from agenttest_worker.broker import use_shared_clients
 from agenttest_worker.settings import get_settings
 
 settings = get_settings()
+
+# Redis priorities (kombu): 0 is popped first. Only these two steps exist, so workers
+# watch two lists per queue; ":" keeps the second list's name readable for monitoring
+# (deploy/k8s/keda-scaledobject.yaml watches both).
+CONTINUING = 0
+NEW_CONVERSATION = 9
+PRIORITY_STEPS = (CONTINUING, NEW_CONVERSATION)
+PRIORITY_SEPARATOR = ":"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists holding `queue`'s messages, the first popped first."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
+
 
 app = Celery(
     "agenttest_worker",
@@ -42,6 +64,8 @@ app.conf.update(
     worker_pool="threads",
     worker_concurrency=settings.worker_concurrency,
     broker_transport_options={
+        "priority_steps": list(PRIORITY_STEPS),
+        "sep": PRIORITY_SEPARATOR,
         "visibility_timeout": settings.visibility_timeout,
         # Sweep for messages of dead workers every restore_interval seconds.
         "unacked_restore_interval": settings.restore_interval,

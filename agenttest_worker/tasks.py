@@ -36,7 +36,7 @@ from celery.signals import (
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.aggregate import aggregate
-from agenttest_worker.celery_app import app, sweep_interval
+from agenttest_worker.celery_app import CONTINUING, NEW_CONVERSATION, app, sweep_interval
 from agenttest_worker.conversation import Advance, PoolCache, run_step_sync
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
@@ -74,6 +74,8 @@ def enqueue_turn(run_id: str, case_id: str, number: int, producer: Any = None) -
     turn.apply_async(
         (run_id, case_id, number),
         producer=producer,
+        # A first turn waits behind the turns of conversations under way (celery_app.py).
+        priority=NEW_CONVERSATION if number == 1 else CONTINUING,
         argsrepr=f"({run_id!r}, {case_id!r}, {number})",
         kwargsrepr="{}",
     )

@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fault_kit import Fault, FaultAgent, PostgresServer, openai_agent, write_config  # noqa: E402
 from fleet import WORKER_ENV, RedisServer, _die_with_parent, expense_case, greeting_case  # noqa: E402
 
+from agenttest_worker.celery_app import queue_lists  # noqa: E402
 from agenttest_worker.demo.server import DemoServer  # noqa: E402
 
 QUEUE = "agenttest"
@@ -352,7 +353,7 @@ class Soak:
     def queue_length(self) -> str:
         try:
             client = redis.Redis.from_url(self.redis_server.url, socket_timeout=2)
-            return str(client.llen(QUEUE))
+            return str(sum(client.llen(name) for name in queue_lists(QUEUE)))
         except redis.RedisError:
             return "-"
 

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agenttest_worker.celery_app import queue_lists
 from agenttest_worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -830,12 +831,18 @@ def test_k8s_keda_scales_the_workers_on_the_queue() -> None:
         START_WORKER
     )
     assert "replicas" not in _one("Deployment", target["name"])["spec"]  # KEDA owns it
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "redis"
-    meta = trigger["metadata"]
-    assert meta["listName"] == Settings.model_fields["queue"].default
-    assert meta["listName"] == _configmap_data()["AGENTTEST_QUEUE"]
-    assert int(meta["listLength"]) > 0
+    triggers = scaled["spec"]["triggers"]
+    assert {t["type"] for t in triggers} == {"redis"}
+    # Both lists the queue's messages wait in (a list per priority: celery_app.py).
+    lists = [t["metadata"]["listName"] for t in triggers]
+    assert lists == queue_lists(Settings.model_fields["queue"].default)
+    assert lists == queue_lists(_configmap_data()["AGENTTEST_QUEUE"])
+    assert {t["metadata"]["address"] for t in triggers} == {triggers[0]["metadata"]["address"]}
+    assert {t["metadata"]["databaseIndex"] for t in triggers} == {
+        triggers[0]["metadata"]["databaseIndex"]
+    }
+    assert all(int(t["metadata"]["listLength"]) > 0 for t in triggers)
+    meta = triggers[0]["metadata"]
     assert 1 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
     # The same Redis database as the broker URL in the Secret template.
     broker = _one("Secret", "agenttest-secrets")["stringData"]["AGENTTEST_BROKER_URL"]

@@ -27,11 +27,12 @@ from fleet import (
     write_cases,
     write_project,
 )
+from sqlalchemy import select
 
 from agenttest_submit.cli import main as submit_main
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import session_scope
-from agenttest_worker.store.models import RunReportRow
+from agenttest_worker.store.models import RunReportRow, TurnRow
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 STORED_FORMATS = {"jsonl", "console"}
@@ -141,6 +142,26 @@ def test_fleet_run_matches_the_embedded_default(
     for case in embedded:
         assert _verdicts(distributed[case]) == _verdicts(embedded[case]), case
         assert _normalized(distributed[case]) == _normalized(embedded[case]), case
+
+
+def test_conversations_under_way_go_before_new_ones(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    """One worker taking one message at a time plays each conversation to its end
+    before starting the next: later turns are popped before queued first turns."""
+    config = write_project(tmp_path, demo_url)
+    cases = write_cases(tmp_path, [expense_case(f"P{i}", turns=3) for i in range(4)])
+    fleet.start("one", concurrency=1)
+    run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "slow.expense", "--config", str(config)])
+    fleet.wait_done(run_id)
+    with session_scope(fleet.database_url) as session:
+        played = session.execute(
+            select(TurnRow.case_id, TurnRow.turn)
+            .where(TurnRow.run_id == run_id)
+            .order_by(TurnRow.created_at)
+        ).all()
+    assert [(c, t) for c, t in played] == [(f"P{i}", t) for i in range(4) for t in (1, 2, 3)]
+    assert [s for _, _, s in case_rows(fleet.database_url, run_id)] == ["passed"] * 4
 
 
 def test_a_duplicated_turn_message_is_a_no_op(fleet: Fleet, demo_url: str, tmp_path: Path) -> None:
