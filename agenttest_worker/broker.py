@@ -27,7 +27,22 @@ from kombu import transport as kombu_transports
 from kombu.transport import redis as kombu_redis
 
 
+class QoS(kombu_redis.QoS):
+    def restore_unacked(self, client: Any = None) -> None:
+        # A channel closed after its connection (the consumer tearing down after a
+        # broker outage) has no connection details left to build a client from, and
+        # kombu raised AttributeError here, which stopped the worker ("Unrecoverable
+        # error"). Its unacknowledged messages are still in Redis's unacked hash, and
+        # any worker's restore sweep gives them back after the visibility timeout, as
+        # for a worker that died.
+        if client is None and self.channel.connection.client is None:
+            self._delivered.clear()
+            return
+        super().restore_unacked(client)  # type: ignore[no-untyped-call]
+
+
 class Channel(kombu_redis.Channel):
+    QoS = QoS
     _shared_client: Any = None
 
     @contextmanager

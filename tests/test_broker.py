@@ -48,3 +48,32 @@ def test_the_app_uses_it_for_redis_brokers_only(redis_db: str) -> None:
 
     assert transport_module(redis_db) == "agenttest_worker.broker"
     assert transport_module("memory://") == "kombu.transport.memory"
+
+
+def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(
+    redis_db: str,
+) -> None:
+    """A broker outage can close a worker's connection under its consumer channel; closing
+    the channel then must not raise (kombu's did, and the worker stopped), and what it
+    had taken stays in the unacked hash for the restore sweep."""
+    from celery import Celery
+
+    from agenttest_worker.broker import use_shared_clients
+
+    use_shared_clients()
+    app = Celery(broker=redis_db)
+    connection = app.connection_for_write()
+    channel = connection.default_channel
+    assert isinstance(channel, Channel)
+    with connection.Producer() as producer:
+        producer.publish({"n": 1}, routing_key="outage-test", declare=[])
+    message = channel.basic_get("outage-test", no_ack=False)
+    assert message is not None
+    server = redis.Redis.from_url(redis_db)
+    assert server.hlen("unacked") == 1
+
+    connection.transport.client = None  # what kombu leaves once the connection is closed
+    channel.close()
+
+    assert server.hlen("unacked") == 1, "left for the restore sweep, not lost"
+    assert server.llen("outage-test") == 0
