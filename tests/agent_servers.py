@@ -33,14 +33,13 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from agenttest_worker.agents.transport import close_session
-from agenttest_worker.demo.threaded import ThreadedServer
+from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 
 START_TIMEOUT_S = 10.0
 SHUTDOWN_TIMEOUT_S = 1.0
@@ -129,7 +128,7 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-class AgentServer:
+class AgentServer(ServedOnThread):
     """Scripted replies per path on 127.0.0.1 (port 0: a free port), on its own thread."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -146,15 +145,6 @@ class AgentServer:
             handler_cancellation=True,
             start_timeout=START_TIMEOUT_S,
         )
-
-    @property
-    def host(self) -> str:
-        return self._server.host
-
-    @property
-    def port(self) -> int:
-        """The port asked for (0: a free one, picked at each start)."""
-        return self._server.port
 
     # -- scripting and inspection (any thread) -----------------------------------------
 
@@ -185,10 +175,6 @@ class AgentServer:
         """Scripted replies not served yet."""
         with self._lock:
             return len(self._queues[path])
-
-    @property
-    def base_url(self) -> str:
-        return self._server.url
 
     def url(self, path: str = "") -> str:
         return self.base_url + path
@@ -226,26 +212,6 @@ class AgentServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
-
-    # -- lifecycle -------------------------------------------------------------------------
-
-    def start(self) -> str:
-        return self._server.start()
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 T = TypeVar("T")

@@ -36,14 +36,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from glob import glob
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
 from fleet import WORKER_ENV, WORKER_HEADER, _die_with_parent, free_port, wait_until
 
-from agenttest_worker.demo.threaded import ThreadedServer
+from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 
 # -- a private PostgreSQL cluster ---------------------------------------------------------------
 
@@ -222,8 +221,10 @@ def _describe(body: dict[str, Any]) -> tuple[str | None, int]:
     return case, len(users)
 
 
-class FaultAgent:
+class FaultAgent(ServedOnThread):
     """An HTTP agent in front of the demo agents, misbehaving as its `rule` says."""
+
+    path = "/v1"
 
     def __init__(self, upstream: str, delay: float = 0.0, keep: bool = True) -> None:
         self.upstream = upstream.rstrip("/")
@@ -239,11 +240,6 @@ class FaultAgent:
         self._server = ThreadedServer(
             self._app, name="fault-agent", shutdown_timeout=0.5, handler_cancellation=True
         )
-        self.port = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def seen(self, case: str | None = None, model: str | None = None) -> list[Request]:
         with self._lock:
@@ -324,19 +320,6 @@ class FaultAgent:
         self._session = aiohttp.ClientSession()
         yield
         await self._session.close()
-
-    def __enter__(self) -> Self:
-        self._server.start()
-        self.port = self._server.bound_port
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.stop()
 
 
 def write_config(directory: Path, agents: dict[str, dict[str, Any]], **top: Any) -> Path:

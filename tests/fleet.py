@@ -37,14 +37,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
 from sqlalchemy import select
 
-from agenttest_worker.demo.threaded import ThreadedServer
+from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import CaseRow
@@ -408,7 +407,7 @@ def _describe(body: dict[str, Any]) -> tuple[str | None, int]:
     return case, len(users)
 
 
-class WatchingAgent:
+class WatchingAgent(ServedOnThread):
     """An HTTP agent in front of the demo agents: forwards, delays, reports, synchronizes.
 
     - `delay`: seconds to wait before forwarding each request (a slow agent);
@@ -416,6 +415,8 @@ class WatchingAgent:
     - `together(predicate, n)`: requests matching `predicate` are held until `n` of
       them have arrived, then all are answered at the same moment.
     """
+
+    path = "/v1"
 
     def __init__(self, upstream: str, delay: float = 0.0) -> None:
         self.upstream = upstream.rstrip("/")
@@ -427,11 +428,6 @@ class WatchingAgent:
         self._server = ThreadedServer(
             self._app, name="watching-agent", shutdown_timeout=1.0, access_log=True
         )
-        self.port = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def seen(self, case: str | None = None) -> list[Seen]:
         with self._lock:
@@ -484,19 +480,6 @@ class WatchingAgent:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         return app
-
-    def __enter__(self) -> Self:
-        self._server.start()
-        self.port = self._server.bound_port
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.stop()
 
 
 # -- project files --------------------------------------------------------------------------------

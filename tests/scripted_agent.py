@@ -23,8 +23,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiohttp import web
 
@@ -32,7 +31,7 @@ from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.agents.transport import close_session
 from agenttest_worker.cases import Case
-from agenttest_worker.demo.threaded import ThreadedServer
+from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 from agenttest_worker.engine import (
     ConversationState,
     RunOptions,
@@ -157,8 +156,10 @@ def _completion(model: str, reply: Reply, index: int) -> Body:
     return body
 
 
-class ScriptedAgent:
+class ScriptedAgent(ServedOnThread):
     """Scripted Chat Completions models on one HTTP server (see the module docstring)."""
+
+    path = "/v1"
 
     def __init__(self) -> None:
         self._rules: dict[str, Rule] = {}
@@ -180,10 +181,6 @@ class ScriptedAgent:
         """Every request body received for `model`, in order."""
         with self._lock:
             return list(self._requests.get(model, []))
-
-    @property
-    def base_url(self) -> str:
-        return self._server.url + "/v1"
 
     def entry(self, model: str, **settings: Any) -> Body:
         """An agenttest.yaml agent entry for `model` (timeout 2s, one retry unless given)."""
@@ -245,24 +242,6 @@ class ScriptedAgent:
         app = web.Application(client_max_size=32 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         return app
-
-    def start(self) -> str:
-        return self._server.start() + "/v1"
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- driving the engine ----------------------------------------------------------------

@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
-from types import MappingProxyType, TracebackType
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Any
 
 from aiohttp import web
 
 from agenttest_worker.demo import echo, expense, generator, simulator, validator
-from agenttest_worker.demo.threaded import ThreadedServer, root_url, start_runner
+from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer, root_url, start_runner
 
 Responder = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -150,13 +150,15 @@ async def start_site(host: str, port: int) -> tuple[web.AppRunner, str]:
     return runner, root + "/v1"
 
 
-class DemoServer:
+class DemoServer(ServedOnThread):
     """The demo agents on a background thread with its own event loop.
 
     `start()` returns the base URL (e.g. "http://127.0.0.1:41234/v1") once the socket
     accepts connections; `stop()` shuts down. As a context manager it starts on entry
     and stops on exit.
     """
+
+    path = "/v1"
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._server = ThreadedServer(
@@ -167,36 +169,3 @@ class DemoServer:
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             start_timeout=START_TIMEOUT_S,
         )
-
-    @property
-    def host(self) -> str:
-        return self._server.host
-
-    @property
-    def port(self) -> int:
-        """The port asked for (0: a free one, picked at each start)."""
-        return self._server.port
-
-    @property
-    def base_url(self) -> str:
-        return self._server.url + "/v1"
-
-    def start(self) -> str:
-        """Start serving (idempotent) and return the base URL."""
-        return self._server.start() + "/v1"
-
-    def stop(self) -> None:
-        """Stop serving and join the thread (idempotent)."""
-        self._server.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -101,13 +101,6 @@ class ThreadedServer:
             raise RuntimeError(f"{self.name} is not running: call start() first")
         return self._url
 
-    @property
-    def bound_port(self) -> int:
-        """The port actually bound (`port` may be 0)."""
-        if self._runner is None:
-            raise RuntimeError(f"{self.name} is not running: call start() first")
-        return int(self._runner.addresses[0][1])
-
     def start(self) -> str:
         """Start serving (idempotent) and return the root URL."""
         if self._url is not None:
@@ -166,6 +159,48 @@ class ThreadedServer:
         self._loop = self._thread = None
         self._runner = None
         self._url = None
+
+
+class ServedOnThread:
+    """Base of an object whose aiohttp app a ThreadedServer serves: the lifecycle
+    (`start`, `stop`, a context manager) and addresses, `path` appended to the root
+    URL (e.g. "/v1" for a Chat Completions base URL). Subclasses set `_server`."""
+
+    path = ""
+    _server: ThreadedServer
+
+    @property
+    def host(self) -> str:
+        return self._server.host
+
+    @property
+    def port(self) -> int:
+        """The port asked for (0: a free one, picked at each start)."""
+        return self._server.port
+
+    @property
+    def base_url(self) -> str:
+        return self._server.url + self.path
+
+    def start(self) -> str:
+        """Start serving (idempotent) and return the base URL."""
+        return self._server.start() + self.path
+
+    def stop(self) -> None:
+        """Stop serving and join the thread (idempotent)."""
+        self._server.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
