@@ -50,7 +50,7 @@ def database_url() -> str:
     return settings.database_url
 
 
-def import_celery_meanwhile() -> threading.Thread:
+def import_celery_meanwhile() -> None:
     """Import Celery and the tasks on a thread while the run is being stored.
 
     They take ~0.2 s to import, all of it before the first conversation can start;
@@ -63,9 +63,7 @@ def import_celery_meanwhile() -> threading.Thread:
         with contextlib.suppress(BaseException):
             import agenttest_worker.tasks  # noqa: F401
 
-    thread = threading.Thread(target=load, name="agenttest-import", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=load, name="agenttest-import", daemon=True).start()
 
 
 def enqueue_run(run_id: str, total: int) -> int:

@@ -1,4 +1,6 @@
-"""kombu's Redis transport with one change: a channel keeps its Redis client.
+"""kombu's Redis transport with two changes: a channel keeps its Redis client, and a
+channel closed after its connection leaves its unacknowledged messages to the restore
+sweep instead of stopping the worker (`QoS.restore_unacked`).
 
 kombu's Redis channel builds a new `redis.Redis` client for every publish, fanout
 (task event) and acknowledgment outside the consumer's poll (`conn_or_acquire`). The

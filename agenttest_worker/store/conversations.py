@@ -161,10 +161,6 @@ class StoreSetup:
             raise self._error
 
 
-def _no_rows() -> dict[str, list[dict[str, Any]]]:
-    return {"turns": [], "assertions": [], "calls": []}
-
-
 class BufferedStore:
     """One run's conversations in memory, written to the database in batches."""
 
@@ -186,7 +182,7 @@ class BufferedStore:
         self._setup = setup
         self._last_flush = time.monotonic()
         self._dirty: dict[str, _Conversation] = {}
-        self._rows = _no_rows()
+        self._rows = steps.StepRows.none()
         self._cancel: str | None = None
 
     @classmethod
@@ -321,10 +317,7 @@ class BufferedStore:
         found.next_turn, found.phase, found.state = next_turn, phase, state
         found.deliveries = 0
         self._dirty[case_id] = found
-        added = steps.step_rows(run_id, case_id, new_turns, final_assertions)
-        self._rows["turns"] += added.turns
-        self._rows["assertions"] += added.verdicts
-        self._rows["calls"] += added.calls
+        self._rows.add(steps.step_rows(run_id, case_id, new_turns, final_assertions))
         tokens, cost = steps.step_spend(spend, result)
         run = self.run
         run.total_cost += cost
@@ -362,18 +355,13 @@ class BufferedStore:
 
         from agenttest_worker.store import repo
         from agenttest_worker.store.db import get_engine
-        from agenttest_worker.store.models import (
-            AgentCallRow,
-            AssertionResultRow,
-            RunRow,
-            TurnRow,
-        )
+        from agenttest_worker.store.models import RunRow
 
         self._last_flush = time.monotonic()
         dirty, self._dirty = self._dirty, {}
-        rows, self._rows = self._rows, _no_rows()
+        rows, self._rows = self._rows, steps.StepRows.none()
         cancel, self._cancel = self._cancel, None
-        if not dirty and not any(rows.values()) and cancel is None:
+        if not dirty and not rows and cancel is None:
             return
         run = self.run
         with get_engine(self.url).begin() as connection:
@@ -393,9 +381,7 @@ class BufferedStore:
                         for case_id, c in dirty.items()
                     ],
                 )
-            repo.insert_rows(connection, TurnRow, rows["turns"])
-            repo.insert_rows(connection, AssertionResultRow, rows["assertions"])
-            repo.insert_rows(connection, AgentCallRow, rows["calls"])
+            repo.insert_step_rows(connection, rows)
             values: dict[str, Any] = {
                 "finished_cases": run.finished_cases,
                 "total_tokens": run.total_tokens,

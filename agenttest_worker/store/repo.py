@@ -56,7 +56,7 @@ from agenttest_worker.store.models import (
     RunRow,
     TurnRow,
 )
-from agenttest_worker.store.steps import LoadedCase, Saved, step_rows, step_spend
+from agenttest_worker.store.steps import LoadedCase, Saved, StepRows, step_rows, step_spend
 
 
 def submitted_by() -> str:
@@ -444,6 +444,13 @@ def insert_rows(connection: Any, model: type[Base], rows: Sequence[dict[str, Any
     connection.execute(statement, list(rows))
 
 
+def insert_step_rows(connection: Any, rows: StepRows) -> None:
+    """A step's (or a batch of steps') turn, assertion and agent-call rows."""
+    insert_rows(connection, TurnRow, rows.turns)
+    insert_rows(connection, AssertionResultRow, rows.verdicts)
+    insert_rows(connection, AgentCallRow, rows.calls)
+
+
 # Postgres saves a step in one statement: the guarded UPDATE as a CTE, and the turn,
 # assertion and call rows (passed as JSON arrays) inserted only if it moved the
 # conversation on, with the run's counters when the case ends. One round trip instead
@@ -613,9 +620,7 @@ def save_step(
         guard = _SAVE_RUNNING if expected_phase is None else _SAVE_PARKED
         if not connection.execute(guard, params).rowcount:
             return _not_moved(connection, step, result)
-        insert_rows(connection, TurnRow, rows.turns)
-        insert_rows(connection, AssertionResultRow, rows.verdicts)
-        insert_rows(connection, AgentCallRow, rows.calls)
+        insert_step_rows(connection, rows)
         if result is None:
             if tokens or cost:
                 connection.execute(_SPEND, params)

@@ -112,14 +112,27 @@ def call_rows(
     ]
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepRows:
     """The rows one step adds: its turns, their assertions (and the case's final ones,
-    as turn 0), and their agent calls."""
+    as turn 0), and their agent calls; or, added up, several steps' (BufferedStore)."""
 
     turns: list[dict[str, Any]]
     verdicts: list[dict[str, Any]]
     calls: list[dict[str, Any]]
+
+    @classmethod
+    def none(cls) -> StepRows:
+        return cls([], [], [])
+
+    def add(self, more: StepRows) -> None:
+        """Append `more`'s rows (a buffer of several steps' rows)."""
+        self.turns.extend(more.turns)
+        self.verdicts.extend(more.verdicts)
+        self.calls.extend(more.calls)
+
+    def __bool__(self) -> bool:
+        return bool(self.turns or self.verdicts or self.calls)
 
 
 def step_rows(
