@@ -11,7 +11,8 @@ pool, same concurrency):
 - agenttest: `agenttest-submit --no-wait` on a JSONL file of N cases with `--turns`
   static turns and a `contains` assertion each, workers `celery -A agenttest_worker`;
   timed from the submitter's start to the run's aggregation.
-Prints turns/s for both, the ratio, and the peak RSS of the worker(s) and submitter.
+Prints turns/s for both, the ratio, CPU per turn of the workers and of Postgres, and the
+peak RSS of the worker(s) and submitter.
 Needs Redis at 127.0.0.1:6379 and Postgres at 127.0.0.1:5432 (user postgres).
 """
 
@@ -29,6 +30,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 import redis
@@ -92,6 +94,24 @@ def process_cpu_seconds(pid: int) -> float:
     """User + system CPU time a live process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU time used so far by the live Postgres server processes (all databases).
+
+    Sampled before and after a side's run: the difference is what the database did for
+    it, as long as nothing else uses this server meanwhile (backends that exited in
+    between, such as the submitter's, are not counted).
+    """
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(postgres)" in text:
+            total += process_cpu_seconds(int(stat.parent.name))
+    return total
 
 
 class Worker:
@@ -172,9 +192,17 @@ class Stall:
             )
 
 
-def run_floor(
-    args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path
-) -> tuple[float, float]:
+class Side(NamedTuple):
+    turns_per_second: float
+    # CPU seconds per turn: the worker processes' (start-up excluded) and Postgres's.
+    worker_cpu: float
+    database_cpu: float
+
+
+UNMEASURED = Side(float("nan"), float("nan"), float("nan"))
+
+
+def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path) -> Side:
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE floor_turns (conversation text, turn int, output text, "
@@ -199,6 +227,7 @@ def run_floor(
 
     app.conf.broker_url = broker
     total = args.conversations * args.turns
+    database_cpu = postgres_cpu_seconds()
     started = time.monotonic()
     with app.producer_or_acquire() as producer:
         for i in range(args.conversations):
@@ -210,9 +239,10 @@ def run_floor(
             time.sleep(0.05)
     elapsed = time.monotonic() - started
     cpu = sum(w.busy_cpu() for w in workers)
+    database_cpu = postgres_cpu_seconds() - database_cpu
     for w in workers:
         w.stop()
-    return total / elapsed, cpu / total
+    return Side(total / elapsed, cpu / total, database_cpu / total)
 
 
 def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
@@ -236,7 +266,7 @@ def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, 
 
 def run_agenttest(
     args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path
-) -> tuple[float, int, list[int], float]:
+) -> tuple[Side, int, list[int]]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")},
         "AGENTTEST_BROKER_URL": broker,
@@ -254,6 +284,7 @@ def run_agenttest(
     for w in workers:
         w.wait_ready(broker, "agenttest")
     cases, config = write_suite(tmp, args, agent)
+    database_cpu = postgres_cpu_seconds()
     started = time.monotonic()
     submitter = subprocess.Popen(
         submit_command(cases, config, "--no-wait"),
@@ -293,12 +324,14 @@ def run_agenttest(
         f"reports stored {reports:.1f} s; total {elapsed:.1f} s"
     )
     cpu = sum(w.busy_cpu() for w in workers)
+    database_cpu = postgres_cpu_seconds() - database_cpu
     expected = args.conversations * args.turns
     if turns != expected:
         raise SystemExit(f"expected {expected} turn rows, found {turns}")
     for w in workers:
         w.stop()
-    return turns / elapsed, submitter_kb, [w.peak_kb for w in workers], cpu / turns
+    side = Side(turns / elapsed, cpu / turns, database_cpu / turns)
+    return side, submitter_kb, [w.peak_kb for w in workers]
 
 
 def main() -> None:
@@ -324,24 +357,28 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
         tmp = Path(tmpdir)
-        floor = ours = floor_cpu = our_cpu = float("nan")
+        floor = ours = UNMEASURED
         submitter_kb, worker_kb = 0, [0]
         if args.only != "agenttest":
             with redis_db() as broker, database() as db:
-                floor, floor_cpu = run_floor(args, broker, db, agent, tmp)
+                floor = run_floor(args, broker, db, agent, tmp)
         if args.only != "floor":
             with redis_db() as broker, database() as db:
-                ours, submitter_kb, worker_kb, our_cpu = run_agenttest(args, broker, db, agent, tmp)
+                ours, submitter_kb, worker_kb = run_agenttest(args, broker, db, agent, tmp)
     print(
         f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
         f"concurrency {args.concurrency} x {args.workers} worker(s), agent {args.latency_ms:g} ms"
     )
-    print(f"  floor (bare Celery chain)   {floor:8.1f} turns/s")
-    print(f"  agenttest                   {ours:8.1f} turns/s")
-    print(f"  ratio                       {ours / floor:8.2f}")
+    print(f"  floor (bare Celery chain)   {floor.turns_per_second:8.1f} turns/s")
+    print(f"  agenttest                   {ours.turns_per_second:8.1f} turns/s")
+    print(f"  ratio                       {ours.turns_per_second / floor.turns_per_second:8.2f}")
     print(
-        f"  worker CPU per turn: floor {floor_cpu * 1000:.1f} ms, "
-        f"agenttest {our_cpu * 1000:.1f} ms (user + system, start-up excluded)"
+        f"  worker CPU per turn: floor {floor.worker_cpu * 1000:.1f} ms, "
+        f"agenttest {ours.worker_cpu * 1000:.1f} ms (user + system, start-up excluded)"
+    )
+    print(
+        f"  Postgres CPU per turn: floor {floor.database_cpu * 1000:.2f} ms, "
+        f"agenttest {ours.database_cpu * 1000:.2f} ms (all server processes)"
     )
     print(
         f"  peak RSS: worker {max(worker_kb) / 1024:.0f} MB, submitter {submitter_kb / 1024:.0f} MB"
