@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,32 +46,41 @@ def _stored_run(url: str, demo_url: str, tmp_path: Path, n: int = 1) -> str:
 class _FaultyEngine:
     """The store's engine, with a fault injected into its connections (see subclasses).
 
-    Stands in for `get_engine(url)`: the hot path asks it for its dialect and for an
-    autocommit variant, and connects through `connect` (Postgres) or `begin`."""
+    Stands in for `get_engine(url)`: the hot path asks it for its dialect and checks
+    its connections out with `raw_connection` and back in with their `close`."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.dialect = engine.dialect
-        self.options: dict[str, Any] = {}
 
-    def execution_options(self, **options: Any) -> _FaultyEngine:
-        self.options = options
-        return self
+    def raw_connection(self) -> Any:
+        self.checking_out()
+        return _Pooled(self.engine.raw_connection(), self.checked_in)
 
-    @contextmanager
-    def connect(self) -> Iterator[Any]:
-        with self.fault(self.engine.execution_options(**self.options).connect()) as connection:
-            yield connection
+    def checking_out(self) -> None:
+        pass
 
-    @contextmanager
-    def begin(self) -> Iterator[Any]:
-        with self.fault(self.engine.begin()) as connection:
-            yield connection
+    def checked_in(self) -> None:
+        pass
 
-    @contextmanager
-    def fault(self, opened: Any) -> Iterator[Any]:
-        with opened as connection:
-            yield connection
+
+class _Pooled:
+    """A pooled connection that tells its engine when it is given back."""
+
+    def __init__(self, pooled: Any, on_close: Any) -> None:
+        self.pooled, self.on_close = pooled, on_close
+        self.driver_connection = pooled.driver_connection
+
+    @property
+    def is_valid(self) -> bool:
+        return bool(self.pooled.is_valid)
+
+    def invalidate(self, exc: BaseException | None = None) -> None:
+        self.pooled.invalidate(exc)
+
+    def close(self) -> None:
+        self.pooled.close()
+        self.on_close()
 
 
 def _lost(statement: str) -> DBAPIError:
@@ -87,10 +94,7 @@ class _AckLost(_FaultyEngine):
 
     armed = True
 
-    @contextmanager
-    def fault(self, opened: Any) -> Iterator[Any]:
-        with opened as connection:
-            yield connection
+    def checked_in(self) -> None:
         if self.armed:
             self.armed = False
             raise _lost("COMMIT")
@@ -101,13 +105,10 @@ class _LostOnEntry(_FaultyEngine):
 
     calls = 0
 
-    @contextmanager
-    def fault(self, opened: Any) -> Iterator[Any]:
+    def checking_out(self) -> None:
         self.calls += 1
         if self.calls == 1:
             raise _lost("BEGIN")
-        with opened as connection:
-            yield connection
 
 
 def test_a_step_whose_commit_landed_before_the_connection_dropped_counts_as_saved(
@@ -199,3 +200,29 @@ def test_only_a_lost_connection_counts_as_one(tmp_path: Path) -> None:
     ):
         connection.execute(text("SELECT * FROM missing"))
     assert not is_connection_lost(wrong.value)
+
+
+def test_the_turn_statements_replace_a_connection_lost_to_a_restart(
+    tmp_path: Path, demo_url: str
+) -> None:
+    """The turn's reads and writes run on pooled driver connections (hot_path.py): one
+    the server dropped while it sat in the pool is thrown away and the statement
+    retried on a new one, and every connection goes back to the pool ready for
+    transactions again."""
+    with PostgresServer(tmp_path / "pg") as pg:
+        url = pg.create_database("agenttest")
+        upgrade(url)
+        try:
+            run_id = _stored_run(url, demo_url, tmp_path)
+            assert repo.load_case(url, run_id, "C0") is not None  # now pooled
+            pg.stop()
+            pg.start()
+            loaded = repo.load_case(url, run_id, "C0")
+            assert loaded is not None and loaded.next_turn == 1
+            assert get_engine(url).pool.checkedout() == 0
+            with get_engine(url).connect() as connection:
+                driver: Any = connection.connection.driver_connection
+                assert driver.autocommit is False
+                assert connection.execute(text("SELECT count(*) FROM cases")).scalar() == 1
+        finally:
+            get_engine(url).dispose()

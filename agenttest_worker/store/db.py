@@ -176,9 +176,12 @@ def current_revision(connection: Any) -> str | None:
 
 def upgrade(url: str) -> None:
     """Bring the database at `url` to the current schema (idempotent, safe concurrently)."""
-    url = normalize_url(url)
+    if url in _upgraded:
+        return  # every task asks: answered without parsing the URL again
+    given, url = url, normalize_url(url)
     with _upgrade_lock:
         if url in _upgraded:
+            _upgraded.add(given)
             return
         engine = get_engine(url)
         with engine.connect() as connection:
@@ -187,7 +190,7 @@ def upgrade(url: str) -> None:
             _create_fresh(url, engine)
         elif current != HEAD_REVISION:
             _migrate(url, engine)
-        _upgraded.add(url)
+        _upgraded.update((url, given))
 
 
 def _create_fresh(url: str, engine: Engine) -> None:

@@ -1,26 +1,41 @@
-"""The turn's read and write on Postgres, sent straight through the driver.
+"""The turn's reads and writes, sent straight through the driver on Postgres.
 
-Every turn runs the same two statements (repo.load_case, repo.save_step). They are
+Every turn runs the same few statements (repo.load_case, repo.save_step). They are
 built with SQLAlchemy Core like every other query, compiled once per process to SQL
-text, and executed with the pooled connection's own psycopg cursor. SQLAlchemy still
-provides the connection (the pool, autocommit, invalidation); what is skipped is its
-per-execution work (compiled-cache lookup, execution context, events, result proxy),
-which was about a tenth of a worker's CPU per turn (benchmarks/throughput.py).
+text, and executed with a pooled psycopg connection's own cursor, in autocommit (each
+is one atomic statement: a transaction would only add BEGIN and COMMIT round trips).
+SQLAlchemy still provides the pool (checkout, checkin, invalidation); what is skipped
+is its per-connection and per-execution work: a `Connection` object, setting and
+resetting the isolation level at every checkout, the compiled-cache lookup, the
+execution context, events and the result proxy. Together that was about a tenth of a
+worker's CPU per turn (benchmarks/throughput.py).
 
 Errors keep SQLAlchemy's shape: a driver error is raised as `DBAPIError`, and a lost
 connection is invalidated, so that `reconnecting` (db.py) retries it and the pool
 drops it exactly as for any other statement.
+
+Elsewhere (SQLite, embedded) the same statements go through an ordinary SQLAlchemy
+connection: `turn_connection` hides which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ClauseElement
+
+
+class TurnConnection(Protocol):
+    """Runs one of the turn's statements; its first row, if any."""
+
+    def fetch_one(
+        self, statement: ClauseElement, params: Mapping[str, Any]
+    ) -> tuple[Any, ...] | None: ...
 
 
 @dataclass(frozen=True)
@@ -30,42 +45,105 @@ class CompiledStatement:
     sql: str
     # Values the statement carries itself (literals in Core become bound parameters).
     defaults: Mapping[str, Any]
-    # Parameters that are JSON documents: sent as jsonb, None as SQL NULL.
-    json_params: frozenset[str]
 
 
-def compile_statement(
-    statement: ClauseElement, connection: Connection, json_params: frozenset[str]
-) -> CompiledStatement:
-    compiled = statement.compile(dialect=connection.dialect)
-    defaults = {name: value for name, value in compiled.params.items() if value is not None}
-    return CompiledStatement(compiled.string, defaults, json_params)
+# Compiled once per process, by statement (the statements are module constants).
+_compiled: dict[ClauseElement, CompiledStatement] = {}
 
 
-def fetch_one(
-    connection: Connection, statement: CompiledStatement, params: Mapping[str, Any]
-) -> tuple[Any, ...] | None:
-    """Run `statement` on `connection`'s psycopg connection; its first row, if any."""
-    import psycopg  # here: only a Postgres store needs it (keeps embedded start-up light)
-    from psycopg.types.json import Jsonb
+def _compile(statement: ClauseElement, engine: Engine) -> CompiledStatement:
+    compiled = _compiled.get(statement)
+    if compiled is None:
+        text = statement.compile(dialect=engine.dialect)
+        defaults = {name: value for name, value in text.params.items() if value is not None}
+        compiled = _compiled[statement] = CompiledStatement(text.string, defaults)
+    return compiled
 
-    values = dict(statement.defaults)
-    for name, value in params.items():
-        if name in statement.json_params and value is not None:
-            value = Jsonb(value)
-        values[name] = value
-    driver: Any = connection.connection.driver_connection
+
+class _DriverConnection:
+    """A pooled psycopg connection running compiled statements itself."""
+
+    def __init__(self, engine: Engine, pooled: Any, json_params: frozenset[str]) -> None:
+        self.engine = engine
+        self.pooled = pooled
+        self.json_params = json_params
+
+    def fetch_one(
+        self, statement: ClauseElement, params: Mapping[str, Any]
+    ) -> tuple[Any, ...] | None:
+        import psycopg
+        from psycopg.types.json import Jsonb
+
+        compiled = _compile(statement, self.engine)
+        values = dict(compiled.defaults)
+        for name, value in params.items():
+            if name in self.json_params and value is not None:
+                value = Jsonb(value)
+            values[name] = value
+        try:
+            with self.pooled.driver_connection.cursor() as cursor:
+                cursor.execute(compiled.sql, values)
+                row = cursor.fetchone() if cursor.description is not None else None
+        except psycopg.Error as exc:
+            raise _as_dbapi_error(self.engine, exc, self.pooled, compiled.sql, values) from exc
+        return tuple(row) if row is not None else None
+
+
+class SqlAlchemyTurnConnection:
+    """One of SQLAlchemy's connections, as a TurnConnection."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def fetch_one(
+        self, statement: ClauseElement, params: Mapping[str, Any]
+    ) -> tuple[Any, ...] | None:
+        row = self.connection.execute(statement, dict(params)).first()  # type: ignore[call-overload]
+        return tuple(row) if row is not None else None
+
+
+def _as_dbapi_error(
+    engine: Engine, exc: Exception, pooled: Any, sql: str | None, values: Any
+) -> DBAPIError:
+    """What SQLAlchemy itself would raise for `exc`, invalidating a lost connection."""
+    import psycopg
+
+    error: Any = exc
+    lost = bool(engine.dialect.is_disconnect(error, pooled, None))
+    if lost and pooled is not None:
+        pooled.invalidate(exc)
+    wrapped = DBAPIError.instance(sql, values, exc, psycopg.Error, connection_invalidated=lost)
+    return cast(DBAPIError, wrapped)  # a DBAPIError for a driver's error
+
+
+@contextmanager
+def turn_connection(engine: Engine, json_params: frozenset[str]) -> Iterator[TurnConnection]:
+    """A connection for the turn's statements, each committed on its own.
+
+    On Postgres a pooled psycopg connection in autocommit (`json_params` are sent as
+    jsonb, None as SQL NULL), given back to the pool in its usual mode; elsewhere a
+    SQLAlchemy connection in autocommit.
+    """
+    if engine.dialect.name != "postgresql":
+        with engine.connect() as plain:
+            plain = plain.execution_options(isolation_level="AUTOCOMMIT")
+            yield SqlAlchemyTurnConnection(plain)
+        return
+    import psycopg
+
     try:
-        with driver.cursor() as cursor:
-            cursor.execute(statement.sql, values)
-            row = cursor.fetchone() if cursor.description is not None else None
-    except psycopg.Error as exc:
-        # What SQLAlchemy itself would decide and do for a statement it ran.
-        error: Any = exc
-        lost = bool(connection.dialect.is_disconnect(error, connection.connection, None))
-        if lost:
-            connection.invalidate(exc)
-        raise DBAPIError.instance(
-            statement.sql, values, exc, psycopg.Error, connection_invalidated=lost
-        ) from exc
-    return tuple(row) if row is not None else None
+        pooled = engine.raw_connection()
+    except psycopg.Error as exc:  # cannot connect: the same error `engine.connect()` raises
+        raise _as_dbapi_error(engine, exc, None, None, None) from exc
+    try:
+        driver: Any = pooled.driver_connection
+        driver.autocommit = True  # psycopg's own flag: no round trip
+        yield _DriverConnection(engine, pooled, json_params)
+    finally:
+        if pooled.is_valid:
+            try:
+                # Sessions that check this connection out next expect transactions.
+                driver.autocommit = False
+            except psycopg.Error as exc:  # e.g. broken mid-statement: not reusable
+                pooled.invalidate(exc)
+        pooled.close()

@@ -15,6 +15,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -46,7 +47,11 @@ from sqlalchemy.sql import Select
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.db import get_engine, reconnecting, retrying, session_scope
-from agenttest_worker.store.hot_path import CompiledStatement, compile_statement, fetch_one
+from agenttest_worker.store.hot_path import (
+    SqlAlchemyTurnConnection,
+    TurnConnection,
+    turn_connection,
+)
 from agenttest_worker.store.models import (
     AgentCallRow,
     AssertionResultRow,
@@ -253,22 +258,12 @@ class _LoadedRow(NamedTuple):
     total_cost: float
 
 
-# The hot path's statements compiled for Postgres (hot_path.py), by statement.
-_compiled: dict[Any, CompiledStatement] = {}
 # Parameters of the hot path that are JSON documents.
 _JSON_PARAMS = frozenset({"b_state", "b_result", "b_turn_rows", "b_verdict_rows", "b_call_rows"})
 
 
-def _fetch_one(connection: Any, statement: Any, params: dict[str, Any]) -> tuple[Any, ...] | None:
-    """The first row of one of the turn's statements: on Postgres through the driver
-    directly (hot_path.py), elsewhere through SQLAlchemy."""
-    if connection.dialect.name != "postgresql":
-        row = connection.execute(statement, params).first()
-        return tuple(row) if row is not None else None
-    compiled = _compiled.get(statement)
-    if compiled is None:
-        compiled = _compiled[statement] = compile_statement(statement, connection, _JSON_PARAMS)
-    return fetch_one(connection, compiled, params)
+def _turn_connection(engine: Engine) -> AbstractContextManager[TurnConnection]:
+    return turn_connection(engine, _JSON_PARAMS)
 
 
 # What a run was created with never changes: read once per process and run.
@@ -276,12 +271,14 @@ _settings_cache: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
 _settings_lock = threading.Lock()
 
 
-def _run_settings(connection: Any, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _run_settings(connection: TurnConnection, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     with _settings_lock:
         cached = _settings_cache.get(run_id)
     if cached is None:
-        row = connection.execute(_RUN_SETTINGS, {"b_run": run_id}).one()
-        cached = (row.options, row.config)
+        found = connection.fetch_one(_RUN_SETTINGS, {"b_run": run_id})
+        if found is None:
+            raise LookupError(f"run {run_id} is not in the store")
+        cached = (found[0], found[1])
         with _settings_lock:
             if len(_settings_cache) > 64:
                 _settings_cache.clear()
@@ -298,24 +295,24 @@ def load_case(
     With `turn`, only a delivery of the turn the conversation is waiting for counts: a
     duplicate or stale message must not use up the next turn's delivery budget.
     """
-    with _autocommit(get_engine(url)).connect() as connection:
-        found = _fetch_one(connection, _LOAD, {"b_run": run_id, "b_case": case_id})
+    with _turn_connection(get_engine(url)) as connection:
+        found = connection.fetch_one(_LOAD, {"b_run": run_id, "b_case": case_id})
         if found is None:
             return None
         row = _LoadedRow(*found)
         deliveries = row.deliveries
         current = turn is None or (row.next_turn == turn and row.phase in ("pending", "ready"))
         if count_delivery and current:
-            counted = connection.execute(
+            counted = connection.fetch_one(
                 _COUNT_DELIVERY,
                 {
                     "b_run": run_id,
                     "b_case": case_id,
                     "b_turn": row.next_turn if turn is None else turn,
                 },
-            ).scalar_one_or_none()
+            )
             if counted is not None:
-                deliveries = counted
+                deliveries = counted[0]
         options, config = _run_settings(connection, run_id)
         return LoadedCase(
             run_id=run_id,
@@ -397,19 +394,9 @@ _RUN_COUNTS = select(_runs.c.finished_cases, _runs.c.total_cases, _runs.c.status
 )
 # (run, case, turn, token) of the step this thread is writing, kept across its retries.
 _written = threading.local()
-_autocommit_engines: dict[Engine, Engine] = {}
 
 
-def _autocommit(engine: Engine) -> Engine:
-    """`engine` without transactions: for single statements, which are atomic on their
-    own, a transaction would only add a BEGIN and a COMMIT round trip each."""
-    plain = _autocommit_engines.get(engine)
-    if plain is None:
-        plain = _autocommit_engines[engine] = engine.execution_options(isolation_level="AUTOCOMMIT")
-    return plain
-
-
-def _landed(connection: Any, step: tuple[str, str, int]) -> bool:
+def _landed(connection: TurnConnection, step: tuple[str, str, int]) -> bool:
     """Whether this thread's previous attempt at `step` committed after all.
 
     The connection can drop after the server committed but before it said so. Every
@@ -420,12 +407,15 @@ def _landed(connection: Any, step: tuple[str, str, int]) -> bool:
     known = getattr(_written, "step", None)
     if known is None or known[:3] != step:
         return False
-    token = connection.execute(_CASE_TOKEN, {"b_run": step[0], "b_case": step[1]}).scalar()
-    return bool(token == known[3])
+    found = connection.fetch_one(_CASE_TOKEN, {"b_run": step[0], "b_case": step[1]})
+    return found is not None and found[0] == known[3]
 
 
-def _run_complete(connection: Any, run_id: str) -> bool:
-    finished, total, status = connection.execute(_RUN_COUNTS, {"b_run": run_id}).one()
+def _run_complete(connection: TurnConnection, run_id: str) -> bool:
+    found = connection.fetch_one(_RUN_COUNTS, {"b_run": run_id})
+    if found is None:
+        return False
+    finished, total, status = found
     return bool(status == "running" and finished >= total)
 
 
@@ -607,8 +597,8 @@ def save_step(
             bool(tokens or cost),
         )
         params.update(b_turn_rows=rows.turns, b_verdict_rows=rows.verdicts, b_call_rows=rows.calls)
-        with _autocommit(engine).connect() as connection:
-            row = _fetch_one(connection, statement, params)
+        with _turn_connection(engine) as connection:
+            row = connection.fetch_one(statement, params)
             if row is None:
                 return _not_moved(connection, step, result)
         if result is None:
@@ -619,7 +609,7 @@ def save_step(
     with engine.begin() as connection:
         guard = _SAVE_RUNNING if expected_phase is None else _SAVE_PARKED
         if not connection.execute(guard, params).rowcount:
-            return _not_moved(connection, step, result)
+            return _not_moved(SqlAlchemyTurnConnection(connection), step, result)
         insert_step_rows(connection, rows)
         if result is None:
             if tokens or cost:
@@ -629,7 +619,9 @@ def save_step(
         return Saved(True, run_finished=status == "running" and finished >= total)
 
 
-def _not_moved(connection: Any, step: tuple[str, str, int], result: CaseResult | None) -> Saved:
+def _not_moved(
+    connection: TurnConnection, step: tuple[str, str, int], result: CaseResult | None
+) -> Saved:
     if retrying() and _landed(connection, step):
         # The first attempt committed and the connection dropped before the commit was
         # acknowledged: this step is saved, and its caller must still enqueue what
