@@ -11,8 +11,9 @@ pool, same concurrency):
 - agenttest: `agenttest-submit --no-wait` on a JSONL file of N cases with `--turns`
   static turns and a `contains` assertion each, workers `celery -A agenttest_worker`;
   timed from the submitter's start to the run's aggregation.
-Prints turns/s for both, the ratio, CPU per turn of the workers and of Postgres, and the
-peak RSS of the worker(s) and submitter.
+Prints turns/s for both (end to end, and steady: first to last turn saved), the ratios,
+CPU per turn of the workers, Postgres and Redis, and the peak RSS of the worker(s) and
+submitter.
 Needs Redis at 127.0.0.1:6379 and Postgres at 127.0.0.1:5432 (user postgres).
 """
 
@@ -96,22 +97,24 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def postgres_cpu_seconds() -> float:
-    """CPU time used so far by the live Postgres server processes (all databases).
+def servers_cpu_seconds() -> tuple[float, float]:
+    """CPU time used so far by the live Postgres and Redis server processes.
 
-    Sampled before and after a side's run: the difference is what the database did for
-    it, as long as nothing else uses this server meanwhile (backends that exited in
-    between, such as the submitter's, are not counted).
+    Sampled before and after a side's run: the difference is what the servers did for
+    it, as long as nothing else uses them meanwhile (backends that exited in between,
+    such as the submitter's, are not counted).
     """
-    total = 0.0
+    postgres = redis_server = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:
             continue
         if "(postgres)" in text:
-            total += process_cpu_seconds(int(stat.parent.name))
-    return total
+            postgres += process_cpu_seconds(int(stat.parent.name))
+        elif "(redis-server)" in text:
+            redis_server += process_cpu_seconds(int(stat.parent.name))
+    return postgres, redis_server
 
 
 class Worker:
@@ -193,20 +196,26 @@ class Stall:
 
 
 class Side(NamedTuple):
+    # End to end: from the first publish (floor) or the submitter's start (agenttest)
+    # until every turn is saved (and, for agenttest, the reports are stored).
     turns_per_second: float
+    # Between the first and the last turn saved (the rows' timestamps): the rate once
+    # conversations are flowing, without either side's fixed costs.
+    steady_turns_per_second: float
     # CPU seconds per turn: the worker processes' (start-up excluded) and Postgres's.
     worker_cpu: float
     database_cpu: float
+    broker_cpu: float
 
 
-UNMEASURED = Side(float("nan"), float("nan"), float("nan"))
+UNMEASURED = Side(*(float("nan"),) * 5)
 
 
 def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path) -> Side:
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE floor_turns (conversation text, turn int, output text, "
-            "PRIMARY KEY (conversation, turn))"
+            "created_at timestamptz DEFAULT now(), PRIMARY KEY (conversation, turn))"
         )
     env = {
         **os.environ,
@@ -227,7 +236,7 @@ def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: P
 
     app.conf.broker_url = broker
     total = args.conversations * args.turns
-    database_cpu = postgres_cpu_seconds()
+    servers_before = servers_cpu_seconds()
     started = time.monotonic()
     with app.producer_or_acquire() as producer:
         for i in range(args.conversations):
@@ -237,12 +246,23 @@ def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: P
         while (done := conn.execute("SELECT count(*) FROM floor_turns").fetchone()[0]) < total:  # type: ignore[index]
             watch.check(done, total)
             time.sleep(0.05)
-    elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - started
+        steady = conn.execute(
+            "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM floor_turns"
+        ).fetchone()[0]  # type: ignore[index]
     cpu = sum(w.busy_cpu() for w in workers)
-    database_cpu = postgres_cpu_seconds() - database_cpu
+    database_cpu, broker_cpu = (
+        after - before for after, before in zip(servers_cpu_seconds(), servers_before, strict=True)
+    )
     for w in workers:
         w.stop()
-    return Side(total / elapsed, cpu / total, database_cpu / total)
+    return Side(
+        total / elapsed,
+        (total - 1) / float(steady),
+        cpu / total,
+        database_cpu / total,
+        broker_cpu / total,
+    )
 
 
 def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
@@ -284,7 +304,7 @@ def run_agenttest(
     for w in workers:
         w.wait_ready(broker, "agenttest")
     cases, config = write_suite(tmp, args, agent)
-    database_cpu = postgres_cpu_seconds()
+    servers_before = servers_cpu_seconds()
     started = time.monotonic()
     submitter = subprocess.Popen(
         submit_command(cases, config, "--no-wait"),
@@ -324,13 +344,16 @@ def run_agenttest(
         f"reports stored {reports:.1f} s; total {elapsed:.1f} s"
     )
     cpu = sum(w.busy_cpu() for w in workers)
-    database_cpu = postgres_cpu_seconds() - database_cpu
+    database_cpu, broker_cpu = (
+        after - before for after, before in zip(servers_cpu_seconds(), servers_before, strict=True)
+    )
     expected = args.conversations * args.turns
     if turns != expected:
         raise SystemExit(f"expected {expected} turn rows, found {turns}")
     for w in workers:
         w.stop()
-    side = Side(turns / elapsed, cpu / turns, database_cpu / turns)
+    steady = (turns - 1) / float(last_turn - first_turn)
+    side = Side(turns / elapsed, steady, cpu / turns, database_cpu / turns, broker_cpu / turns)
     return side, submitter_kb, [w.peak_kb for w in workers]
 
 
@@ -373,12 +396,21 @@ def main() -> None:
     print(f"  agenttest                   {ours.turns_per_second:8.1f} turns/s")
     print(f"  ratio                       {ours.turns_per_second / floor.turns_per_second:8.2f}")
     print(
+        f"  steady rate (first to last turn saved): floor {floor.steady_turns_per_second:.1f}, "
+        f"agenttest {ours.steady_turns_per_second:.1f} turns/s, ratio "
+        f"{ours.steady_turns_per_second / floor.steady_turns_per_second:.2f}"
+    )
+    print(
         f"  worker CPU per turn: floor {floor.worker_cpu * 1000:.1f} ms, "
         f"agenttest {ours.worker_cpu * 1000:.1f} ms (user + system, start-up excluded)"
     )
     print(
         f"  Postgres CPU per turn: floor {floor.database_cpu * 1000:.2f} ms, "
         f"agenttest {ours.database_cpu * 1000:.2f} ms (all server processes)"
+    )
+    print(
+        f"  Redis CPU per turn: floor {floor.broker_cpu * 1000:.2f} ms, "
+        f"agenttest {ours.broker_cpu * 1000:.2f} ms"
     )
     print(
         f"  peak RSS: worker {max(worker_kb) / 1024:.0f} MB, submitter {submitter_kb / 1024:.0f} MB"
