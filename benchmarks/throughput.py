@@ -91,10 +91,14 @@ def fixed_agent(latency_ms: float) -> Iterator[str]:
         proc.wait(10)
 
 
+def _cpu_from_stat(text: str) -> float:
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU time a live process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _cpu_from_stat(Path(f"/proc/{pid}/stat").read_text())
 
 
 def servers_cpu_seconds() -> tuple[float, float]:
@@ -111,16 +115,33 @@ def servers_cpu_seconds() -> tuple[float, float]:
         except OSError:
             continue
         if "(postgres)" in text:
-            postgres += process_cpu_seconds(int(stat.parent.name))
+            postgres += _cpu_from_stat(text)
         elif "(redis-server)" in text:
-            redis_server += process_cpu_seconds(int(stat.parent.name))
+            redis_server += _cpu_from_stat(text)
     return postgres, redis_server
+
+
+# Every worker started, so that each side stops its own whatever happened: one left
+# running after a failed side would consume the next benchmark's messages (the Redis
+# database number is reused) against a database already dropped.
+_started: list[Worker] = []
+
+
+@contextmanager
+def stopping_workers() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for worker in _started:
+            worker.stop()
 
 
 class Worker:
     """A Celery worker process; peak memory read from its rusage when it exits."""
 
     def __init__(self, app: str, env: dict[str, str], concurrency: int, queue: str, log_path: Path):
+        _started.append(self)
+        self.stopped = False
         self.log_path = log_path
         self.handle = log_path.open("w")
         self.proc = subprocess.Popen(
@@ -170,6 +191,9 @@ class Worker:
         return process_cpu_seconds(self.proc.pid) - self.cpu_at_ready
 
     def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         _, _, usage = os.wait4(self.proc.pid, 0)
@@ -383,10 +407,10 @@ def main() -> None:
         floor = ours = UNMEASURED
         submitter_kb, worker_kb = 0, [0]
         if args.only != "agenttest":
-            with redis_db() as broker, database() as db:
+            with redis_db() as broker, database() as db, stopping_workers():
                 floor = run_floor(args, broker, db, agent, tmp)
         if args.only != "floor":
-            with redis_db() as broker, database() as db:
+            with redis_db() as broker, database() as db, stopping_workers():
                 ours, submitter_kb, worker_kb = run_agenttest(args, broker, db, agent, tmp)
     print(
         f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
