@@ -55,7 +55,8 @@ def import_celery_meanwhile() -> None:
 
     They take ~0.2 s to import, all of it before the first conversation can start;
     storing the run is mostly waiting on the database, time the import can use.
-    `enqueue_run` then finds them imported (or waits on the import lock until they are).
+    `FleetStarter` (or `enqueue_run`) then finds them imported (or waits on the import
+    lock until they are).
     """
 
     def load() -> None:
@@ -73,15 +74,35 @@ def enqueue_run(run_id: str, total: int) -> int:
     so the submitter's cost does not grow with one publish per case.
     """
     from agenttest_worker.celery_app import app
-    from agenttest_worker.tasks import start
+    from agenttest_worker.tasks import enqueue_start
 
     size = get_settings().enqueue_batch
     batches = 0
     with app.producer_or_acquire() as producer:
         for first in range(0, total, size):
-            start.apply_async((run_id, first, min(first + size, total) - 1), producer=producer)
+            enqueue_start(run_id, first, min(first + size, total) - 1, producer)
             batches += 1
     return batches
+
+
+class FleetStarter:
+    """Starts a run's conversations on the fleet batch by batch, as they are stored.
+
+    One `agenttest.start` per stored batch (as `enqueue_run` publishes for a run stored
+    beforehand): on a large run the fleet works on the first conversations while the
+    rest are written, instead of waiting for all of them.
+    """
+
+    def stored(self, run_id: str, first: int, last: int) -> None:
+        from agenttest_worker.tasks import enqueue_start
+
+        enqueue_start(run_id, first, last)
+
+    def started(self, run_id: str, every_case_ended: bool) -> None:
+        if every_case_ended:  # they ended before the run was running: nobody else will
+            from agenttest_worker.tasks import aggregate_run
+
+            aggregate_run.apply_async((run_id,))
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
@@ -98,8 +119,7 @@ def run_distributed(
     config: ProjectConfig,
     options: RunOptions,
 ) -> int:
-    """Enqueue a stored run's conversations, then watch it (unless --no-wait)."""
-    enqueue_run(run_id, total)
+    """Watch a run whose conversations were started as it was stored (unless --no-wait)."""
     print(f"run {run_id}: {total} case(s) enqueued", file=sys.stderr, flush=True)
     if not args.wait:
         print(

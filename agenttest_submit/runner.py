@@ -13,9 +13,10 @@ import asyncio
 import sys
 import time
 from collections.abc import Collection, Iterable, Iterator
+from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agenttest_submit.expand import CaseStream, Spool, print_warnings
 from agenttest_submit.human import TerminalAsker
@@ -96,6 +97,17 @@ def store_run(
     )
 
 
+class RunStarter(Protocol):
+    """Starts a run's conversations while the rest of its cases are still being stored."""
+
+    def stored(self, run_id: str, first: int, last: int) -> None:
+        """Cases `first`..`last` (their positions in the run) are stored."""
+
+    def started(self, run_id: str, every_case_ended: bool) -> None:
+        """Every case is stored and the run is running; its conversations may all have
+        ended already (then nobody else will enqueue its aggregation)."""
+
+
 def store_records(
     url: str,
     records: Iterable[steps.CaseRecord],
@@ -106,6 +118,7 @@ def store_records(
     label: str,
     deadline: float | None = None,
     parent_run_id: str | None = None,
+    starter: RunStarter | None = None,
 ) -> tuple[str, int]:
     """Create the run and store (case id, agent, record) rows a batch at a time."""
     run_id = steps.new_run_id()
@@ -119,6 +132,7 @@ def store_records(
         label=label,
         deadline_at=time.time() + deadline if deadline else None,
         parent_run_id=parent_run_id,
+        starter=starter,
     )
     return run_id, total
 
@@ -134,8 +148,13 @@ def write_run(
     label: str,
     deadline_at: float | None,
     parent_run_id: str | None = None,
+    starter: RunStarter | None = None,
 ) -> int:
-    """Bring the store up to date, create the run, add its cases, start it."""
+    """Bring the store up to date, create the run, add its cases, start it.
+
+    With a `starter`, each batch of cases is handed to it as soon as it is stored, so
+    a fleet works on the first conversations while the rest are written.
+    """
     from agenttest_worker.store import repo
     from agenttest_worker.store.db import upgrade
 
@@ -155,13 +174,20 @@ def write_run(
         for i, (case_id, agent, record) in enumerate(records)
     )
     total = 0
+    first_started: datetime | None = None
     try:
         for batch in _batches(rows, get_settings().enqueue_batch):
             total += repo.add_cases(url, run_id, batch)
+            if starter is not None:
+                first_started = first_started or datetime.now(UTC)
+                starter.stored(run_id, total - len(batch), total - 1)
     except BaseException:
+        # Conversations of the batches already started find their run gone and stop.
         repo.delete_run(url, run_id)
         raise
-    repo.start_run(url, run_id, total)
+    every_case_ended = repo.start_run(url, run_id, total, started_at=first_started)
+    if starter is not None:
+        starter.started(run_id, every_case_ended)
     return total
 
 
@@ -190,6 +216,8 @@ def run_cases(
         print_warnings(stream.warnings)
         if not settings.distributed:
             return run_embedded(args, url, list(spool.records()), options, config, target, label)
+        from agenttest_submit.distributed import FleetStarter, run_distributed
+
         run_id, total = store_records(
             url,
             spool.records(),
@@ -198,8 +226,8 @@ def run_cases(
             target=target,
             label=label,
             deadline=args.deadline,
+            starter=FleetStarter(),
         )
-    from agenttest_submit.distributed import run_distributed
 
     return run_distributed(args, url, run_id, total, config, options)
 

@@ -10,13 +10,13 @@ Workers reconnect to a broker that went away for as long as it takes, and a publ
 retries for about 20 s; what the broker lost meanwhile (or a publish that gave up) is
 re-enqueued from the store (tasks.py, "Recovering lost messages").
 
-Conversations under way go before new ones: a conversation's first turn is published
-with priority NEW_CONVERSATION, everything else (later turns, start batches, the
-aggregation) with CONTINUING. On Redis a priority is a list of its own (`agenttest`
-and `agenttest:9`), and workers pop the CONTINUING list first. Without this a run's
-next turns queued behind all of its not-yet-started conversations, and a conversation's
-turns were spread over the whole run (hours on a nightly run: long enough for an agent
-to forget a session).
+Conversations under way go before new ones: a conversation's first turn and the start
+batches that publish first turns are published with priority NEW_CONVERSATION,
+everything else (later turns, the aggregation) with CONTINUING. On Redis a priority is
+a list of its own (`agenttest` and `agenttest:9`), and workers pop the CONTINUING list
+first. Without this a run's next turns queued behind all of its not-yet-started
+conversations, and a conversation's turns were spread over the whole run (hours on a
+nightly run: long enough for an agent to forget a session).
 """
 
 from __future__ import annotations

@@ -81,6 +81,17 @@ def enqueue_turn(run_id: str, case_id: str, number: int, producer: Any = None) -
     )
 
 
+def enqueue_start(run_id: str, first: int, last: int, producer: Any = None) -> None:
+    """Publish `agenttest.start` for the run's cases numbered first..last.
+
+    It starts new conversations, so it waits with their first turns: behind every turn
+    of the conversations under way, and in order with the first turns already queued.
+    (At the higher priority, the batches a large run's submitter publishes as it stores
+    its cases kept every first turn waiting until the last batch was stored.)
+    """
+    start.apply_async((run_id, first, last), producer=producer, priority=NEW_CONVERSATION)
+
+
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
     """Enqueue what the step asked for: the next turn, the aggregation."""
     if advance.next_turn is not None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import psycopg
 import redis
 
+from agenttest_worker.celery_app import queue_lists
 from benchmarks.common import compile_bytecode, submit_command, timed
 from benchmarks.throughput import database, redis_db
 
@@ -91,7 +92,8 @@ def main() -> None:
             }
             command = submit_command(cases, config, "--no-wait")
             ours_s, ours_kb, _ = timed(command, env)
-            queued = redis.Redis.from_url(broker).llen("agenttest")
+            client = redis.Redis.from_url(broker)
+            queued = sum(client.llen(name) for name in queue_lists("agenttest"))
             with psycopg.connect(db) as conn:
                 stored = conn.execute("SELECT count(*) FROM cases").fetchone()
         batches = -(-args.cases // 500)

@@ -164,6 +164,34 @@ def test_conversations_under_way_go_before_new_ones(
     assert [s for _, _, s in case_rows(fleet.database_url, run_id)] == ["passed"] * 4
 
 
+def test_the_fleet_starts_conversations_while_their_run_is_still_being_stored(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    """Each batch of cases is started as soon as it is stored: with one case per batch,
+    the agent hears from the first conversations while later cases are still being
+    written (the run still `pending`), and the run ends as any other."""
+    heard_while: list[str] = []
+
+    def note_run_status(_: object) -> None:
+        run = repo.latest_run(fleet.database_url)
+        heard_while.append(run.status if run else "no run")
+
+    with WatchingAgent(demo_url) as agent:
+        agent.on_request = note_run_status
+        config = write_project(tmp_path, agent.base_url)
+        cases = write_cases(tmp_path, [greeting_case(f"E{i:04d}") for i in range(1000)])
+        fleet.start("early", concurrency=8)
+        run_id = fleet.submit_no_wait(
+            ["-i", str(cases), "-n", "slow.expense", "--config", str(config)], enqueue_batch="1"
+        )
+        fleet.wait_done(run_id)
+        wait_until(lambda: len(heard_while) == 1000, 10, "every call to be noted")
+    assert heard_while[0] == "pending", heard_while[:5]
+    assert [s for _, _, s in case_rows(fleet.database_url, run_id)] == ["passed"] * 1000
+    assert set(turn_rows(fleet.database_url, run_id).values()) == {1}
+    assert len(_reports(fleet.database_url, run_id)) == len(STORED_FORMATS)
+
+
 def test_a_duplicated_turn_message_is_a_no_op(fleet: Fleet, demo_url: str, tmp_path: Path) -> None:
     """D1 gets duplicated and stale messages, D2 (the same conversation) none."""
     from agenttest_worker.celery_app import app

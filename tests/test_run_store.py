@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from agenttest_submit.cli import build_parser, main
 from agenttest_submit.expand import expand
 from agenttest_submit.inputs import parse_input
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import drive, run_options, store_run, write_run
+from agenttest_submit.runner import drive, run_options, store_records, store_run, write_run
 from agenttest_worker.agents.registry import load_config
 from agenttest_worker.aggregate import aggregate
 from agenttest_worker.conversation import PoolCache, run_step
@@ -191,6 +191,113 @@ def test_a_repeated_step_records_nothing_twice(demo: Path) -> None:
     again = step(db, run_id, "T001", 1)  # a redelivered task for a turn already recorded
     assert not again.saved
     assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+
+
+# -- a fleet run: conversations start batch by batch while the run is being stored ---------
+
+
+def play(db: str, run_id: str, case_id: str) -> list[Any]:
+    """Every step of one conversation, to its end."""
+    advances: list[Any] = []
+    turn: int | None = 1
+    while turn is not None:
+        advances.append(step(db, run_id, case_id, turn))
+        assert advances[-1].saved, (case_id, turn)
+        turn = advances[-1].next_turn
+    return advances
+
+
+class PlayingStarter:
+    """A RunStarter that plays each stored batch's conversations to their end at once
+    (as a fleet that is fast enough would), noting what the store held meanwhile."""
+
+    def __init__(self, db: str, play: bool = True) -> None:
+        self.db, self.play = db, play
+        self.batches: list[tuple[int, int, list[str], str]] = []
+        self.ended: list[bool] = []
+
+    def stored(self, run_id: str, first: int, last: int) -> None:
+        run = repo.get_run(self.db, run_id)
+        assert run is not None
+        self.batches.append((first, last, sorted(case_rows(self.db, run_id)), run.status))
+        if not self.play:
+            return
+        for case_id in repo.pending_case_ids(self.db, run_id, first, last):
+            assert not any(a.run_finished for a in play(self.db, run_id, case_id))
+
+    def started(self, run_id: str, every_case_ended: bool) -> None:
+        self.ended.append(every_case_ended)
+
+
+def _store_suite_with(starter: PlayingStarter) -> tuple[str, str]:
+    config = load_config(SUITE_CONFIG)
+    cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
+    args = build_parser().parse_args(["-i", SUITE_CASES])
+    run_id, total = store_records(
+        starter.db,
+        ((c.id, c.agent, c.to_record()) for c in cases),
+        options=run_options(args, config, "assistants.expense"),
+        config=config,
+        target="assistants.expense",
+        label="suite",
+        starter=starter,
+    )
+    assert total == 4
+    return starter.db, run_id
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_conversations_can_run_while_their_run_is_still_being_stored(
+    demo: Path, database: str, pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch is handed to the starter as soon as it is stored (a fleet starts it
+    then). Conversations that end while the run is still `pending` do not finish it;
+    the start says they all ended, so that the submitter enqueues the aggregation."""
+    monkeypatch.setenv("AGENTTEST_ENQUEUE_BATCH", "2")
+    if database == "postgres":
+        monkeypatch.setenv("AGENTTEST_DATABASE_URL", pg_database)
+    starter = PlayingStarter(url())
+    db, run_id = _store_suite_with(starter)
+
+    assert starter.batches == [
+        (0, 1, ["T001", "T002"], "pending"),
+        (2, 3, ["T001", "T002", "T003", "T004"], "pending"),
+    ]
+    assert starter.ended == [True]
+    run = repo.get_run(db, run_id)
+    assert run is not None and (run.status, run.finished_cases, run.total_cases) == (
+        "running",
+        4,
+        4,
+    )
+    if database == "postgres":  # (SQLite's own timestamps have whole seconds)
+        # Started when its first batch was handed out, before any of its turns, not
+        # when the last batch was stored.
+        with session_scope(db) as session:
+            first_turn = session.scalar(
+                select(func.min(TurnRow.created_at)).where(TurnRow.run_id == run_id)
+            )
+        assert run.started_at is not None and first_turn is not None
+        assert run.created_at <= run.started_at <= first_turn
+    assert aggregate(db, run_id) is not None
+    check_store_matches_results(db, run_id)
+
+
+def test_a_run_started_before_its_conversations_end_is_finished_by_them(
+    demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual case: nothing had ended when the run started; the conversation that
+    ends last finishes the run (and enqueues the aggregation) as before."""
+    monkeypatch.setenv("AGENTTEST_ENQUEUE_BATCH", "3")
+    starter = PlayingStarter(url(), play=False)
+    db, run_id = _store_suite_with(starter)
+    assert [(first, last, status) for first, last, _, status in starter.batches] == [
+        (0, 2, "pending"),
+        (3, 3, "pending"),
+    ]
+    assert starter.ended == [False]
+    finished = [play(db, run_id, case_id)[-1].run_finished for case_id in case_rows(db, run_id)]
+    assert finished == [False, False, False, True]
 
 
 # -- a new embedded run: conversations start while the run is being stored -----------------

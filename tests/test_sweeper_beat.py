@@ -16,6 +16,7 @@ import pytest
 import redis
 from fleet import Fleet, fleet_on, greeting_case, turn_rows, write_cases, write_project
 
+from agenttest_worker.celery_app import queue_lists
 from agenttest_worker.store import repo
 
 STALL = "2"
@@ -36,7 +37,7 @@ def test_beat_sweeps_a_run_whose_messages_were_lost(
     )
     # The broker loses the queued work (a restart without persistence) before any
     # worker took it.
-    assert redis.Redis.from_url(redis_db).delete("agenttest") == 1
+    assert redis.Redis.from_url(redis_db).delete(*queue_lists("agenttest")) == 1
     fleet.start("w", concurrency=2, worker_sweeper="false", stall_seconds=STALL)
     time.sleep(5)  # past the stall period: no worker thread sweeps
     run = repo.get_run(pg_database, run_id)

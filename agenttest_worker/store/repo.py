@@ -161,13 +161,24 @@ def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
     return len(rows)
 
 
-def start_run(url: str, run_id: str, total: int) -> None:
+def start_run(url: str, run_id: str, total: int, started_at: datetime | None = None) -> bool:
+    """Mark the run running with its number of cases; whether they have all ended already.
+
+    Conversations may start while their run is still being stored (the fleet starts each
+    batch as soon as it is written). Until this is called the run is `pending` and a
+    conversation that ends does not finish it (its total is not known yet); if they all
+    ended before, the caller must enqueue the aggregation. Against a conversation ending
+    at the same moment, the row lock decides: either this sees it ended, or it sees the
+    run running and complete.
+    """
     with session_scope(url) as session:
-        session.execute(
+        finished = session.execute(
             update(RunRow)
             .where(RunRow.id == run_id)
-            .values(status="running", total_cases=total, started_at=datetime.now(UTC))
-        )
+            .values(status="running", total_cases=total, started_at=started_at or datetime.now(UTC))
+            .returning(RunRow.finished_cases)
+        ).scalar_one()
+    return bool(finished >= total)
 
 
 def get_run(url: str, run_id: str) -> RunRow | None:
