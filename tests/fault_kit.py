@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import pwd
-import re
 import shutil
 import signal
 import subprocess
@@ -40,7 +39,14 @@ from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
-from fleet import WORKER_ENV, WORKER_HEADER, _die_with_parent, free_port, wait_until
+from fleet import (
+    WORKER_ENV,
+    WORKER_HEADER,
+    _die_with_parent,
+    describe_request,
+    free_port,
+    wait_until,
+)
 
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 
@@ -180,8 +186,6 @@ class PostgresServer:
 
 # -- an agent that misbehaves on request ---------------------------------------------------------
 
-_CASE_TAG = re.compile(r"\[case (\w[\w.-]*)\]")
-
 
 @dataclass(frozen=True)
 class Fault:
@@ -209,16 +213,6 @@ class Request:
     at: float
     headers: dict[str, str]
     status: int | None = None
-
-
-def _describe(body: dict[str, Any]) -> tuple[str | None, int]:
-    users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
-    case = None
-    if users:
-        content = users[0].get("content")
-        found = _CASE_TAG.search(content if isinstance(content, str) else str(content))
-        case = found.group(1) if found else None
-    return case, len(users)
 
 
 class FaultAgent(ServedOnThread):
@@ -274,7 +268,7 @@ class FaultAgent(ServedOnThread):
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = json.loads(raw) if raw else {}
-        case, turn = _describe(body)
+        case, turn = describe_request(body)
         seen = Request(
             case=case,
             turn=turn,

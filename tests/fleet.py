@@ -396,7 +396,9 @@ class Seen:
     at: float
 
 
-def _describe(body: dict[str, Any]) -> tuple[str | None, int]:
+def describe_request(body: dict[str, Any]) -> tuple[str | None, int]:
+    """(case, turn) of a chat request: its first user message's `[case X]` tag, and its
+    number of user messages."""
     users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
     case = None
     if users:
@@ -448,7 +450,7 @@ class WatchingAgent(ServedOnThread):
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = json.loads(raw) if raw else {}
-        case, turn = _describe(body)
+        case, turn = describe_request(body)
         worker = request.headers.get(WORKER_HEADER)
         seen = Seen(case, turn, str(body.get("model")), worker, time.monotonic())
         with self._lock:
