@@ -12,11 +12,12 @@ connection pool and reuses it. A redis-py client is safe to share between thread
 after the connection is reset) gets a new client, so nothing about reconnecting
 changes.
 
-Used for `redis://` brokers (celery_app.py calls `use_shared_clients`); `rediss://`
-keeps kombu's own transport, whose TLS set-up this module does not touch. It is
-installed under kombu's own "redis" alias rather than named as Celery's
-`broker_transport`, so that connection URLs stay `redis://…`: Flower reads the
-broker's kind from that scheme (its queue-length page).
+Used for `redis://` and `rediss://` (TLS) brokers (celery_app.py calls
+`use_shared_clients`); TLS is set up by kombu's channel from the connection's `ssl`
+options, which this module does not touch. It is installed under kombu's own "redis"
+and "rediss" aliases rather than named as Celery's `broker_transport`, so that
+connection URLs keep their scheme: Flower reads the broker's kind from it (its
+queue-length page).
 """
 
 from __future__ import annotations
@@ -62,8 +63,13 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+SCHEMES = ("redis", "rediss")
+
+
 def use_shared_clients() -> None:
-    """Make `redis://` brokers use this transport in this process (connections made
-    from now on; kombu caches the class behind an alias, so a cached one is dropped)."""
-    kombu_transports.TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"
-    kombu_transports._transport_cache.pop("redis", None)
+    """Make `redis://` and `rediss://` brokers use this transport in this process
+    (connections made from now on; kombu caches the class behind an alias, so a cached
+    one is dropped)."""
+    for scheme in SCHEMES:
+        kombu_transports.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
+        kombu_transports._transport_cache.pop(scheme, None)

@@ -47,7 +47,7 @@ app = Celery(
     broker=settings.broker_url or "memory://",
     include=["agenttest_worker.tasks"],
 )
-if (settings.broker_url or "").startswith("redis://"):
+if (settings.broker_url or "").startswith(("redis://", "rediss://")):
     # kombu's Redis transport, reusing one client per channel (see broker.py).
     use_shared_clients()
 app.conf.update(

@@ -305,20 +305,49 @@ def fleet_on(redis_url: str, database_url: str, demo_url: str, workdir: Path) ->
 
 
 class RedisServer:
-    """A `redis-server` of the test's own on a free port, keeping nothing on disk."""
+    """A `redis-server` of the test's own on a free port, keeping nothing on disk.
 
-    def __init__(self, workdir: Path) -> None:
+    With `tls`, it speaks TLS only (a self-signed certificate made with openssl; clients
+    are not asked for one), and `url` is a `rediss://` URL that does not verify it.
+    """
+
+    def __init__(self, workdir: Path, tls: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise AssertionError("redis-server is required for the broker restart test")
+            raise AssertionError("redis-server is required for the broker tests")
         self.binary = binary
         self.port = free_port()
         self.workdir = workdir
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        if self.tls:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_cert_reqs=none"
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def _listen_options(self) -> list[str]:
+        if not self.tls:
+            return ["--port", str(self.port)]
+        cert, key = self.workdir / "redis.crt", self.workdir / "redis.key"
+        request = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        request += ["-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)]
+        subprocess.run(request, check=True, capture_output=True)
+        return [
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            str(cert),
+            "--tls-key-file",
+            str(key),
+            "--tls-ca-cert-file",
+            str(cert),
+            "--tls-auth-clients",
+            "no",
+        ]
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -328,8 +357,7 @@ class RedisServer:
                 self.binary,
                 "--bind",
                 "127.0.0.1",
-                "--port",
-                str(self.port),
+                *self._listen_options(),
                 "--save",
                 "",
                 "--appendonly",
@@ -356,12 +384,15 @@ class RedisServer:
         """Shut down without saving: every queue and unacknowledged message is gone."""
         if self.process is None or self.process.poll() is not None:
             return
-        subprocess.run(
-            ["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
+        if self.tls:  # (redis-cli would need the certificate: a signal does the same)
+            self.process.terminate()
+        else:
+            subprocess.run(
+                ["redis-cli", "-p", str(self.port), "shutdown", "nosave"],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
         try:
             self.process.wait(10)
         except subprocess.TimeoutExpired:

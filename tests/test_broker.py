@@ -1,26 +1,47 @@
-"""The Redis broker transport: kombu's, with one Redis client per channel (broker.py)."""
+"""The Redis broker transport: kombu's, with one Redis client per channel, and a channel
+closed after its connection that does not stop the worker (broker.py); for `redis://`
+and `rediss://` (TLS) brokers alike."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import redis
+from fault_kit import openai_agent, write_config
+from fleet import Fleet, RedisServer, case_rows, greeting_case, write_cases
 
 from agenttest_worker.broker import Channel, Transport
 
 
-def test_a_channel_publishes_through_one_client_and_urls_stay_redis(redis_db: str) -> None:
+@pytest.fixture(params=["redis", "rediss"])
+def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A private Redis server, plain or speaking TLS only."""
+    with RedisServer(tmp_path / "redis", tls=request.param == "rediss") as server:
+        yield server.url
+
+
+def _server(url: str) -> redis.Redis:
+    """A plain redis-py client on the broker, to look at what it holds."""
+    return redis.Redis.from_url(url)
+
+
+def test_a_channel_publishes_through_one_client_and_urls_keep_their_scheme(
+    broker_url: str,
+) -> None:
     from celery import Celery
 
     from agenttest_worker.broker import use_shared_clients
 
     use_shared_clients()
-    app = Celery(broker=redis_db)
+    app = Celery(broker=broker_url)
     with app.connection_for_write() as connection:
         assert isinstance(connection.transport, Transport)
         # Flower tells the broker's kind from the URL scheme.
-        assert connection.as_uri().startswith("redis://")
+        assert connection.as_uri().startswith(broker_url.split(":")[0] + "://")
         with connection.Producer() as producer:
             producer.publish({"n": 0}, routing_key="broker-test", declare=[])
             channel = producer.channel
@@ -30,7 +51,7 @@ def test_a_channel_publishes_through_one_client_and_urls_stay_redis(redis_db: st
             for n in range(1, 100):
                 producer.publish({"n": n}, routing_key="broker-test")
             assert channel._shared_client is client
-    assert redis.Redis.from_url(redis_db).llen("broker-test") == 100
+    assert _server(broker_url).llen("broker-test") == 100
 
 
 def test_the_app_uses_it_for_redis_brokers_only(redis_db: str) -> None:
@@ -47,11 +68,13 @@ def test_the_app_uses_it_for_redis_brokers_only(redis_db: str) -> None:
         return done.stdout.strip()
 
     assert transport_module(redis_db) == "agenttest_worker.broker"
+    tls = "rediss://127.0.0.1:6379/0?ssl_cert_reqs=required"  # (nothing is connected)
+    assert transport_module(tls) == "agenttest_worker.broker"
     assert transport_module("memory://") == "kombu.transport.memory"
 
 
 def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(
-    redis_db: str,
+    broker_url: str,
 ) -> None:
     """A broker outage can close a worker's connection under its consumer channel; closing
     the channel then must not raise (kombu's did, and the worker stopped), and what it
@@ -61,7 +84,7 @@ def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(
     from agenttest_worker.broker import use_shared_clients
 
     use_shared_clients()
-    app = Celery(broker=redis_db)
+    app = Celery(broker=broker_url)
     connection = app.connection_for_write()
     channel = connection.default_channel
     assert isinstance(channel, Channel)
@@ -69,7 +92,7 @@ def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(
         producer.publish({"n": 1}, routing_key="outage-test", declare=[])
     message = channel.basic_get("outage-test", no_ack=False)
     assert message is not None
-    server = redis.Redis.from_url(redis_db)
+    server = _server(broker_url)
     assert server.hlen("unacked") == 1
 
     connection.transport.client = None  # what kombu leaves once the connection is closed
@@ -77,3 +100,29 @@ def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(
 
     assert server.hlen("unacked") == 1, "left for the restore sweep, not lost"
     assert server.llen("outage-test") == 0
+
+
+def test_a_fleet_runs_through_a_tls_broker(pg_database: str, demo_url: str, tmp_path: Path) -> None:
+    """Workers, the submitter and an agent's fleet-wide rate limit (kept in Redis) over
+    `rediss://`: a run is stored, played and aggregated as over plain Redis."""
+    from agenttest_worker.store.db import upgrade
+
+    upgrade(pg_database)
+    config = write_config(
+        tmp_path, {"limited": openai_agent(demo_url, rate_limit={"requests_per_second": 50})}
+    )
+    cases = write_cases(tmp_path, [greeting_case(f"TLS{i}") for i in range(4)])
+    with RedisServer(tmp_path / "redis", tls=True) as server:
+        fleet = Fleet(server.url, pg_database, tmp_path, env={"AGENTTEST_DEMO_URL": demo_url})
+        try:
+            fleet.start("tls", concurrency=2)
+            run_id = fleet.submit_no_wait(
+                ["-i", str(cases), "-n", "limited", "--config", str(config)]
+            )
+            fleet.wait_done(run_id)
+            limiter_keys = redis.Redis.from_url(server.url).keys("agenttest:ratelimit*")
+        finally:
+            fleet.close()
+    assert [s for _, _, s in case_rows(pg_database, run_id)] == ["passed"] * 4
+    assert limiter_keys, "the rate limit was kept in the broker"
+    assert "Unrecoverable error" not in fleet.logs()
