@@ -1,6 +1,6 @@
 """kombu's Redis transport with two changes: a channel keeps its Redis client, and a
-channel closed after its connection leaves its unacknowledged messages to the restore
-sweep instead of stopping the worker (`QoS.restore_unacked`).
+channel closed with its connection leaves its unacknowledged messages to the restore
+sweep instead of stopping the worker (`QoS`).
 
 kombu's Redis channel builds a new `redis.Redis` client for every publish, fanout
 (task event) and acknowledgment outside the consumer's poll (`conn_or_acquire`). The
@@ -28,20 +28,48 @@ from typing import Any
 
 from kombu import transport as kombu_transports
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual as kombu_virtual
 
 
 class QoS(kombu_redis.QoS):
+    """Acknowledgments on a channel whose connection is gone leave Redis alone.
+
+    After a broker outage Celery closes the consumer's connection, then its channel;
+    a turn still running meanwhile finishes later and acknowledges its message on that
+    channel. kombu then tried to reach Redis through connection details already
+    dropped and raised AttributeError in the worker's event loop, which stopped the
+    worker ("Unrecoverable error"): from giving back the channel's unacknowledged
+    messages as it closed, and from a late ack or reject. Instead, those messages stay
+    in Redis's unacked hash, and any worker's restore sweep gives them back after the
+    visibility timeout, as for a worker that died (a turn that already ran finds itself
+    recorded: a step is idempotent).
+    """
+
+    def _connection_gone(self) -> bool:
+        connection = self.channel.connection
+        return connection is None or connection.client is None
+
     def restore_unacked(self, client: Any = None) -> None:
-        # A channel closed after its connection (the consumer tearing down after a
-        # broker outage) has no connection details left to build a client from, and
-        # kombu raised AttributeError here, which stopped the worker ("Unrecoverable
-        # error"). Its unacknowledged messages are still in Redis's unacked hash, and
-        # any worker's restore sweep gives them back after the visibility timeout, as
-        # for a worker that died.
-        if client is None and self.channel.connection.client is None:
+        if client is None and self._connection_gone():
             self._delivered.clear()
             return
         super().restore_unacked(client)  # type: ignore[no-untyped-call]
+
+    def _forget(self, delivery_tag: Any) -> None:
+        """Drop the message from this process's bookkeeping only (not from Redis)."""
+        kombu_virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def ack(self, delivery_tag: Any) -> None:
+        if self._connection_gone():
+            self._forget(delivery_tag)
+            return
+        super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        if self._connection_gone():
+            self._forget(delivery_tag)
+            return
+        super().reject(delivery_tag, requeue)  # type: ignore[no-untyped-call]
 
 
 class Channel(kombu_redis.Channel):

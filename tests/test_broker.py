@@ -102,6 +102,39 @@ def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(
     assert server.llen("outage-test") == 0
 
 
+def test_a_late_ack_on_a_channel_closed_with_its_connection_leaves_the_message(
+    broker_url: str,
+) -> None:
+    """A turn that finishes after a broker outage closed its consumer's connection and
+    channel acknowledges its message there (kombu raised AttributeError, and the worker
+    stopped): the message stays in the unacked hash, for the restore sweep."""
+    from celery import Celery
+
+    from agenttest_worker.broker import use_shared_clients
+
+    use_shared_clients()
+    app = Celery(broker=broker_url)
+    connection = app.connection_for_write()
+    channel = connection.default_channel
+    with connection.Producer() as producer:
+        for n in (1, 2):
+            producer.publish({"n": n}, routing_key="late-ack-test", declare=[])
+    first = channel.basic_get("late-ack-test", no_ack=False)
+    second = channel.basic_get("late-ack-test", no_ack=False)
+    assert first is not None and second is not None
+    server = _server(broker_url)
+    assert server.hlen("unacked") == 2
+
+    connection.transport.client = None
+    channel.close()
+    assert channel.connection is None
+    first.ack()
+    second.reject(requeue=True)
+
+    assert server.hlen("unacked") == 2, "both left for the restore sweep"
+    assert server.llen("late-ack-test") == 0
+
+
 def test_a_fleet_runs_through_a_tls_broker(pg_database: str, demo_url: str, tmp_path: Path) -> None:
     """Workers, the submitter and an agent's fleet-wide rate limit (kept in Redis) over
     `rediss://`: a run is stored, played and aggregated as over plain Redis."""
