@@ -161,7 +161,13 @@ def prepare(
     if loaded is None:
         return Advance(saved=False)
     if loaded.phase == "done":
-        return Advance(saved=False, case_done=True)
+        # A redelivery of the step that ended the run may be all that is left of it: its
+        # worker died after saving the step but before enqueueing the aggregation. So a
+        # redelivered copy asks for the aggregation again while the run still needs one
+        # (claim_aggregation lets one of several happen); a plain duplicate does not.
+        return Advance(
+            saved=False, case_done=True, run_finished=redelivered and loaded.run_complete
+        )
     if loaded.next_turn != turn or loaded.phase not in ("pending", "ready"):
         # A duplicate or stale message: nothing to do. Except when the broker gave back
         # the message of a worker that died after saving the turn but before enqueueing

@@ -412,3 +412,51 @@ def test_only_a_redelivered_message_resends_the_next_turn(
     assert (redelivery.saved, redelivery.next_turn) == (False, 2)
     loaded = repo.load_case(pg_database, run_id, "N1")
     assert loaded is not None and loaded.deliveries == 0  # stale copies use no budget
+
+
+def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
+    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that died between saving a run's last step and enqueueing its
+    aggregation left no aggregation message; the broker gives the step back
+    (redelivered) and that copy enqueues it. A plain duplicate does not, and once the
+    run is aggregated a redelivery asks for nothing more."""
+    import asyncio
+
+    from agenttest_submit.runner import store_run
+    from agenttest_worker.agents.registry import load_config
+    from agenttest_worker.aggregate import aggregate
+    from agenttest_worker.cases import Case
+    from agenttest_worker.conversation import Advance, PoolCache, prepare, run_step
+    from agenttest_worker.engine import RunOptions
+
+    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
+    run_id, _ = store_run(
+        pg_database,
+        [Case.model_validate(greeting_case("L1"))],
+        options=RunOptions(target="assistants.expense", interactive=False),
+        config=load_config(str(SUITE / "agenttest.yaml")),
+        target="assistants.expense",
+        label="last step",
+    )
+
+    async def only_turn() -> Advance:
+        from agenttest_worker.agents.transport import close_session
+
+        try:
+            return await run_step(pg_database, PoolCache(), run_id, "L1", 1, 3)
+        finally:
+            await close_session()
+
+    advance = asyncio.run(only_turn())
+    assert (advance.saved, advance.case_done, advance.run_finished) == (True, True, True)
+    # ... and then the worker died before enqueueing the aggregation.
+
+    duplicate = prepare(pg_database, run_id, "L1", 1, 3, redelivered=False)
+    redelivery = prepare(pg_database, run_id, "L1", 1, 3, redelivered=True)
+    assert duplicate == Advance(saved=False, case_done=True)
+    assert redelivery == Advance(saved=False, case_done=True, run_finished=True)
+
+    assert aggregate(pg_database, run_id) is not None
+    after = prepare(pg_database, run_id, "L1", 1, 3, redelivered=True)
+    assert after == Advance(saved=False, case_done=True)

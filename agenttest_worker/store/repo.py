@@ -236,6 +236,9 @@ _LOAD = (
         _runs.c.deadline_at,
         _runs.c.total_tokens,
         _runs.c.total_cost,
+        _runs.c.status.label("run_status"),
+        _runs.c.finished_cases,
+        _runs.c.total_cases,
     )
     .select_from(_cases.join(_runs, _runs.c.id == _cases.c.run_id))
     .where(_cases.c.run_id == bindparam("b_run"), _cases.c.case_id == bindparam("b_case"))
@@ -267,6 +270,9 @@ class _LoadedRow(NamedTuple):
     deadline_at: float | None
     total_tokens: int
     total_cost: float
+    run_status: str
+    finished_cases: int
+    total_cases: int
 
 
 # Parameters of the hot path that are JSON documents.
@@ -341,6 +347,7 @@ def load_case(
             deadline_at=row.deadline_at,
             run_tokens=row.total_tokens,
             run_cost=row.total_cost,
+            run_complete=row.run_status == "running" and row.finished_cases >= row.total_cases,
         )
 
 

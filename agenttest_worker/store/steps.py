@@ -43,6 +43,8 @@ class LoadedCase:
     deadline_at: float | None
     run_tokens: int = 0
     run_cost: float = 0.0
+    # Running, and every conversation ended: only its aggregation is left to do.
+    run_complete: bool = False
 
 
 @dataclass(frozen=True)
