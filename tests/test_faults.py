@@ -85,7 +85,9 @@ def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
     """X1's agent call kills whichever worker makes it; after AGENTTEST_MAX_REDELIVERIES
     deliveries the case fails with the reason, and the rest of the run completes."""
     max_deliveries = 2
-    with WatchingAgent(demo_url) as agent:
+    # Replies wait half a second: the kill (sent as the request arrives, from a thread of
+    # its own) must land before the worker could get X1's reply and save its turn.
+    with WatchingAgent(demo_url, delay=0.5) as agent:
         workers: dict[str, Worker] = {}
 
         def kill_the_caller(seen: Seen) -> None:
