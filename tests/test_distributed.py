@@ -370,39 +370,51 @@ def test_fail_fast_on_the_fleet_skips_the_queued_conversations(
     ]
 
 
+def _one_case_run(database_url: str, case: dict[str, Any]) -> str:
+    """A stored, started run of one case against the demo suite's agents."""
+    from agenttest_submit.runner import store_run
+    from agenttest_worker.agents.registry import load_config
+    from agenttest_worker.cases import Case
+    from agenttest_worker.engine import RunOptions
+
+    run_id, _ = store_run(
+        database_url,
+        [Case.model_validate(case)],
+        options=RunOptions(target="assistants.expense", interactive=False),
+        config=load_config(str(SUITE / "agenttest.yaml")),
+        target="assistants.expense",
+        label="redelivery",
+    )
+    return run_id
+
+
+def _worker_step(database_url: str, run_id: str, case_id: str, turn: int) -> Any:
+    """One turn as a worker runs it (max 3 deliveries), minus enqueueing what follows."""
+    import asyncio
+
+    from agenttest_worker.agents.transport import close_session
+    from agenttest_worker.conversation import PoolCache, run_step
+
+    async def step() -> Any:
+        try:
+            return await run_step(database_url, PoolCache(), run_id, case_id, turn, 3)
+        finally:
+            await close_session()
+
+    return asyncio.run(step())
+
+
 def test_only_a_redelivered_message_resends_the_next_turn(
-    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_database: str, demo_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker that died between saving turn N and enqueueing N+1 left no N+1 message;
     the broker gives N back (redelivered) and that copy enqueues N+1. A plain duplicate
     of N does nothing, or every duplicate would run the rest of the conversation twice."""
-    import asyncio
-
-    from agenttest_submit.runner import store_run
-    from agenttest_worker.agents.registry import load_config
-    from agenttest_worker.cases import Case
-    from agenttest_worker.conversation import Advance, PoolCache, prepare, run_step
-    from agenttest_worker.engine import RunOptions
+    from agenttest_worker.conversation import Advance, prepare
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
-    run_id, _ = store_run(
-        pg_database,
-        [Case.model_validate(expense_case("N1"))],
-        options=RunOptions(target="assistants.expense", interactive=False),
-        config=load_config(str(SUITE / "agenttest.yaml")),
-        target="assistants.expense",
-        label="resend",
-    )
-
-    async def first_turn() -> Advance:
-        from agenttest_worker.agents.transport import close_session
-
-        try:
-            return await run_step(pg_database, PoolCache(), run_id, "N1", 1, 3)
-        finally:
-            await close_session()
-
-    advance = asyncio.run(first_turn())
+    run_id = _one_case_run(pg_database, expense_case("N1"))
+    advance = _worker_step(pg_database, run_id, "N1", 1)
     assert (advance.saved, advance.next_turn) == (True, 2)  # ... and then the worker died
 
     duplicate = prepare(pg_database, run_id, "N1", 1, 3, redelivered=False)
@@ -415,40 +427,18 @@ def test_only_a_redelivered_message_resends_the_next_turn(
 
 
 def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
-    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_database: str, demo_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker that died between saving a run's last step and enqueueing its
     aggregation left no aggregation message; the broker gives the step back
     (redelivered) and that copy enqueues it. A plain duplicate does not, and once the
     run is aggregated a redelivery asks for nothing more."""
-    import asyncio
-
-    from agenttest_submit.runner import store_run
-    from agenttest_worker.agents.registry import load_config
     from agenttest_worker.aggregate import aggregate
-    from agenttest_worker.cases import Case
-    from agenttest_worker.conversation import Advance, PoolCache, prepare, run_step
-    from agenttest_worker.engine import RunOptions
+    from agenttest_worker.conversation import Advance, prepare
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
-    run_id, _ = store_run(
-        pg_database,
-        [Case.model_validate(greeting_case("L1"))],
-        options=RunOptions(target="assistants.expense", interactive=False),
-        config=load_config(str(SUITE / "agenttest.yaml")),
-        target="assistants.expense",
-        label="last step",
-    )
-
-    async def only_turn() -> Advance:
-        from agenttest_worker.agents.transport import close_session
-
-        try:
-            return await run_step(pg_database, PoolCache(), run_id, "L1", 1, 3)
-        finally:
-            await close_session()
-
-    advance = asyncio.run(only_turn())
+    run_id = _one_case_run(pg_database, greeting_case("L1"))
+    advance = _worker_step(pg_database, run_id, "L1", 1)
     assert (advance.saved, advance.case_done, advance.run_finished) == (True, True, True)
     # ... and then the worker died before enqueueing the aggregation.
 
