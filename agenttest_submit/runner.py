@@ -149,11 +149,15 @@ def write_run(
     deadline_at: float | None,
     parent_run_id: str | None = None,
     starter: RunStarter | None = None,
+    started_at: datetime | None = None,
 ) -> int:
     """Bring the store up to date, create the run, add its cases, start it.
 
     With a `starter`, each batch of cases is handed to it as soon as it is stored, so
-    a fleet works on the first conversations while the rest are written.
+    a fleet works on the first conversations while the rest are written. The run's
+    start (what its reports' duration counts from) is `started_at` if given (an
+    embedded run's conversations begin before it is stored), else when the first batch
+    was handed out, else now.
     """
     from agenttest_worker.store import repo
     from agenttest_worker.store.db import upgrade
@@ -185,7 +189,7 @@ def write_run(
         # Conversations of the batches already started find their run gone and stop.
         repo.delete_run(url, run_id)
         raise
-    every_case_ended = repo.start_run(url, run_id, total, started_at=first_started)
+    every_case_ended = repo.start_run(url, run_id, total, started_at=started_at or first_started)
     if starter is not None:
         starter.started(run_id, every_case_ended)
     return total
@@ -270,6 +274,8 @@ def run_embedded(
     run_id = steps.new_run_id()
     stored_options, stored_config = options.model_dump(mode="json"), config.stored()
     deadline_at = time.time() + args.deadline if args.deadline else None
+    # The conversations start now, while the run is being stored.
+    began = datetime.now(UTC)
     setup = StoreSetup(
         lambda: write_run(
             url,
@@ -280,6 +286,7 @@ def run_embedded(
             target=target,
             label=label,
             deadline_at=deadline_at,
+            started_at=began,
         )
     )
     store = BufferedStore.fresh(

@@ -142,6 +142,9 @@ def test_a_run_stores_each_turn_once_counters_and_reports(
     assert run.agent == "assistants.expense"
     assert run.total_tokens > 0
     assert "Total turns: 8\n" in out and "Passed:  2\n" in out
+    # The conversations began before the run was stored (its row is written meanwhile):
+    # the reports' duration counts from then, not from when storing ended.
+    assert run.started_at is not None and run.started_at <= run.created_at
 
     with session_scope(db) as session:
         formats = set(
