@@ -6,7 +6,8 @@
     agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | db upgrade
 
 Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem
-listed with file, line and field), 3 an internal error.
+listed with file, line and field), 3 the database or the broker out of reach, or an
+internal error.
 """
 
 from __future__ import annotations
@@ -224,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
+        from agenttest_submit.services import unreachable_service
+
+        unreachable = unreachable_service(exc)
+        if unreachable is not None:
+            print(f"agenttest-submit: {unreachable}", file=sys.stderr)
+            return EXIT_INTERNAL
         print(f"agenttest-submit: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         print("(set AGENTTEST_DEBUG=1 to see the traceback)", file=sys.stderr)
         return EXIT_INTERNAL

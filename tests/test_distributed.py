@@ -31,7 +31,7 @@ from sqlalchemy import select
 
 from agenttest_submit.cli import main as submit_main
 from agenttest_worker.store import repo
-from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.db import session_scope, upgrade
 from agenttest_worker.store.models import RunReportRow, TurnRow
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
@@ -450,3 +450,28 @@ def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
     assert aggregate(pg_database, run_id) is not None
     after = prepare(pg_database, run_id, "L1", 1, 3, redelivered=True)
     assert after == Advance(saved=False, case_done=True)
+
+
+@pytest.mark.parametrize("down", ["database", "broker"])
+def test_a_service_out_of_reach_is_named_and_nothing_is_left_stored(
+    down: str, redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """Exit 3 with the service, its address (password hidden) and the driver's reason;
+    no "internal error", no traceback, and no half-started run left in the store."""
+    closed = "127.0.0.1:1"  # nothing listens there
+    broker = f"redis://:s3cret@{closed}/0" if down == "broker" else redis_db
+    database = f"postgresql://postgres:s3cret@{closed}/x" if down == "database" else pg_database
+    config = write_project(tmp_path, demo_url)
+    cases = write_cases(tmp_path, [greeting_case("DOWN1")])
+    upgrade(pg_database)
+    before = repo.latest_run(pg_database)
+    fleet = Fleet(broker, database, tmp_path)
+    done = fleet.submit(["-i", str(cases), "-n", "slow.expense", "--config", str(config)])
+    assert done.returncode == 3, done.stderr
+    address = {"broker": "redis://:***@", "database": "postgresql://postgres:***@"}[down] + closed
+    assert f"agenttest-submit: cannot reach the {down} at {address}" in done.stderr
+    assert "refused" in done.stderr.lower()
+    assert "s3cret" not in done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+    after = repo.latest_run(pg_database)
+    assert (after.id if after else None) == (before.id if before else None)
