@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from agenttest_worker.report import RunReport, render
+from agenttest_worker.report.model import StoredResults
 from agenttest_worker.store import repo
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
@@ -20,7 +21,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
     run = repo.get_run(url, run_id)
     if run is None:
         raise LookupError(f"no run {run_id}")
-    results = list(repo.iter_results(url, run_id))
+    results = StoredResults(list(repo.iter_result_texts(url, run_id)))
     started = run.started_at or run.created_at
     finished = run.finished_at or datetime.now(UTC)
     if started is not None and started.tzinfo is None:

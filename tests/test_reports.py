@@ -585,3 +585,21 @@ def test_registry_names_match_the_cli() -> None:
         render("html", spec_run())
     with pytest.raises(ValueError, match="registered twice"):
         register("json", REPORTERS["json"])
+
+
+def test_every_format_renders_the_same_from_stored_text() -> None:
+    """The aggregator keeps a run's records as their stored JSON text (StoredResults)
+    and parses them as each report reads them: the same reports as from objects."""
+    from agenttest_worker.report.model import StoredResults
+
+    objects = spec_run(verbose=True)
+    stored = spec_run(
+        verbose=True,
+        results=StoredResults([case.model_dump_json() for case in objects.results]),
+    )
+    assert len(stored.results) == len(objects.results) == 3
+    assert stored.results[1] == objects.results[1]
+    assert list(stored.results[1:]) == list(objects.results[1:])
+    assert stored.summary() == objects.summary()
+    for fmt in REPORTERS:
+        assert render(fmt, stored) == render(fmt, objects), fmt

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from agenttest_worker.results import CaseResult
 
@@ -26,6 +27,38 @@ class Summary:
         return asdict(self)
 
 
+class StoredResults(Sequence[CaseResult]):
+    """A run's case records kept as their stored JSON text, parsed as they are read.
+
+    The aggregator of a run of tens of thousands of cases held every record as an
+    object, ~13 KB each for 3 turns against ~1 KB of text: 30,000 cases took 380 MB
+    in the worker that built the reports (benchmarks/aggregate.py). Each reporter
+    reads the records once, in order; parsing the text again per report costs less
+    than keeping the objects.
+    """
+
+    def __init__(self, texts: list[str]) -> None:
+        self._texts = texts
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    @overload
+    def __getitem__(self, index: int) -> CaseResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[CaseResult]: ...
+
+    def __getitem__(self, index: int | slice) -> CaseResult | Sequence[CaseResult]:
+        if isinstance(index, slice):
+            return StoredResults(self._texts[index])
+        return CaseResult.model_validate_json(self._texts[index])
+
+    def __iter__(self) -> Iterator[CaseResult]:
+        for text in self._texts:
+            yield CaseResult.model_validate_json(text)
+
+
 @dataclass
 class RunReport:
     """One run's results and the context a reporter needs around them.
@@ -35,7 +68,7 @@ class RunReport:
     (--fail-fast), so the header and the summary may differ on purpose.
     """
 
-    results: list[CaseResult]
+    results: Sequence[CaseResult]
     agent: str | None
     input_label: str
     total_cases: int
@@ -51,14 +84,18 @@ class RunReport:
     rendered: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> Summary:
-        total = len(self.results)
-        statuses = [case.status for case in self.results]
-        total_turns = sum(case.total_turns for case in self.results)
+        # One pass: the results may be parsed as they are read (StoredResults).
+        total = total_turns = 0
+        statuses = {"passed": 0, "failed": 0, "skipped": 0}
+        for case in self.results:
+            total += 1
+            total_turns += case.total_turns
+            statuses[case.status] = statuses.get(case.status, 0) + 1
         return Summary(
             total=total,
-            passed=statuses.count("passed"),
-            failed=statuses.count("failed"),
-            skipped=statuses.count("skipped"),
+            passed=statuses["passed"],
+            failed=statuses["failed"],
+            skipped=statuses["skipped"],
             total_turns=total_turns,
             avg_turns=round(total_turns / total, 2) if total else 0.0,
             duration_s=self.duration_s,

@@ -703,11 +703,17 @@ def get_report(url: str, run_id: str, fmt: str) -> str | None:
 
 def iter_results(url: str, run_id: str, batch: int = 500) -> Iterator[CaseResult]:
     """The run's case records in submission order, read in batches."""
+    for text in iter_result_texts(url, run_id, batch):
+        # Parsed and checked in one pass by pydantic-core: the driver's json.loads and
+        # then validating the Python objects took twice as long.
+        yield CaseResult.model_validate_json(text)
+
+
+def iter_result_texts(url: str, run_id: str, batch: int = 500) -> Iterator[str]:
+    """The run's case records in submission order, as JSON text, read in batches."""
     last = -1
     while True:
         with session_scope(url) as session:
-            # As text, parsed and checked in one pass by pydantic-core: the driver's
-            # json.loads and then validating the Python objects took twice as long.
             rows = session.execute(
                 select(CaseRow.seq, cast(CaseRow.result, Text))
                 .where(CaseRow.run_id == run_id, CaseRow.seq > last, CaseRow.result.is_not(None))
@@ -718,7 +724,7 @@ def iter_results(url: str, run_id: str, batch: int = 500) -> Iterator[CaseResult
             return
         for seq, result in rows:
             last = seq
-            yield CaseResult.model_validate_json(result)
+            yield result
 
 
 def iter_case_ids(
