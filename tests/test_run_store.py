@@ -214,8 +214,8 @@ class PlayingStarter:
     """A RunStarter that plays each stored batch's conversations to their end at once
     (as a fleet that is fast enough would), noting what the store held meanwhile."""
 
-    def __init__(self, db: str, play: bool = True) -> None:
-        self.db, self.play = db, play
+    def __init__(self, db: str, play_them: bool = True) -> None:
+        self.db, self.play_them = db, play_them
         self.batches: list[tuple[int, int, list[str], str]] = []
         self.ended: list[bool] = []
 
@@ -223,7 +223,7 @@ class PlayingStarter:
         run = repo.get_run(self.db, run_id)
         assert run is not None
         self.batches.append((first, last, sorted(case_rows(self.db, run_id)), run.status))
-        if not self.play:
+        if not self.play_them:
             return
         for case_id in repo.pending_case_ids(self.db, run_id, first, last):
             assert not any(a.run_finished for a in play(self.db, run_id, case_id))
@@ -292,7 +292,7 @@ def test_a_run_started_before_its_conversations_end_is_finished_by_them(
     """The usual case: nothing had ended when the run started; the conversation that
     ends last finishes the run (and enqueues the aggregation) as before."""
     monkeypatch.setenv("AGENTTEST_ENQUEUE_BATCH", "3")
-    starter = PlayingStarter(url(), play=False)
+    starter = PlayingStarter(url(), play_them=False)
     db, run_id = _store_suite_with(starter)
     assert [(first, last, status) for first, last, _, status in starter.batches] == [
         (0, 2, "pending"),
