@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from agenttest_submit.services import safe_url
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
@@ -48,14 +49,8 @@ def resolve_run(url: str, ref: str) -> RunRow:
     run = repo.latest_run(url) if ref == "last" else repo.get_run(url, ref)
     if run is None:
         what = "no runs yet" if ref == "last" else f"no run {ref!r}"
-        raise InputError(InputProblem(f"{what} in {_safe(url)}", field="RUN"))
+        raise InputError(InputProblem(f"{what} in {safe_url(url)}", field="RUN"))
     return run
-
-
-def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def run_subcommand(argv: list[str]) -> int:
@@ -63,7 +58,7 @@ def run_subcommand(argv: list[str]) -> int:
     if args.command == "db":
         url = get_settings().effective_database_url()
         upgrade(url)
-        print(f"database {_safe(url)} is at the current schema")
+        print(f"database {safe_url(url)} is at the current schema")
         return 0
     if args.command == "report":
         from agenttest_submit.cli import output_problem

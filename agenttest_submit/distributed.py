@@ -33,7 +33,7 @@ from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
-from agenttest_worker.store.db import is_connection_lost
+from agenttest_worker.store.db import error_reason, is_connection_lost
 
 POLL_SECONDS = 0.5
 
@@ -170,9 +170,8 @@ def wait_for_run(
                 if not is_connection_lost(exc):
                     raise
                 if not unreachable:
-                    first_line = str(exc.orig or exc).strip().splitlines()[0]
                     print(
-                        f"the database is unreachable ({first_line}); still waiting for "
+                        f"the database is unreachable ({error_reason(exc)}); still waiting for "
                         f"run {run_id}",
                         file=sys.stderr,
                         flush=True,

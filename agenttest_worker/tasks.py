@@ -40,7 +40,7 @@ from agenttest_worker.celery_app import CONTINUING, NEW_CONVERSATION, app, sweep
 from agenttest_worker.conversation import Advance, PoolCache, run_step_sync
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
-from agenttest_worker.store.db import is_connection_lost, upgrade
+from agenttest_worker.store.db import error_reason, is_connection_lost, upgrade
 
 log = logging.getLogger("agenttest.tasks")
 _pools = PoolCache()
@@ -195,9 +195,7 @@ class Sweeper(threading.Thread):
                 lost = is_connection_lost(exc)
                 log.warning(
                     "sweep for lost messages failed; retrying%s",
-                    f" (database unreachable: {str(exc.orig).strip().splitlines()[0]})"
-                    if lost
-                    else "",
+                    f" (database unreachable: {error_reason(exc)})" if lost else "",
                     exc_info=not lost,
                 )
             except Exception:  # the broker is down: try again next time

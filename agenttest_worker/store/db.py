@@ -74,6 +74,12 @@ _GONE_STATES = ("57P01", "57P02", "57P03")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def error_reason(exc: BaseException) -> str:
+    """The first line of what the driver said (a one-line reason for a warning)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def is_connection_lost(exc: DBAPIError) -> bool:
     """Whether `exc` says the database is unreachable (rather than the statement wrong).
 
