@@ -61,7 +61,29 @@ async def start_runner(
     return runner, root_url(host, int(runner.addresses[0][1]))
 
 
-class ThreadedServer:
+class _StartedInWith:
+    """`with x:` starts `x` and stops it on the way out, whatever happened inside."""
+
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ThreadedServer(_StartedInWith):
     """`make_app()` served on host:port from a daemon thread named `name`.
 
     `shutdown_timeout`: seconds `stop()` lets requests in flight finish (a test that
@@ -129,18 +151,6 @@ class ThreadedServer:
         finally:
             self._stop_loop()
 
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     async def _start(self) -> tuple[web.AppRunner, str]:
         return await start_runner(
             self.make_app(),
@@ -161,7 +171,7 @@ class ThreadedServer:
         self._url = None
 
 
-class ServedOnThread:
+class ServedOnThread(_StartedInWith):
     """Base of an object whose aiohttp app a ThreadedServer serves: the lifecycle
     (`start`, `stop`, a context manager) and addresses, `path` appended to the root
     URL (e.g. "/v1" for a Chat Completions base URL). Subclasses set `_server`."""
@@ -189,18 +199,6 @@ class ServedOnThread:
     def stop(self) -> None:
         """Stop serving and join the thread (idempotent)."""
         self._server.stop()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
