@@ -235,6 +235,31 @@ class Side(NamedTuple):
 UNMEASURED = Side(*(float("nan"),) * 5)
 
 
+def finish_side(
+    workers: list[Worker],
+    servers_before: tuple[float, float],
+    turns: int,
+    elapsed: float,
+    steady_seconds: float,
+) -> Side:
+    """A side's figures, its CPU read before its workers are stopped (which this does).
+
+    `steady_seconds` is the time from its first to its last turn saved."""
+    cpu = sum(w.busy_cpu() for w in workers)
+    database_cpu, broker_cpu = (
+        after - before for after, before in zip(servers_cpu_seconds(), servers_before, strict=True)
+    )
+    for w in workers:
+        w.stop()
+    return Side(
+        turns / elapsed,
+        (turns - 1) / steady_seconds,
+        cpu / turns,
+        database_cpu / turns,
+        broker_cpu / turns,
+    )
+
+
 def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path) -> Side:
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
@@ -274,19 +299,7 @@ def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: P
         steady = conn.execute(
             "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM floor_turns"
         ).fetchone()[0]  # type: ignore[index]
-    cpu = sum(w.busy_cpu() for w in workers)
-    database_cpu, broker_cpu = (
-        after - before for after, before in zip(servers_cpu_seconds(), servers_before, strict=True)
-    )
-    for w in workers:
-        w.stop()
-    return Side(
-        total / elapsed,
-        (total - 1) / float(steady),
-        cpu / total,
-        database_cpu / total,
-        broker_cpu / total,
-    )
+    return finish_side(workers, servers_before, total, elapsed, float(steady))
 
 
 def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
@@ -367,17 +380,10 @@ def run_agenttest(
         f"first turn saved {first_turn:.1f} s, last turn {last_turn:.1f} s, "
         f"reports stored {reports:.1f} s; total {elapsed:.1f} s"
     )
-    cpu = sum(w.busy_cpu() for w in workers)
-    database_cpu, broker_cpu = (
-        after - before for after, before in zip(servers_cpu_seconds(), servers_before, strict=True)
-    )
     expected = args.conversations * args.turns
     if turns != expected:
         raise SystemExit(f"expected {expected} turn rows, found {turns}")
-    for w in workers:
-        w.stop()
-    steady = (turns - 1) / float(last_turn - first_turn)
-    side = Side(turns / elapsed, steady, cpu / turns, database_cpu / turns, broker_cpu / turns)
+    side = finish_side(workers, servers_before, turns, elapsed, float(last_turn - first_turn))
     return side, submitter_kb, [w.peak_kb for w in workers]
 
 
