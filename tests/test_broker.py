@@ -1,18 +1,28 @@
-"""The Redis broker transport: kombu's, with one Redis client per channel, and a channel
-closed after its connection that does not stop the worker (broker.py); for `redis://`
+"""The Redis broker transport: kombu's, with one Redis client per channel, a channel
+closed after its connection that does not stop the worker, and a consumer's
+acknowledgments carried by the next message's bookkeeping (broker.py); for `redis://`
 and `rediss://` (TLS) brokers alike."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from fault_kit import openai_agent, write_config
-from fleet import Fleet, RedisServer, case_rows, greeting_case, write_cases
+from fleet import (
+    Fleet,
+    RedisServer,
+    case_rows,
+    greeting_case,
+    wait_until,
+    write_cases,
+)
 
 from agenttest_worker.broker import Channel, Transport
 
@@ -159,3 +169,83 @@ def test_a_fleet_runs_through_a_tls_broker(pg_database: str, demo_url: str, tmp_
     assert [s for _, _, s in case_rows(pg_database, run_id)] == ["passed"] * 4
     assert limiter_keys, "the rate limit was kept in the broker"
     assert "Unrecoverable error" not in fleet.logs()
+
+
+def test_a_held_message_is_stored_as_read_and_given_back_whole(broker_url: str) -> None:
+    """The unacked hash keeps a taken message as the text it was read from (not encoded
+    again): what kombu's restore reads back, with the message's exchange and key."""
+    from celery import Celery
+
+    from agenttest_worker.broker import use_shared_clients
+
+    use_shared_clients()
+    app = Celery(broker=broker_url)
+    connection = app.connection_for_write()
+    channel = connection.default_channel
+    body = {"n": 1, "text": 'caf\u00e9 "quoted" \\ back'}
+    with connection.Producer() as producer:
+        producer.publish(body, routing_key="held-test", declare=[], headers={"h": [1, 2]})
+    message = channel.basic_get("held-test", no_ack=False)
+    assert message is not None
+    server = _server(broker_url)
+    stored = json.loads(server.hget("unacked", message.delivery_tag) or b"null")
+    assert stored == [message._raw, message.delivery_info["exchange"], "held-test"]
+    assert server.zscore("unacked_index", message.delivery_tag) is not None
+
+    channel.close()  # a warm shutdown gives back what it held
+
+    assert server.hlen("unacked") == 0
+    again = connection.channel().basic_get("held-test", no_ack=True)
+    assert again is not None
+    assert again.decode() == body and again.headers["h"] == [1, 2]
+    assert again.delivery_info.get("redelivered") is True
+    connection.release()
+
+
+def test_a_busy_worker_acknowledges_every_message_and_leaves_none_held(
+    pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """Acknowledgments ride on the next message's bookkeeping (one transaction per message
+    instead of two), and the last ones, with no message after them, go by a timer while
+    the worker still runs; a warm shutdown then has nothing to give back. (A private Redis
+    server, so that its command counts are this worker's alone.)"""
+    from agenttest_worker.store.db import upgrade
+
+    upgrade(pg_database)
+    config = write_config(tmp_path, {"demo": openai_agent(demo_url)})
+    cases = write_cases(tmp_path, [greeting_case(f"ACK{i}") for i in range(40)])
+    with RedisServer(tmp_path / "redis") as redis_server:
+        server = _server(redis_server.url)
+        fleet = Fleet(redis_server.url, pg_database, tmp_path, env={"AGENTTEST_DEMO_URL": demo_url})
+        try:
+            worker = fleet.start("acks", concurrency=8)
+            run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "demo", "--config", str(config)])
+            fleet.wait_done(run_id)
+            wait_until(
+                lambda: server.hlen("unacked") == 0 and server.zcard("unacked_index") == 0,
+                5.0,
+                "every message acknowledged in Redis while the worker runs",
+            )
+            assert worker.alive()
+            calls = {
+                name: int(stats["calls"])
+                for name, stats in server.info("commandstats").items()
+                if isinstance(stats, dict)
+            }
+            worker.stop()
+            time.sleep(0.2)
+            held = server.hlen("unacked")
+            queued = sum(
+                int(server.llen(key)) for key in server.scan_iter() if server.type(key) == b"list"
+            )
+        finally:
+            fleet.close()
+    logs = fleet.logs()
+    assert [s for _, _, s in case_rows(pg_database, run_id)] == ["passed"] * 40
+    taken = calls["cmdstat_hset"]  # one per message a worker took
+    assert taken >= 40
+    assert calls["cmdstat_hdel"] == taken, "every message taken was acknowledged"
+    # kombu's own transport runs one MULTI/EXEC to record a message and one to ack it.
+    assert calls["cmdstat_exec"] < 1.5 * taken, calls
+    assert held == 0 and queued == 0, "a warm shutdown had nothing to give back"
+    assert "could not acknowledge" not in logs and "Unrecoverable error" not in logs
