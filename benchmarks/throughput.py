@@ -313,7 +313,9 @@ def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, 
                 }
                 for t in range(args.turns)
             ]
-            handle.write(json.dumps({"id": f"c{i}", "turns": turns}) + "\n")
+            # max_turns: past the default (20) a case would end failed, its turns unplayed.
+            case = {"id": f"c{i}", "turns": turns, "max_turns": args.turns}
+            handle.write(json.dumps(case) + "\n")
     config = tmp / "agenttest.yaml"
     config.write_text(
         f"agents:\n  bench:\n    base_url: {agent}\n    model: bench\n    max_retries: 0\n"
