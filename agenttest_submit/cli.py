@@ -19,6 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agenttest_submit.stopping import (
+    interrupted_exit_code,
+    interrupted_word,
+    sigterm_as_interrupt,
+)
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import InputError, InputProblem
 
@@ -208,18 +213,19 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("AGENTTEST_DEBUG", "").lower() in ("1", "true", "yes")
     subcommand = bool(args_list) and args_list[0] in SUBCOMMANDS
     try:
-        if subcommand:
-            from agenttest_submit.commands import run_subcommand
+        with sigterm_as_interrupt():
+            if subcommand:
+                from agenttest_submit.commands import run_subcommand
 
-            return run_subcommand(args_list)
-        args = build_parser().parse_args(args_list)
-        return run_main(args)
+                return run_subcommand(args_list)
+            args = build_parser().parse_args(args_list)
+            return run_main(args)
     except InputError as exc:
         print_problems(exc.problems, nothing_ran=not subcommand)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(interrupted_word(exc), file=sys.stderr)
+        return interrupted_exit_code(exc)
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_INPUT
     except Exception as exc:

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import emit_report, human_timeout
+from agenttest_submit.stopping import interrupted_exit_code, interrupted_word
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.conversation import Advance, answer_human
@@ -130,13 +131,13 @@ def run_distributed(
         return 0
     try:
         wait_for_run(url, run_id, total, config, options, {})
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(
-            f"\nstopped watching; run {run_id} goes on on the workers "
-            f"(agenttest-submit status {run_id})",
+            f"\n{interrupted_word(exc)}: stopped watching; run {run_id} goes on on the "
+            f"workers (agenttest-submit status {run_id})",
             file=sys.stderr,
         )
-        return 130
+        return interrupted_exit_code(exc)
     return emit_report(url, run_id, args)
 
 

@@ -377,6 +377,42 @@ def test_a_failed_run_setup_fails_the_run_at_its_next_write(demo: Path) -> None:
         store.maybe_flush()  # the setup is done (it failed): the first write says so
 
 
+def test_a_flush_that_fails_keeps_what_it_did_not_write(demo: Path) -> None:
+    """A write of the buffer that fails (a database error, or Ctrl-C or SIGTERM landing in
+    it) is rolled back, and what it held is written by the next flush (the run's cleanup
+    flushes once more), not lost."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run())
+    store.flush()  # the run and its cases are stored
+    assert step_in(store, "T001", 1).saved
+    path = make_url(db).database
+    assert path
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE write_trouble (x INTEGER);"
+            "INSERT INTO write_trouble VALUES (1);"
+            "CREATE TRIGGER trouble BEFORE INSERT ON turns"
+            " WHEN (SELECT count(*) FROM write_trouble) > 0"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;"
+        )
+    with pytest.raises(Exception, match="disk trouble"):
+        store.flush()
+    assert repo.count_turn_rows(db, run_id) == []
+    assert case_rows(db, run_id)["T001"].next_turn == 1, "rolled back with the turn"
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM write_trouble")
+    store.flush()
+    assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+    assert (case_rows(db, run_id)["T001"].next_turn, case_rows(db, run_id)["T001"].phase) == (
+        2,
+        "ready",
+    )
+
+
 def test_an_embedded_run_whose_store_cannot_be_opened_stops_with_the_reason(
     demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

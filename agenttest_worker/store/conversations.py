@@ -351,18 +351,33 @@ class BufferedStore:
         if self._setup is not None:
             self._setup.wait()
             self._setup = None
-        from sqlalchemy import update
-
-        from agenttest_worker.store import repo
-        from agenttest_worker.store.db import get_engine
-        from agenttest_worker.store.models import RunRow
-
         self._last_flush = time.monotonic()
         dirty, self._dirty = self._dirty, {}
         rows, self._rows = self._rows, steps.StepRows.none()
         cancel, self._cancel = self._cancel, None
         if not dirty and not rows and cancel is None:
             return
+        try:
+            self._write(dirty, rows, cancel)
+        except BaseException:
+            # Not written (rolled back): kept for the next flush, which Ctrl-C or SIGTERM
+            # landing in this one (the run's own cleanup flushes next) or a passing
+            # database error would otherwise lose.
+            self._dirty = {**dirty, **self._dirty}
+            rows.add(self._rows)
+            self._rows = rows
+            self._cancel = self._cancel or cancel
+            raise
+
+    def _write(
+        self, dirty: dict[str, _Conversation], rows: steps.StepRows, cancel: str | None
+    ) -> None:
+        from sqlalchemy import update
+
+        from agenttest_worker.store import repo
+        from agenttest_worker.store.db import get_engine
+        from agenttest_worker.store.models import RunRow
+
         run = self.run
         with get_engine(self.url).begin() as connection:
             if dirty:

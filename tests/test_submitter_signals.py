@@ -1,0 +1,167 @@
+"""SIGTERM (a cancelled CI job, `timeout`, a stopped container) stops `agenttest-submit` as
+Ctrl-C does, through the same cleanup, instead of killing it where it stands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from fault_kit import openai_agent, write_config
+from fleet import (
+    WatchingAgent,
+    case_rows,
+    expense_case,
+    fleet_on,
+    greeting_case,
+    run_id_of,
+    turn_rows,
+    wait_until,
+    write_cases,
+)
+
+from agenttest_worker.settings import get_settings
+from agenttest_worker.store import repo
+
+
+def _run_ids(database_url: str) -> set[str]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return {row[0] for row in conn.execute("SELECT id FROM runs")}
+
+
+def _new_runs(database_url: str, known: set[str], where: str = "TRUE") -> list[tuple[str, int]]:
+    """(run id, cases stored) of the runs not in `known` (the database is shared by the
+    session's tests)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT runs.id, (SELECT count(*) FROM cases WHERE cases.run_id = runs.id)"
+            f" FROM runs WHERE NOT (runs.id = ANY(%s)) AND {where}",
+            [list(known)],
+        ).fetchall()
+    return [(str(run_id), int(count)) for run_id, count in rows]
+
+
+def _cases_of(database_url: str, run_id: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM cases WHERE run_id = %s", [run_id]).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_sigterm_while_a_run_is_stored_removes_it(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """Terminated half-way through storing a large run, the submitter removes the run
+    (what Ctrl-C does), exits 143 and prints no traceback, instead of leaving a run
+    that stays `pending` for ever with some of its cases."""
+    config = write_config(tmp_path, {"demo": openai_agent(demo_url)})
+    cases = tmp_path / "many.jsonl"
+    with cases.open("w") as handle:
+        for i in range(60_000):
+            handle.write(json.dumps(greeting_case(f"T{i}")) + "\n")
+    with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+        known = _run_ids(pg_database)
+        process = fleet.submit_background(
+            ["-i", str(cases), "-n", "demo", "--config", str(config), "--no-wait"]
+        )
+        run_id, _ = wait_until(
+            lambda: next((r for r in _new_runs(pg_database, known) if r[1] > 0), None),
+            60.0,
+            "the first cases stored",
+            step=0.02,
+        )
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 143, stderr
+        assert "terminated" in stderr and "Traceback" not in stderr
+        assert _new_runs(pg_database, known) == [], "the run was removed"
+        assert _cases_of(pg_database, run_id) == 0
+
+
+def test_sigterm_while_waiting_leaves_the_run_to_the_workers(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, {"demo": openai_agent(demo_url)})
+    cases = write_cases(tmp_path, [greeting_case(f"W{i}") for i in range(3)])
+    with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+        known = _run_ids(pg_database)
+        process = fleet.submit_background(["-i", str(cases), "-n", "demo", "--config", str(config)])
+        wait_until(
+            lambda: _new_runs(pg_database, known, "status = 'running'"),
+            60.0,
+            "the run stored and started",
+        )
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 143, stderr
+        assert "terminated: stopped watching" in stderr and "Traceback" not in stderr
+        run_id = run_id_of(stderr)
+
+        fleet.start("after", concurrency=2)  # the run was left to the fleet
+        fleet.wait_done(run_id)
+    assert [status for _, _, status in case_rows(pg_database, run_id)] == ["passed"] * 3
+
+
+def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
+    demo_url: str, tmp_path: Path
+) -> None:
+    """An embedded run keeps its conversations in memory and writes them every half
+    second; terminated, it writes what it has first, so `resume` plays only the turns
+    that had not been played (killed outright, the last half second is played again)."""
+    parallel = 4
+    with WatchingAgent(demo_url, delay=0.03) as agent:
+
+        def turns_seen(since: int = 0) -> set[tuple[str | None, int]]:
+            return {(seen.case, seen.turn) for seen in agent.seen()[since:]}
+
+        config = write_config(tmp_path, {"demo": openai_agent(agent.base_url)})
+        cases = write_cases(tmp_path, [expense_case(f"E{i}") for i in range(60)])
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, "-m", "agenttest_submit.cli"]
+        options = ["-n", "demo", "--config", str(config), "--parallel", str(parallel)]
+        process = subprocess.Popen(
+            [*command, "-i", str(cases), *options],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            wait_until(lambda: len(turns_seen()) >= 30, 60.0, "30 turns started", step=0.01)
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        started = turns_seen()
+        assert process.returncode == 143, stderr
+        assert "terminated" in stderr and "Traceback" not in stderr
+
+        url = get_settings().effective_database_url()
+        run = repo.latest_run(url)
+        assert run is not None
+        recorded = set(turn_rows(url, run.id))
+        # Each lane had at most one turn in flight; every other one is recorded.
+        assert len(recorded) >= len(started) - parallel, (len(recorded), len(started), stderr)
+
+        before_resume = len(agent.seen())
+        resumed = subprocess.run(
+            [*command, "resume", run.id, "--parallel", str(parallel)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        replayed = turns_seen(before_resume) & recorded
+    assert not replayed, f"turns recorded before SIGTERM were played again: {sorted(replayed)}"
+    rows = turn_rows(url, run.id)
+    assert len(rows) == 60 * 3 and set(rows.values()) == {1}, "every turn recorded once"
+    assert [status for _, _, status in case_rows(url, run.id)] == ["passed"] * 60
