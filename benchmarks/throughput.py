@@ -75,9 +75,17 @@ def redis_db() -> Iterator[str]:
 
 
 @contextmanager
-def fixed_agent(latency_ms: float) -> Iterator[str]:
+def fixed_agent(latency_ms: float, reply_chars: int = 0) -> Iterator[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fixed_agent", "--latency-ms", str(latency_ms)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.fixed_agent",
+            "--latency-ms",
+            str(latency_ms),
+            "--reply-chars",
+            str(reply_chars),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -395,6 +403,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--reply-chars", type=int, default=0, help="the agent's reply length (default: short)"
+    )
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument(
         "--env",
@@ -410,7 +421,10 @@ def main() -> None:
     compile_bytecode()
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
+    with (
+        tempfile.TemporaryDirectory() as tmpdir,
+        fixed_agent(args.latency_ms, args.reply_chars) as agent,
+    ):
         tmp = Path(tmpdir)
         floor = ours = UNMEASURED
         submitter_kb, worker_kb = 0, [0]
@@ -423,6 +437,7 @@ def main() -> None:
     print(
         f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
         f"concurrency {args.concurrency} x {args.workers} worker(s), agent {args.latency_ms:g} ms"
+        + (f", replies of {args.reply_chars} characters" if args.reply_chars else "")
     )
     print(f"  floor (bare Celery chain)   {floor.turns_per_second:8.1f} turns/s")
     print(f"  agenttest                   {ours.turns_per_second:8.1f} turns/s")
