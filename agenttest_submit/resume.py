@@ -4,8 +4,10 @@ Every conversation not yet done is started again at the turn it is waiting for (
 turn guard makes anything already recorded a no-op). A conversation that was waiting
 for a person is asked again at a terminal; without one, its on_missing_input decides.
 A run whose conversations all finished but whose aggregation was lost (or died half
-way) is aggregated. Embedded, resume then prints the console report and exits like a
-run: 0 when nothing failed, 1 when a case failed.
+way) is aggregated. A run its submitter left half stored (killed while storing it) is
+closed first: cancelled with the reason, its unfinished conversations end as skipped.
+Embedded, resume then prints the console report and exits like a run: 0 when nothing
+failed, 1 when a case failed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,22 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     if run.status == "done":
         print(f"run {run.id} is complete; nothing to resume", file=sys.stderr)
         return 0
+    if run.status == "pending":
+        # Still being stored, or left half stored by a submitter that died: only the
+        # latter (nothing stored or moved for the stall period) is closed and finished.
+        stall = get_settings().stall_seconds
+        if not repo.close_abandoned_runs(url, stall, run.id):
+            print(
+                f"run {run.id} is still being stored (something moved in the last "
+                f"{stall:g} s); if its submitter is gone, resume it after "
+                "AGENTTEST_STALL_SECONDS",
+                file=sys.stderr,
+            )
+            return 0
+        closed = repo.get_run(url, run.id)
+        assert closed is not None
+        run = closed
+        print(f"run {run.id}: closed, {run.cancel_reason}", file=sys.stderr)
     pending = unfinished(url, run.id)
     parked = waiting_for_a_person(url, run.id)
     count = len(pending) + len(parked)

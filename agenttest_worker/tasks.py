@@ -151,7 +151,15 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
     """Re-enqueue conversations of stalled runs; build lost aggregations.
 
     Returns (turns re-enqueued, runs aggregated here). `run_id` limits it to one run.
+    A run its submitter left half stored is closed first (cancelled with the reason),
+    so that this same pass enqueues its conversations or aggregates it.
     """
+    for closed in repo.close_abandoned_runs(url, stall_seconds, run_id):
+        log.warning(
+            "run %s: closed, %s",
+            closed.run_id,
+            repo.ABANDONED_REASON.format(stored=closed.stored),
+        )
     stalled = repo.claim_stalled(url, stall_seconds, run_id)
     if stalled:
         with app.producer_or_acquire() as producer:

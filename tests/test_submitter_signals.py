@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 from fault_kit import openai_agent, write_config
 from fleet import (
+    Fleet,
     WatchingAgent,
     case_rows,
     expense_case,
@@ -165,3 +167,90 @@ def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
     rows = turn_rows(url, run.id)
     assert len(rows) == 60 * 3 and set(rows.values()) == {1}, "every turn recorded once"
     assert [status for _, _, status in case_rows(url, run.id)] == ["passed"] * 60
+
+
+def _half_stored_run(fleet: Fleet, database_url: str, config: Path, tmp_path: Path) -> str:
+    """A run whose submitter was SIGKILLed while storing it: its id (run `pending`)."""
+    cases = tmp_path / "many.jsonl"
+    with cases.open("w") as handle:
+        for i in range(60_000):
+            handle.write(json.dumps(greeting_case(f"K{i}")) + "\n")
+    known = _run_ids(database_url)
+    process = fleet.submit_background(
+        ["-i", str(cases), "-n", "demo", "--config", str(config), "--no-wait"],
+        enqueue_batch="40",
+    )
+    run_id, _ = wait_until(
+        lambda: next((r for r in _new_runs(database_url, known) if r[1] > 0), None),
+        60.0,
+        "the first cases stored",
+        step=0.01,
+    )
+    process.kill()
+    process.communicate(timeout=30)
+    run = repo.get_run(database_url, run_id)
+    assert run is not None and run.status == "pending"
+    assert 0 < _cases_of(database_url, run_id) < 60_000
+    return str(run_id)
+
+
+def _assert_closed_as_abandoned(database_url: str, run_id: str) -> None:
+    stored = _cases_of(database_url, run_id)
+    run = repo.get_run(database_url, run_id)
+    assert run is not None and run.status == "done" and run.cancelled
+    assert run.total_cases == stored
+    assert f"after {stored} case(s)" in (run.cancel_reason or "")
+    statuses = [s for _, _, s in case_rows(database_url, run_id)]
+    assert len(statuses) == stored and set(statuses) <= {"passed", "skipped"}
+    report = repo.get_report(database_url, run_id, "jsonl")
+    assert report is not None
+    records = [json.loads(line) for line in report.splitlines() if line.strip()]
+    skipped = [r for r in records if r.get("status") == "skipped"]
+    assert len(skipped) == statuses.count("skipped") and len(records) == stored
+    # (Which stored cases had been started before the kill is up to timing: those that
+    # had not end skipped with the reason, those that had may have passed.)
+    assert all("submitter stopped" in (r.get("skip_reason") or "") for r in skipped), skipped[:2]
+
+
+def test_a_run_left_half_stored_by_a_killed_submitter_is_closed_by_the_sweeper(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL (or the out-of-memory killer) gives the submitter no chance to clean up: its
+    run stays `pending` with part of its cases, some started. Once nothing of it has
+    moved for the stall period, a worker's sweeper starts it with the cases it has,
+    cancelled with the reason; what had not run ends skipped, and the run gets its
+    reports."""
+    config = write_config(tmp_path, {"demo": openai_agent(demo_url)})
+    with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+        run_id = _half_stored_run(fleet, pg_database, config, tmp_path)
+        # Not yet: the submitter might still be storing it.
+        assert repo.close_abandoned_runs(pg_database, 3600, run_id) == []
+
+        fleet.start("sweeping", concurrency=8, stall_seconds="2")
+        fleet.wait_done(run_id, timeout=90)
+        status = fleet.submit(["status", run_id])
+        logs = fleet.logs()
+    _assert_closed_as_abandoned(pg_database, run_id)
+    assert "its submitter stopped while storing the run" in status.stdout + status.stderr
+    assert f"run {run_id}: closed" in logs
+
+
+def test_resume_closes_a_half_stored_run_once_nothing_moved_for_the_stall_period(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, {"demo": openai_agent(demo_url)})
+    with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+        run_id = _half_stored_run(fleet, pg_database, config, tmp_path)
+        early = fleet.submit(["resume", run_id], stall_seconds="600")
+        assert early.returncode == 0, early.stderr
+        assert "is still being stored" in early.stderr
+        run = repo.get_run(pg_database, run_id)
+        assert run is not None and run.status == "pending"
+
+        time.sleep(1.2)
+        later = fleet.submit(["resume", run_id], stall_seconds="1")
+        assert later.returncode == 0, later.stderr
+        assert f"run {run_id}: closed, its submitter stopped" in later.stderr
+        fleet.start("finishing", concurrency=8)
+        fleet.wait_done(run_id, timeout=90)
+    _assert_closed_as_abandoned(pg_database, run_id)

@@ -775,6 +775,70 @@ def _stalled_runs(session: Session, stall_seconds: float, run_id: str | None) ->
     return query
 
 
+ABANDONED_REASON = (
+    "its submitter stopped while storing the run, after {stored} case(s); "
+    "the rest of the input was never stored"
+)
+
+
+@dataclass(frozen=True)
+class ClosedRun:
+    run_id: str
+    stored: int
+
+
+def close_abandoned_runs(
+    url: str, stall_seconds: float, run_id: str | None = None
+) -> list[ClosedRun]:
+    """Runs left `pending` by a submitter that died while storing them, closed.
+
+    A run stays `pending` until its submitter has stored every case (`start_run`); one
+    killed outright in between (SIGKILL, the out-of-memory killer; SIGTERM and Ctrl-C
+    remove the run) leaves it so for ever, with part of its cases, some of them already
+    started. Such a run, created more than `stall_seconds` ago and with nothing stored
+    or moved since, is started with the cases it has and cancelled with the reason: its
+    conversations that have not ended end as skipped (the sweeper's next pass enqueues
+    them), and the run is aggregated as any other. The guard on `pending` makes exactly
+    one sweeper close it.
+    """
+    with session_scope(url) as session:
+        cutoff = _ago(session, stall_seconds)
+        moved = (
+            select(func.max(CaseRow.updated_at))
+            .where(CaseRow.run_id == RunRow.id)
+            .scalar_subquery()
+        )
+        query = select(RunRow.id).where(
+            RunRow.status == "pending",
+            RunRow.created_at < cutoff,
+            or_(moved.is_(None), moved < cutoff),
+        )
+        if run_id is not None:
+            query = query.where(RunRow.id == run_id)
+        abandoned = list(session.scalars(query))
+    closed: list[ClosedRun] = []
+    for candidate in abandoned:
+        with session_scope(url) as session:
+            stored = session.scalar(
+                select(func.count()).select_from(CaseRow).where(CaseRow.run_id == candidate)
+            )
+            count = int(stored or 0)
+            moved_now = session.execute(
+                update(RunRow)
+                .where(RunRow.id == candidate, RunRow.status == "pending")
+                .values(
+                    status="running",
+                    total_cases=count,
+                    started_at=func.coalesce(RunRow.started_at, RunRow.created_at),
+                    cancelled=True,
+                    cancel_reason=ABANDONED_REASON.format(stored=count),
+                )
+            )
+            if moved_now.rowcount:  # type: ignore[attr-defined]
+                closed.append(ClosedRun(candidate, count))
+    return closed
+
+
 def claim_stalled(
     url: str, stall_seconds: float, run_id: str | None = None, limit: int = 1000
 ) -> list[tuple[str, str, int]]:
