@@ -35,6 +35,7 @@ from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import error_reason, is_connection_lost
+from agenttest_worker.store.steps import as_object
 
 POLL_SECONDS = 0.5
 
@@ -205,10 +206,10 @@ def _answer_waiting(
     """Ask about every conversation parked for a person; resume each on the fleet."""
     for case_id, _turn in list(repo.iter_case_ids(url, run_id, "awaiting_human")):
         loaded = repo.load_case(url, run_id, case_id)
-        prompt = ((loaded.state or {}).get("prompt") or {}) if loaded else {}
         if loaded is None:
             continue
-        timeout = timeouts.get(case_id) or human_timeout(loaded.case)
+        prompt = (as_object(loaded.state) or {}).get("prompt") or {}
+        timeout = timeouts.get(case_id) or human_timeout(as_object(loaded.case) or {})
         text, why = asker.ask_blocking(case_id, prompt.get("question"), prompt.get("hint"), timeout)
         advance = asyncio.run(_answer(url, pool, run_id, case_id, text, why))
         follow_up(run_id, case_id, advance)

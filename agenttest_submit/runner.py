@@ -341,9 +341,10 @@ async def drive(
         loaded = store.load_case(run_id, case_id)
         if loaded is None:
             return Advance(saved=False)
-        prompt = (loaded.state or {}).get("prompt") or {}
+        prompt = (steps.as_object(loaded.state) or {}).get("prompt") or {}
         if ask:
-            timeout = (human_timeouts or {}).get(case_id) or human_timeout(loaded.case)
+            case = steps.as_object(loaded.case) or {}
+            timeout = (human_timeouts or {}).get(case_id) or human_timeout(case)
             text, why = await asker.ask(
                 case_id, prompt.get("question"), prompt.get("hint"), timeout
             )

@@ -12,7 +12,9 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
@@ -30,6 +32,8 @@ from agenttest_worker.engine import (
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
 from agenttest_worker.store.conversations import ConversationStore, as_store
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass
@@ -122,9 +126,16 @@ _options_memo = _Memo(64)
 
 def _case(loaded: steps.LoadedCase) -> Case:
     made: Case = _cases_memo.get(
-        (loaded.run_id, loaded.case_id), lambda: Case.model_validate(loaded.case)
+        (loaded.run_id, loaded.case_id), lambda: _validated(Case, loaded.case)
     )
     return made
+
+
+def _validated(model: type[M], document: steps.JsonDocument) -> M:
+    """`model` from a stored document: from its text if the store handed over text."""
+    if isinstance(document, str):
+        return model.model_validate_json(document)
+    return model.model_validate(document)
 
 
 def _options(loaded: steps.LoadedCase) -> RunOptions:
@@ -181,7 +192,7 @@ def prepare(
     if loaded.state is None:
         state = start_conversation(case, session_id(run_id, case_id))
     else:
-        state = ConversationState.model_validate(loaded.state)
+        state = _validated(ConversationState, loaded.state)
     return Prepared(loaded, case, state, options, turn)
 
 
@@ -234,7 +245,7 @@ def commit(store: ConversationStore | str, prepared: Prepared, state: Conversati
         expected_turn=prepared.turn,
         next_turn=next_turn,
         phase=state.phase,
-        state=state.model_dump(mode="json"),
+        state=steps.JsonText(state.model_dump_json()),
         new_turns=new_turns,
         final_assertions=state.final_assertions if result else (),
         result=result,
@@ -267,7 +278,7 @@ async def answer_human(
         return Advance(saved=False)
     case = _case(loaded)
     options = _options(loaded)
-    state = ConversationState.model_validate(loaded.state)
+    state = _validated(ConversationState, loaded.state)
     new_state = await give_human_input(case, state, text, pool, options, reason)
     result = case_result(case, new_state, loaded.agent) if new_state.phase == "done" else None
     skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
@@ -277,7 +288,7 @@ async def answer_human(
         expected_turn=loaded.next_turn,
         next_turn=loaded.next_turn,
         phase=new_state.phase,
-        state=new_state.model_dump(mode="json"),
+        state=steps.JsonText(new_state.model_dump_json()),
         new_turns=skipped_rows,
         final_assertions=new_state.final_assertions if result else (),
         result=result,

@@ -45,7 +45,7 @@ class ConversationStore(Protocol):
         expected_turn: int,
         next_turn: int,
         phase: str,
-        state: dict[str, Any],
+        state: steps.JsonDocument,
         new_turns: list[TurnResult],
         final_assertions: list[AssertionResult] | tuple[()] = (),
         result: CaseResult | None = None,
@@ -90,7 +90,9 @@ class _Conversation:
     agent: str | None
     phase: str
     next_turn: int
-    state: dict[str, Any] | None
+    # As the step handed it over (often text): read back by the next step, and turned
+    # into objects only for the database, once per flush.
+    state: steps.JsonDocument | None
     deliveries: int
     result: dict[str, Any] | None = None
 
@@ -301,7 +303,7 @@ class BufferedStore:
         expected_turn: int,
         next_turn: int,
         phase: str,
-        state: dict[str, Any],
+        state: steps.JsonDocument,
         new_turns: list[TurnResult],
         final_assertions: list[AssertionResult] | tuple[()] = (),
         result: CaseResult | None = None,
@@ -389,7 +391,7 @@ class BufferedStore:
                             "b_case": case_id,
                             "b_next": c.next_turn,
                             "b_phase": c.phase,
-                            "b_state": c.state,
+                            "b_state": steps.as_object(c.state),
                             "b_status": (c.result or {}).get("status"),
                             "b_result": c.result,
                         }

@@ -11,6 +11,7 @@ last one finish enqueues the aggregator, which claims the run once.
 from __future__ import annotations
 
 import getpass
+import json
 import secrets
 import socket
 import threading
@@ -61,7 +62,16 @@ from agenttest_worker.store.models import (
     RunRow,
     TurnRow,
 )
-from agenttest_worker.store.steps import LoadedCase, Saved, StepRows, step_rows, step_spend
+from agenttest_worker.store.steps import (
+    JsonDocument,
+    JsonText,
+    LoadedCase,
+    Saved,
+    StepRows,
+    as_object,
+    step_rows,
+    step_spend,
+)
 
 
 def submitted_by() -> str:
@@ -225,11 +235,12 @@ _runs: Table = RunRow.__table__  # type: ignore[assignment]
 
 _LOAD = (
     select(
-        _cases.c.case,
+        # As text: see steps.JsonDocument.
+        cast(_cases.c.case, Text).label("case"),
         _cases.c.agent,
         _cases.c.phase,
         _cases.c.next_turn,
-        _cases.c.state,
+        cast(_cases.c.state, Text).label("state"),
         _cases.c.deliveries,
         _runs.c.cancelled,
         _runs.c.cancel_reason,
@@ -259,11 +270,11 @@ _RUN_SETTINGS = select(_runs.c.options, _runs.c.config).where(_runs.c.id == bind
 class _LoadedRow(NamedTuple):
     """A row of _LOAD, its columns in order (tests/test_run_store.py checks them)."""
 
-    case: dict[str, Any]
+    case: str
     agent: str | None
     phase: str
     next_turn: int
-    state: dict[str, Any] | None
+    state: str | None
     deliveries: int
     cancelled: bool
     cancel_reason: str | None
@@ -557,7 +568,7 @@ def save_step(
     expected_turn: int,
     next_turn: int,
     phase: str,
-    state: dict[str, Any],
+    state: JsonDocument,
     new_turns: Sequence[TurnResult],
     final_assertions: Sequence[AssertionResult] = (),
     result: CaseResult | None = None,
@@ -580,17 +591,26 @@ def save_step(
     if not retrying() or known is None or known[:3] != step:
         # A first attempt: nothing of this call was written yet.
         _written.step = known = (*step, secrets.token_hex(16))
+    engine = get_engine(url)
+    postgres = engine.dialect.name == "postgresql"
     params: dict[str, Any] = {
         "b_run": run_id,
         "b_case": case_id,
         "b_turn": expected_turn,
         "b_next": next_turn,
         "b_phase": phase,
-        "b_state": state,
+        # Postgres takes JSON text as it is (the hot path sends it as jsonb); elsewhere
+        # the JSON column type writes the objects itself.
+        "b_state": _json_text(state) if postgres else as_object(state),
         "b_status": result.status if result else None,
-        "b_result": result.model_dump(mode="json") if result else None,
         "b_token": known[3],
     }
+    if result is None:
+        params["b_result"] = None
+    elif postgres:
+        params["b_result"] = JsonText(result.model_dump_json())
+    else:
+        params["b_result"] = result.model_dump(mode="json")
     if expected_phase is not None:
         params["b_expected_phase"] = expected_phase
     rows = step_rows(run_id, case_id, new_turns, final_assertions)
@@ -604,8 +624,7 @@ def save_step(
         )
     params.update(b_tokens=tokens, b_cost=cost)
 
-    engine = get_engine(url)
-    if engine.dialect.name == "postgresql":
+    if postgres:
         statement = _pg_step(
             expected_phase is not None,
             bool(rows.turns),
@@ -635,6 +654,14 @@ def save_step(
             return Saved(True)
         finished, total, status = connection.execute(_CASE_ENDED, params).one()
         return Saved(True, run_finished=status == "running" and finished >= total)
+
+
+def _json_text(document: JsonDocument) -> JsonText:
+    if isinstance(document, JsonText):
+        return document
+    if isinstance(document, str):
+        return JsonText(document)
+    return JsonText(json.dumps(document))
 
 
 def _not_moved(

@@ -8,6 +8,7 @@ away from SQLAlchemy. `repo` builds its statements from these rows.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,26 @@ from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResul
 CaseRecord = tuple[str, str | None, dict[str, Any]]
 
 
+class JsonText(str):
+    """A JSON document already written as text (pydantic's `model_dump_json`), stored
+    as it is: a long conversation's state is written every turn, and pydantic writes it
+    several times faster than building the objects for `json.dumps` to write."""
+
+
+# A JSON object as Python objects, or as its text: the database hands the conversation's
+# case and state over as text, which pydantic reads without building them first, and
+# which a worker that has the case in memory already does not read at all.
+JsonDocument = dict[str, Any] | str
+
+
+def as_object(document: JsonDocument | None) -> dict[str, Any] | None:
+    """The document as Python objects (read from its text if that is what it is)."""
+    if isinstance(document, str):
+        parsed: dict[str, Any] = json.loads(document)
+        return parsed
+    return document
+
+
 def new_run_id() -> str:
     """Sortable by time, unique across a fleet: 20261129-203512-3fa9c1."""
     return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
@@ -30,11 +51,11 @@ def new_run_id() -> str:
 class LoadedCase:
     run_id: str
     case_id: str
-    case: dict[str, Any]
+    case: JsonDocument
     agent: str | None
     phase: str
     next_turn: int
-    state: dict[str, Any] | None
+    state: JsonDocument | None
     deliveries: int
     run_cancelled: bool
     cancel_reason: str | None
