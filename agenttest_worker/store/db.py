@@ -23,6 +23,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from agenttest_worker.store.storable import dumps_storable
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Any constant works; it only has to be the same in every process.
 _ADVISORY_LOCK_KEY = 0x61677474  # "agtt"
@@ -61,7 +63,14 @@ def get_engine(url: str) -> Engine:
         return engine
     # No pre-ping: it cost a round trip per checkout, twice per turn. A connection the
     # server dropped fails its statement instead; `reconnecting` retries that.
-    return create_engine(url, pool_size=20, max_overflow=0, pool_timeout=60, pool_recycle=1800)
+    return create_engine(
+        url,
+        pool_size=20,
+        max_overflow=0,
+        pool_timeout=60,
+        pool_recycle=1800,
+        json_serializer=dumps_storable,  # see storable.py
+    )
 
 
 RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)

@@ -75,14 +75,16 @@ class _DriverConnection:
         from psycopg.types.json import Jsonb
 
         from agenttest_worker.store.steps import JsonText
+        from agenttest_worker.store.storable import dumps_storable, storable_json
 
         compiled = _compile(statement, self.engine)
         values = dict(compiled.defaults)
         for name, value in params.items():
             if name in self.json_params and value is not None:
-                value = (
-                    Jsonb(value, dumps=_as_written) if isinstance(value, JsonText) else Jsonb(value)
-                )
+                if isinstance(value, JsonText):
+                    value = Jsonb(value, dumps=storable_json)
+                else:
+                    value = Jsonb(value, dumps=dumps_storable)
             values[name] = value
         try:
             with self.pooled.driver_connection.cursor() as cursor:
@@ -93,11 +95,6 @@ class _DriverConnection:
         except psycopg.Error as exc:
             raise _as_dbapi_error(self.engine, exc, self.pooled, compiled.sql, values) from exc
         return tuple(row) if row is not None else None
-
-
-def _as_written(text: str) -> str:
-    """JSON already written as text (steps.JsonText) goes to the driver unchanged."""
-    return text
 
 
 class SqlAlchemyTurnConnection:
@@ -132,8 +129,9 @@ def turn_connection(engine: Engine, json_params: frozenset[str]) -> Iterator[Tur
     """A connection for the turn's statements, each committed on its own.
 
     On Postgres a pooled psycopg connection in autocommit (`json_params` are sent as
-    jsonb, None as SQL NULL, a steps.JsonText as written), given back to the pool in
-    its usual mode; elsewhere a SQLAlchemy connection in autocommit.
+    jsonb, None as SQL NULL, a steps.JsonText as written; NUL characters replaced, see
+    storable.py), given back to the pool in its usual mode; elsewhere a SQLAlchemy
+    connection in autocommit.
     """
     if engine.dialect.name != "postgresql":
         with engine.connect() as plain:

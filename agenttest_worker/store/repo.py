@@ -72,6 +72,7 @@ from agenttest_worker.store.steps import (
     step_rows,
     step_spend,
 )
+from agenttest_worker.store.storable import storable_row
 
 
 def submitted_by() -> str:
@@ -460,6 +461,8 @@ def insert_rows(connection: Any, model: type[Base], rows: Sequence[dict[str, Any
         module: Any = postgresql if dialect == "postgresql" else sqlite
         statement = module.insert(model.__table__).on_conflict_do_nothing()
         _INSERTS[(dialect, model)] = statement
+    if dialect == "postgresql":
+        rows = [storable_row(row) for row in rows]
     connection.execute(statement, list(rows))
 
 

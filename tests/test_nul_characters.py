@@ -1,0 +1,88 @@
+"""An agent's reply with a NUL character: Postgres cannot store one (text and jsonb), so
+on Postgres it is stored as U+FFFD; the case is recorded and the run finishes."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fault_kit import write_config
+from fleet import case_rows, fleet_on, write_cases
+from scripted_agent import Reply, ScriptedAgent
+
+from agenttest_worker.store import repo
+from agenttest_worker.store.storable import storable_json, storable_row
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        ("a\x00b", "a\ufffdb"),
+        ("\x00\x00", "\ufffd\ufffd"),
+        ("a\\u0000b", "a\\u0000b"),  # the six characters \u0000, not a NUL: kept
+        ("a\\\x00", "a\\\ufffd"),  # a backslash, then a NUL
+        ("plain", "plain"),
+    ],
+)
+def test_storable_json_replaces_nul_characters_only(value: str, stored: str) -> None:
+    assert json.loads(storable_json(json.dumps({"k": [value]}))) == {"k": [stored]}
+    assert storable_row({"output": value, "turn": 1}) == {"output": stored, "turn": 1}
+
+
+def _reply(body: dict[str, Any]) -> Reply:
+    first = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    if "NUL" in first:
+        return Reply(
+            content="bad\x00byte, noted",
+            tool_calls=[{"name": "lookup", "args": {"q": "x\x00y"}}],
+            state={"note": "\x00"},
+        )
+    return Reply(content="fine, noted")
+
+
+def test_a_reply_with_a_nul_character_is_recorded_on_postgres(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    cases = write_cases(
+        tmp_path,
+        [
+            {
+                "id": f"{name}{i}",
+                "type": "multi_turn",
+                "turns": [
+                    {
+                        "input": f"{name} please",
+                        "assertions": [{"type": "contains", "value": "noted"}],
+                    },
+                    {"input": "again", "assertions": [{"type": "contains", "value": "noted"}]},
+                ],
+            }
+            for i in range(2)
+            for name in ("NUL", "OK")
+        ],
+    )
+    with ScriptedAgent() as agent:
+        agent.script("target", _reply)
+        config = write_config(
+            tmp_path,
+            {"scripted": {"protocol": "openai", "base_url": agent.base_url, "model": "target"}},
+        )
+        with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+            fleet.start("w", concurrency=4)
+            run_id = fleet.submit_no_wait(
+                ["-i", str(cases), "-n", "scripted", "--config", str(config)]
+            )
+            fleet.wait_done(run_id, timeout=60)
+            logs = fleet.logs()
+    assert sorted(s for _, _, s in case_rows(pg_database, run_id)) == ["passed"] * 4
+    results = {r.id: r for r in repo.iter_results(pg_database, run_id)}
+    bad = results["NUL0"].turns[0]
+    assert bad.output == "bad\ufffdbyte, noted"
+    assert json.dumps(bad.tool_calls[0].model_dump(mode="json")).count("\\ufffd") == 1
+    assert results["OK0"].turns[1].output == "fine, noted"
+    report = repo.get_report(pg_database, run_id, "jsonl")
+    assert report is not None and "bad\ufffdbyte" in report
+    assert "UntranslatableCharacter" not in logs and "cannot contain NUL" not in logs
