@@ -263,6 +263,31 @@ def commit(store: ConversationStore | str, prepared: Prepared, state: Conversati
     )
 
 
+def commit_or_fail(
+    store: ConversationStore | str, prepared: Prepared, state: ConversationState
+) -> Advance:
+    """`commit`, or, when the database refuses what the step produced (a value it cannot
+    hold, such as a token count past its column's range), the case ended as failed with
+    the database's reason. Raised, the task would fail the same way each time the turn
+    is played again, and the run would never finish."""
+    from agenttest_worker.store.db import unstorable_reason
+
+    try:
+        return commit(store, prepared, state)
+    except Exception as exc:
+        reason = unstorable_reason(exc)
+        if reason is None:
+            raise
+    # The engine updated the loaded state in place, with the turn that was refused: the
+    # conversation as stored before this turn (nothing of it was written) ends instead.
+    loaded = prepared.loaded
+    before = prepare(store, loaded.run_id, loaded.case_id, prepared.turn)
+    if isinstance(before, Advance):
+        return before  # recorded meanwhile by a copy of this message, or ended
+    message = f"turn {prepared.turn} could not be stored: {reason}"
+    return commit(store, before, end_without_running(before, "fail", message))
+
+
 async def answer_human(
     store: ConversationStore | str,
     pool: AgentPool,
@@ -339,7 +364,7 @@ def run_step_sync(
     if state is None:
         pool = pools.for_run(run_id, prepared.loaded.run_config)
         state = run_sync(execute(prepared, pool))
-    return _after_commit(store, prepared, commit(store, prepared, state))
+    return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
 
 
 async def run_step(
@@ -358,7 +383,7 @@ async def run_step(
     state = _stopped(prepared, max_deliveries)
     if state is None:
         state = await execute(prepared, pools.for_run(run_id, prepared.loaded.run_config))
-    return _after_commit(store, prepared, commit(store, prepared, state))
+    return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
 
 
 def timeout_message(seconds: float) -> str:

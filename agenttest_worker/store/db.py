@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
 from agenttest_worker.store.storable import dumps_storable
@@ -87,6 +87,31 @@ def error_reason(exc: BaseException) -> str:
     """The first line of what the driver said (a one-line reason for a warning)."""
     text = str(getattr(exc, "orig", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def unstorable_reason(exc: BaseException) -> str | None:
+    """The database's reason when it refused a value a step produced, else None.
+
+    Postgres's data exceptions (SQLSTATE class 22: a number out of its column's range,
+    text it cannot hold), psycopg refusing a parameter before sending it, SQLite an
+    integer past 64 bits. Playing the step again would fail the same way every time,
+    unlike a lost connection or a conflict.
+    """
+    orig = getattr(exc, "orig", None)
+    if isinstance(exc, DBAPIError):
+        sqlstate = getattr(orig, "sqlstate", None)
+        if isinstance(sqlstate, str) and sqlstate.startswith("22"):
+            return error_reason(exc)
+        try:
+            import psycopg
+        except ImportError:  # pragma: no cover - psycopg is a dependency
+            return None
+        if isinstance(orig, psycopg.DataError):
+            return error_reason(exc)
+        return None
+    if isinstance(exc, StatementError) and isinstance(orig, OverflowError):
+        return error_reason(exc)
+    return None
 
 
 def is_connection_lost(exc: DBAPIError) -> bool:

@@ -1,5 +1,7 @@
-"""An agent's reply with a NUL character: Postgres cannot store one (text and jsonb), so
-on Postgres it is stored as U+FFFD; the case is recorded and the run finishes."""
+"""What an agent says that the database cannot hold as it is. A NUL character (Postgres
+text and jsonb cannot hold one) is stored as U+FFFD; anything else the database refuses
+(a token count past its column's range) fails that case with the database's reason.
+Either way the other cases are recorded and the run finishes."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 from fault_kit import write_config
 from fleet import case_rows, fleet_on, write_cases
-from scripted_agent import Reply, ScriptedAgent
+from scripted_agent import Reply, ScriptedAgent, last_user_text
 
 from agenttest_worker.store import repo
 from agenttest_worker.store.storable import storable_json, storable_row
@@ -86,3 +88,55 @@ def test_a_reply_with_a_nul_character_is_recorded_on_postgres(
     report = repo.get_report(pg_database, run_id, "jsonl")
     assert report is not None and "bad\ufffdbyte" in report
     assert "UntranslatableCharacter" not in logs and "cannot contain NUL" not in logs
+
+
+def _usage_reply(body: dict[str, Any]) -> Reply:
+    if "HUGE" in last_user_text(body):
+        usage = {"prompt_tokens": 10**12, "completion_tokens": 1, "total_tokens": 10**12 + 1}
+        return Reply(content="noted", extra={"usage": usage})
+    return Reply(content="noted")
+
+
+def test_a_turn_the_database_refuses_fails_its_case_and_the_run_finishes(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """An agent reporting 10^12 tokens for one call: Postgres refuses the turn's agent-call
+    row (integer out of range), the same way each time the turn would be played again.
+    The case ends failed with the database's reason, instead of its task failing for
+    ever and its run never finishing."""
+    cases = write_cases(
+        tmp_path,
+        [
+            {
+                "id": name,
+                "type": "multi_turn",
+                "turns": [
+                    {"input": "hello", "assertions": [{"type": "contains", "value": "noted"}]},
+                    {
+                        "input": f"{name} now",
+                        "assertions": [{"type": "contains", "value": "noted"}],
+                    },
+                ],
+            }
+            for name in ("HUGE", "OK")
+        ],
+    )
+    with ScriptedAgent() as agent:
+        agent.script("target", _usage_reply)
+        entry = {"protocol": "openai", "base_url": agent.base_url, "model": "target"}
+        config = write_config(tmp_path, {"scripted": entry})
+        with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+            fleet.start("w", concurrency=2)
+            run_id = fleet.submit_no_wait(
+                ["-i", str(cases), "-n", "scripted", "--config", str(config)]
+            )
+            fleet.wait_done(run_id, timeout=60)
+    results = {r.id: r for r in repo.iter_results(pg_database, run_id)}
+    assert results["OK"].status == "passed"
+    huge = results["HUGE"]
+    assert huge.status == "failed"
+    assert huge.error is not None
+    assert huge.error.startswith("turn 2 could not be stored: ") and "out of range" in huge.error
+    assert [t.turn for t in huge.turns] == [1], "turn 1 kept; turn 2 was never recorded"
+    run = repo.get_run(pg_database, run_id)
+    assert run is not None and (run.passed, run.failed) == (1, 1)
