@@ -805,6 +805,15 @@ def _stalled_runs(session: Session, stall_seconds: float, run_id: str | None) ->
     return query
 
 
+def _nothing_moved_since(cutoff: Any) -> ColumnElement[bool]:
+    """For a query on runs: none of the run's conversations was stored or moved since
+    `cutoff` (or it has none)."""
+    moved = (
+        select(func.max(CaseRow.updated_at)).where(CaseRow.run_id == RunRow.id).scalar_subquery()
+    )
+    return or_(moved.is_(None), moved < cutoff)
+
+
 ABANDONED_REASON = (
     "its submitter stopped while storing the run, after {stored} case(s); "
     "the rest of the input was never stored"
@@ -833,15 +842,10 @@ def close_abandoned_runs(
     """
     with session_scope(url) as session:
         cutoff = _ago(session, stall_seconds)
-        moved = (
-            select(func.max(CaseRow.updated_at))
-            .where(CaseRow.run_id == RunRow.id)
-            .scalar_subquery()
-        )
         query = select(RunRow.id).where(
             RunRow.status == "pending",
             RunRow.created_at < cutoff,
-            or_(moved.is_(None), moved < cutoff),
+            _nothing_moved_since(cutoff),
         )
         if run_id is not None:
             query = query.where(RunRow.id == run_id)
@@ -919,15 +923,10 @@ def unaggregated_runs(url: str, stall_seconds: float, run_id: str | None = None)
     """
     with session_scope(url) as session:
         cutoff = _ago(session, stall_seconds)
-        moved = (
-            select(func.max(CaseRow.updated_at))
-            .where(CaseRow.run_id == RunRow.id)
-            .scalar_subquery()
-        )
         query = select(RunRow.id).where(
             RunRow.finished_cases >= RunRow.total_cases,
             or_(
-                and_(RunRow.status == "running", or_(moved.is_(None), moved < cutoff)),
+                and_(RunRow.status == "running", _nothing_moved_since(cutoff)),
                 and_(RunRow.status == "aggregating", RunRow.finished_at < cutoff),
             ),
         )
