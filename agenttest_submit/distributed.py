@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError
 
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import emit_report, human_timeout
+from agenttest_submit.runner import emit_report, human_question
 from agenttest_submit.stopping import interrupted_exit_code, interrupted_word
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
@@ -35,7 +35,6 @@ from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import error_reason, is_connection_lost
-from agenttest_worker.store.steps import as_object
 
 POLL_SECONDS = 0.5
 
@@ -208,9 +207,8 @@ def _answer_waiting(
         loaded = repo.load_case(url, run_id, case_id)
         if loaded is None:
             continue
-        prompt = (as_object(loaded.state) or {}).get("prompt") or {}
-        timeout = timeouts.get(case_id) or human_timeout(as_object(loaded.case) or {})
-        text, why = asker.ask_blocking(case_id, prompt.get("question"), prompt.get("hint"), timeout)
+        asked = human_question(loaded, timeouts)
+        text, why = asker.ask_blocking(case_id, asked.question, asked.hint, asked.timeout)
         advance = asyncio.run(_answer(url, pool, run_id, case_id, text, why))
         follow_up(run_id, case_id, advance)
 

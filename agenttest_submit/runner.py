@@ -12,7 +12,8 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
@@ -341,13 +342,9 @@ async def drive(
         loaded = store.load_case(run_id, case_id)
         if loaded is None:
             return Advance(saved=False)
-        prompt = (steps.as_object(loaded.state) or {}).get("prompt") or {}
         if ask:
-            case = steps.as_object(loaded.case) or {}
-            timeout = (human_timeouts or {}).get(case_id) or human_timeout(case)
-            text, why = await asker.ask(
-                case_id, prompt.get("question"), prompt.get("hint"), timeout
-            )
+            asked = human_question(loaded, human_timeouts)
+            text, why = await asker.ask(case_id, asked.question, asked.hint, asked.timeout)
         else:
             text, why = None, None
         pool = pools.for_run(run_id, loaded.run_config)
@@ -407,11 +404,26 @@ async def drive(
             await close_session()
 
 
-def human_timeout(case: dict[str, Any]) -> float:
-    """A stored case's interactive.timeout in seconds (the spec's default: 5m)."""
-    interactive = case.get("interactive")
-    timeout = interactive.get("timeout") if isinstance(interactive, dict) else None
-    return float(timeout) if isinstance(timeout, int | float) else 300.0
+@dataclass(frozen=True)
+class HumanQuestion:
+    question: str | None
+    hint: str | None
+    timeout: float
+
+
+def human_question(
+    loaded: steps.LoadedCase, timeouts: Mapping[str, float] | None = None
+) -> HumanQuestion:
+    """What to ask a person about a conversation parked for one: the engine's prompt,
+    and how long to wait (`timeouts` for this case, else the stored case's
+    interactive.timeout in seconds, else the spec's default: 5m)."""
+    prompt = (steps.as_object(loaded.state) or {}).get("prompt") or {}
+    timeout = (timeouts or {}).get(loaded.case_id)
+    if not timeout:
+        interactive = (steps.as_object(loaded.case) or {}).get("interactive")
+        stored = interactive.get("timeout") if isinstance(interactive, dict) else None
+        timeout = float(stored) if isinstance(stored, int | float) else 300.0
+    return HumanQuestion(prompt.get("question"), prompt.get("hint"), timeout)
 
 
 def _rendered(fmt: str, report: RunReport) -> str:

@@ -29,6 +29,9 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ClauseElement
 
+from agenttest_worker.store.steps import JsonText
+from agenttest_worker.store.storable import dumps_storable, storable_json
+
 
 class TurnConnection(Protocol):
     """Runs one of the turn's statements (each returns rows); its first row, if any."""
@@ -73,9 +76,6 @@ class _DriverConnection:
     ) -> tuple[Any, ...] | None:
         import psycopg
         from psycopg.types.json import Jsonb
-
-        from agenttest_worker.store.steps import JsonText
-        from agenttest_worker.store.storable import dumps_storable, storable_json
 
         compiled = _compile(statement, self.engine)
         values = dict(compiled.defaults)
