@@ -31,6 +31,12 @@ class Progress:
             self.counts[status] += 1
         self.draw()
 
+    def take_back(self, status: str | None) -> None:
+        """A case counted done with `status` is not done after all (its end was not
+        stored)."""
+        if self.counts.get(status or "", 0) > 0:
+            self.counts[status or ""] -= 1
+
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         width = 24

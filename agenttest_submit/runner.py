@@ -25,7 +25,13 @@ from agenttest_submit.inputs import InputSource
 from agenttest_submit.progress import Progress
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.cases import Case
-from agenttest_worker.conversation import Advance, PoolCache, answer_human, run_step
+from agenttest_worker.conversation import (
+    Advance,
+    PoolCache,
+    answer_human,
+    end_refused,
+    run_step,
+)
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.report import RunReport, render
@@ -337,6 +343,26 @@ async def drive(
     pools = PoolCache()
     asker = TerminalAsker(progress)
     queue = iter(conversations)
+    ended_refused: set[str] = set()
+
+    def write(now: bool = False) -> None:
+        """The store's buffer to the database (`now`, or when it is due); then each
+        conversation with a step the database refused ends failed, as a worker ends it."""
+        if now:
+            store.flush()
+        else:
+            store.maybe_flush()
+        while refused := store.take_refused():
+            for found in refused:
+                if found.case_id in ended_refused:
+                    # Its failure was refused too: nothing more this process can write.
+                    raise RuntimeError(f"the database refused case {found.case_id}: {found.reason}")
+                ended_refused.add(found.case_id)
+                progress.take_back(found.ended_as)
+                advance = end_refused(store, run_id, found.case_id, found.turn, found.reason)
+                if advance.case_done:
+                    progress.case_done(advance.status)
+            store.flush()
 
     async def reply(case_id: str) -> Advance:
         loaded = store.load_case(run_id, case_id)
@@ -360,7 +386,7 @@ async def drive(
                 advance = await run_step(store, pools, run_id, case_id, turn, None)
                 if advance.awaiting_human:
                     advance = await reply(case_id)
-            store.maybe_flush()
+            write()
             if advance.next_turn is not None and advance.saved:
                 turn = advance.next_turn
                 continue
@@ -399,7 +425,7 @@ async def drive(
                 await past_deadline(deadline_at)
     finally:
         try:
-            store.flush()
+            write(now=True)
         finally:
             await close_session()
 

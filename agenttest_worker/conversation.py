@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -187,13 +188,14 @@ def prepare(
         # spawning a second copy of the rest of the conversation.
         resend = redelivered and loaded.phase == "ready" and loaded.next_turn == turn + 1
         return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
-    case = _case(loaded)
-    options = _options(loaded)
+    return Prepared(loaded, _case(loaded), _state(loaded), _options(loaded), turn)
+
+
+def _state(loaded: steps.LoadedCase) -> ConversationState:
+    """The conversation's state as stored, or a new one before its first turn."""
     if loaded.state is None:
-        state = start_conversation(case, session_id(run_id, case_id))
-    else:
-        state = _validated(ConversationState, loaded.state)
-    return Prepared(loaded, case, state, options, turn)
+        return start_conversation(_case(loaded), session_id(loaded.run_id, loaded.case_id))
+    return _validated(ConversationState, loaded.state)
 
 
 def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, str] | None:
@@ -233,8 +235,14 @@ def end_without_running(prepared: Prepared, kind: str, message: str) -> Conversa
     return state
 
 
-def commit(store: ConversationStore | str, prepared: Prepared, state: ConversationState) -> Advance:
-    """Save the step's outcome once; say what to enqueue next."""
+def commit(
+    store: ConversationStore | str,
+    prepared: Prepared,
+    state: ConversationState,
+    expected_phase: str | None = None,
+) -> Advance:
+    """Save the step's outcome once; say what to enqueue next. (`expected_phase`: the
+    conversation is parked there rather than running, see save_step.)"""
     loaded = prepared.loaded
     new_turns: list[TurnResult] = [t for t in state.turns if t.turn >= prepared.turn]
     result = case_result(prepared.case, state, loaded.agent) if state.phase == "done" else None
@@ -249,6 +257,7 @@ def commit(store: ConversationStore | str, prepared: Prepared, state: Conversati
         new_turns=new_turns,
         final_assertions=state.final_assertions if result else (),
         result=result,
+        expected_phase=expected_phase,
         spend=_spend(prepared.options, loaded, new_turns),
     )
     if not saved.saved:
@@ -270,22 +279,47 @@ def commit_or_fail(
     hold, such as a token count past its column's range), the case ended as failed with
     the database's reason. Raised, the task would fail the same way each time the turn
     is played again, and the run would never finish."""
+    loaded = prepared.loaded
+    return _saved_or_refused(
+        store, loaded.run_id, loaded.case_id, prepared.turn, lambda: commit(store, prepared, state)
+    )
+
+
+def _saved_or_refused(
+    store: ConversationStore | str,
+    run_id: str,
+    case_id: str,
+    turn: int,
+    save: Callable[[], Advance],
+) -> Advance:
+    """`save()`, or when the database refuses what it writes, `end_refused`."""
     from agenttest_worker.store.db import unstorable_reason
 
     try:
-        return commit(store, prepared, state)
+        return save()
     except Exception as exc:
         reason = unstorable_reason(exc)
         if reason is None:
             raise
     # The engine updated the loaded state in place, with the turn that was refused: the
     # conversation as stored before this turn (nothing of it was written) ends instead.
-    loaded = prepared.loaded
-    before = prepare(store, loaded.run_id, loaded.case_id, prepared.turn)
-    if isinstance(before, Advance):
-        return before  # recorded meanwhile by a copy of this message, or ended
-    message = f"turn {prepared.turn} could not be stored: {reason}"
-    return commit(store, before, end_without_running(before, "fail", message))
+    return end_refused(store, run_id, case_id, turn, reason)
+
+
+def end_refused(
+    store: ConversationStore | str, run_id: str, case_id: str, turn: int, reason: str
+) -> Advance:
+    """End a conversation whose step `turn` the database refused, as failed with the
+    database's reason: as it is stored, before that step (nothing of it was written)."""
+    store = as_store(store)
+    loaded = store.load_case(run_id, case_id)
+    if loaded is None or loaded.phase == "done" or loaded.next_turn != turn:
+        return Advance(saved=False)  # recorded meanwhile by a copy of this message, or ended
+    before = Prepared(loaded, _case(loaded), _state(loaded), _options(loaded), turn)
+    message = f"turn {turn} could not be stored: {reason}"
+    # A person's reply is what was refused when the conversation is still parked for one.
+    parked = "awaiting_human" if loaded.phase == "awaiting_human" else None
+    return commit(store, before, end_without_running(before, "fail", message), parked)
 
 
 async def answer_human(
@@ -307,27 +341,31 @@ async def answer_human(
     new_state = await give_human_input(case, state, text, pool, options, reason)
     result = case_result(case, new_state, loaded.agent) if new_state.phase == "done" else None
     skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
-    saved = store.save_step(
-        run_id=run_id,
-        case_id=case_id,
-        expected_turn=loaded.next_turn,
-        next_turn=loaded.next_turn,
-        phase=new_state.phase,
-        state=steps.JsonText(new_state.model_dump_json()),
-        new_turns=skipped_rows,
-        final_assertions=new_state.final_assertions if result else (),
-        result=result,
-        expected_phase="awaiting_human",
-    )
-    if not saved.saved:
-        return Advance(saved=False)
-    return Advance(
-        saved=True,
-        next_turn=loaded.next_turn if new_state.phase == "ready" else None,
-        run_finished=saved.run_finished,
-        case_done=result is not None,
-        status=result.status if result else None,
-    )
+
+    def save() -> Advance:
+        saved = as_store(store).save_step(
+            run_id=run_id,
+            case_id=case_id,
+            expected_turn=loaded.next_turn,
+            next_turn=loaded.next_turn,
+            phase=new_state.phase,
+            state=steps.JsonText(new_state.model_dump_json()),
+            new_turns=skipped_rows,
+            final_assertions=new_state.final_assertions if result else (),
+            result=result,
+            expected_phase="awaiting_human",
+        )
+        if not saved.saved:
+            return Advance(saved=False)
+        return Advance(
+            saved=True,
+            next_turn=loaded.next_turn if new_state.phase == "ready" else None,
+            run_finished=saved.run_finished,
+            case_done=result is not None,
+            status=result.status if result else None,
+        )
+
+    return _saved_or_refused(store, run_id, case_id, loaded.next_turn, save)
 
 
 def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationState | None:

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 from fault_kit import write_config
-from fleet import case_rows, fleet_on, write_cases
+from fleet import case_rows, fleet_on, turn_rows, write_cases
 from scripted_agent import Reply, ScriptedAgent, last_user_text
 
+from agenttest_submit.cli import main
+from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.storable import storable_json, storable_row
 
@@ -140,3 +142,72 @@ def test_a_turn_the_database_refuses_fails_its_case_and_the_run_finishes(
     assert [t.turn for t in huge.turns] == [1], "turn 1 kept; turn 2 was never recorded"
     run = repo.get_run(pg_database, run_id)
     assert run is not None and (run.passed, run.failed) == (1, 1)
+
+
+def _huge_reply(body: dict[str, Any]) -> Reply:
+    if "HUGE" in last_user_text(body):
+        # Past 64 bits: neither Postgres's integer column nor SQLite can hold it.
+        usage = {"prompt_tokens": 10**20, "completion_tokens": 1, "total_tokens": 10**20 + 1}
+        return Reply(content="noted", extra={"usage": usage})
+    return Reply(content="noted")
+
+
+def _turns(*inputs: str) -> list[dict[str, Any]]:
+    return [{"input": i, "assertions": [{"type": "contains", "value": "noted"}]} for i in inputs]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_an_embedded_run_fails_only_the_case_whose_turn_the_database_refuses(
+    database: str,
+    pg_database: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The embedded runner writes its conversations in batches, so the database refuses
+    a value only when a batch is written, long after the turn was played: the batch is
+    written again step by step, and only the conversation whose step was refused ends,
+    failed with the database's reason and the turns before it, as on a worker."""
+    if database == "postgres":
+        monkeypatch.setenv("AGENTTEST_DATABASE_URL", pg_database)
+    cases = write_cases(
+        tmp_path,
+        [
+            {"id": "MIDDLE", "type": "multi_turn", "turns": _turns("hi", "HUGE now", "bye")},
+            {"id": "LAST", "type": "multi_turn", "turns": _turns("hi", "again", "HUGE end")},
+            *(
+                {"id": f"OK{i}", "type": "multi_turn", "turns": _turns("hi", "again", "bye")}
+                for i in range(6)
+            ),
+        ],
+    )
+    out = tmp_path / "results.jsonl"
+    with ScriptedAgent() as agent:
+        agent.script("target", _huge_reply)
+        entry = {"protocol": "openai", "base_url": agent.base_url, "model": "target"}
+        config = write_config(tmp_path, {"scripted": entry})
+        capsys.readouterr()
+        code = main(["-i", str(cases), "-n", "scripted", "--config", str(config), "-o", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 1, err
+    assert "internal error" not in err and "Traceback" not in err
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert {i: r["status"] for i, r in records.items() if i.startswith("OK")} == {
+        f"OK{i}": "passed" for i in range(6)
+    }
+    for case_id, refused, kept in (("MIDDLE", 2, [1]), ("LAST", 3, [1, 2])):
+        record = records[case_id]
+        assert record["status"] == "failed", record
+        assert record["error"].startswith(f"turn {refused} could not be stored: "), record
+        assert [t["turn"] for t in record["turns"]] == kept
+    url = get_settings().effective_database_url()
+    run = repo.latest_run(url)
+    assert run is not None
+    assert (run.passed, run.failed, run.finished_cases) == (6, 2, 8)
+    assert turn_rows(url, run.id) == {
+        **{(f"OK{i}", t): 1 for i in range(6) for t in (1, 2, 3)},
+        ("MIDDLE", 1): 1,
+        ("LAST", 1): 1,
+        ("LAST", 2): 1,
+    }
+    assert sorted(s for _, _, s in case_rows(url, run.id)) == ["failed"] * 2 + ["passed"] * 6

@@ -16,6 +16,7 @@ start-up instead of waiting for it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -27,7 +28,7 @@ from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 from agenttest_worker.store import steps
 
 if TYPE_CHECKING:
-    from sqlalchemy import Table, Update
+    from sqlalchemy import Connection, Table, Update
 
 
 class ConversationStore(Protocol):
@@ -95,6 +96,39 @@ class _Conversation:
     state: steps.JsonDocument | None
     deliveries: int
     result: dict[str, Any] | None = None
+
+
+@dataclass
+class _Step:
+    """A saved step not yet written: the conversation as it left it, and what it adds."""
+
+    turn: int  # the turn it ran (its guard)
+    next_turn: int
+    phase: str
+    state: steps.JsonDocument
+    result: dict[str, Any] | None
+    rows: steps.StepRows
+    tokens: int
+    cost: float
+
+
+@dataclass
+class _Unwritten:
+    """A conversation's steps since the last write, and the conversation as written."""
+
+    written: _Conversation
+    steps: list[_Step]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A conversation whose step `turn` the database refused (see BufferedStore.flush)."""
+
+    case_id: str
+    turn: int
+    reason: str
+    # The status its refused steps had ended the case with (already counted), if any.
+    ended_as: str | None
 
 
 @dataclass
@@ -183,9 +217,9 @@ class BufferedStore:
         self.flush_every = flush_every
         self._setup = setup
         self._last_flush = time.monotonic()
-        self._dirty: dict[str, _Conversation] = {}
-        self._rows = steps.StepRows.none()
+        self._unwritten: dict[str, _Unwritten] = {}
         self._cancel: str | None = None
+        self._refused: list[Refused] = []
 
     @classmethod
     def fresh(
@@ -316,17 +350,31 @@ class BufferedStore:
         allowed = ("pending", "ready") if expected_phase is None else (expected_phase,)
         if found.phase not in allowed:
             return steps.Saved(False)
+        unwritten = self._unwritten.get(case_id)
+        if unwritten is None:
+            unwritten = self._unwritten[case_id] = _Unwritten(dataclasses.replace(found), [])
         found.next_turn, found.phase, found.state = next_turn, phase, state
         found.deliveries = 0
-        self._dirty[case_id] = found
-        self._rows.add(steps.step_rows(run_id, case_id, new_turns, final_assertions))
         tokens, cost = steps.step_spend(spend, result)
+        if result is not None:
+            found.result = result.model_dump(mode="json")
+        unwritten.steps.append(
+            _Step(
+                turn=expected_turn,
+                next_turn=next_turn,
+                phase=phase,
+                state=state,
+                result=found.result if result is not None else None,
+                rows=steps.step_rows(run_id, case_id, new_turns, final_assertions),
+                tokens=tokens,
+                cost=cost,
+            )
+        )
         run = self.run
         run.total_cost += cost
         run.total_tokens += tokens
         if result is None:
             return steps.Saved(True)
-        found.result = result.model_dump(mode="json")
         run.finished_cases += 1
         run.counters[result.status] += 1
         run.counters["total_turns"] += result.total_turns
@@ -349,66 +397,155 @@ class BufferedStore:
 
     def flush(self) -> None:
         """Write everything saved since the last flush, in one transaction (once the
-        run's setup, if any, is done: waits for it, and raises what it raised)."""
+        run's setup, if any, is done: waits for it, and raises what it raised).
+
+        When the database refuses a value one of the steps holds (db.unstorable_reason),
+        the steps are written again one by one, each in a savepoint: the others are
+        written, and each conversation with a refused step goes back to how it was
+        before that step, listed by `take_refused` for its caller to end (a worker ends
+        such a case in `conversation.commit_or_fail`; this store only learns of the
+        refusal here, after the step was played).
+        """
         if self._setup is not None:
             self._setup.wait()
             self._setup = None
         self._last_flush = time.monotonic()
-        dirty, self._dirty = self._dirty, {}
-        rows, self._rows = self._rows, steps.StepRows.none()
+        unwritten, self._unwritten = self._unwritten, {}
         cancel, self._cancel = self._cancel, None
-        if not dirty and not rows and cancel is None:
+        if not unwritten and cancel is None:
             return
         try:
-            self._write(dirty, rows, cancel)
+            try:
+                self._write(unwritten, cancel)
+            except Exception as exc:
+                from agenttest_worker.store.db import unstorable_reason
+
+                if unstorable_reason(exc) is None:
+                    raise
+                self._refused += self._write_each(unwritten, cancel)
         except BaseException:
             # Not written (rolled back): kept for the next flush, which Ctrl-C or SIGTERM
             # landing in this one (the run's own cleanup flushes next) or a passing
             # database error would otherwise lose.
-            self._dirty = {**dirty, **self._dirty}
-            rows.add(self._rows)
-            self._rows = rows
+            for case_id, later in self._unwritten.items():
+                if case_id in unwritten:
+                    unwritten[case_id].steps += later.steps
+                else:
+                    unwritten[case_id] = later
+            self._unwritten = unwritten
             self._cancel = self._cancel or cancel
             raise
 
-    def _write(
-        self, dirty: dict[str, _Conversation], rows: steps.StepRows, cancel: str | None
-    ) -> None:
-        from sqlalchemy import update
+    def take_refused(self) -> list[Refused]:
+        """The conversations whose steps the database refused since last asked."""
+        refused, self._refused = self._refused, []
+        return refused
 
+    def _write(self, unwritten: dict[str, _Unwritten], cancel: str | None) -> None:
         from agenttest_worker.store import repo
         from agenttest_worker.store.db import get_engine
-        from agenttest_worker.store.models import RunRow
 
-        run = self.run
+        rows = steps.StepRows.none()
+        for pending in unwritten.values():
+            for step in pending.steps:
+                rows.add(step.rows)
         with get_engine(self.url).begin() as connection:
-            if dirty:
+            if unwritten:
                 connection.execute(
                     _flush_case(),
                     [
-                        {
-                            "b_run": self.run_id,
-                            "b_case": case_id,
-                            "b_next": c.next_turn,
-                            "b_phase": c.phase,
-                            "b_state": steps.as_object(c.state),
-                            "b_status": (c.result or {}).get("status"),
-                            "b_result": c.result,
-                        }
-                        for case_id, c in dirty.items()
+                        self._case_values(case_id, self.conversations[case_id])
+                        for case_id in unwritten
                     ],
                 )
             repo.insert_step_rows(connection, rows)
-            values: dict[str, Any] = {
-                "finished_cases": run.finished_cases,
-                "total_tokens": run.total_tokens,
-                "total_cost": run.total_cost,
-                **run.counters,
-            }
-            if cancel is not None:
-                values.update(cancelled=True, cancel_reason=cancel)
-            runs: Table = RunRow.__table__  # type: ignore[assignment]
-            connection.execute(update(runs).where(runs.c.id == self.run_id).values(**values))
+            self._write_run(connection, cancel)
+
+    def _write_each(self, unwritten: dict[str, _Unwritten], cancel: str | None) -> list[Refused]:
+        from agenttest_worker.store import repo
+        from agenttest_worker.store.db import get_engine, unstorable_reason
+
+        refused: list[Refused] = []
+        run = copy.deepcopy(self.run)
+        try:
+            with get_engine(self.url).begin() as connection:
+                for case_id, pending in unwritten.items():
+                    for index, step in enumerate(pending.steps):
+                        try:
+                            with connection.begin_nested():
+                                values = self._case_values(case_id, step)
+                                connection.execute(_flush_case(), [values])
+                                repo.insert_step_rows(connection, step.rows)
+                        except Exception as exc:
+                            reason = unstorable_reason(exc)
+                            if reason is None:
+                                raise
+                            refused.append(self._take_back(case_id, pending, index, reason))
+                            break
+                # The refused steps taken back: the run's counters without them.
+                self._write_run(connection, cancel)
+        except BaseException:
+            # Nothing was written: every step stands again, for the next flush.
+            self.run = run
+            for found in refused:
+                last = unwritten[found.case_id].steps[-1]
+                self._set(self.conversations[found.case_id], last)
+            raise
+        return refused
+
+    def _take_back(self, case_id: str, pending: _Unwritten, index: int, reason: str) -> Refused:
+        """The conversation as it was before its step `index`, that step and the ones
+        after it taken off the run's counters."""
+        conversation = self.conversations[case_id]
+        before = pending.steps[index - 1] if index else None
+        dropped = pending.steps[index:]
+        ended = next((s.result for s in dropped if s.result is not None), None)
+        run = self.run
+        for step in dropped:
+            run.total_tokens -= step.tokens
+            run.total_cost -= step.cost
+        if ended is not None:
+            run.finished_cases -= 1
+            run.counters[ended["status"]] -= 1
+            run.counters["total_turns"] -= ended["total_turns"]
+        self._set(conversation, pending.written if before is None else before)
+        return Refused(
+            case_id, dropped[0].turn, reason, ended["status"] if ended is not None else None
+        )
+
+    @staticmethod
+    def _set(conversation: _Conversation, to: _Conversation | _Step) -> None:
+        conversation.next_turn, conversation.phase = to.next_turn, to.phase
+        conversation.state, conversation.result = to.state, to.result
+        conversation.deliveries = 0
+
+    def _case_values(self, case_id: str, written: _Conversation | _Step) -> dict[str, Any]:
+        return {
+            "b_run": self.run_id,
+            "b_case": case_id,
+            "b_next": written.next_turn,
+            "b_phase": written.phase,
+            "b_state": steps.as_object(written.state),
+            "b_status": (written.result or {}).get("status"),
+            "b_result": written.result,
+        }
+
+    def _write_run(self, connection: Connection, cancel: str | None) -> None:
+        from sqlalchemy import update
+
+        from agenttest_worker.store.models import RunRow
+
+        run = self.run
+        values: dict[str, Any] = {
+            "finished_cases": run.finished_cases,
+            "total_tokens": run.total_tokens,
+            "total_cost": run.total_cost,
+            **run.counters,
+        }
+        if cancel is not None:
+            values.update(cancelled=True, cancel_reason=cancel)
+        runs: Table = RunRow.__table__  # type: ignore[assignment]
+        connection.execute(update(runs).where(runs.c.id == self.run_id).values(**values))
 
     def snapshot(self) -> dict[str, _Conversation]:
         """A copy of the conversations (for tests and the deadline sweep)."""

@@ -111,6 +111,9 @@ def unstorable_reason(exc: BaseException) -> str | None:
         return None
     if isinstance(exc, StatementError) and isinstance(orig, OverflowError):
         return error_reason(exc)
+    if isinstance(exc, OverflowError) and "SQLite" in str(exc):
+        # A batch of rows (executemany) gets the driver's error itself, unwrapped.
+        return error_reason(exc)
     return None
 
 
