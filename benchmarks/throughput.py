@@ -12,8 +12,11 @@ pool, same concurrency):
   static turns and a `contains` assertion each, workers `celery -A agenttest_worker`;
   timed from the submitter's start to the run's aggregation.
 Prints turns/s for both (end to end, and steady: first to last turn saved), the ratios,
-CPU per turn of the workers, Postgres and Redis, and the peak RSS of the worker(s) and
-submitter.
+CPU per turn of the workers, Postgres, Redis and the agent (and what the machine's
+cores allow at that total), and the peak RSS of the worker(s) and submitter.
+
+`--workers 1,2` measures both sides with one worker process each, then two, in the same
+run, and prints how each side scaled.
 Needs Redis at 127.0.0.1:6379 and Postgres at 127.0.0.1:5432 (user postgres).
 """
 
@@ -74,8 +77,14 @@ def redis_db() -> Iterator[str]:
     raise SystemExit("no free Redis database number")
 
 
+class AgentUrl(str):
+    """The fixed agent's base URL, and its process (whose CPU a side's figures count)."""
+
+    pid: int
+
+
 @contextmanager
-def fixed_agent(latency_ms: float, reply_chars: int = 0) -> Iterator[str]:
+def fixed_agent(latency_ms: float, reply_chars: int = 0) -> Iterator[AgentUrl]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -91,7 +100,8 @@ def fixed_agent(latency_ms: float, reply_chars: int = 0) -> Iterator[str]:
         text=True,
     )
     assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
+    url = AgentUrl(proc.stdout.readline().strip())
+    url.pid = proc.pid
     try:
         yield url
     finally:
@@ -238,14 +248,36 @@ class Side(NamedTuple):
     worker_cpu: float
     database_cpu: float
     broker_cpu: float
+    agent_cpu: float
+
+    @property
+    def total_cpu(self) -> float:
+        """CPU seconds per turn of every process the turn runs in."""
+        return self.worker_cpu + self.database_cpu + self.broker_cpu + self.agent_cpu
 
 
-UNMEASURED = Side(*(float("nan"),) * 5)
+UNMEASURED = Side(*(float("nan"),) * 6)
+
+
+class Measured(NamedTuple):
+    """Both sides with one number of workers."""
+
+    workers: int
+    floor: Side
+    ours: Side
+    submitter_kb: int
+    worker_kb: list[int]
+
+
+def others_cpu_seconds(agent: AgentUrl) -> tuple[float, float, float]:
+    """CPU time used so far by Postgres, Redis and the agent."""
+    return (*servers_cpu_seconds(), process_cpu_seconds(agent.pid))
 
 
 def finish_side(
     workers: list[Worker],
-    servers_before: tuple[float, float],
+    agent: AgentUrl,
+    others_before: tuple[float, float, float],
     turns: int,
     elapsed: float,
     steady_seconds: float,
@@ -254,8 +286,9 @@ def finish_side(
 
     `steady_seconds` is the time from its first to its last turn saved."""
     cpu = sum(w.busy_cpu() for w in workers)
-    database_cpu, broker_cpu = (
-        after - before for after, before in zip(servers_cpu_seconds(), servers_before, strict=True)
+    database_cpu, broker_cpu, agent_cpu = (
+        after - before
+        for after, before in zip(others_cpu_seconds(agent), others_before, strict=True)
     )
     for w in workers:
         w.stop()
@@ -265,10 +298,13 @@ def finish_side(
         cpu / turns,
         database_cpu / turns,
         broker_cpu / turns,
+        agent_cpu / turns,
     )
 
 
-def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path) -> Side:
+def run_floor(
+    args: argparse.Namespace, workers_count: int, broker: str, db: str, agent: AgentUrl, tmp: Path
+) -> Side:
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE floor_turns (conversation text, turn int, output text, "
@@ -283,7 +319,7 @@ def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: P
     }
     workers = [
         Worker("benchmarks.floor_chain", env, args.concurrency, "floor", tmp / f"floor-{i}.log")
-        for i in range(args.workers)
+        for i in range(workers_count)
     ]
     for w in workers:
         w.wait_ready(broker, "floor")
@@ -293,7 +329,7 @@ def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: P
 
     app.conf.broker_url = broker
     total = args.conversations * args.turns
-    servers_before = servers_cpu_seconds()
+    others_before = others_cpu_seconds(agent)
     started = time.monotonic()
     with app.producer_or_acquire() as producer:
         for i in range(args.conversations):
@@ -307,7 +343,7 @@ def run_floor(args: argparse.Namespace, broker: str, db: str, agent: str, tmp: P
         steady = conn.execute(
             "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM floor_turns"
         ).fetchone()[0]  # type: ignore[index]
-    return finish_side(workers, servers_before, total, elapsed, float(steady))
+    return finish_side(workers, agent, others_before, total, elapsed, float(steady))
 
 
 def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
@@ -332,7 +368,7 @@ def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, 
 
 
 def run_agenttest(
-    args: argparse.Namespace, broker: str, db: str, agent: str, tmp: Path
+    args: argparse.Namespace, workers_count: int, broker: str, db: str, agent: AgentUrl, tmp: Path
 ) -> tuple[Side, int, list[int]]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")},
@@ -346,12 +382,12 @@ def run_agenttest(
     )
     workers = [
         Worker("agenttest_worker", env, args.concurrency, "agenttest", tmp / f"agenttest-{i}.log")
-        for i in range(args.workers)
+        for i in range(workers_count)
     ]
     for w in workers:
         w.wait_ready(broker, "agenttest")
     cases, config = write_suite(tmp, args, agent)
-    servers_before = servers_cpu_seconds()
+    others_before = others_cpu_seconds(agent)
     started = time.monotonic()
     submitter = subprocess.Popen(
         submit_command(cases, config, "--no-wait"),
@@ -393,50 +429,30 @@ def run_agenttest(
     expected = args.conversations * args.turns
     if turns != expected:
         raise SystemExit(f"expected {expected} turn rows, found {turns}")
-    side = finish_side(workers, servers_before, turns, elapsed, float(last_turn - first_turn))
+    side = finish_side(workers, agent, others_before, turns, elapsed, float(last_turn - first_turn))
     return side, submitter_kb, [w.peak_kb for w in workers]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conversations", type=int, default=300)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=100)
-    parser.add_argument("--latency-ms", type=float, default=50.0)
-    parser.add_argument(
-        "--reply-chars", type=int, default=0, help="the agent's reply length (default: short)"
-    )
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="AGENTTEST_X=VALUE",
-        help="a setting for the agenttest workers and submitter (repeatable)",
-    )
-    parser.add_argument(
-        "--only", choices=("floor", "agenttest"), help="measure one side (for profiling)"
-    )
-    args = parser.parse_args()
-    compile_bytecode()
-    import tempfile
+def measure(args: argparse.Namespace, workers_count: int, agent: AgentUrl, tmp: Path) -> Measured:
+    floor = ours = UNMEASURED
+    submitter_kb, worker_kb = 0, [0]
+    if args.only != "agenttest":
+        with redis_db() as broker, database() as db, stopping_workers():
+            floor = run_floor(args, workers_count, broker, db, agent, tmp)
+    if args.only != "floor":
+        with redis_db() as broker, database() as db, stopping_workers():
+            ours, submitter_kb, worker_kb = run_agenttest(
+                args, workers_count, broker, db, agent, tmp
+            )
+    return Measured(workers_count, floor, ours, submitter_kb, worker_kb)
 
-    with (
-        tempfile.TemporaryDirectory() as tmpdir,
-        fixed_agent(args.latency_ms, args.reply_chars) as agent,
-    ):
-        tmp = Path(tmpdir)
-        floor = ours = UNMEASURED
-        submitter_kb, worker_kb = 0, [0]
-        if args.only != "agenttest":
-            with redis_db() as broker, database() as db, stopping_workers():
-                floor = run_floor(args, broker, db, agent, tmp)
-        if args.only != "floor":
-            with redis_db() as broker, database() as db, stopping_workers():
-                ours, submitter_kb, worker_kb = run_agenttest(args, broker, db, agent, tmp)
+
+def report(args: argparse.Namespace, measured: Measured) -> None:
+    floor, ours = measured.floor, measured.ours
     print(
         f"distributed throughput: {args.conversations} conversations x {args.turns} turns, "
-        f"concurrency {args.concurrency} x {args.workers} worker(s), agent {args.latency_ms:g} ms"
+        f"concurrency {args.concurrency} x {measured.workers} worker(s), "
+        f"agent {args.latency_ms:g} ms"
         + (f", replies of {args.reply_chars} characters" if args.reply_chars else "")
     )
     print(f"  floor (bare Celery chain)   {floor.turns_per_second:8.1f} turns/s")
@@ -459,9 +475,79 @@ def main() -> None:
         f"  Redis CPU per turn: floor {floor.broker_cpu * 1000:.2f} ms, "
         f"agenttest {ours.broker_cpu * 1000:.2f} ms"
     )
+    cores = os.cpu_count() or 1
     print(
-        f"  peak RSS: worker {max(worker_kb) / 1024:.0f} MB, submitter {submitter_kb / 1024:.0f} MB"
+        f"  all processes (workers, Postgres, Redis, agent) per turn: "
+        f"floor {floor.total_cpu * 1000:.2f} ms, agenttest {ours.total_cpu * 1000:.2f} ms; "
+        f"what {cores} cores allow at that: floor {cores / floor.total_cpu:.0f}, "
+        f"agenttest {cores / ours.total_cpu:.0f} turns/s"
     )
+    print(
+        f"  peak RSS: worker {max(measured.worker_kb) / 1024:.0f} MB, "
+        f"submitter {measured.submitter_kb / 1024:.0f} MB"
+    )
+
+
+def report_scaling(runs: list[Measured]) -> None:
+    """Each number of workers against the first, for both sides (same run, same agent)."""
+    base = runs[0]
+    for run in runs[1:]:
+        print(
+            f"scaling {base.workers} -> {run.workers} worker processes: "
+            f"floor x{run.floor.turns_per_second / base.floor.turns_per_second:.2f}, "
+            f"agenttest x{run.ours.turns_per_second / base.ours.turns_per_second:.2f} "
+            f"(steady: floor "
+            f"x{run.floor.steady_turns_per_second / base.floor.steady_turns_per_second:.2f}, "
+            f"agenttest "
+            f"x{run.ours.steady_turns_per_second / base.ours.steady_turns_per_second:.2f})"
+        )
+
+
+def worker_counts(text: str) -> list[int]:
+    counts = [int(part) for part in text.split(",")]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("worker counts are positive integers: 1 or 1,2")
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=300)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--reply-chars", type=int, default=0, help="the agent's reply length (default: short)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=worker_counts,
+        default=[1],
+        help="worker processes per side; several (1,2) measure each and print the scaling",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="AGENTTEST_X=VALUE",
+        help="a setting for the agenttest workers and submitter (repeatable)",
+    )
+    parser.add_argument(
+        "--only", choices=("floor", "agenttest"), help="measure one side (for profiling)"
+    )
+    args = parser.parse_args()
+    compile_bytecode()
+    import tempfile
+
+    with (
+        tempfile.TemporaryDirectory() as tmpdir,
+        fixed_agent(args.latency_ms, args.reply_chars) as agent,
+    ):
+        runs = [measure(args, count, agent, Path(tmpdir)) for count in args.workers]
+    for run in runs:
+        report(args, run)
+    if len(runs) > 1:
+        report_scaling(runs)
     own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  (benchmark process peak {own_mb:.0f} MB)")
 
