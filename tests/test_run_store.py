@@ -21,9 +21,9 @@ from agenttest_submit.progress import Progress
 from agenttest_submit.runner import drive, run_options, store_records, store_run, write_run
 from agenttest_worker.agents.registry import load_config
 from agenttest_worker.aggregate import aggregate
-from agenttest_worker.conversation import PoolCache, run_step
-from agenttest_worker.engine import RunOptions
-from agenttest_worker.results import CaseResult
+from agenttest_worker.conversation import Advance, PoolCache, end_refused, prepare, run_step
+from agenttest_worker.engine import HumanPrompt, RunOptions
+from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Usage
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo, steps
 from agenttest_worker.store.conversations import BufferedStore, StoreSetup
@@ -411,6 +411,56 @@ def test_a_flush_that_fails_keeps_what_it_did_not_write(demo: Path) -> None:
         2,
         "ready",
     )
+
+
+def test_a_refused_reply_to_a_parked_conversation_ends_it_failed_still_parked(
+    demo: Path,
+) -> None:
+    """The step the database refuses can be a person's reply to a conversation parked
+    for one: the conversation goes back to waiting for it, and is ended from there
+    (failed, with the database's reason), not left waiting for ever."""
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run())
+    store.flush()
+    prepared = prepare(store, run_id, "T001", 1)
+    assert not isinstance(prepared, Advance)
+    parked = prepared.state.model_copy(deep=True)
+    parked.phase = "awaiting_human"
+    parked.prompt = HumanPrompt(question="Which project?", hint=None, asked_at=0.0)
+    common = {"run_id": run_id, "case_id": "T001", "expected_turn": 1, "next_turn": 1}
+    assert store.save_step(
+        **common, phase="awaiting_human", state=steps.JsonText(parked.model_dump_json()),
+        new_turns=[],
+    ).saved  # fmt: skip
+    store.flush()
+    answered = parked.model_copy(deep=True)
+    answered.phase, answered.prompt = "ready", None
+    # A call reporting more tokens than 64 bits hold: SQLite cannot store its row.
+    huge = Usage(prompt_tokens=10**20, completion_tokens=1, total_tokens=10**20 + 1)
+    call = AgentCallRecord(role="validator", agent="j", latency_ms=1, usage=huge)
+    skipped = TurnResult(turn=1, input=None, status="skipped", skip_reason="x", calls=[call])
+    assert store.save_step(
+        **common, phase="ready", state=steps.JsonText(answered.model_dump_json()),
+        new_turns=[skipped], expected_phase="awaiting_human",
+    ).saved  # fmt: skip
+
+    store.flush()  # written again step by step: the reply refused, nothing raised
+    (refused,) = store.take_refused()
+    assert (refused.case_id, refused.turn, refused.ended_as) == ("T001", 1, None)
+    assert "too large" in refused.reason
+    loaded = store.load_case(run_id, "T001")
+    assert loaded is not None and loaded.phase == "awaiting_human", "back to waiting"
+
+    ended = end_refused(store, run_id, "T001", refused.turn, refused.reason)
+    assert (ended.saved, ended.case_done, ended.status) == (True, True, "failed")
+    store.flush()
+    assert store.take_refused() == []
+    row = case_rows(db, run_id)["T001"]
+    assert (row.phase, row.status) == ("done", "failed")
+    assert row.result is not None
+    assert row.result["error"].startswith("turn 1 could not be stored: ")
+    assert repo.count_turn_rows(db, run_id) == []
+    run = repo.get_run(db, run_id)
+    assert run is not None and (run.finished_cases, run.failed) == (1, 1)
 
 
 def test_an_embedded_run_whose_store_cannot_be_opened_stops_with_the_reason(
