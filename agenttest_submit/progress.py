@@ -34,8 +34,8 @@ class Progress:
     def take_back(self, status: str | None) -> None:
         """A case counted done with `status` is not done after all (its end was not
         stored)."""
-        if self.counts.get(status or "", 0) > 0:
-            self.counts[status or ""] -= 1
+        if status is not None and self.counts.get(status, 0) > 0:
+            self.counts[status] -= 1
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
