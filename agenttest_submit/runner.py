@@ -362,6 +362,7 @@ async def drive(
                 advance = end_refused(store, run_id, found.case_id, found.turn, found.reason)
                 if advance.case_done:
                     progress.case_done(advance.status)
+            progress.draw(force=True)  # the counts changed, not necessarily the count done
             store.flush()
 
     async def reply(case_id: str) -> Advance:

@@ -191,6 +191,8 @@ def test_an_embedded_run_fails_only_the_case_whose_turn_the_database_refuses(
     _, err = capsys.readouterr()
     assert code == 1, err
     assert "internal error" not in err and "Traceback" not in err
+    progress = [line for line in err.splitlines() if " cases · " in line]
+    assert progress and "8/8 cases · 6 passed · 2 failed" in progress[-1], err
     records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert {i: r["status"] for i, r in records.items() if i.startswith("OK")} == {
         f"OK{i}": "passed" for i in range(6)
