@@ -99,7 +99,9 @@ class AssertionResult(_Record):
 
 
 class TurnResult(_Record):
-    _keep_none: ClassVar[frozenset[str]] = frozenset({"input", "output"})
+    # Fields of the spec's turn record: present (null) even when there is no value, like
+    # the input and source of a turn skipped for want of input.
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"input", "input_source", "output"})
 
     turn: int
     input: str | None = None
@@ -121,6 +123,9 @@ class TurnResult(_Record):
 
 
 class CaseResult(_Record):
+    # The spec's record always has a name (null for a case that has none).
+    _keep_none: ClassVar[frozenset[str]] = frozenset({"name"})
+
     version: int = RESULT_VERSION
     id: str
     name: str | None = None

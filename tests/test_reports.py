@@ -458,6 +458,20 @@ def test_jsonl_record_is_the_spec_example() -> None:
     assert set(record) - set(spec) == ADDED_CASE_KEYS
 
 
+def test_jsonl_records_always_carry_the_spec_fields() -> None:
+    """The spec's fields without a `?` are in every record, null when there is no value:
+    a case without a name, and the turn recorded for a missing input (no source)."""
+    unnamed = t002().model_copy(update={"name": None})
+    record = json.loads(render("jsonl", spec_run(results=[unnamed])))
+    spec = spec_jsonl_example()
+    assert set(spec) <= set(record)
+    assert record["name"] is None
+    spec_turn_keys = set(spec["turns"][0]) - {"error", "skip_reason"}
+    skipped = record["turns"][1]
+    assert spec_turn_keys <= set(skipped), spec_turn_keys - set(skipped)
+    assert (skipped["input"], skipped["input_source"], skipped["output"]) == (None, None, None)
+
+
 def test_jsonl_one_line_per_case_round_trips() -> None:
     run = spec_run(results=[t001(), t003(), t004()])
     lines = render("jsonl", run).splitlines()
