@@ -57,15 +57,7 @@ def inline_attachments(case: Case) -> Case:
             try:
                 path = attachment_path(attachment.source, base_dir)
             except ValueError as exc:
-                problems.append(
-                    InputProblem(
-                        str(exc),
-                        file=case.source_file,
-                        line=case.source_line,
-                        field=f"turns[{i}].attachments[{j}].source",
-                        test=case.id,
-                    )
-                )
+                problems.append(case.problem(str(exc), ("turns", i, "attachments", j, "source")))
                 continue
             attachments.append(
                 attachment.model_copy(

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.agents.scripts import ScriptError, ScriptRole, resolve_script
-from agenttest_worker.assertions import AgentAssertion, ScriptAssertion
+from agenttest_worker.assertions import AgentAssertion, Assertion, ScriptAssertion
 from agenttest_worker.cases import Case
-from agenttest_worker.errors import InputProblem
+from agenttest_worker.errors import FieldPath, InputProblem
 from agenttest_worker.refs import parse_ref
 
 
@@ -34,32 +34,29 @@ def check_ref(config: ProjectConfig, ref_text: str, role: ScriptRole) -> str | N
 def check_case_refs(
     case: Case, config: ProjectConfig, target: str | None
 ) -> Iterator[InputProblem]:
-    def problem(message: str, field: str) -> InputProblem:
-        return InputProblem(
-            message, file=case.source_file, line=case.source_line, field=field, test=case.id
-        )
-
     agent = case.agent or target
     if agent is None:
-        yield problem("no target agent: pass -n NAME or set `agent` on the case", "agent")
+        yield case.problem("no target agent: pass -n NAME or set `agent` on the case", ("agent",))
     elif agent not in config.agents:
-        yield problem(config.unknown_agent_message(agent), "agent")
+        yield case.problem(config.unknown_agent_message(agent), ("agent",))
     if case.simulator is not None and (msg := check_ref(config, case.simulator.use, "simulator")):
-        yield problem(msg, "simulator.use")
-    groups = [(f"turns[{i}].assertions", t.assertions) for i, t in enumerate(case.turns)]
-    groups.append(("final_assertions", case.final_assertions))
+        yield case.problem(msg, ("simulator", "use"))
+    groups: list[tuple[FieldPath, list[Assertion]]] = [
+        (("turns", i, "assertions"), t.assertions) for i, t in enumerate(case.turns)
+    ]
+    groups.append((("final_assertions",), case.final_assertions))
     for prefix, assertions in groups:
         for j, assertion in enumerate(assertions):
-            field = f"{prefix}[{j}].use"
+            path = (*prefix, j, "use")
             if isinstance(assertion, AgentAssertion):
                 if assertion.use is None:
                     if config.defaults.judge is None:
-                        yield problem(
-                            "criteria need a judge: set defaults.judge in agenttest.yaml", field
+                        yield case.problem(
+                            "criteria need a judge: set defaults.judge in agenttest.yaml", path
                         )
                 elif msg := check_ref(config, assertion.use, "assertion"):
-                    yield problem(msg, field)
+                    yield case.problem(msg, path)
             elif isinstance(assertion, ScriptAssertion) and (
                 msg := check_ref(config, assertion.use, "assertion")
             ):
-                yield problem(msg, field)
+                yield case.problem(msg, path)

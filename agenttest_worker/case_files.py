@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from agenttest_worker.assertions import ASSERTION_TYPES
-from agenttest_worker.cases import Case, FieldError, YamlTest
-from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.cases import Case, CaseSource, FieldError, YamlTest
+from agenttest_worker.errors import InputError, InputProblem, format_field
 from agenttest_worker.yamlfile import YamlPath, parse_yaml
 
 CASE_SUFFIXES = {
@@ -47,6 +47,8 @@ class Located:
     file: str
     line: int
     test: str | None = None
+    # How it was written when that differs from the data (YAML); else read from the data.
+    source: CaseSource | None = None
 
 
 # -- entry points ----------------------------------------------------------------------
@@ -124,6 +126,7 @@ def validate_case(item: Located) -> Iterator[Case | InputProblem]:
         yield from problems_from_validation(exc, item.file, lambda _p: item.line, test)
         return
     case.source_file, case.source_line = item.file, item.line
+    case.written_as(item.source or CaseSource(single="input" in data))
     yield case
 
 
@@ -358,7 +361,8 @@ def _iter_yaml_cases(path: Path) -> Iterator[Case | InputProblem]:
         except ValidationError as exc:
             yield from problems_from_validation(exc, name, line_for, label)
             continue
-        yield from validate_case(Located(test.to_case_data(), name, line, label))
+        source = test.source(base, lines.line_of)
+        yield from validate_case(Located(test.to_case_data(), name, line, label, source))
 
 
 # -- validation errors as user-facing problems --------------------------------------------
@@ -379,7 +383,7 @@ def problems_from_validation(
             _user_message(err),
             file=file,
             line=line_for(loc),
-            field=_format_loc(loc) or None,
+            field=format_field(loc) or None,
             test=test,
         )
 
@@ -399,13 +403,6 @@ def _user_loc(loc: Path_) -> Path_:
             continue
         out.append(part)
     return tuple(out)
-
-
-def _format_loc(loc: Path_) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text
 
 
 def _user_message(err: Any) -> str:

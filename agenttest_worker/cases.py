@@ -19,13 +19,16 @@ Decisions where the specs are open (also in the README):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agenttest_worker.assertions import AgentAssertion, Assertion
 from agenttest_worker.durations import parse_duration
+from agenttest_worker.errors import FieldPath, InputProblem, format_field
 from agenttest_worker.options import Options
 from agenttest_worker.refs import parse_ref
 
@@ -121,6 +124,41 @@ class InteractiveConfig(_Strict):
         return parse_duration(value)
 
 
+@dataclass(frozen=True, eq=False)
+class CaseSource:
+    """How a case was written, so that checks of the normalized case (where the
+    one-turn forms became `turns[0]`, and YAML's rounds and criteria turns and
+    assertions) name its fields, and find their lines, as the author wrote them.
+
+    Not part of what the case is: the `input` form and its `turns` equivalent are
+    the same case, so every CaseSource compares equal."""
+
+    single: bool = False  # the one turn's fields at the case's top level
+    turns_key: str = "turns"  # YAML: rounds
+    input_key: str = "input"  # YAML: user_input
+    # YAML: the index, in each turn's assertions, of the one written as `criteria`.
+    criteria: dict[int, int] = field(default_factory=dict)
+    base: FieldPath = ()  # YAML: ("tests", n)
+    line_of: Callable[[FieldPath], int | None] | None = None  # YAML: a field's line
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CaseSource)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def written(self, path: FieldPath) -> FieldPath:
+        """The author's name for a field of the normalized case."""
+        if len(path) < 2 or path[0] != "turns" or not isinstance(path[1], int):
+            return path
+        index, rest = path[1], path[2:]
+        if rest[:1] == ("input",):
+            rest = (self.input_key, *rest[1:])
+        elif len(rest) >= 2 and rest[0] == "assertions" and self.criteria.get(index) == rest[1]:
+            rest = ("criteria",)
+        return rest if self.single else (self.turns_key, index, *rest)
+
+
 class Case(_Strict):
     id: str = Field(min_length=1)
     name: str | None = None
@@ -144,6 +182,24 @@ class Case(_Strict):
     # Where the case came from, for messages and for resolving file:// attachments.
     source_file: str | None = Field(default=None, exclude=True)
     source_line: int | None = Field(default=None, exclude=True)
+    _source: CaseSource = PrivateAttr(default_factory=CaseSource)
+
+    def written_as(self, source: CaseSource) -> None:
+        self._source = source
+
+    def problem(self, message: str, path: FieldPath) -> InputProblem:
+        """A problem with field `path` of this (normalized) case, named and located as
+        its author wrote it."""
+        source = self._source
+        written = source.written(path)
+        line = source.line_of((*source.base, *written)) if source.line_of else None
+        return InputProblem(
+            message,
+            file=self.source_file,
+            line=line or self.source_line,
+            field=format_field(written) or None,
+            test=self.id,
+        )
 
     @field_validator("id", mode="before")
     @classmethod
@@ -310,6 +366,25 @@ class YamlTest(_Strict):
             field = next(f for f in ("criteria", "assertions", "attachments") if getattr(self, f))
             raise FieldError(field, "with `rounds`, put criteria and assertions on each round")
         return self
+
+    def source(self, base: FieldPath, line_of: Callable[[FieldPath], int | None]) -> CaseSource:
+        """How the case of `to_case_data` maps back to this test (`base`: its place in
+        the file): a flat test's one turn is the test itself, each round a turn, and
+        `criteria` the assertion appended after a round's own."""
+        rounds: list[_Round] | None = self.rounds or None
+        criteria = (
+            {i: len(r.assertions) for i, r in enumerate(rounds) if r.criteria}
+            if rounds
+            else ({0: len(self.assertions)} if self.criteria else {})
+        )
+        return CaseSource(
+            single=rounds is None,
+            turns_key="rounds",
+            input_key="user_input",
+            criteria=criteria,
+            base=base,
+            line_of=line_of,
+        )
 
     def to_case_data(self) -> dict[str, Any]:
         rounds = self.rounds or [

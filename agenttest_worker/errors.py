@@ -8,6 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A field's place in a case: ("turns", 0, "assertions", 1, "use").
+FieldPath = tuple[str | int, ...]
+
+
+def format_field(path: FieldPath) -> str:
+    """turns[0].assertions[1].use"""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
 
 @dataclass(frozen=True)
 class InputProblem:

@@ -280,7 +280,7 @@ def test_unknown_agent_name_on_a_case(project: Path, capsys: pytest.CaptureFixtu
         "did you mean 'assistants.expense'?",
         f"t.jsonl:2 (test 'A2'): simulator.use: unknown agent 'nobody' in {config} (known: "
         "assistants.expense, workers.test.user-sim, workers.test.validator)",
-        f"t.jsonl:3 (test 'A3'): turns[0].assertions[0].use: unknown agent "
+        f"t.jsonl:3 (test 'A3'): assertions[0].use: unknown agent "
         f"'workers.test.validater' in {config}; did you mean 'workers.test.validator'?",
     )
 
@@ -299,6 +299,62 @@ def test_unknown_agent_name_for_a_yaml_file(
         f"t.yaml:3 (test 'first'): agent: unknown agent 'assistants.expence' in {config}; "
         "did you mean 'assistants.expense'?",
     )
+
+
+def test_problems_found_after_the_schema_name_fields_as_written(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checks of references and files run on the normalized case (one-turn forms become
+    `turns[0]`, YAML rounds become turns and `criteria` an agent assertion), but report
+    the field, and in YAML its line, as the author wrote them."""
+    (project / "agenttest.yaml").write_text(
+        CONFIG.replace("defaults:\n  judge: workers.test.validator\n", ""), encoding="utf-8"
+    )
+    config = project / "agenttest.yaml"
+    write(
+        project / "t.yaml",
+        """\
+tests:
+  - name: flat
+    user_input: hello
+    criteria: be nice
+  - name: rounds
+    rounds:
+      - user_input: x
+      - user_input: y
+        assertions:
+          - type: contains
+            value: z
+          - type: agent
+            use: agents:nobody
+        criteria: be helpful
+        attachments:
+          - source: "file://./gone.png"
+""",
+    )
+    write(
+        project / "t.jsonl",
+        jsonl(
+            {"id": "S", "input": "a", "assertions": [{"type": "agent", "use": "agents:nope"}]},
+            {"id": "M", "turns": [{"input": "a"}, {"input": "b", "attachments": [
+                {"source": "file://gone.png"}]}]},
+        ),
+    )  # fmt: skip
+    code, out, err = submit(capsys, "-i", "t.yaml", "-i", "t.jsonl")
+    assert code == 2 and out == ""
+    judge = "criteria need a judge: set defaults.judge in agenttest.yaml"
+    assert problems_of(err) == [
+        f"t.yaml:4 (test 'flat'): criteria: {judge}",
+        f"t.yaml:13 (test 'rounds'): rounds[1].assertions[1].use: unknown agent 'nobody' in "
+        f"{config} (known: assistants.expense, workers.test.user-sim, workers.test.validator)",
+        f"t.yaml:14 (test 'rounds'): rounds[1].criteria: {judge}",
+        f"t.yaml:16 (test 'rounds'): rounds[1].attachments[0].source: 'file://./gone.png': "
+        f"file not found ({project / 'gone.png'})",
+        f"t.jsonl:1 (test 'S'): assertions[0].use: unknown agent 'nope' in {config} (known: "
+        "assistants.expense, workers.test.user-sim, workers.test.validator)",
+        f"t.jsonl:2 (test 'M'): turns[1].attachments[0].source: 'file://gone.png': file not "
+        f"found ({project / 'gone.png'})",
+    ]
 
 
 def test_unknown_target_agent_flag(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -740,9 +796,9 @@ def test_attachment_outside_the_case_folder_is_rejected(
         t,
         f"{t}:2 (test 'UP'): turns[1].attachments[1].source: 'file://../secret.txt' is outside "
         f"the case file's folder {cases_dir}",
-        f"{t}:3 (test 'ABS'): turns[0].attachments[0].source: "
+        f"{t}:3 (test 'ABS'): attachments[0].source: "
         f"'file://{project / 'secret.txt'}' is outside the case file's folder {cases_dir}",
-        f"{t}:4 (test 'GONE'): turns[0].attachments[0].source: 'file://missing.png': file not "
+        f"{t}:4 (test 'GONE'): attachments[0].source: 'file://missing.png': file not "
         f"found ({cases_dir / 'missing.png'})",
         f"{t}:5 (test 'FTP'): attachments[0].source: 'ftp://host/x.png': an attachment source "
         "is file://PATH, data:..., or http(s)://URL",
@@ -763,7 +819,7 @@ def test_attachment_symlink_pointing_outside_is_rejected(tmp_path: Path) -> None
     with pytest.raises(InputError) as caught:
         inline_attachments(case)
     [problem] = caught.value.problems
-    assert problem.field == "turns[0].attachments[0].source" and problem.line == 1
+    assert problem.field == "attachments[0].source" and problem.line == 1
     assert "is outside the case file's folder" in problem.message
 
 
