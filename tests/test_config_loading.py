@@ -131,6 +131,29 @@ def test_missing_variable_names_file_line_and_field(tmp_path: Path) -> None:
     )
 
 
+def test_unset_variables_and_other_problems_are_listed_together(tmp_path: Path) -> None:
+    """One attempt shows what is wrong beyond the unset variables, without repeating what
+    the variables' empty values cause (here: agent `a` then has no base_url)."""
+    path = write(
+        tmp_path / "agenttest.yaml",
+        "agents:\n"
+        "  a:\n"
+        "    base_url: ${AT_NOT_SET_URL}\n"
+        "  b:\n"
+        "    base_url: http://127.0.0.1:9/v1\n"
+        "    protocol: grpc\n"
+        "    timout: 5s\n",
+    )
+    problems = config_problems(path)
+    assert [(p.line, p.field) for p in problems] == [
+        (3, "agents.a.base_url"),
+        (6, "agents.b.protocol"),
+        (7, "agents.b.timout"),
+    ]
+    assert "AT_NOT_SET_URL is not set" in problems[0].message
+    assert problems[2].message == "unknown field (a typo?)"
+
+
 def test_missing_variable_through_the_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

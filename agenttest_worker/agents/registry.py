@@ -303,13 +303,23 @@ def config_from_data(
         )
 
     interpolated = interpolate(data, dict(os.environ if env is None else env), missing)
-    if problems:
-        raise ConfigError(problems)
+    # Every problem at once, not one stage's per attempt; a field whose variable is unset
+    # (and what holds it) is reported for that alone: its empty value is wrong as well.
+    unset = [p.field for p in problems if p.field]
+
+    def caused_by_unset(field: str | None) -> bool:
+        return field is not None and any(
+            u == field or u.startswith(f"{field}.") or field.startswith(f"{u}.") for u in unset
+        )
+
+    def more(found: list[InputProblem]) -> list[InputProblem]:
+        return [*problems, *(p for p in found if not caused_by_unset(p.field))]
+
     try:
         config = ProjectConfig.model_validate({**interpolated, "path": name})
     except ValidationError as exc:
-        raise ConfigError(_config_problems(exc, name, line_map)) from None
-    problems = check_config_refs(config, line_map)
+        raise ConfigError(more(_config_problems(exc, name, line_map))) from None
+    problems = more(check_config_refs(config, line_map))
     if problems:
         raise ConfigError(problems)
     config._raw = data
