@@ -134,6 +134,64 @@ def validate_case(item: Located) -> Iterator[Case | InputProblem]:
 
 
 def _iter_jsonl(path: Path) -> Iterator[Located | InputProblem]:
+    if not _first_line_parses(path):
+        # Not JSONL after all? Cases written as the spec prints them (one pretty-printed
+        # object after another, or an array) are read as such; else every bad line is
+        # reported as usual.
+        text = _read_text(path)
+        values = None if isinstance(text, InputProblem) else _json_values(text, str(path))
+        if values is not None:
+            yield from values
+            return
+    yield from _iter_json_lines(path)
+
+
+def _first_line_parses(path: Path) -> bool:
+    """Whether the first non-blank line is JSON (True when the file cannot be read: the
+    line reader reports that)."""
+    try:
+        handle = path.open("rb")
+    except OSError:
+        return True
+    with handle:
+        for raw in _bounded_lines(handle):
+            if isinstance(raw, InputProblem):
+                return True
+            text = raw.removeprefix(b"\xef\xbb\xbf").strip()
+            if not text:
+                continue
+            try:
+                json.loads(text)
+            except (ValueError, RecursionError):
+                return False
+            return True
+    return True
+
+
+def _json_values(text: str, name: str) -> list[Located] | None:
+    """The cases of a text holding one or more JSON documents one after another (each a
+    case, an array of cases or {"cases": [...]}), with their lines; None if it does not."""
+    decoder = json.JSONDecoder()
+    found: list[Located] = []
+    pos = _skip_ws(text, 0)
+    try:
+        while pos < len(text):
+            value, end = decoder.raw_decode(text, pos)
+            if _depth(value) > MAX_DEPTH:
+                return None
+            if isinstance(value, dict) and isinstance(value.get("cases"), list):
+                found += _array_items(text, _member_start(text, pos, "cases"), value["cases"], name)
+            elif isinstance(value, list):
+                found += _array_items(text, pos, value, name)
+            else:
+                found.append(Located(value, name, _line_at(text, pos)))
+            pos = _skip_ws(text, end)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return found
+
+
+def _iter_json_lines(path: Path) -> Iterator[Located | InputProblem]:
     name = str(path)
     try:
         handle = path.open("rb")
@@ -220,7 +278,9 @@ def _iter_json(path: Path) -> Iterator[Located | InputProblem]:
         yield InputProblem(f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=1)
         return
     if _skip_ws(text, end) < len(text):
-        yield from _iter_jsonl(path)
+        # More than one document: several cases one after another, or JSONL.
+        values = _json_values(text, name)
+        yield from values if values is not None else _iter_json_lines(path)
         return
     if _depth(whole) > MAX_DEPTH:
         yield InputProblem(f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=1)

@@ -703,6 +703,30 @@ def test_json_file_with_one_case_per_line_is_read_as_jsonl(tmp_path: Path) -> No
     assert [(c.id, c.source_line) for c in load_cases(path)] == [("L1", 1), ("L2", 2)]
 
 
+def test_pretty_printed_cases_one_after_another_are_read_in_either_extension(
+    tmp_path: Path,
+) -> None:
+    """The spec prints its cases as indented JSON objects; saved one after another, as
+    .jsonl or .json, they are read as the cases they are, each with its first line."""
+    first = json.dumps({"id": "P1", "input": "a"}, indent=2)
+    second = json.dumps({"id": "P2", "turns": [{"input": "b"}, {"input": "c"}]}, indent=2)
+    text = f"{first}\n\n{second}\n"
+    for name in ("t.jsonl", "t.json"):
+        path = write(tmp_path / name, text)
+        cases = load_cases(path)
+        assert [(c.id, c.source_line, len(c.turns)) for c in cases] == [
+            ("P1", 1, 1),
+            ("P2", first.count("\n") + 3, 2),
+        ]
+
+
+def test_a_jsonl_file_that_is_not_json_either_way_lists_its_bad_lines(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", '{\n  "id": "P1",\n  "input": "a",\n}\n')
+    problems = [i for i in iter_cases(path) if isinstance(i, InputProblem)]
+    assert [p.line for p in problems] == [1, 2, 3, 4]
+    assert all(p.message.startswith("invalid JSON") for p in problems)
+
+
 def test_bad_json_document_names_its_line(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
