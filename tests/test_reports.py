@@ -418,6 +418,17 @@ def test_console_dynamic_cases() -> None:
     assert "► [T003] Dynamic Expense Flow (simulator: workers.test.user-sim)\n" in text
 
 
+def test_console_hybrid_case_marks_only_its_first_scripted_turn_initial() -> None:
+    """The spec marks a simulated case's first input [Initial]; a hybrid case's later
+    scripted turns are [Static], its simulated ones [Simulated]."""
+    case = t003()
+    case.turns[1].input_source = "static"
+    text = render("console", spec_run(results=[case], verbose=False))
+    assert '  ├─ Turn 1: [Initial] "Help me file an expense" → PASSED (2.1s)\n' in text
+    assert '  ├─ Turn 2: [Static] "It\'s for client dinner, $250" → PASSED (2.8s)\n' in text
+    assert '  ├─ Turn 3: [Simulated] "Yesterday evening" → PASSED (2.2s)\n' in text
+
+
 # --- JSONL and JSON --------------------------------------------------------------------
 
 

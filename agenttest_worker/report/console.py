@@ -37,7 +37,10 @@ _MISSING_INPUT_HINT = "Hint: Add more turns, use --interactive, or configure sim
 
 _GREEN, _RED, _YELLOW = "32", "31", "33"
 _STATUS_COLORS = {"passed": _GREEN, "failed": _RED, "skipped": _YELLOW}
-_MARKERS = {"static": "[Initial] ", "simulator": "[Simulated] ", "interactive": "[Interactive] "}
+# How a dynamic case's turn got its input (the spec's "[Initial]" is the first one: a
+# hybrid case's later scripted turns are "[Static]").
+_MARKERS = {"static": "[Static] ", "simulator": "[Simulated] ", "interactive": "[Interactive] "}
+_FIRST_STATIC = "[Initial] "
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -213,7 +216,10 @@ class _CaseTree:
         if turn.input is None:
             head = f"Turn {turn.turn}: {word}"
         else:
-            marker = _MARKERS.get(turn.input_source or "", "") if self.dynamic else ""
+            marker = ""
+            if self.dynamic:
+                first = turn.turn == 1 and turn.input_source == "static"
+                marker = _FIRST_STATIC if first else _MARKERS.get(turn.input_source or "", "")
             took = format_ms(turn.duration_ms)
             head = f"Turn {turn.turn}: {marker}{preview(turn.input)} → {word} ({took})"
         branch = _Branch(head, _TURN_INDENT)
