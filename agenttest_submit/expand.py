@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
 from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.assertions import AgentAssertion
 from agenttest_worker.attachments import inline_attachments
 from agenttest_worker.case_checks import check_case_refs
 from agenttest_worker.case_files import case_files_in, iter_cases
@@ -120,7 +121,7 @@ class CaseStream:
             case = case.with_default_simulator(self.simulator)
         found = list(check_case_refs(case, self.config, self.target))
         self.problems.extend(found)
-        self.warnings.extend(_connector_warnings(case, self.config))
+        self.warnings.extend(_case_warnings(case, self.config))
         try:
             case = inline_attachments(case)
         except InputError as exc:
@@ -191,7 +192,8 @@ def expand(
     return Expansion(cases, stream.warnings)
 
 
-def _connector_warnings(case: Case, config: ProjectConfig) -> Iterator[str]:
+def _case_warnings(case: Case, config: ProjectConfig) -> Iterator[str]:
+    """What is allowed but probably not meant: it runs, differently than it reads."""
     layers = [case.options, *(t.options for t in case.turns)]
     for options in layers:
         if options is not None and options.connector and options.connector not in config.agents:
@@ -199,6 +201,18 @@ def _connector_warnings(case: Case, config: ProjectConfig) -> Iterator[str]:
                 f"case {case.id}: connector {options.connector!r} is not an agent in "
                 "agenttest.yaml; the case's own target is used"
             )
+    for assertion in case.iter_assertions():
+        options = assertion.options if isinstance(assertion, AgentAssertion) else None
+        if options is not None and options.connector and options.connector not in config.agents:
+            yield (
+                f"case {case.id}: judge connector {options.connector!r} is not an agent in "
+                "agenttest.yaml; the judge's own agent is called"
+            )
+    if case.type == "single_turn" and case.simulator is not None:
+        yield (
+            f"case {case.id}: type single_turn plays one turn, so its simulator is not used "
+            "(make it multi_turn, or leave `type` out)"
+        )
 
 
 def print_warnings(warnings: list[str]) -> None:

@@ -99,7 +99,8 @@ class SimulatorConfig(_Strict):
     @field_validator("use")
     @classmethod
     def _ref(cls, use: str) -> str:
-        return str(parse_ref(use))
+        # A bare name is an agent, as in an `agent` assertion's `use`.
+        return str(parse_ref(use, default_kind="agents"))
 
     def effective_metadata(self) -> dict[str, Any]:
         base = self.options.metadata if self.options else {}

@@ -357,6 +357,35 @@ tests:
     ]
 
 
+def test_what_runs_differently_than_it_reads_is_warned_about(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Allowed, but probably not meant: the run goes on, with a warning on stderr. A bare
+    simulator name is an agent, as in an agent assertion's `use`."""
+    write(
+        project / "t.jsonl",
+        jsonl(
+            {"id": "S", "type": "single_turn", "input": "a",
+             "simulator": {"use": "workers.test.user-sim"}},
+            {"id": "J", "input": "a", "assertions": [
+                {"type": "agent", "use": "agents:workers.test.validator",
+                 "options": {"connector": "no.such.agent"}}]},
+            {"id": "M", "input": "a", "simulator": {"use": "workers.test.user-sim"}},
+        ),
+    )  # fmt: skip
+    code, out, err = submit(capsys, "-i", "t.jsonl")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: case S: type single_turn plays one turn, so its simulator is not used "
+        "(make it multi_turn, or leave `type` out)",
+        "warning: case J: judge connector 'no.such.agent' is not an agent in agenttest.yaml; "
+        "the judge's own agent is called",
+    ]
+    assert '"id": "M", "type": "multi_turn"' in out
+    assert '"simulator": {"use": "agents:workers.test.user-sim"}' in out
+
+
 def test_unknown_target_agent_flag(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(project / "t.jsonl", jsonl({"id": "A1", "input": "a"}))
     code = main(["-i", "t.jsonl", "-n", "assistants.expens", "--dry-run"])
