@@ -49,6 +49,8 @@ class Located:
     test: str | None = None
     # How it was written when that differs from the data (YAML); else read from the data.
     source: CaseSource | None = None
+    # The line of a field, for a case spread over several lines (an indented JSON one).
+    line_of: Callable[[Path_], int | None] | None = None
 
 
 # -- entry points ----------------------------------------------------------------------
@@ -120,13 +122,18 @@ def validate_case(item: Located) -> Iterator[Case | InputProblem]:
         )
         return
     test = item.test or (str(data["id"]) if isinstance(data.get("id"), str | int) else None)
+    line_of = item.line_of
+
+    def line_for(loc: Path_) -> int:
+        return (line_of(loc) if line_of else None) or item.line
+
     try:
         case = Case.model_validate(data)
     except ValidationError as exc:
-        yield from problems_from_validation(exc, item.file, lambda _p: item.line, test)
+        yield from problems_from_validation(exc, item.file, line_for, test)
         return
     case.source_file, case.source_line = item.file, item.line
-    case.written_as(item.source or CaseSource(single="input" in data))
+    case.written_as(item.source or CaseSource(single="input" in data, line_of=line_of))
     yield case
 
 
@@ -184,7 +191,7 @@ def _json_values(text: str, name: str) -> list[Located] | None:
             elif isinstance(value, list):
                 found += _array_items(text, pos, value, name)
             else:
-                found.append(Located(value, name, _line_at(text, pos)))
+                found.append(_located(text, pos, value, name))
             pos = _skip_ws(text, end)
     except (json.JSONDecodeError, RecursionError):
         return None
@@ -290,7 +297,7 @@ def _iter_json(path: Path) -> Iterator[Located | InputProblem]:
     elif isinstance(whole, list):
         yield from _array_items(text, start, whole, name)
     else:
-        yield Located(whole, name, _line_at(text, start))
+        yield _located(text, start, whole, name)
 
 
 def _array_items(text: str, start: int, items: list[Any], name: str) -> Iterator[Located]:
@@ -298,11 +305,51 @@ def _array_items(text: str, start: int, items: list[Any], name: str) -> Iterator
     decoder = json.JSONDecoder()
     pos = _skip_ws(text, start + 1)
     for item in items:
-        yield Located(item, name, _line_at(text, pos))
+        yield _located(text, pos, item, name)
         _, pos = decoder.raw_decode(text, pos)
         pos = _skip_ws(text, pos)
         if pos < len(text) and text[pos] == ",":
             pos = _skip_ws(text, pos + 1)
+
+
+def _located(text: str, start: int, value: Any, name: str) -> Located:
+    """A case read from a JSON document at text[start], its fields' lines findable."""
+    return Located(
+        value, name, _line_at(text, start), line_of=lambda path: _field_line(text, start, path)
+    )
+
+
+def _field_line(text: str, start: int, path: Path_) -> int:
+    """The line of `path` in the JSON value at text[start] (or of the deepest part of it
+    that is there: an unknown field's own key, a missing field's object)."""
+    pos = start
+    for part in path:
+        pos = _skip_ws(text, pos)
+        opening = text[pos] if pos < len(text) else ""
+        if isinstance(part, str) and opening == "{":
+            found = _member_start(text, pos, part)
+        elif isinstance(part, int) and opening == "[":
+            found = _element_start(text, pos, part)
+        else:
+            break
+        if found < 0:
+            break
+        pos = found
+    return _line_at(text, pos)
+
+
+def _element_start(text: str, start: int, index: int) -> int:
+    """Where element `index` of the array at text[start] == '[' starts, or -1."""
+    decoder = json.JSONDecoder()
+    pos = _skip_ws(text, start + 1)
+    for _ in range(index):
+        if pos >= len(text) or text[pos] == "]":
+            return -1
+        _, pos = decoder.raw_decode(text, pos)
+        pos = _skip_ws(text, pos)
+        if pos < len(text) and text[pos] == ",":
+            pos = _skip_ws(text, pos + 1)
+    return pos if pos < len(text) and text[pos] != "]" else -1
 
 
 def _member_start(text: str, start: int, key: str) -> int:

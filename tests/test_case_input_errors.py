@@ -703,7 +703,7 @@ def test_json_array_reports_the_line_of_each_element(
     expect_input_error(
         capsys,
         "t.json",
-        f"t.json:3 (test 'J2'): assertions[0]: unknown assertion type 'nope' "
+        f"t.json:6 (test 'J2'): assertions[0]: unknown assertion type 'nope' "
         f"(known: {KNOWN_TYPES})",
         "t.json:8 (test 'J3'): turns[1].input: required field is missing",
         "t.json:9: a case is a JSON object, got 42",
@@ -747,6 +747,50 @@ def test_pretty_printed_cases_one_after_another_are_read_in_either_extension(
             ("P1", 1, 1),
             ("P2", first.count("\n") + 3, 2),
         ]
+
+
+def test_problems_in_an_indented_json_case_point_at_their_own_line(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A case spread over many lines: each problem names the line of its field, not the
+    line where the case starts (schema errors and the checks after them alike)."""
+    write(
+        project / "t.json",
+        """\
+[
+  {"id": "OK", "input": "x"},
+  {
+    "id": "T9",
+    "turns": [
+      {"input": "a"},
+      {"input": "b",
+       "assertions": [{"type": "contains", "valeu": "z"}]}
+    ]
+  },
+  {
+    "id": "T10",
+    "turns": [
+      {"input": "a"},
+      {
+        "input": "b",
+        "attachments": [{"source": "file://gone.png"}]
+      }
+    ],
+    "simulator": {
+      "use": "agents:nobody"
+    }
+  }
+]
+""",
+    )
+    code, out, err = submit(capsys, "-i", "t.json")
+    assert code == 2 and out == ""
+    assert [p.split(": ")[0:2] for p in problems_of(err)] == [
+        ["t.json:8 (test 'T9')", "turns[1].assertions[0].value"],
+        ["t.json:8 (test 'T9')", "turns[1].assertions[0].valeu"],
+        ["t.json:21 (test 'T10')", "simulator.use"],
+        ["t.json:17 (test 'T10')", "turns[1].attachments[0].source"],
+    ]
 
 
 def test_a_jsonl_file_that_is_not_json_either_way_lists_its_bad_lines(tmp_path: Path) -> None:
