@@ -11,8 +11,8 @@ Decisions where the specs are open (also in the README):
 - `type` defaults to `single_turn` for the `input` form without a simulator and to
   `multi_turn` otherwise. A single-turn case ends after its turn even when the agent
   asks a question (existing single-turn suites keep passing, as the spec promises).
-- A case with no input at all loads, and fails when run with "no initial input"
-  (the spec's test-level error table).
+- A case with no input at all (or an empty first one) loads, and fails when run with
+  "no initial input" (the spec's test-level error table).
 - YAML `criteria` become an `agent` assertion on the configured default judge that
   sees the conversation so far; YAML cases default to `on_missing_input: end`.
 """

@@ -117,7 +117,9 @@ class ConversationState(BaseModel):
 
 def start_conversation(case: Case, session_id: str) -> ConversationState:
     state = ConversationState(case_id=case.id, session_id=session_id)
-    if not case.turns:
+    # An empty first input is none either (the spec's implementation reads a missing and
+    # an empty string alike); a later empty turn is sent as written.
+    if not case.turns or case.turns[0].input == "":
         state.error = "no initial input"
         state.phase = "done"
         return state

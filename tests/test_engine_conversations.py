@@ -349,10 +349,22 @@ def test_single_turn_case_ends_even_if_the_agent_asks(agent: ScriptedAgent) -> N
     assert result.status == "passed" and len(result.turns) == 1
 
 
-def test_a_case_without_input_fails_with_no_initial_input(agent: ScriptedAgent) -> None:
-    result, _ = run_case({"id": "EMPTY"}, config_for(agent))
+@pytest.mark.parametrize(
+    "case",
+    [{"id": "EMPTY"}, {"id": "EMPTY", "input": ""}, {"id": "EMPTY", "turns": [{"input": ""}]}],
+)
+def test_a_case_without_input_fails_with_no_initial_input(
+    agent: ScriptedAgent, case: dict[str, Any]
+) -> None:
+    result, _ = run_case(case, config_for(agent))
     assert (result.status, result.error, result.total_turns) == ("failed", "no initial input", 0)
     assert agent.requests("target") == []
+
+
+def test_a_later_empty_turn_is_sent_as_written(agent: ScriptedAgent) -> None:
+    agent.script("target", ["First.", "Second."])
+    result, _ = run_case({"id": "E2", "turns": [{"input": "hi"}, {"input": ""}]}, config_for(agent))
+    assert result.status == "passed" and [t.input for t in result.turns] == ["hi", ""]
 
 
 def test_interactive_input_then_nobody_answers(agent: ScriptedAgent) -> None:
