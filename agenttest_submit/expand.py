@@ -96,6 +96,9 @@ class CaseStream:
                 for item in iter_source(source, self.config, self.target):
                     if isinstance(item, InputProblem):
                         self.problems.append(item)
+                        if item.case_id is not None:  # a bad case still takes its id
+                            where = f"{item.file}:{item.line}" if item.file else "input"
+                            self._seen.setdefault(item.case_id, where)
                     elif (case := self._check(item)) is not None:
                         self.count += 1
                         yield case

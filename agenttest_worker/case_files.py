@@ -11,6 +11,7 @@ message, never a hang or a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -130,7 +131,10 @@ def validate_case(item: Located) -> Iterator[Case | InputProblem]:
     try:
         case = Case.model_validate(data)
     except ValidationError as exc:
-        yield from problems_from_validation(exc, item.file, line_for, test)
+        raw_id = data.get("id")
+        case_id = str(raw_id) if isinstance(raw_id, str | int) and raw_id != "" else None
+        for problem in problems_from_validation(exc, item.file, line_for, test):
+            yield dataclasses.replace(problem, case_id=case_id)
         return
     case.source_file, case.source_line = item.file, item.line
     case.written_as(item.source or CaseSource(single="input" in data, line_of=line_of))

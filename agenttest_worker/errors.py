@@ -6,6 +6,7 @@ problem they can find (not just the first) and raise them together.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 # A field's place in a case: ("turns", 0, "assertions", 1, "use").
@@ -29,6 +30,9 @@ class InputProblem:
     line: int | None = None
     field: str | None = None
     test: str | None = None
+    # The id of the case it is about, when it has one (not shown: `test` names it): a
+    # later case with the same id is still a duplicate of this one.
+    case_id: str | None = dataclasses.field(default=None, compare=False)
 
     def __str__(self) -> str:
         where = ""

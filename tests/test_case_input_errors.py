@@ -245,6 +245,23 @@ def test_duplicate_ids(project: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
 
 
+def test_a_duplicate_of_a_bad_case_is_reported_with_it(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first B1 has an error of its own; the second is still its duplicate, reported
+    in the same attempt rather than after the first is fixed."""
+    write(
+        project / "a.jsonl",
+        jsonl({"id": "B1", "input": "a", "typo": 1}, {"id": "B1", "input": "b"}),
+    )
+    expect_input_error(
+        capsys,
+        "a.jsonl",
+        "a.jsonl:1 (test 'B1'): typo: unknown field (a typo?)",
+        "a.jsonl:2: id: duplicate id 'B1' (first defined at a.jsonl:1)",
+    )
+
+
 def test_duplicate_ids_across_files_and_formats(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
