@@ -252,6 +252,14 @@ def test_a_json_string_body_is_the_content(server: AgentServer) -> None:
     assert call(agent(server)).content == "just text"
 
 
+@pytest.mark.parametrize("size", [300_000, 5_000_000])
+def test_a_large_reply_is_read_whole(server: AgentServer, size: int) -> None:
+    """The body arrives over many reads: all of it is the reply, not its first part."""
+    text = "x" * size
+    server.script(PATH, Reply(body={"content": text}))
+    assert call(agent(server)).content == text
+
+
 def test_a_non_json_body_is_a_parse_error(server: AgentServer) -> None:
     server.always(PATH, Reply(body="Internal proxy page", content_type="text/plain"))
     with pytest.raises(AgentError) as caught:

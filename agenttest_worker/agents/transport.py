@@ -110,6 +110,20 @@ def snippet(text: str) -> str:
     return json.dumps(flat if len(flat) <= _SNIPPET else flat[:_SNIPPET] + "…", ensure_ascii=False)
 
 
+async def _read_body(stream: Any, limit: int) -> bytes:
+    """The body, up to `limit` bytes. aiohttp's `read(n)` returns what has arrived so far
+    (up to n), not n bytes: a reply of a few hundred KB came back cut short."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await stream.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 async def post_json(
     *,
     url: str,
@@ -146,7 +160,7 @@ async def post_json(
                 headers=all_headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
-                raw = await response.content.read(MAX_BODY_BYTES + 1)
+                raw = await _read_body(response.content, MAX_BODY_BYTES + 1)
                 status = response.status
                 response_headers = {k: v for k, v in response.headers.items()}
         except TimeoutError:
