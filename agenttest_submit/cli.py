@@ -30,6 +30,8 @@ from agenttest_worker.errors import InputError, InputProblem
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 MAX_PROBLEMS_SHOWN = 200
 SUBCOMMANDS = ("status", "report", "resume", "db")
+# `--simulator` given alone: agenttest.yaml's defaults.simulator.
+DEFAULT_SIMULATOR = "\0defaults.simulator"
 FORMATS = ("console", "json", "jsonl", "table", "tsv", "junit")
 
 
@@ -107,7 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--simulator",
         metavar="REF",
-        help="simulator for cases without one (agents:ID or scripts:ID)",
+        nargs="?",
+        const=DEFAULT_SIMULATOR,
+        help="simulator for cases without one (agents:ID or scripts:ID; alone: "
+        "defaults.simulator of agenttest.yaml)",
     )
     p.add_argument(
         "--timeout",
@@ -317,6 +322,15 @@ def run_main(args: argparse.Namespace) -> int:
     for flag, ref in (("-n", args.name), ("-c", args.connector)):
         if ref is not None and ref not in config.agents:
             problems.append(InputProblem(config.unknown_agent_message(ref), field=flag))
+    if args.simulator == DEFAULT_SIMULATOR:
+        args.simulator = config.defaults.simulator
+        if args.simulator is None:
+            problems.append(
+                InputProblem(
+                    "names no simulator, and agenttest.yaml has no defaults.simulator",
+                    field="--simulator",
+                )
+            )
     if args.simulator is not None:
         from agenttest_worker.case_checks import check_ref
 

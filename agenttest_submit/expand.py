@@ -122,6 +122,7 @@ class CaseStream:
             return None
         if self.simulator is not None:
             case = case.with_default_simulator(self.simulator)
+        case = case.with_simulator_named(self.config.defaults.simulator)
         found = list(check_case_refs(case, self.config, self.target))
         self.problems.extend(found)
         self.warnings.extend(_case_warnings(case, self.config))

@@ -39,8 +39,15 @@ def check_case_refs(
         yield case.problem("no target agent: pass -n NAME or set `agent` on the case", ("agent",))
     elif agent not in config.agents:
         yield case.problem(config.unknown_agent_message(agent), ("agent",))
-    if case.simulator is not None and (msg := check_ref(config, case.simulator.use, "simulator")):
-        yield case.problem(msg, ("simulator", "use"))
+    if case.simulator is not None:
+        use = case.simulator.use or config.defaults.simulator
+        if use is None:
+            yield case.problem(
+                "no simulator named: set simulator.use, or defaults.simulator in agenttest.yaml",
+                ("simulator", "use"),
+            )
+        elif msg := check_ref(config, use, "simulator"):
+            yield case.problem(msg, ("simulator", "use"))
     groups: list[tuple[FieldPath, list[Assertion]]] = [
         (("turns", i, "assertions"), t.assertions) for i, t in enumerate(case.turns)
     ]

@@ -92,15 +92,16 @@ class SimulatorConfig(_Strict):
     (in its hybrid example) as `simulator.metadata`; both are accepted and merged.
     """
 
-    use: str
+    # None: agenttest.yaml's defaults.simulator, filled in when the case is checked.
+    use: str | None = None
     options: Options | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("use")
     @classmethod
-    def _ref(cls, use: str) -> str:
+    def _ref(cls, use: str | None) -> str | None:
         # A bare name is an agent, as in an `agent` assertion's `use`.
-        return str(parse_ref(use, default_kind="agents"))
+        return None if use is None else str(parse_ref(use, default_kind="agents"))
 
     def effective_metadata(self) -> dict[str, Any]:
         base = self.options.metadata if self.options else {}
@@ -272,6 +273,16 @@ class Case(_Strict):
         if self.simulator is not None and (sim_max := self.simulator.max_turns()) is not None:
             return sim_max
         return DEFAULT_MAX_TURNS
+
+    def with_simulator_named(self, default: str | None) -> Case:
+        """The case with its simulator's `use` filled in from `default` (agenttest.yaml's
+        defaults.simulator) when it names none; as it is without a default."""
+        if self.simulator is None or self.simulator.use is not None or default is None:
+            return self
+        named = self.simulator.model_copy(
+            update={"use": str(parse_ref(default, default_kind="agents"))}
+        )
+        return self.model_copy(update={"simulator": named})
 
     def with_default_simulator(self, use: str) -> Case:
         """The case played on by `--simulator` when it names no simulator of its own.

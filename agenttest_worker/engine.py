@@ -496,10 +496,13 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
         "tool_results": state.tool_results,
     }
     simulator_options = case.simulator.options
-    use = case.simulator.use
+    # Filled in when the run was submitted; the run's config decides otherwise.
+    use = case.simulator.use or pool.config.defaults.simulator or ""
     if simulator_options and simulator_options.connector in pool.config.agents:
         use = f"agents:{simulator_options.connector}"
     try:
+        if not use:
+            raise AgentError("config", "no simulator named (simulator.use, defaults.simulator)")
         sim = await pool.session(log).simulate(
             use,
             state.messages,

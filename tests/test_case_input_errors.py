@@ -403,6 +403,44 @@ def test_what_runs_differently_than_it_reads_is_warned_about(
     assert '"simulator": {"use": "agents:workers.test.user-sim"}' in out
 
 
+def test_a_simulator_named_nowhere_is_the_configs_default(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """defaults.simulator plays the user for a case whose simulator names no agent, and
+    for every case when `--simulator` is given alone; without it, both are input errors."""
+    write(
+        project / "t.jsonl",
+        jsonl(
+            {"id": "OWN", "input": "a", "simulator": {"metadata": {"goal": "file it"}}},
+            {"id": "NONE", "input": "b"},
+        ),
+    )
+    code, out, err = submit(capsys, "-i", "t.jsonl")
+    assert code == 2
+    assert problems_of(err) == [
+        "t.jsonl:1 (test 'OWN'): simulator.use: no simulator named: set simulator.use, or "
+        "defaults.simulator in agenttest.yaml"
+    ]
+    code, out, err = submit(capsys, "-i", "t.jsonl", "--simulator")
+    assert code == 2
+    assert "--simulator: names no simulator, and agenttest.yaml has no defaults.simulator" in err
+
+    (project / "agenttest.yaml").write_text(
+        CONFIG + "  simulator: workers.test.user-sim\n", encoding="utf-8"
+    )
+    code, out, err = submit(capsys, "-i", "t.jsonl")
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r.get("simulator") for r in records] == [
+        {"use": "agents:workers.test.user-sim", "metadata": {"goal": "file it"}},
+        None,
+    ]
+    code, out, err = submit(capsys, "-i", "t.jsonl", "--simulator")
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["simulator"]["use"] for r in records] == ["agents:workers.test.user-sim"] * 2
+
+
 def test_unknown_target_agent_flag(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write(project / "t.jsonl", jsonl({"id": "A1", "input": "a"}))
     code = main(["-i", "t.jsonl", "-n", "assistants.expens", "--dry-run"])
