@@ -209,6 +209,16 @@ def test_read_generator_reply() -> None:
         read_generator_reply('{"tests": []}')
 
 
+def test_read_generator_reply_takes_an_array_in_a_fence_or_in_prose() -> None:
+    """The spec's generator prompt asks for a JSON array; models often fence it."""
+    fenced = 'Here you go:\n```json\n[{"id": "A", "input": "hi"}, {"id": "B"}]\n```'
+    assert read_generator_reply(fenced) == [{"id": "A", "input": "hi"}, {"id": "B"}]
+    prose = 'I made [2] cases: [{"id": "C"}, {"id": "D"}] as asked.'
+    assert read_generator_reply(prose) == [{"id": "C"}, {"id": "D"}]
+    with pytest.raises(ReplyParseError, match="no `cases` list"):
+        read_generator_reply("I made [2] cases, sorry, no JSON.")
+
+
 def test_conversation_for_role_folds_tool_plumbing() -> None:
     assert conversation_for_role(CONVERSATION) == FOLDED
 

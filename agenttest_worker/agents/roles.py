@@ -268,20 +268,40 @@ def generator_request(metadata: dict[str, Any]) -> AgentRequest:
 
 
 def read_generator_reply(content: str | None) -> list[Any]:
+    """The generated cases: a JSON array of them (the spec's generator prompt asks for
+    one) or {"cases": [...]}, as the whole reply, in a code fence, or in prose."""
     text = content or ""
-    stripped = text.strip()
-    if stripped.startswith("["):
+    for candidate in (text.strip(), *(m.group(1).strip() for m in _FENCE.finditer(text))):
         try:
-            value = json.loads(stripped)
-            if isinstance(value, list):
-                return value
+            cases = _cases_of(json.loads(candidate))
         except ValueError:
-            pass
-    data = parse_json_reply(text)
-    cases = data.get("cases")
-    if not isinstance(cases, list):
-        raise ReplyParseError("generator reply has no `cases` list", text)
-    return cases
+            continue
+        if cases is not None:
+            return cases
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"[\[{]", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        cases = _cases_of(value)
+        # In prose, a list counts only when it holds objects: "[3]" is not cases.
+        if cases is not None and (not isinstance(value, list) or _all_objects(value)):
+            return cases
+    raise ReplyParseError("generator reply has no `cases` list", text)
+
+
+def _cases_of(value: Any) -> list[Any] | None:
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("cases"), list):
+        cases: list[Any] = value["cases"]
+        return cases
+    return None
+
+
+def _all_objects(values: list[Any]) -> bool:
+    return bool(values) and all(isinstance(v, dict) for v in values)
 
 
 def parse_failure(
