@@ -546,6 +546,18 @@ def test_tsv_rows_and_escaping() -> None:
     assert cells[2][7].endswith("; turn 2: timeout after 30s")
 
 
+def test_a_turns_error_copied_onto_its_case_is_said_once() -> None:
+    """The engine records a failing turn's error on the case as "turn N: ..."."""
+    case = t004()
+    case.error = "turn 2: timeout after 30s"
+    cell = render("tsv", spec_run(results=[case])).splitlines()[1].split("\t")[7]
+    assert cell.count("timeout after 30s") == 1
+    failure = ET.fromstring(render("junit", spec_run(results=[case]))).find(
+        "testsuite/testcase/failure"
+    )
+    assert failure is not None and (failure.text or "").count("timeout after 30s") == 1
+
+
 def test_table_is_fixed_width() -> None:
     text = render("table", spec_run(results=[t001(), t002(), t004()]))
     lines = text.splitlines()

@@ -155,8 +155,9 @@ def problems(case: CaseResult) -> Iterator[str]:
     for assertion in case.final_assertions:
         if not assertion.passed:
             yield f"final: {describe_assertion(assertion)}: {failure_reason(assertion)}"
-    # The engine often copies the failing turn's error onto the case: say it once.
-    if case.error and case.error not in {t.error for t in case.turns}:
+    # The case's error is often the failing turn's, as is or as "turn N: ...": say it once.
+    copies = {t.error for t in case.turns} | {f"turn {t.turn}: {t.error}" for t in case.turns}
+    if case.error and case.error not in copies:
         yield one_line(case.error)
     if case.skip_reason:
         yield one_line(case.skip_reason)
