@@ -79,6 +79,9 @@ class AgentCallRecord(_Record):
     status_code: int | None = None
     usage: Usage | None = None
     error: str | None = None
+    # The reply's raw text (its first 4,096 characters) when it could not be used: not
+    # JSON, an HTTP error's body, a role reply without what the role must return.
+    reply: str | None = None
 
 
 class AssertionResult(_Record):

@@ -496,6 +496,31 @@ def test_simulator_junk_skips_the_turn(agent: ScriptedAgent, demo_url: str) -> N
     assert result.total_turns == 1
 
 
+def test_a_role_reply_that_does_not_parse_is_kept_on_its_call(agent: ScriptedAgent) -> None:
+    """DESIGN: a role reply that does not parse is an error "with the raw text kept": the
+    whole reply (up to 4,096 characters), not the snippet in the reason."""
+    rambling = "Well, let me think. " * 100  # 2,000 characters, no JSON
+    agent.script("target", [say("What amount?"), say("Fine.")])
+    agent.script("sim", [Reply(content=rambling)])
+    agent.script("judge", [Reply(content=rambling)])
+    result, _ = run_case(
+        {
+            "id": "K",
+            "turns": [{"input": "file", "assertions": [{"type": "agent", "use": "agents:judge"}]}],
+            "simulator": {"use": "agents:sim"},
+        },
+        config_for(agent),
+    )
+    first, skipped = result.turns
+    [judge_call] = [c for c in first.calls or [] if c.role == "validator"]
+    assert judge_call.reply == rambling and judge_call.error is not None
+    assert not first.assertions[0].passed and "reply is not JSON" in first.assertions[0].reason
+    [sim_call] = [c for c in skipped.calls or [] if c.role == "simulator"]
+    assert sim_call.reply == rambling
+    assert sim_call.error is not None and sim_call.error.startswith("simulator sim: ")
+    assert len(skipped.skip_reason or "") < len(rambling), "the reason keeps a snippet"
+
+
 # -- tool mocks --------------------------------------------------------------------------
 
 

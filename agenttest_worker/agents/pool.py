@@ -75,6 +75,7 @@ class RoleSession:
         except AgentError as exc:
             if exc.call is not None:
                 exc.call.error = exc.call.error or exc.message
+                exc.call.reply = exc.call.reply or exc.raw
                 self.log.append(exc.call)
             raise
         if reply.call is not None:
@@ -124,7 +125,7 @@ class RoleSession:
             try:
                 return read_simulator_reply(content)
             except ReplyParseError as exc:
-                raise parse_failure("simulator", str(ref), exc, None) from exc
+                raise parse_failure("simulator", str(ref), exc, self.log[-1]) from exc
         request = simulator_request(history, metadata, session_id, case_id, turn)
         reply = await self.call(ref.id, request)
         try:
@@ -156,12 +157,13 @@ class RoleSession:
         request = validator_request(messages, {"test_mode": "validator", **metadata}, whole)
         try:
             reply = await self.call(name, request)
-            verdict: Verdict = read_validator_reply(reply.content)
         except AgentError as exc:
             return AssertionOutcome(False, f"judge {name} failed: {exc.message}", error=exc.message)
+        try:
+            verdict: Verdict = read_validator_reply(reply.content)
         except ReplyParseError as exc:
-            message = f"judge {name}: {exc}"
-            return AssertionOutcome(False, message, error=message)
+            failure = parse_failure("judge", name, exc, reply.call)
+            return AssertionOutcome(False, failure.message, error=failure.message)
         return AssertionOutcome(
             passed=verdict.passed,
             reason=verdict.reason or ("passed" if verdict.passed else "failed"),

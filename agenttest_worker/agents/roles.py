@@ -308,6 +308,9 @@ def parse_failure(
     role: str, agent: str, exc: ReplyParseError, call: AgentCallRecord | None
 ) -> AgentError:
     message = f"{role} {agent}: {exc}"
-    if call is not None and call.error is None:
-        call.error = message  # the call itself went through; its reply is what failed
-    return AgentError("parse", message, call=call, raw=exc.raw[:4096])
+    raw = exc.raw[:4096]
+    if call is not None:
+        if call.error is None:
+            call.error = message  # the call itself went through; its reply is what failed
+        call.reply = raw  # kept, as DESIGN's role calls say, to see what came back
+    return AgentError("parse", message, call=call, raw=raw)
