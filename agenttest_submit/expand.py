@@ -139,6 +139,9 @@ class CaseStream:
             raise InputError(self.problems)
         if not self.count and (self.selection.tags or self.selection.ids):
             raise InputError(InputProblem("no case matches the --tag/--id selection"))
+        missing = [i for i in dict.fromkeys(self.selection.ids) if i not in self._seen]
+        if missing:
+            self.warnings.append(f"--id {', '.join(missing)}: no such case in the input")
         if not self.count:
             # An empty (or truncated) case file would otherwise "pass" in CI with 0 tests.
             raise InputError(InputProblem("no test cases in the input", field="-i"))

@@ -193,6 +193,8 @@ def test_read_validator_reply_fields() -> None:
     assert verdict.suggestions == ["x", "2"]
     bare = read_validator_reply('{"pass": false, "reasoning": "why not", "score": "high"}')
     assert (bare.reason, bare.score, bare.suggestions) == ("why not", None, None)
+    assert read_validator_reply('{"passed": true, "score": " 0.7"}').score == 0.7
+    assert read_validator_reply('{"passed": true, "score": "nan"}').score is None
 
 
 @pytest.mark.parametrize("reply", ['{"score": 1, "reason": "?"}', '{"result": "maybe"}'])

@@ -760,6 +760,9 @@ def test_tag_and_id_select_cases(demo: Path, capsys: pytest.CaptureFixture[str])
     assert ran("--tag", "slow", "--id", "C") == ["C"]
     recs = records(demo / "sel.jsonl")
     assert recs[0]["tags"] == ["smoke", "slow"]
+    code, _, err = run(capsys, *base, "--id", "A", "--id", "NOPE", "--id", "Z", "-o", "s.jsonl")
+    assert code == 0
+    assert "warning: --id NOPE, Z: no such case in the input" in err
 
 
 def test_direct_message_runs_as_one_case(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -256,6 +256,14 @@ def test_console_matches_the_spec_layout() -> None:
     assert_lines(render("console", spec_run()), expected)
 
 
+def test_console_names_a_case_once_when_its_name_is_its_id() -> None:
+    """A YAML test's name is its id: `► [greeting] greeting` said it twice."""
+    case = t002().model_copy(update={"id": "greeting", "name": "greeting"})
+    text = render("console", spec_run(results=[case]))
+    assert "► [greeting]\n" in text or "► [greeting] (" in text
+    assert "[greeting] greeting" not in text
+
+
 def test_console_verbose_adds_every_reply() -> None:
     # -v adds the agent's reply to the turns the spec's layout leaves bare (T003's
     # simulated turns); everything else stays as the spec shows it.

@@ -17,6 +17,7 @@ prose); a reply that still does not parse is an error that keeps the raw text.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -241,11 +242,24 @@ def read_validator_reply(content: str | None) -> Verdict:
     return Verdict(
         passed=passed,
         reason=str(reason),
-        score=float(score)
-        if isinstance(score, int | float) and not isinstance(score, bool)
-        else None,
+        score=_number(score),
         suggestions=[str(s) for s in suggestions] if isinstance(suggestions, list) else None,
     )
+
+
+def _number(value: Any) -> float | None:
+    """A judge's score: a number, or a number written as text ("0.7")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
 
 
 def generator_request(metadata: dict[str, Any]) -> AgentRequest:

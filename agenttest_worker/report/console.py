@@ -126,7 +126,7 @@ def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) ->
 
 def _case_title(case: CaseResult, run: RunReport) -> str:
     parts = [f"► [{case.id}]"]
-    if case.name:
+    if case.name and case.name != case.id:  # a YAML test's name is its id: said once
         parts.append(case.name)
     # "agents:workers.test.user-sim" is shown as the spec does: by name.
     simulator = run.simulators.get(case.id) or (case.simulator or "").removeprefix("agents:")
