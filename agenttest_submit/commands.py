@@ -68,7 +68,9 @@ def run_subcommand(argv: list[str]) -> int:
     url = _url()
     run = resolve_run(url, args.run)
     if args.command == "status":
-        print(status_text(run))
+        from agenttest_worker.store import repo
+
+        print(status_text(run, repo.count_played_turns(url, run.id)))
         return 0
     if args.command == "report":
         return _report(url, run.id, args)
@@ -77,7 +79,8 @@ def run_subcommand(argv: list[str]) -> int:
     return resume_run(url, run, args.parallel)
 
 
-def status_text(run: RunRow) -> str:
+def status_text(run: RunRow, played: int | None = None) -> str:
+    """What `status` prints; `played`: the turns recorded so far, finished cases or not."""
     cancelled = f" (cancelled: {run.cancel_reason or ''})" if run.cancelled else ""
     lines = [
         f"run       {run.id}",
@@ -87,7 +90,12 @@ def status_text(run: RunRow) -> str:
         f"by        {run.submitted_by or '-'} at {run.created_at:%Y-%m-%d %H:%M:%S}",
         f"cases     {run.finished_cases}/{run.total_cases} finished: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",
-        f"turns     {run.total_turns}",
+        f"turns     {run.total_turns}"
+        + (
+            f" in finished cases, {played} played"
+            if played is not None and played != run.total_turns
+            else ""
+        ),
     ]
     if run.parent_run_id:
         lines.append(f"from      {run.parent_run_id}")

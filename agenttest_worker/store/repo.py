@@ -788,6 +788,18 @@ def count_turn_rows(url: str, run_id: str) -> list[tuple[str, int, int]]:
         return [(c, t, n) for c, t, n in rows]
 
 
+def count_played_turns(url: str, run_id: str) -> int:
+    """Turns played and recorded so far, in finished conversations or not (the run's
+    `total_turns` counts those of finished conversations only)."""
+    with session_scope(url) as session:
+        found = session.execute(
+            select(func.count())
+            .select_from(TurnRow)
+            .where(TurnRow.run_id == run_id, TurnRow.input.is_not(None))
+        ).scalar_one()
+        return int(found)
+
+
 # -- recovering from lost messages --------------------------------------------------------------
 
 
