@@ -141,7 +141,8 @@ class CaseSource:
     # YAML: the index, in each turn's assertions, of the one written as `criteria`.
     criteria: dict[int, int] = field(default_factory=dict)
     base: FieldPath = ()  # YAML: ("tests", n)
-    line_of: Callable[[FieldPath], int | None] | None = None  # YAML: a field's line
+    # A field's line, when the case spans several (YAML; JSON written over many lines).
+    line_of: Callable[[FieldPath], int | None] | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CaseSource)
