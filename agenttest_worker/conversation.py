@@ -81,7 +81,7 @@ def _spend(
     options: RunOptions, loaded: steps.LoadedCase, turns: list[TurnResult]
 ) -> tuple[int, float] | None:
     """What the step's turns used, when the run has a budget to count it against."""
-    if not options.budgeted:
+    if not options.budgeted or not turns:
         return None
     return turns_spend(turns, _run_config(loaded.run_id, loaded.run_config))
 
@@ -400,8 +400,8 @@ def run_step_sync(
         return prepared
     state = _stopped(prepared, max_deliveries)
     if state is None:
-        pool = pools.for_run(run_id, prepared.loaded.run_config)
-        state = run_sync(execute(prepared, pool))
+        pool = _pool_or_failure(pools, prepared)
+        state = pool if isinstance(pool, ConversationState) else run_sync(execute(prepared, pool))
     return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
 
 
@@ -420,8 +420,25 @@ async def run_step(
         return prepared
     state = _stopped(prepared, max_deliveries)
     if state is None:
-        state = await execute(prepared, pools.for_run(run_id, prepared.loaded.run_config))
+        pool = _pool_or_failure(pools, prepared)
+        state = pool if isinstance(pool, ConversationState) else await execute(prepared, pool)
     return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
+
+
+def _pool_or_failure(pools: PoolCache, prepared: Prepared) -> AgentPool | ConversationState:
+    """The run's agents, or the conversation ended failed when this process cannot read
+    the run's agenttest.yaml (a ${VAR} set where the run was submitted but not here): as
+    a task failure the turn would be played again for ever and the run never finish."""
+    from agenttest_worker.errors import ConfigError
+
+    loaded = prepared.loaded
+    try:
+        return pools.for_run(loaded.run_id, loaded.run_config)
+    except ConfigError as exc:
+        where = "; ".join(f"{p.field}: {p.message}" if p.field else p.message for p in exc.problems)
+        return end_without_running(
+            prepared, "fail", f"agenttest.yaml cannot be read where this turn ran: {where}"
+        )
 
 
 def timeout_message(seconds: float) -> str:

@@ -213,3 +213,32 @@ def test_an_embedded_run_fails_only_the_case_whose_turn_the_database_refuses(
         ("LAST", 2): 1,
     }
     assert sorted(s for _, _, s in case_rows(url, run.id)) == ["failed"] * 2 + ["passed"] * 6
+
+
+def test_a_config_the_workers_cannot_read_fails_the_cases_and_the_run_finishes(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """agenttest.yaml is stored as written and read again by each worker with its own
+    environment: a ${VAR} set where the run was submitted but not on the workers failed
+    every turn as a task, played again by the sweeper for ever. The cases now end failed,
+    saying which variable, and the run finishes."""
+    cases = write_cases(tmp_path, [{"id": f"V{i}", "input": "hello"} for i in range(3)])
+    with ScriptedAgent() as agent:
+        agent.script("target", _reply)
+        entry = {"protocol": "openai", "base_url": "${AT_SUBMITTER_ONLY_URL}", "model": "target"}
+        config = write_config(tmp_path, {"scripted": entry})
+        with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+            fleet.start("w", concurrency=2)  # its environment has no AT_SUBMITTER_ONLY_URL
+            fleet.env["AT_SUBMITTER_ONLY_URL"] = agent.base_url
+            run_id = fleet.submit_no_wait(
+                ["-i", str(cases), "-n", "scripted", "--config", str(config)]
+            )
+            fleet.wait_done(run_id, timeout=60)
+    results = list(repo.iter_results(pg_database, run_id))
+    assert [r.status for r in results] == ["failed"] * 3
+    for result in results:
+        assert result.error is not None
+        assert result.error.startswith("agenttest.yaml cannot be read where this turn ran: ")
+        assert "AT_SUBMITTER_ONLY_URL is not set" in result.error
+    run = repo.get_run(pg_database, run_id)
+    assert run is not None and (run.status, run.failed) == ("done", 3)
