@@ -73,7 +73,17 @@ def run_subcommand(argv: list[str]) -> int:
         print(status_text(run, repo.count_played_turns(url, run.id)))
         return 0
     if args.command == "report":
-        return _report(url, run.id, args)
+        code = _report(url, run.id, args)
+        if run.status != "done":
+            # A CI job that publishes the report too early must not pass quietly.
+            print(
+                f"agenttest-submit: run {run.id} is {run.status} "
+                f"({run.finished_cases}/{run.total_cases or '?'} cases finished): "
+                "the report covers only the finished ones",
+                file=sys.stderr,
+            )
+            return max(code, 1)
+        return code
     from agenttest_submit.resume import resume_run
 
     return resume_run(url, run, args.parallel)
@@ -82,13 +92,15 @@ def run_subcommand(argv: list[str]) -> int:
 def status_text(run: RunRow, played: int | None = None) -> str:
     """What `status` prints; `played`: the turns recorded so far, finished cases or not."""
     cancelled = f" (cancelled: {run.cancel_reason or ''})" if run.cancelled else ""
+    # A run still being stored does not know its number of cases yet.
+    total = "?" if run.status == "pending" else str(run.total_cases)
     lines = [
         f"run       {run.id}",
         f"status    {run.status}{cancelled}",
         f"agent     {run.agent or '-'}",
         f"input     {run.input_label or '-'}",
         f"by        {run.submitted_by or '-'} at {run.created_at:%Y-%m-%d %H:%M:%S}",
-        f"cases     {run.finished_cases}/{run.total_cases} finished: {run.passed} passed, "
+        f"cases     {run.finished_cases}/{total} finished: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",
         f"turns     {run.total_turns}"
         + (

@@ -463,6 +463,29 @@ def test_a_refused_reply_to_a_parked_conversation_ends_it_failed_still_parked(
     assert run is not None and (run.finished_cases, run.failed) == (1, 1)
 
 
+def test_report_and_status_of_a_run_not_finished_say_so(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A nightly job that publishes `report RUN` too early must not pass quietly; a run
+    still being stored does not know its number of cases."""
+    db, run_id = stored_suite()
+    assert step(db, run_id, "T001", 1).saved
+    capsys.readouterr()
+    code = main(["report", run_id, "--format", "junit", "-o", "early.xml"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    run = repo.get_run(db, run_id)
+    assert run is not None and run.status == "running"
+    assert f"run {run_id} is running (0/4 cases finished): the report covers only" in err
+
+    pending = steps.new_run_id()
+    repo.create_run(db, run_id=pending, agent=None, input_label="x", options={}, config={})
+    capsys.readouterr()
+    assert main(["status", pending]) == 0
+    out, _ = capsys.readouterr()
+    assert "status    pending" in out and "cases     0/? finished" in out
+
+
 def test_an_embedded_run_whose_store_cannot_be_opened_stops_with_the_reason(
     demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
