@@ -226,3 +226,29 @@ def test_the_turn_statements_replace_a_connection_lost_to_a_restart(
                 assert connection.execute(text("SELECT count(*) FROM cases")).scalar() == 1
         finally:
             get_engine(url).dispose()
+
+
+def test_removing_a_run_waits_for_a_step_being_saved_and_keeps_none_of_its_rows(
+    pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    """A submitter stopped while storing its run removes it while its first conversations
+    may be running: a step committed during the removal left its turn row behind."""
+    upgrade(pg_database)
+    run_id = _stored_run(pg_database, demo_url, tmp_path)
+    saving = psycopg.connect(pg_database)  # a step being saved: its case moved, its row in
+    saving.execute("UPDATE cases SET next_turn = 2 WHERE run_id = %s AND case_id = 'C0'", (run_id,))
+    saving.execute(
+        "INSERT INTO turns (run_id, case_id, turn, input, output, tool_calls, awaiting_input,"
+        " status, duration_ms) VALUES (%s, 'C0', 1, 'hi', 'hello', '[]', false, 'passed', 5)",
+        (run_id,),
+    )
+    removing = threading.Thread(target=repo.delete_run, args=(pg_database, run_id))
+    removing.start()
+    time.sleep(0.5)
+    assert removing.is_alive(), "the removal waits for the step being saved"
+    saving.commit()
+    removing.join(10)
+    saving.close()
+    assert not removing.is_alive()
+    assert repo.get_run(pg_database, run_id) is None
+    assert repo.count_turn_rows(pg_database, run_id) == []

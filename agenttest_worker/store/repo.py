@@ -215,12 +215,20 @@ def cancel_run(url: str, run_id: str, reason: str) -> bool:
 
 
 def delete_run(url: str, run_id: str) -> None:
-    """Remove a run that never started (its cases failed to store)."""
+    """Remove a run that never started (its cases failed to store, or its submitter was
+    stopped while storing them).
+
+    Its first conversations may be running meanwhile. The cases go first: a step being
+    saved holds its case's row, so this waits for it and its rows are then deleted with
+    the rest, and a step saved later finds no case to move (a step's rows are written
+    only with its case's move). Deleting the turn rows first left those of a step
+    committed in between.
+    """
     with session_scope(url) as session:
+        session.execute(delete(CaseRow).where(CaseRow.run_id == run_id))
         session.execute(delete(TurnRow).where(TurnRow.run_id == run_id))
         session.execute(delete(AssertionResultRow).where(AssertionResultRow.run_id == run_id))
         session.execute(delete(AgentCallRow).where(AgentCallRow.run_id == run_id))
-        session.execute(delete(CaseRow).where(CaseRow.run_id == run_id))
         session.execute(delete(RunRow).where(RunRow.id == run_id))
 
 
