@@ -47,6 +47,8 @@ class Advance:
     awaiting_human: bool = False
     case_done: bool = False
     status: str | None = None
+    # The conversation is not in the store: its run was removed (or never stored).
+    gone: bool = False
 
 
 @dataclass
@@ -171,7 +173,7 @@ def prepare(
         turn=turn,
     )
     if loaded is None:
-        return Advance(saved=False)
+        return Advance(saved=False, gone=True)
     if loaded.phase == "done":
         # A redelivery of the step that ended the run may be all that is left of it: its
         # worker died after saving the step but before enqueueing the aggregation. So a

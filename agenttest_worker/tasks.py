@@ -129,6 +129,8 @@ def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
         redelivered=redelivered,
     )
     follow_up(run_id, case_id, advance)
+    if advance.gone:
+        return f"{case_id} turn {turn}: not run, its run is no longer stored"
     if not advance.saved:
         return f"{case_id} turn {turn}: already recorded"
     if advance.case_done:

@@ -252,3 +252,5 @@ def test_removing_a_run_waits_for_a_step_being_saved_and_keeps_none_of_its_rows(
     assert not removing.is_alive()
     assert repo.get_run(pg_database, run_id) is None
     assert repo.count_turn_rows(pg_database, run_id) == []
+    # A message of the removed run still queued does nothing, and says why.
+    assert prepare(pg_database, run_id, "C0", 1) == Advance(saved=False, gone=True)
