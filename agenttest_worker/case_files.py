@@ -122,23 +122,34 @@ def validate_case(item: Located) -> Iterator[Case | InputProblem]:
             f"a case is a JSON object, got {_json_kind(data)}", file=item.file, line=item.line
         )
         return
-    test = item.test or (str(data["id"]) if isinstance(data.get("id"), str | int) else None)
     line_of = item.line_of
-
-    def line_for(loc: Path_) -> int:
-        return (line_of(loc) if line_of else None) or item.line
-
     try:
         case = Case.model_validate(data)
     except ValidationError as exc:
+        test = item.test or (str(data["id"]) if isinstance(data.get("id"), str | int) else None)
         raw_id = data.get("id")
         case_id = str(raw_id) if isinstance(raw_id, str | int) and raw_id != "" else None
+
+        def line_for(loc: Path_) -> int:
+            return (line_of(loc) if line_of else None) or item.line
+
         for problem in problems_from_validation(exc, item.file, line_for, test):
             yield dataclasses.replace(problem, case_id=case_id)
         return
     case.source_file, case.source_line = item.file, item.line
-    case.written_as(item.source or CaseSource(single="input" in data, line_of=line_of))
+    source = item.source
+    if source is None:
+        # One line of JSONL: the same two sources serve every case (100,000 of them).
+        single = "input" in data
+        if line_of is not None:
+            source = CaseSource(single=single, line_of=line_of)
+        else:
+            source = _ONE_LINE_SINGLE if single else _ONE_LINE_TURNS
+    case.written_as(source)
     yield case
+
+
+_ONE_LINE_SINGLE, _ONE_LINE_TURNS = CaseSource(single=True), CaseSource()
 
 
 # -- JSONL / JSON --------------------------------------------------------------------------

@@ -162,6 +162,9 @@ class CaseSource:
         return rest if self.single else (self.turns_key, index, *rest)
 
 
+_AS_NORMALIZED = CaseSource()
+
+
 class Case(_Strict):
     id: str = Field(min_length=1)
     name: str | None = None
@@ -185,7 +188,9 @@ class Case(_Strict):
     # Where the case came from, for messages and for resolving file:// attachments.
     source_file: str | None = Field(default=None, exclude=True)
     source_line: int | None = Field(default=None, exclude=True)
-    _source: CaseSource = PrivateAttr(default_factory=CaseSource)
+    # One shared by every case until told otherwise (a CaseSource never changes; pydantic
+    # would deep-copy a plain default for each case).
+    _source: CaseSource = PrivateAttr(default_factory=lambda: _AS_NORMALIZED)
 
     def written_as(self, source: CaseSource) -> None:
         self._source = source
