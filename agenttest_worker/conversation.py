@@ -371,6 +371,10 @@ async def answer_human(
 
 
 def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationState | None:
+    if prepared.state.phase == "done":
+        # Ended before its first turn ("no initial input"): its own reason stands, not a
+        # cancellation's or a deadline's on top of it.
+        return None
     reason = stop_reason(prepared, max_deliveries)
     return end_without_running(prepared, *reason) if reason else None
 

@@ -536,6 +536,12 @@ def test_input_errors_as_a_process_exit_2_without_traceback(processes: Processes
 # -- run control ---------------------------------------------------------------------------
 
 
+def recs_case(case_id: str, expected: str) -> dict[str, object]:
+    """A single-turn case whose reply must contain `expected`."""
+    check = {"type": "contains", "value": expected}
+    return {"id": case_id, "input": "Hello", "assertions": [check]}
+
+
 def test_fail_fast_reports_the_rest_as_skipped(
     demo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -563,6 +569,18 @@ def test_fail_fast_reports_the_rest_as_skipped(
         assert rec["total_turns"] == 0
     assert "Reason: not run: --fail-fast stopped the run after F2 failed" in case_block(out, "F3")
     assert "Skipped: 2\n" in out
+
+    # A case that fails before its first turn keeps its own reason, cancelled or not.
+    empty = write_cases(demo / "ff2.jsonl", [recs_case("F5", "nope"), {"id": "F6", "input": ""}])
+    code, _, _ = run(
+        capsys, "-i", str(empty), *argv[2:], "--fail-fast", "--parallel", "1", "-o", "ff2.jsonl"
+    )
+    f6 = records(demo / "ff2.jsonl")[1]
+    assert (f6["status"], f6["error"], f6.get("skip_reason")) == (
+        "failed",
+        "no initial input",
+        None,
+    )
 
     # Without --fail-fast the same cases all run.
     code, _, _ = run(capsys, *argv, "--parallel", "1", "-o", "all.jsonl")
