@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from agenttest_worker.agents.base import AgentError, AgentRequest, text_of
 from agenttest_worker.agents.transport import snippet
@@ -70,6 +71,8 @@ Respond in JSON only: {{"cases": [...]}}
 
 Test metadata: {metadata}"""
 
+T = TypeVar("T")
+
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
 
 
@@ -82,25 +85,38 @@ class ReplyParseError(ValueError):
 def parse_json_reply(text: str | None) -> dict[str, Any]:
     """The JSON object in a reply: the whole text, a fenced block, or the first {...} in prose."""
     raw = text or ""
-    candidates = [raw.strip()]
-    candidates += [m.group(1).strip() for m in _FENCE.finditer(raw)]
-    for candidate in candidates:
-        if candidate.startswith("{"):
-            try:
-                value = json.loads(candidate)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"\{", raw):
+    found = _find_json(raw, "{", _an_object)
+    if found is None:
+        raise ReplyParseError(f"reply is not JSON: {snippet(raw)}", raw)
+    return found
+
+
+def _an_object(value: Any, _in_prose: bool) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _find_json(text: str, openers: str, pick: Callable[[Any, bool], T | None]) -> T | None:
+    """The first JSON value in a reply that `pick(value, in_prose)` makes something of:
+    the whole text, then each fenced block, then each value in prose starting with one
+    of `openers` (models wrap what they were asked for in fences and sentences)."""
+    for candidate in (text.strip(), *(m.group(1).strip() for m in _FENCE.finditer(text))):
+        if not candidate.startswith(tuple(openers)):
+            continue
         try:
-            value, _ = decoder.raw_decode(raw, match.start())
+            value = json.loads(candidate)
         except ValueError:
             continue
-        if isinstance(value, dict):
-            return value
-    raise ReplyParseError(f"reply is not JSON: {snippet(raw)}", raw)
+        if (found := pick(value, False)) is not None:
+            return found
+    decoder = json.JSONDecoder()
+    for match in re.finditer(f"[{re.escape(openers)}]", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        if (found := pick(value, True)) is not None:
+            return found
+    return None
 
 
 def conversation_for_role(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -285,24 +301,18 @@ def read_generator_reply(content: str | None) -> list[Any]:
     """The generated cases: a JSON array of them (the spec's generator prompt asks for
     one) or {"cases": [...]}, as the whole reply, in a code fence, or in prose."""
     text = content or ""
-    for candidate in (text.strip(), *(m.group(1).strip() for m in _FENCE.finditer(text))):
-        try:
-            cases = _cases_of(json.loads(candidate))
-        except ValueError:
-            continue
-        if cases is not None:
-            return cases
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r"[\[{]", text):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        cases = _cases_of(value)
-        # In prose, a list counts only when it holds objects: "[3]" is not cases.
-        if cases is not None and (not isinstance(value, list) or _all_objects(value)):
-            return cases
-    raise ReplyParseError("generator reply has no `cases` list", text)
+    cases = _find_json(text, "[{", _generated_cases)
+    if cases is None:
+        raise ReplyParseError("generator reply has no `cases` list", text)
+    return cases
+
+
+def _generated_cases(value: Any, in_prose: bool) -> list[Any] | None:
+    cases = _cases_of(value)
+    # In prose, a list counts only when it holds objects: "[3]" is not cases.
+    if cases is not None and in_prose and isinstance(value, list) and not _all_objects(value):
+        return None
+    return cases
 
 
 def _cases_of(value: Any) -> list[Any] | None:
