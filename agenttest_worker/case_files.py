@@ -126,9 +126,9 @@ def validate_case(item: Located) -> Iterator[Case | InputProblem]:
     try:
         case = Case.model_validate(data)
     except ValidationError as exc:
-        test = item.test or (str(data["id"]) if isinstance(data.get("id"), str | int) else None)
         raw_id = data.get("id")
         case_id = str(raw_id) if isinstance(raw_id, str | int) and raw_id != "" else None
+        test = item.test or case_id
 
         def line_for(loc: Path_) -> int:
             return (line_of(loc) if line_of else None) or item.line
@@ -153,6 +153,8 @@ _ONE_LINE_SINGLE, _ONE_LINE_TURNS = CaseSource(single=True), CaseSource()
 
 
 # -- JSONL / JSON --------------------------------------------------------------------------
+
+_DECODER = json.JSONDecoder()
 
 
 def _iter_jsonl(path: Path) -> Iterator[Located | InputProblem]:
@@ -193,20 +195,14 @@ def _first_line_parses(path: Path) -> bool:
 def _json_values(text: str, name: str) -> list[Located] | None:
     """The cases of a text holding one or more JSON documents one after another (each a
     case, an array of cases or {"cases": [...]}), with their lines; None if it does not."""
-    decoder = json.JSONDecoder()
     found: list[Located] = []
     pos = _skip_ws(text, 0)
     try:
         while pos < len(text):
-            value, end = decoder.raw_decode(text, pos)
+            value, end = _DECODER.raw_decode(text, pos)
             if _depth(value) > MAX_DEPTH:
                 return None
-            if isinstance(value, dict) and isinstance(value.get("cases"), list):
-                found += _array_items(text, _member_start(text, pos, "cases"), value["cases"], name)
-            elif isinstance(value, list):
-                found += _array_items(text, pos, value, name)
-            else:
-                found.append(_located(text, pos, value, name))
+            found += _document_cases(text, pos, value, name)
             pos = _skip_ws(text, end)
     except (json.JSONDecodeError, RecursionError):
         return None
@@ -287,10 +283,9 @@ def _iter_json(path: Path) -> Iterator[Located | InputProblem]:
     if isinstance(text, InputProblem):
         yield text
         return
-    decoder = json.JSONDecoder()
     start = _skip_ws(text, 0)
     try:
-        whole, end = decoder.raw_decode(text, start)
+        whole, end = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as exc:
         yield InputProblem(
             f"invalid JSON: {exc.msg} (column {exc.colno})", file=name, line=exc.lineno
@@ -307,24 +302,26 @@ def _iter_json(path: Path) -> Iterator[Located | InputProblem]:
     if _depth(whole) > MAX_DEPTH:
         yield InputProblem(f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=1)
         return
-    if isinstance(whole, dict) and isinstance(whole.get("cases"), list):
-        yield from _array_items(text, _member_start(text, start, "cases"), whole["cases"], name)
-    elif isinstance(whole, list):
-        yield from _array_items(text, start, whole, name)
+    yield from _document_cases(text, start, whole, name)
+
+
+def _document_cases(text: str, start: int, value: Any, name: str) -> Iterator[Located]:
+    """The cases of the JSON document `value` at text[start]: one case object, an array
+    of cases, or {"cases": [...]}."""
+    if isinstance(value, dict) and isinstance(value.get("cases"), list):
+        yield from _array_items(text, _member_start(text, start, "cases"), value["cases"], name)
+    elif isinstance(value, list):
+        yield from _array_items(text, start, value, name)
     else:
-        yield _located(text, start, whole, name)
+        yield _located(text, start, value, name)
 
 
 def _array_items(text: str, start: int, items: list[Any], name: str) -> Iterator[Located]:
     """Each element of the array starting at text[start] == '[', with its line."""
-    decoder = json.JSONDecoder()
     pos = _skip_ws(text, start + 1)
     for item in items:
         yield _located(text, pos, item, name)
-        _, pos = decoder.raw_decode(text, pos)
-        pos = _skip_ws(text, pos)
-        if pos < len(text) and text[pos] == ",":
-            pos = _skip_ws(text, pos + 1)
+        pos = _past_value(text, pos)
 
 
 def _located(text: str, start: int, value: Any, name: str) -> Located:
@@ -355,15 +352,11 @@ def _field_line(text: str, start: int, path: Path_) -> int:
 
 def _element_start(text: str, start: int, index: int) -> int:
     """Where element `index` of the array at text[start] == '[' starts, or -1."""
-    decoder = json.JSONDecoder()
     pos = _skip_ws(text, start + 1)
     for _ in range(index):
         if pos >= len(text) or text[pos] == "]":
             return -1
-        _, pos = decoder.raw_decode(text, pos)
-        pos = _skip_ws(text, pos)
-        if pos < len(text) and text[pos] == ",":
-            pos = _skip_ws(text, pos + 1)
+        pos = _past_value(text, pos)
     return pos if pos < len(text) and text[pos] != "]" else -1
 
 
@@ -373,19 +366,25 @@ def _member_start(text: str, start: int, key: str) -> int:
     Found by walking the object's members (not by searching for the key's text, which
     may also occur inside a nested object); the last occurrence wins, as in json.loads.
     """
-    decoder = json.JSONDecoder()
     pos = _skip_ws(text, start + 1)
     found = -1
     while pos < len(text) and text[pos] != "}":
-        member, pos = decoder.raw_decode(text, pos)
+        member, pos = _DECODER.raw_decode(text, pos)
         pos = _skip_ws(text, _skip_ws(text, pos) + 1)  # past the ':'
         if member == key:
             found = pos
-        _, pos = decoder.raw_decode(text, pos)
-        pos = _skip_ws(text, pos)
-        if pos < len(text) and text[pos] == ",":
-            pos = _skip_ws(text, pos + 1)
+        pos = _past_value(text, pos)
     return found
+
+
+def _past_value(text: str, pos: int) -> int:
+    """Where the next element or member starts after the value at text[pos] (past the
+    comma), or the closing bracket."""
+    _, pos = _DECODER.raw_decode(text, pos)
+    pos = _skip_ws(text, pos)
+    if pos < len(text) and text[pos] == ",":
+        pos = _skip_ws(text, pos + 1)
+    return pos
 
 
 def _skip_ws(text: str, pos: int) -> int:
