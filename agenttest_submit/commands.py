@@ -78,7 +78,7 @@ def run_subcommand(argv: list[str]) -> int:
             # A CI job that publishes the report too early must not pass quietly.
             print(
                 f"agenttest-submit: run {run.id} is {run.status} "
-                f"({run.finished_cases}/{run.total_cases or '?'} cases finished): "
+                f"({run.finished_cases}/{_cases_total(run)} cases finished): "
                 "the report covers only the finished ones",
                 file=sys.stderr,
             )
@@ -89,18 +89,21 @@ def run_subcommand(argv: list[str]) -> int:
     return resume_run(url, run, args.parallel)
 
 
+def _cases_total(run: RunRow) -> str:
+    # A run still being stored does not know its number of cases yet.
+    return "?" if run.status == "pending" else str(run.total_cases)
+
+
 def status_text(run: RunRow, played: int | None = None) -> str:
     """What `status` prints; `played`: the turns recorded so far, finished cases or not."""
     cancelled = f" (cancelled: {run.cancel_reason or ''})" if run.cancelled else ""
-    # A run still being stored does not know its number of cases yet.
-    total = "?" if run.status == "pending" else str(run.total_cases)
     lines = [
         f"run       {run.id}",
         f"status    {run.status}{cancelled}",
         f"agent     {run.agent or '-'}",
         f"input     {run.input_label or '-'}",
         f"by        {run.submitted_by or '-'} at {run.created_at:%Y-%m-%d %H:%M:%S}",
-        f"cases     {run.finished_cases}/{total} finished: {run.passed} passed, "
+        f"cases     {run.finished_cases}/{_cases_total(run)} finished: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",
         f"turns     {run.total_turns}"
         + (
