@@ -477,6 +477,9 @@ def test_report_and_status_of_a_run_not_finished_say_so(
     run = repo.get_run(db, run_id)
     assert run is not None and run.status == "running"
     assert f"run {run_id} is running (0/4 cases finished): the report covers only" in err
+    assert main(["status", run_id]) == 0
+    out, _ = capsys.readouterr()
+    assert "turns     0 in finished cases, 1 played\n" in out
 
     pending = steps.new_run_id()
     repo.create_run(db, run_id=pending, agent=None, input_label="x", options={}, config={})

@@ -27,7 +27,6 @@ from fleet import (
     write_cases,
 )
 
-from agenttest_submit.commands import status_text
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 
@@ -150,11 +149,9 @@ def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
         run = repo.latest_run(url)
         assert run is not None
         recorded = set(turn_rows(url, run.id))
-        # `status` counts every turn played so far, not only those of finished cases.
-        assert repo.count_played_turns(url, run.id) == len(recorded) > run.total_turns
-        assert f"turns     {run.total_turns} in finished cases, {len(recorded)} played" in (
-            status_text(run, repo.count_played_turns(url, run.id))
-        )
+        # `status` counts every turn played so far, not only those of finished cases
+        # (which are all of them when SIGTERM fell between conversations in every lane).
+        assert repo.count_played_turns(url, run.id) == len(recorded) >= run.total_turns
         # Each lane had at most one turn in flight; every other one is recorded.
         assert len(recorded) >= len(started) - parallel, (len(recorded), len(started), stderr)
 
