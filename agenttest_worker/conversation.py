@@ -295,11 +295,14 @@ def _saved_or_refused(
     save: Callable[[], Advance],
 ) -> Advance:
     """`save()`, or when the database refuses what it writes, `end_refused`."""
-    from agenttest_worker.store.db import unstorable_reason
-
     try:
         return save()
     except Exception as exc:
+        # Imported here, not above: an embedded run's first saves go to memory on the
+        # event loop while a thread imports SQLAlchemy, and importing the store module
+        # here made every conversation wait for that import.
+        from agenttest_worker.store.db import unstorable_reason
+
         reason = unstorable_reason(exc)
         if reason is None:
             raise
