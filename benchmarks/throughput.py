@@ -12,11 +12,15 @@ pool, same concurrency):
   static turns and a `contains` assertion each, workers `celery -A agenttest_worker`;
   timed from the submitter's start to the run's aggregation.
 Prints turns/s for both (end to end, and steady: first to last turn saved), the ratios,
-CPU per turn of the workers, Postgres, Redis and the agent (and what the machine's
-cores allow at that total), and the peak RSS of the worker(s) and submitter.
+CPU per turn of the workers, Postgres, Redis and the agent (what the machine's cores
+allow at that total, and about how many cores the side kept busy), and the peak RSS of
+the worker(s) and submitter.
 
 `--workers 1,2` measures both sides with one worker process each, then two, in the same
-run, and prints how each side scaled.
+run, and prints how each side scaled. With 100 threads per worker, one process already
+keeps most of a 2-core machine busy (its Python, Postgres, Redis and the agent); with
+a few (`--concurrency 3`) neither side fills the cores, which shows how worker
+processes scale where the cores allow it.
 Needs Redis at 127.0.0.1:6379 and Postgres at 127.0.0.1:5432 (user postgres).
 """
 
@@ -481,6 +485,13 @@ def report(args: argparse.Namespace, measured: Measured) -> None:
         f"floor {floor.total_cpu * 1000:.2f} ms, agenttest {ours.total_cpu * 1000:.2f} ms; "
         f"what {cores} cores allow at that: floor {cores / floor.total_cpu:.0f}, "
         f"agenttest {cores / ours.total_cpu:.0f} turns/s"
+    )
+    # How much of the machine the side kept busy: near the core count, adding worker
+    # processes cannot scale it; well below, they can (nothing else is shared).
+    print(
+        f"  cores kept busy, about (steady rate x all processes' CPU per turn): "
+        f"floor {floor.steady_turns_per_second * floor.total_cpu:.2f}, "
+        f"agenttest {ours.steady_turns_per_second * ours.total_cpu:.2f} of {cores}"
     )
     print(
         f"  peak RSS: worker {max(measured.worker_kb) / 1024:.0f} MB, "
