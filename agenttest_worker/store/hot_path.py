@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -31,6 +31,9 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from agenttest_worker.store.steps import JsonText
 from agenttest_worker.store.storable import dumps_storable, storable_json
+
+# How a JSON parameter is sent: as `json` (kept as its text: a json column) or `jsonb`.
+JsonKind = Literal["json", "jsonb"]
 
 
 class TurnConnection(Protocol):
@@ -66,7 +69,7 @@ def _compile(statement: ClauseElement, engine: Engine) -> CompiledStatement:
 class _DriverConnection:
     """A pooled psycopg connection running compiled statements itself."""
 
-    def __init__(self, engine: Engine, pooled: Any, json_params: frozenset[str]) -> None:
+    def __init__(self, engine: Engine, pooled: Any, json_params: Mapping[str, JsonKind]) -> None:
         self.engine = engine
         self.pooled = pooled
         self.json_params = json_params
@@ -75,16 +78,20 @@ class _DriverConnection:
         self, statement: ClauseElement, params: Mapping[str, Any]
     ) -> tuple[Any, ...] | None:
         import psycopg
-        from psycopg.types.json import Jsonb
+        from psycopg.types.json import Json, Jsonb
 
         compiled = _compile(statement, self.engine)
         values = dict(compiled.defaults)
         for name, value in params.items():
-            if name in self.json_params and value is not None:
+            kind = self.json_params.get(name)
+            if kind is not None and value is not None:
+                # Sent with its own type: a jsonb value cast to a json column would
+                # arrive with its keys reordered.
+                wrapper = Json if kind == "json" else Jsonb
                 if isinstance(value, JsonText):
-                    value = Jsonb(value, dumps=storable_json)
+                    value = wrapper(value, dumps=storable_json)
                 else:
-                    value = Jsonb(value, dumps=dumps_storable)
+                    value = wrapper(value, dumps=dumps_storable)
             values[name] = value
         try:
             with self.pooled.driver_connection.cursor() as cursor:
@@ -125,13 +132,15 @@ def _as_dbapi_error(
 
 
 @contextmanager
-def turn_connection(engine: Engine, json_params: frozenset[str]) -> Iterator[TurnConnection]:
+def turn_connection(
+    engine: Engine, json_params: Mapping[str, JsonKind]
+) -> Iterator[TurnConnection]:
     """A connection for the turn's statements, each committed on its own.
 
     On Postgres a pooled psycopg connection in autocommit (`json_params` are sent as
-    jsonb, None as SQL NULL, a steps.JsonText as written; NUL characters replaced, see
-    storable.py), given back to the pool in its usual mode; elsewhere a SQLAlchemy
-    connection in autocommit.
+    json or jsonb as they say, None as SQL NULL, a steps.JsonText as written; NUL
+    characters replaced, see storable.py), given back to the pool in its usual mode;
+    elsewhere a SQLAlchemy connection in autocommit.
     """
     if engine.dialect.name != "postgresql":
         with engine.connect() as plain:

@@ -31,6 +31,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
+# A conversation's documents (its case, state and result) are `json` on Postgres, not
+# jsonb: they are only ever written and read back whole, as text, and `json` keeps that
+# text as written: object keys stay in the author's and the agent's order, as an
+# embedded run (SQLite) keeps them, and the server does not rebuild each document in
+# its binary form at every step (migration 0005).
+DocumentType = JSON()
 
 
 class Base(DeclarativeBase):
@@ -73,14 +79,14 @@ class CaseRow(Base):
     )
     case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer)
-    case: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    case: Mapped[dict[str, Any]] = mapped_column(DocumentType)
     agent: Mapped[str | None] = mapped_column(String(200))
     # pending (not started) | ready | awaiting_human | done
     phase: Mapped[str] = mapped_column(String(16), default="pending")
     next_turn: Mapped[int] = mapped_column(Integer, default=1)
-    state: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    state: Mapped[dict[str, Any] | None] = mapped_column(DocumentType)
     status: Mapped[str | None] = mapped_column(String(16))
-    result: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    result: Mapped[dict[str, Any] | None] = mapped_column(DocumentType)
     deliveries: Mapped[int] = mapped_column(Integer, default=0)
     # Written with each step: a retry after a lost connection finds its own token there
     # when its first attempt did commit (repo.save_step).

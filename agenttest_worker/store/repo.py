@@ -49,6 +49,7 @@ from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.db import get_engine, reconnecting, retrying, session_scope
 from agenttest_worker.store.hot_path import (
+    JsonKind,
     SqlAlchemyTurnConnection,
     TurnConnection,
     turn_connection,
@@ -295,8 +296,15 @@ class _LoadedRow(NamedTuple):
     total_cases: int
 
 
-# Parameters of the hot path that are JSON documents.
-_JSON_PARAMS = frozenset({"b_state", "b_result", "b_turn_rows", "b_verdict_rows", "b_call_rows"})
+# Parameters of the hot path that are JSON: the conversation's documents (json columns,
+# models.DocumentType) and the child rows (read by jsonb_to_recordset).
+_JSON_PARAMS: dict[str, JsonKind] = {
+    "b_state": "json",
+    "b_result": "json",
+    "b_turn_rows": "jsonb",
+    "b_verdict_rows": "jsonb",
+    "b_call_rows": "jsonb",
+}
 
 
 def _turn_connection(engine: Engine) -> AbstractContextManager[TurnConnection]:
@@ -372,7 +380,7 @@ def load_case(
 
 
 # None must be SQL NULL (a case without a result yet), not the JSON value null.
-JSON_OR_NULL = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+JSON_OR_NULL = JSON(none_as_null=True)
 
 _STEP_VALUES = {
     "next_turn": bindparam("b_next"),

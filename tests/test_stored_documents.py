@@ -1,0 +1,93 @@
+"""A conversation's documents are stored as the JSON written: a run on a fleet reports an
+agent's tool call arguments and reported state with their keys in the agent's order,
+as an embedded run does (Postgres jsonb used to reorder them)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fault_kit import write_config
+from fleet import fleet_on, write_cases
+from scripted_agent import Reply, ScriptedAgent
+from sqlalchemy import text
+
+from agenttest_worker.store import db, repo
+
+# Keys neither sorted nor in jsonb's order (shorter keys first), nested.
+ARGS = {"zeta": 1, "alpha": {"yy": 1, "b": 2}, "mid": [{"z": 0, "a": 1}]}
+STATE = {"step": "review", "amount": 12, "a": True}
+
+
+def _reply(body: dict[str, Any]) -> Reply:
+    return Reply(content="noted", tool_calls=[{"name": "file_expense", "args": ARGS}], state=STATE)
+
+
+def _keys(value: Any) -> Any:
+    """The value's object keys, in order, nested (what equality of dicts ignores)."""
+    if isinstance(value, dict):
+        return [(key, _keys(item)) for key, item in value.items()]
+    if isinstance(value, list):
+        return [_keys(item) for item in value]
+    return None
+
+
+def test_a_fleet_run_keeps_the_agents_key_order(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    cases = write_cases(
+        tmp_path,
+        [
+            {
+                "id": "ordered",
+                "type": "multi_turn",
+                "turns": [
+                    {"input": "file it", "assertions": [{"type": "contains", "value": "noted"}]},
+                    {"input": "again", "assertions": [{"type": "contains", "value": "noted"}]},
+                ],
+            }
+        ],
+    )
+    with ScriptedAgent() as agent:
+        agent.script("target", _reply)
+        config = write_config(
+            tmp_path,
+            {"scripted": {"protocol": "openai", "base_url": agent.base_url, "model": "target"}},
+        )
+        with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+            fleet.start("w", concurrency=2)
+            run_id = fleet.submit_no_wait(
+                ["-i", str(cases), "-n", "scripted", "--config", str(config)]
+            )
+            fleet.wait_done(run_id, timeout=60)
+    report = repo.get_report(pg_database, run_id, "jsonl")
+    assert report is not None
+    record = json.loads(report)
+    for turn in record["turns"]:
+        args = turn["tool_calls"][0]["args"]
+        assert args == ARGS
+        assert _keys(args) == _keys(ARGS)
+    # The state the next turn was played from (and --reeval reads) keeps it too.
+    with db.get_engine(pg_database).connect() as connection:
+        state = connection.execute(
+            text("SELECT state::text FROM cases WHERE run_id = :r"), {"r": run_id}
+        ).scalar_one()
+    stored = json.loads(state)
+    assert _keys(stored["turns"][0]["tool_calls"][0]["args"]) == _keys(ARGS)
+    assert _keys(stored["agent_state"]) == _keys(STATE)
+
+
+def test_the_documents_columns_are_json_on_postgres(pg_database: str) -> None:
+    db.upgrade(pg_database)
+    with db.get_engine(pg_database).connect() as connection:
+        types = dict(
+            connection.execute(
+                text(
+                    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                    " WHERE attrelid = 'cases'::regclass AND attname IN ('case', 'state', 'result')"
+                )
+            ).all()
+        )
+    assert types == {"case": "json", "state": "json", "result": "json"}
