@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from agenttest_worker.report import RunReport, render
+from agenttest_worker.report import RunReport, render_chunks
 from agenttest_worker.report.model import StoredResults
 from agenttest_worker.store import repo
 
@@ -53,6 +53,9 @@ def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> R
     if not repo.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
         return None
     report = build_report(url, run_id)
-    report.rendered = {fmt: render(fmt, report) for fmt in STORED_FORMATS}
-    repo.complete_run(url, run_id, report.rendered)
+    # Rendered as they are stored: on Postgres a large run's reports are never held whole
+    # (store/reports.py); an embedded run's come back joined, for printing.
+    report.rendered = repo.complete_run(
+        url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS}
+    )
     return report

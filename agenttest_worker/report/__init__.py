@@ -7,6 +7,7 @@ caller's business, which keeps every format testable without files or terminals.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 from agenttest_worker.report import console, jsonl, junit, table, tsv
@@ -18,6 +19,14 @@ class Reporter(Protocol):
     """A report format. Each format module satisfies it with its module-level render()."""
 
     def render(self, run: RunReport) -> str: ...
+
+
+class ChunkedReporter(Reporter, Protocol):
+    """A format that can also be written as it is built: `render_chunks` yields pieces
+    whose concatenation is `render`'s text (the aggregator streams such reports to the
+    store instead of holding them whole)."""
+
+    def render_chunks(self, run: RunReport) -> Iterator[str]: ...
 
 
 REPORTERS: dict[str, Reporter] = {
@@ -37,14 +46,38 @@ def register(name: str, reporter: Reporter) -> None:
     REPORTERS[name] = reporter
 
 
-def render(format: str, run: RunReport) -> str:
-    """The run's report in `format`; an unknown name lists the known ones."""
+def _reporter(format: str) -> Reporter:
     try:
-        reporter = REPORTERS[format]
+        return REPORTERS[format]
     except KeyError:
         known = ", ".join(sorted(REPORTERS))
         raise ValueError(f"unknown report format {format!r} (choose from: {known})") from None
-    return reporter.render(run)
 
 
-__all__ = ["DEFAULT_TITLE", "REPORTERS", "Reporter", "RunReport", "Summary", "register", "render"]
+def render(format: str, run: RunReport) -> str:
+    """The run's report in `format`; an unknown name lists the known ones."""
+    return _reporter(format).render(run)
+
+
+def render_chunks(format: str, run: RunReport) -> Iterator[str]:
+    """The run's report in `format` piece by piece (in one piece for a format that is
+    not a ChunkedReporter)."""
+    reporter = _reporter(format)
+    pieces = getattr(reporter, "render_chunks", None)
+    if pieces is None:
+        yield reporter.render(run)
+        return
+    yield from pieces(run)
+
+
+__all__ = [
+    "DEFAULT_TITLE",
+    "REPORTERS",
+    "ChunkedReporter",
+    "Reporter",
+    "RunReport",
+    "Summary",
+    "register",
+    "render",
+    "render_chunks",
+]

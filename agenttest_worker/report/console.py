@@ -14,6 +14,7 @@ Where the spec's example leaves a rule implicit, these hold:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from agenttest_worker.assertions.text import preview
@@ -26,7 +27,7 @@ from agenttest_worker.report.common import (
     format_seconds,
     one_line,
 )
-from agenttest_worker.report.model import RunReport, Summary
+from agenttest_worker.report.model import RunReport, Summary, Tally
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 
 _HEAVY_RULE = "═" * 63
@@ -70,14 +71,25 @@ class _Branch:
 
 
 def render(run: RunReport) -> str:
+    return "".join(render_chunks(run))
+
+
+def render_chunks(run: RunReport) -> Iterator[str]:
+    """The report piece by piece (the header, each case, the summary): the results are
+    read once, and a caller storing it need not hold it whole."""
     style = Style(run.color)
-    lines = [*_header(run), "", *_section("Running Tests"), ""]
+    yield _text([*_header(run), "", *_section("Running Tests"), ""])
+    tally = Tally()
     for case in run.results:
-        lines += [*case_lines(case, run, style, full=run.verbose), ""]
-    if not run.results:
-        lines += ["  No test cases ran.", ""]
-    lines += [*_section("Summary"), *_summary_lines(run.summary(), style)]
-    return "\n".join(lines) + "\n"
+        tally.add(case)
+        yield _text([*case_lines(case, run, style, full=run.verbose), ""])
+    if not tally.total:
+        yield _text(["  No test cases ran.", ""])
+    yield _text([*_section("Summary"), *_summary_lines(tally.summary(run.duration_s), style)])
+
+
+def _text(lines: list[str]) -> str:
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _section(title: str) -> list[str]:

@@ -85,18 +85,32 @@ class RunReport:
 
     def summary(self) -> Summary:
         # One pass: the results may be parsed as they are read (StoredResults).
-        total = total_turns = 0
-        statuses = {"passed": 0, "failed": 0, "skipped": 0}
+        tally = Tally()
         for case in self.results:
-            total += 1
-            total_turns += case.total_turns
-            statuses[case.status] = statuses.get(case.status, 0) + 1
+            tally.add(case)
+        return tally.summary(self.duration_s)
+
+
+class Tally:
+    """Counts a run's results one by one, for a reporter that writes its summary after
+    the cases it has just read (so that it reads them once)."""
+
+    def __init__(self) -> None:
+        self.total = self.total_turns = 0
+        self.statuses = {"passed": 0, "failed": 0, "skipped": 0}
+
+    def add(self, case: CaseResult) -> None:
+        self.total += 1
+        self.total_turns += case.total_turns
+        self.statuses[case.status] = self.statuses.get(case.status, 0) + 1
+
+    def summary(self, duration_s: float) -> Summary:
         return Summary(
-            total=total,
-            passed=statuses["passed"],
-            failed=statuses["failed"],
-            skipped=statuses["skipped"],
-            total_turns=total_turns,
-            avg_turns=round(total_turns / total, 2) if total else 0.0,
-            duration_s=self.duration_s,
+            total=self.total,
+            passed=self.statuses["passed"],
+            failed=self.statuses["failed"],
+            skipped=self.statuses["skipped"],
+            total_turns=self.total_turns,
+            avg_turns=round(self.total_turns / self.total, 2) if self.total else 0.0,
+            duration_s=duration_s,
         )

@@ -15,7 +15,7 @@ import json
 import secrets
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -63,6 +63,7 @@ from agenttest_worker.store.models import (
     RunRow,
     TurnRow,
 )
+from agenttest_worker.store.reports import copy_reports
 from agenttest_worker.store.steps import (
     JsonDocument,
     JsonText,
@@ -727,18 +728,33 @@ def claim_aggregation(url: str, run_id: str, lease_seconds: float | None = None)
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def complete_run(url: str, run_id: str, reports: dict[str, str]) -> None:
+def complete_run(url: str, run_id: str, reports: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """Store the run's reports (format -> its pieces, as rendered) and mark it done.
+
+    On Postgres the reports are streamed to the server as they are rendered (see
+    reports.py) and nothing is returned; elsewhere they are joined to be stored and
+    returned (format -> text), so that a caller printing one need not render it again.
+    """
+    joined: dict[str, str] = {}
     with session_scope(url) as session:
-        _insert(
-            session,
-            RunReportRow,
-            [{"run_id": run_id, "format": fmt, "content": text} for fmt, text in reports.items()],
-        )
+        if session.get_bind().dialect.name == "postgresql":
+            copy_reports(session, run_id, reports)
+        else:
+            joined = {fmt: "".join(pieces) for fmt, pieces in reports.items()}
+            _insert(
+                session,
+                RunReportRow,
+                [
+                    {"run_id": run_id, "format": fmt, "content": body}
+                    for fmt, body in joined.items()
+                ],
+            )
         session.execute(
             update(RunRow)
             .where(RunRow.id == run_id)
             .values(status="done", finished_at=datetime.now(UTC))
         )
+    return joined
 
 
 def get_report(url: str, run_id: str, fmt: str) -> str | None:
