@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from glob import glob
 from pathlib import Path
@@ -44,9 +45,11 @@ from fleet import (
     WORKER_HEADER,
     _die_with_parent,
     describe_request,
+    fleet_on,
     free_port,
     wait_until,
 )
+from scripted_agent import Reply, ScriptedAgent
 
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 
@@ -322,6 +325,29 @@ def write_config(directory: Path, agents: dict[str, dict[str, Any]], **top: Any)
     path = directory / "agenttest.yaml"
     path.write_text(json.dumps({"agents": agents, **top}, indent=2), encoding="utf-8")
     return path
+
+
+def run_scripted_on_fleet(
+    redis_db: str,
+    pg_database: str,
+    demo_url: str,
+    directory: Path,
+    cases: Path,
+    reply: Callable[[dict[str, Any]], Reply],
+) -> str:
+    """Run `cases` on a fleet of one worker (two threads) against the agent `scripted`,
+    a ScriptedAgent answering with `reply`; the run's id once it is done."""
+    with ScriptedAgent() as agent:
+        agent.script("target", reply)
+        entry = {"protocol": "openai", "base_url": agent.base_url, "model": "target"}
+        config = write_config(directory, {"scripted": entry})
+        with contextmanager(fleet_on)(redis_db, pg_database, demo_url, directory) as fleet:
+            fleet.start("w", concurrency=2)
+            run_id = fleet.submit_no_wait(
+                ["-i", str(cases), "-n", "scripted", "--config", str(config)]
+            )
+            fleet.wait_done(run_id, timeout=60)
+    return run_id
 
 
 def openai_agent(base_url: str, model: str = "expense", **entry: Any) -> dict[str, Any]:

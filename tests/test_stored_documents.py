@@ -5,13 +5,12 @@ as an embedded run does (Postgres jsonb used to reorder them)."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fault_kit import write_config
-from fleet import fleet_on, write_cases
-from scripted_agent import Reply, ScriptedAgent
+from fault_kit import run_scripted_on_fleet
+from fleet import write_cases
+from scripted_agent import Reply
 from sqlalchemy import text
 
 from agenttest_worker.store import db, repo
@@ -50,18 +49,7 @@ def test_a_fleet_run_keeps_the_agents_key_order(
             }
         ],
     )
-    with ScriptedAgent() as agent:
-        agent.script("target", _reply)
-        config = write_config(
-            tmp_path,
-            {"scripted": {"protocol": "openai", "base_url": agent.base_url, "model": "target"}},
-        )
-        with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
-            fleet.start("w", concurrency=2)
-            run_id = fleet.submit_no_wait(
-                ["-i", str(cases), "-n", "scripted", "--config", str(config)]
-            )
-            fleet.wait_done(run_id, timeout=60)
+    run_id = run_scripted_on_fleet(redis_db, pg_database, demo_url, tmp_path, cases, _reply)
     report = repo.get_report(pg_database, run_id, "jsonl")
     assert report is not None
     record = json.loads(report)

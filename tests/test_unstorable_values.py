@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_kit import write_config
+from fault_kit import run_scripted_on_fleet, write_config
 from fleet import case_rows, fleet_on, turn_rows, write_cases
 from scripted_agent import Reply, ScriptedAgent, last_user_text
 
@@ -123,16 +123,7 @@ def test_a_turn_the_database_refuses_fails_its_case_and_the_run_finishes(
             for name in ("HUGE", "OK")
         ],
     )
-    with ScriptedAgent() as agent:
-        agent.script("target", _usage_reply)
-        entry = {"protocol": "openai", "base_url": agent.base_url, "model": "target"}
-        config = write_config(tmp_path, {"scripted": entry})
-        with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
-            fleet.start("w", concurrency=2)
-            run_id = fleet.submit_no_wait(
-                ["-i", str(cases), "-n", "scripted", "--config", str(config)]
-            )
-            fleet.wait_done(run_id, timeout=60)
+    run_id = run_scripted_on_fleet(redis_db, pg_database, demo_url, tmp_path, cases, _usage_reply)
     results = {r.id: r for r in repo.iter_results(pg_database, run_id)}
     assert results["OK"].status == "passed"
     huge = results["HUGE"]
