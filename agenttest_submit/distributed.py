@@ -15,7 +15,6 @@ messages"), and it keeps watching through a database restart.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import sys
 import threading
@@ -26,7 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import emit_report, human_question
-from agenttest_submit.stopping import interrupted_exit_code, interrupted_word
+from agenttest_submit.stopping import interrupted_exit_code, interrupted_word, run_async
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.conversation import Advance, answer_human
@@ -209,7 +208,7 @@ def _answer_waiting(
             continue
         asked = human_question(loaded, timeouts)
         text, why = asker.ask_blocking(case_id, asked.question, asked.hint, asked.timeout)
-        advance = asyncio.run(_answer(url, pool, run_id, case_id, text, why))
+        advance = run_async(_answer(url, pool, run_id, case_id, text, why))
         follow_up(run_id, case_id, advance)
 
 

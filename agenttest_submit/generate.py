@@ -11,13 +11,13 @@ nothing valid is an input error: nothing runs.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 from agenttest_submit.inputs import GeneratorInput
+from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
@@ -89,7 +89,7 @@ def generate_cases(
     """Validated generated cases; invalid ones are reported on stderr and left out."""
     label = source.describe()
     try:
-        raw_cases = asyncio.run(_generate(source, config, target))
+        raw_cases = run_async(_generate(source, config, target))
     except AgentError as exc:
         raise InputError(InputProblem(f"generator failed: {exc.message}", file=label)) from None
     if not raw_cases:

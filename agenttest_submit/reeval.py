@@ -29,6 +29,7 @@ from agenttest_submit.commands import resolve_run
 from agenttest_submit.expand import Selection
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import emit_report, run_options, store_run
+from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.aggregate import aggregate
@@ -166,7 +167,7 @@ def _reeval(
         flush=True,
     )
     progress = Progress(total)
-    asyncio.run(_rejudge_all(url, run_id, cached, stored, config, args.parallel, progress))
+    run_async(_rejudge_all(url, run_id, cached, stored, config, args.parallel, progress))
     if fresh:
         _run_fresh(args, url, run_id, fresh, config, options, progress)
     progress.close()
@@ -239,4 +240,4 @@ def _run_fresh(
         return
     from agenttest_submit.runner import drive
 
-    asyncio.run(drive(url, run_id, [(c.id, 1) for c in fresh], args.parallel, progress))
+    run_async(drive(url, run_id, [(c.id, 1) for c in fresh], args.parallel, progress))

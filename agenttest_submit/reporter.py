@@ -8,10 +8,10 @@ as the report format "reporter" and printed after the standard report.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
+from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.base import AgentError, AgentRequest
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.registry import ProjectConfig
@@ -90,4 +90,4 @@ def run_reporter(use: str, report: RunReport, config: ProjectConfig) -> str:
             await close_session()
         return reply.content or ""
 
-    return asyncio.run(call())
+    return run_async(call())

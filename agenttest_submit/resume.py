@@ -12,10 +12,10 @@ failed, 1 when a case failed.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from agenttest_submit.progress import Progress
+from agenttest_submit.stopping import run_async
 from agenttest_worker.aggregate import aggregate, build_report
 from agenttest_worker.report import render
 from agenttest_worker.settings import get_settings
@@ -70,7 +70,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
         from agenttest_submit.runner import drive
 
         progress = Progress(count)
-        asyncio.run(
+        run_async(
             drive(
                 url,
                 run.id,

@@ -23,6 +23,7 @@ from agenttest_submit.expand import CaseStream, Spool, print_warnings
 from agenttest_submit.human import TerminalAsker
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.progress import Progress
+from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.registry import ProjectConfig
 from agenttest_worker.cases import Case
 from agenttest_worker.conversation import (
@@ -307,7 +308,7 @@ def run_embedded(
     )
     progress = Progress(len(records))
     conversations = [(case_id, 1) for case_id, _, _ in records]
-    asyncio.run(drive(url, run_id, conversations, args.parallel, progress, store=store))
+    run_async(drive(url, run_id, conversations, args.parallel, progress, store=store))
     progress.close()
     from agenttest_worker.aggregate import aggregate
 

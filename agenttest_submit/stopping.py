@@ -10,11 +10,15 @@ playing them again), and a submitter that was waiting leaves the run to the work
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM
@@ -49,3 +53,44 @@ def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
 
 def interrupted_word(exc: KeyboardInterrupt) -> str:
     return "terminated" if isinstance(exc, Terminated) else "interrupted"
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)`, SIGTERM cancelling `main` and raising `Terminated` once it
+    has unwound (as asyncio itself does for Ctrl-C).
+
+    Raised by the signal handler, `Terminated` landed in whichever task the main thread
+    was running: that task kept it as its own exception too, and asyncio printed it at
+    exit as "Task exception was never retrieved", with a traceback. Here the signal
+    only cancels the run; its cleanup (`finally` blocks) runs as for an interrupt.
+    """
+    return asyncio.run(_cancelled_by_sigterm(main))
+
+
+async def _cancelled_by_sigterm(main: Coroutine[Any, Any, T]) -> T:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    previous = signal.getsignal(signal.SIGTERM)
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return await main  # not the main thread, or no such support: nothing changes
+    try:
+        return await main
+    except asyncio.CancelledError:
+        if terminated:
+            raise Terminated() from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        # asyncio leaves the default action behind; the run's next steps still need
+        # SIGTERM to unwind through their own cleanup.
+        signal.signal(signal.SIGTERM, previous)
