@@ -64,8 +64,8 @@ def copy_reports(session: Session, run_id: str, reports: Mapping[str, Iterable[s
             _stream(copy, fmt, pieces)
     session.execute(
         text(
-            "INSERT INTO run_reports (run_id, format, content, created_at)"
-            " SELECT :run, format, content, now() FROM agenttest_new_reports"
+            "INSERT INTO run_reports (run_id, format, content)"
+            " SELECT :run, format, content FROM agenttest_new_reports"
             " ON CONFLICT DO NOTHING"
         ),
         {"run": run_id},
