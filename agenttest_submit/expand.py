@@ -215,11 +215,6 @@ def _case_warnings(case: Case, config: ProjectConfig) -> Iterator[str]:
                 f"case {case.id}: judge connector {options.connector!r} is not an agent in "
                 "agenttest.yaml; the judge's own agent is called"
             )
-    if case.type == "single_turn" and case.simulator is not None:
-        yield (
-            f"case {case.id}: type single_turn plays one turn, so its simulator is not used "
-            "(make it multi_turn, or leave `type` out)"
-        )
 
 
 def print_warnings(warnings: list[str]) -> None:

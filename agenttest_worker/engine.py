@@ -451,9 +451,6 @@ async def _choose_next(
 ) -> None:
     limit = case.limit_turns()
     done_turns = state.turns_run
-    if case.type == "single_turn":
-        await finish(case, state, pool)
-        return
     next_static = (pending.static_index + 1) if pending.static_index is not None else None
     if next_static is not None and next_static < len(case.turns):
         if done_turns >= limit:

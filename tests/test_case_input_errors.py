@@ -382,8 +382,6 @@ def test_what_runs_differently_than_it_reads_is_warned_about(
     write(
         project / "t.jsonl",
         jsonl(
-            {"id": "S", "type": "single_turn", "input": "a",
-             "simulator": {"use": "workers.test.user-sim"}},
             {"id": "J", "input": "a", "assertions": [
                 {"type": "agent", "use": "agents:workers.test.validator",
                  "options": {"connector": "no.such.agent"}}]},
@@ -394,8 +392,6 @@ def test_what_runs_differently_than_it_reads_is_warned_about(
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warnings == [
-        "warning: case S: type single_turn plays one turn, so its simulator is not used "
-        "(make it multi_turn, or leave `type` out)",
         "warning: case J: judge connector 'no.such.agent' is not an agent in agenttest.yaml; "
         "the judge's own agent is called",
     ]
@@ -480,7 +476,6 @@ def test_cross_field_problems_name_their_field(
         project / "t.jsonl",
         jsonl(
             {"id": "B1", "input": "a", "turns": [{"input": "b"}]},
-            {"id": "M1", "max_turns": 1, "turns": [{"input": "a"}, {"input": "b"}]},
             {"id": "S1", "type": "single_turn", "turns": [{"input": "a"}, {"input": "b"}]},
             {
                 "id": "T1",
@@ -495,15 +490,17 @@ def test_cross_field_problems_name_their_field(
         "t.jsonl",
         "t.jsonl:1 (test 'B1'): turns: give either `input` (single-turn) or `turns` "
         "(multi-turn), not both",
-        "t.jsonl:2 (test 'M1'): max_turns: max_turns (1) is less than the 2 static turns",
-        "t.jsonl:3 (test 'S1'): type: type is single_turn but the case has 2 turns",
-        "t.jsonl:4 (test 'T1'): assertions: top-level `assertions` belongs to the single-turn "
+        "t.jsonl:2 (test 'S1'): type: type is single_turn but the case has 2 turns",
+        "t.jsonl:3 (test 'T1'): assertions: top-level `assertions` belongs to the single-turn "
         "form (with `input`); put them on a turn, or use final_assertions",
-        "t.jsonl:5 (test 'Z1'): max_turns: Input should be greater than or equal to 1",
+        "t.jsonl:4 (test 'Z1'): max_turns: Input should be greater than or equal to 1",
     )
 
 
-def test_max_turns_below_yaml_rounds(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_max_turns_below_yaml_rounds_is_not_an_input_error(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The case loads; when run it fails with `max turns (1) exceeded` (engine tests)."""
     write(
         project / "t.yaml",
         "tests:\n"
@@ -513,11 +510,9 @@ def test_max_turns_below_yaml_rounds(project: Path, capsys: pytest.CaptureFixtur
         "      - user_input: a\n"
         "      - user_input: b\n",
     )
-    expect_input_error(
-        capsys,
-        "t.yaml",
-        "t.yaml:2 (test 'short'): max_turns: max_turns (1) is less than the 2 static turns",
-    )
+    code, out, err = submit(capsys, "-i", "t.yaml")
+    assert code == 0, err
+    assert '"max_turns": 1' in out
 
 
 def test_yaml_problems_point_at_the_field_line(

@@ -798,11 +798,31 @@ def test_direct_message_runs_as_one_case(demo: Path, capsys: pytest.CaptureFixtu
     )
     assert code == 0
     [rec] = records(demo / "msg.jsonl")
-    assert rec["status"] == "passed" and rec["total_turns"] == 1
+    # The agent asks a question nobody answers: skipped, as any JSONL case would be.
+    assert rec["status"] == "skipped" and rec["total_turns"] == 1
     assert rec["turns"][0]["input"] == "I want to submit an expense"
     assert rec["turns"][0]["output"] == "What type of expense would you like to submit?"
+    assert rec["turns"][0]["awaiting_input"] is True
     assert rec["agent"] == "assistants.expense"
     assert 'Turn 1: "I want to submit an expense" → PASSED' in out
+    assert "Agent awaiting input, no next turn defined" in out
+
+    code, out, _ = run(
+        capsys,
+        "-i",
+        "I want to submit an expense",
+        "-n",
+        "assistants.expense",
+        "--config",
+        SUITE_CONFIG,
+        "--on-missing-input",
+        "end",
+        "-o",
+        "msg.jsonl",
+    )
+    assert code == 0
+    [rec] = records(demo / "msg.jsonl")
+    assert rec["status"] == "passed" and rec["total_turns"] == 1
 
 
 def test_generator_cases_are_run(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -339,13 +339,34 @@ def test_yaml_cases_end_and_jsonl_cases_skip_by_default(
     assert failed.status == "failed" and "on_missing_input: fail" in (failed.error or "")
 
 
-def test_single_turn_case_ends_even_if_the_agent_asks(agent: ScriptedAgent) -> None:
-    agent.script("target", [say("What kind of expense is it?")])
+def test_the_spec_t002_single_input_awaiting_is_skipped(agent: ScriptedAgent) -> None:
+    """The spec's T002: one `input` (type single_turn by default), an agent asking for a
+    PO number, nothing to answer it: skipped under the JSONL default, as the spec's
+    console output shows. `type` does not end a conversation; awaiting input does."""
+    agent.script(
+        "target", lambda body: say("This requires manager approval. Please provide PO number.")
+    )
+    t002 = {"id": "T002", "name": "Large Expense Approval", "input": "Submit $100,000"}
+    result, _ = run_case(t002, config_for(agent))
+    assert result.turns[0].awaiting_input is True
+    assert result.status == "skipped"
+    assert result.skip_reason is not None and "awaiting input" in result.skip_reason
+    # The same as its turns form, which the spec calls equivalent.
+    turns_form = {"id": "T002", "type": "single_turn", "turns": [{"input": "Submit $100,000"}]}
+    assert run_case(turns_form, config_for(agent))[0].status == "skipped"
+    # on_missing_input applies to it like any case.
+    assert run_case({**t002, "on_missing_input": "end"}, config_for(agent))[0].status == "passed"
+    failed = run_case({**t002, "on_missing_input": "fail"}, config_for(agent))[0]
+    assert failed.status == "failed"
+
+
+def test_a_single_input_answered_without_a_question_passes(agent: ScriptedAgent) -> None:
+    agent.script("target", [say("Hi there. I file expenses.")])
     result, _ = run_case(
         {"id": "ST", "input": "Hello", "assertions": [{"type": "contains", "value": "expense"}]},
         config_for(agent),
     )
-    assert result.turns[0].awaiting_input is True
+    assert result.turns[0].awaiting_input is False
     assert result.status == "passed" and len(result.turns) == 1
 
 
@@ -422,6 +443,22 @@ def test_case_max_turns(agent: ScriptedAgent) -> None:
     )
     assert len(agent.requests("target")) == 3
     assert agent.requests("sim")[-1]["metadata"]["max_turns"] == 3
+
+
+def test_max_turns_below_the_static_turns_fails_the_case(agent: ScriptedAgent) -> None:
+    """Not an error in the file: the case plays max_turns turns, then fails (DESIGN:
+    needing a turn past the limit fails the case)."""
+    agent.script("target", lambda body: say("Noted."))
+    result, _ = run_case(
+        {"id": "M4", "turns": [{"input": "a"}, {"input": "b"}, {"input": "c"}], "max_turns": 2},
+        config_for(agent),
+    )
+    assert (result.status, result.error, result.total_turns) == (
+        "failed",
+        "max turns (2) exceeded",
+        2,
+    )
+    assert len(agent.requests("target")) == 2
 
 
 def test_simulator_max_turns(agent: ScriptedAgent) -> None:
@@ -702,6 +739,8 @@ def test_attachments_travel_as_content_parts(agent: ScriptedAgent, demo_url: str
             "id": "ATT2",
             "agent": "expense",
             "input": "My receipt",
+            # The agent asks what the expense is for; nobody answers here.
+            "on_missing_input": "end",
             "attachments": [{"type": "image", "source": PNG}],
             "assertions": [{"type": "contains", "value": "receipt image (12 bytes)"}],
         },
