@@ -189,10 +189,14 @@ async def _call_target(
     metadata: dict[str, Any],
     mocks: dict[str, Any],
     turn_no: int,
-) -> tuple[AgentReply, list[ToolCall], dict[str, Any]]:
-    """Call the target, answering mocked tool calls within the turn (bounded)."""
-    client_calls: list[ToolCall] = []
-    answered: dict[str, Any] = {}
+    client_calls: list[ToolCall],
+    answered: dict[str, Any],
+) -> AgentReply:
+    """Call the target, answering mocked tool calls within the turn (bounded).
+
+    The calls made and the mocked results given are added to `client_calls` and
+    `answered` as they happen, so that a turn that ends in an error still records them.
+    """
     for round_no in range(MAX_TOOL_ROUNDS):
         reply = await roles.call(
             agent,
@@ -211,7 +215,7 @@ async def _call_target(
             state.agent_state = reply.state
         client_calls.extend(reply.tool_calls)
         if not reply.tool_calls:
-            return reply, client_calls, answered
+            return reply
         any_mocked = False
         history_calls = list(assistant.get("tool_calls") or [])
         assistant["tool_calls"] = history_calls
@@ -231,7 +235,7 @@ async def _call_target(
                 content = _not_executed(call.name)
             state.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
         if not any_mocked:
-            return reply, client_calls, answered
+            return reply
     raise AgentError(
         "tool_loop",
         f"agent error: the agent kept calling tools after {MAX_TOOL_ROUNDS} mocked results",
@@ -361,13 +365,26 @@ async def _turn_body(
     started: float,
     log: list[AgentCallRecord],
 ) -> ConversationState:
+    calls: list[ToolCall] = []
+    answered: dict[str, Any] = {}
     try:
         agent = target_for(case, options, pool, pending.static_index)
-        reply, calls, answered = await _call_target(
-            case, state, roles, agent, _metadata(case, pending), _mocks(case, pending), turn.turn
+        reply = await _call_target(
+            case,
+            state,
+            roles,
+            agent,
+            _metadata(case, pending),
+            _mocks(case, pending),
+            turn.turn,
+            calls,
+            answered,
         )
     except AgentError as exc:
         turn.error = exc.message
+        # What the agent did before the error is part of the turn's record.
+        turn.tool_calls = calls
+        turn.tool_results = answered or None
         return _end_turn_with_error(state, turn, started, pending, log)
 
     turn.output = reply.content if reply.content is not None else ""

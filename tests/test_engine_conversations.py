@@ -21,6 +21,7 @@ from scripted_agent import (
     call,
     demo_entry,
     fail,
+    judge_verdict,
     project,
     run_case,
     say,
@@ -669,6 +670,53 @@ def test_a_target_that_keeps_calling_mocked_tools_is_stopped(agent: ScriptedAgen
     )
     assert result.status == "failed" and result.total_turns == 1
     assert result.error == f"turn 1: {turn.error}"
+    # What the agent did before the error stays on the turn (DESIGN: tool calls are
+    # recorded on the turn, mocked results under tool_results).
+    assert [c.args for c in turn.tool_calls] == [{"n": 1 + 2 * i} for i in range(MAX_TOOL_ROUNDS)]
+    assert turn.tool_results == {"lookup": 1}
+
+
+def test_a_tool_call_before_a_failed_call_is_recorded(agent: ScriptedAgent) -> None:
+    agent.script("target", [call("create_expense", {"amount": 5}), fail(400, "bad request")])
+    result, _ = run_case(
+        {"id": "F", "input": "file it", "tool_mocks": {"create_expense": {"id": "E1"}}},
+        config_for(agent),
+    )
+    [turn] = result.turns
+    assert turn.error is not None and turn.status == "failed"
+    assert [(c.name, c.args) for c in turn.tool_calls] == [("create_expense", {"amount": 5})]
+    assert turn.tool_results == {"create_expense": {"id": "E1"}}
+
+
+def test_a_turn_judge_sees_a_reply_that_only_calls_tools(agent: ScriptedAgent) -> None:
+    """The validator gets [user: input, assistant: response]: a response that is only a
+    tool call reaches it as the call (and the result given), not as an empty message."""
+    agent.script("target", [call("create_expense", {"amount": 3500})])
+    agent.script("judge", [judge_verdict(True, "called it")])
+    judged = {"type": "agent", "use": "agents:judge", "options": {"metadata": {"criteria": "c"}}}
+    result, _ = run_case(
+        {"id": "J", "input": "Business travel, $3500", "assertions": [judged]},
+        config_for(agent),
+    )
+    assert result.turns[0].assertions[0].passed
+    [request] = agent.requests("judge")
+    user, assistant = request["messages"][1:]
+    assert user == {"role": "user", "content": "Business travel, $3500"}
+    assert assistant["role"] == "assistant"
+    assert assistant["content"].startswith('[tool calls: create_expense({"amount": 3500})]')
+    assert "[tool result create_expense: " in assistant["content"]
+
+
+def test_a_turn_judge_sees_a_text_reply_as_it_is(agent: ScriptedAgent) -> None:
+    agent.script("target", [say("Your expense is filed.")])
+    agent.script("judge", [judge_verdict(True)])
+    judged = {"type": "agent", "use": "agents:judge"}
+    run_case({"id": "J", "input": "File it", "assertions": [judged]}, config_for(agent))
+    [request] = agent.requests("judge")
+    assert request["messages"][1:] == [
+        {"role": "user", "content": "File it"},
+        {"role": "assistant", "content": "Your expense is filed."},
+    ]
 
 
 def test_spec_t001_with_the_demo_expense_agent(agent: ScriptedAgent, demo_url: str) -> None:
