@@ -15,15 +15,21 @@ at 20 at a time is ~4 s), for features (dotenv, secrets dirs, cloud sources) unu
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agenttest_worker.errors import ConfigError, InputProblem
 
 PREFIX = "AGENTTEST_"
+
+# The stores this project runs on: Postgres (any psycopg-style spelling) and SQLite.
+# Checked here, without importing SQLAlchemy, so that a mistyped URL is an input
+# error naming the variable rather than a driver error at the first query.
+_DATABASE_URL = re.compile(r"^(postgres|postgresql|sqlite)(\+[A-Za-z0-9_]+)?://", re.IGNORECASE)
 
 
 class Settings(BaseModel):
@@ -73,6 +79,16 @@ class Settings(BaseModel):
     http_pool_size: int = Field(default=200, ge=1, description="Connections per agent host")
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, url: str | None) -> str | None:
+        if url is not None and url.strip() and not _DATABASE_URL.match(url.strip()):
+            raise ValueError(
+                "not a database URL agenttest can use: give postgresql://USER@HOST:5432/DB "
+                "or sqlite:///PATH"
+            )
+        return url.strip() if url is not None else None
+
     def effective_database_url(self) -> str:
         if self.database_url:
             return self.database_url
@@ -98,12 +114,19 @@ class Settings(BaseModel):
             raise ConfigError(
                 [
                     InputProblem(
-                        f"{error['msg']} (got {error['input']!r})",
+                        f"{error['msg']} (got {_shown(error['input'])!r})",
                         field=PREFIX + ".".join(str(part) for part in error["loc"]).upper(),
                     )
                     for error in exc.errors()
                 ]
             ) from None
+
+
+def _shown(value: object) -> object:
+    """A rejected value as an error may show it: a URL's password masked."""
+    if isinstance(value, str):
+        return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", value)
+    return value
 
 
 @lru_cache(maxsize=1)

@@ -504,6 +504,33 @@ def test_a_home_that_cannot_be_a_directory_is_an_input_error(
     assert "nothing was run" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("url", ["bogus://x", "not a url", "postgress://me:s3cret@db/x"])
+def test_a_database_url_of_no_known_store_is_an_input_error(
+    url: str, demo: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTTEST_DATABASE_URL", url)
+    code, out, err = run(
+        capsys, "-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG
+    )
+    assert code == 2, (out, err)
+    assert "AGENTTEST_DATABASE_URL: Value error, not a database URL agenttest can use" in err
+    assert "nothing was run" in err and "Traceback" not in err and "internal error" not in err
+    assert "s3cret" not in err, "a password in a rejected URL is not printed"
+
+
+def test_database_urls_of_both_stores_are_accepted() -> None:
+    from agenttest_worker.settings import Settings
+
+    for url in (
+        "postgresql://postgres@127.0.0.1:5432/test",
+        "postgres://u:p@h/db",
+        "postgresql+psycopg://u@h/db",
+        "sqlite:////tmp/x.db",
+        "SQLITE:///relative.db",
+    ):
+        assert Settings.from_environment({"AGENTTEST_DATABASE_URL": url}).database_url == url
+
+
 def test_settings_convert_environment_strings() -> None:
     from agenttest_worker.settings import Settings
 
