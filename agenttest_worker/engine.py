@@ -332,9 +332,9 @@ async def run_turn(
     turn_limited = options.turn_timeout is not None and options.turn_timeout < remaining
     budget = options.turn_timeout if turn_limited and options.turn_timeout else remaining
     if turn_limited:
-        late = f"timeout: the turn took longer than {format_duration(budget)}"
+        late = f"timeout after {format_duration(budget)} (the turn's time limit)"
     else:
-        late = f"timeout: the case took longer than {format_duration(options.case_timeout)}"
+        late = f"timeout after {format_duration(options.case_timeout)} (the case's time limit)"
     body = _turn_body(case, state, pool, options, roles, turn, pending, assertions, started, log)
     try:
         if budget <= 0:

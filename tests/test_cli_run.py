@@ -644,9 +644,9 @@ def test_timeout_fails_a_case_whose_agent_is_too_slow(
     assert elapsed < 2.5, "the case stops at its timeout, not when the agent answers"
     [rec] = records(demo / "t.out.jsonl")
     assert rec["status"] == "failed"
-    assert rec["turns"][0]["error"] == "timeout: the case took longer than 200ms"
-    assert rec["error"] == "turn 1: timeout: the case took longer than 200ms"
-    assert "Error: timeout: the case took longer than 200ms" in case_block(out, "SLOW")
+    assert rec["turns"][0]["error"] == "timeout after 200ms (the case's time limit)"
+    assert rec["error"] == "turn 1: timeout after 200ms (the case's time limit)"
+    assert "Error: timeout after 200ms (the case's time limit)" in case_block(out, "SLOW")
 
     # The default timeout (5m) lets a slow agent finish.
     config = slow_config(demo / "agenttest.yaml", delay_ms=300)

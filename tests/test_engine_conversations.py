@@ -893,7 +893,7 @@ def test_case_timeout(agent: ScriptedAgent) -> None:
     )
     assert [t.error for t in result.turns] == [
         None,
-        "timeout: the case took longer than 500ms",
+        "timeout after 500ms (the case's time limit)",
     ]
     assert result.status == "failed" and result.total_turns == 2
 

@@ -226,7 +226,7 @@ def test_an_agent_that_hangs_fails_its_turns_and_the_run_completes(
         **{f"OK{i}": "passed" for i in range(4)},
     }
     assert records["H1"]["turns"][0]["error"] == "timeout after 1s (after 2 attempts)"
-    assert records["H2"]["turns"][0]["error"] == "timeout: the case took longer than 3s"
+    assert records["H2"]["turns"][0]["error"] == "timeout after 3s (the case's time limit)"
     m1 = records["M1"]["turns"]
     assert [t["status"] for t in m1] == ["passed", "failed"]  # no reply: the case ends
     assert m1[1]["error"] == "timeout after 1s (after 2 attempts)"

@@ -46,7 +46,7 @@ def test_a_slow_judge_is_cut_by_the_turn_timeout() -> None:
         )
         result, _ = run_case(_judged_case(), config, RunOptions(target="target", turn_timeout=0.4))
     assert result.status == "failed"
-    assert result.turns[0].error == "timeout: the turn took longer than 400ms"
+    assert result.turns[0].error == "timeout after 400ms (the turn's time limit)"
     assert result.total_turns == 1, "the conversation ends at the turn that ran out of time"
 
 
@@ -59,7 +59,7 @@ def test_the_case_timeout_bounds_the_judge_too() -> None:
         )
         result, _ = run_case(_judged_case(), config, RunOptions(target="target", case_timeout=0.5))
     assert result.status == "failed"
-    assert result.turns[0].error == "timeout: the case took longer than 500ms"
+    assert result.turns[0].error == "timeout after 500ms (the case's time limit)"
 
 
 def test_a_slow_simulator_after_a_recorded_turn_fails_the_case() -> None:
@@ -76,7 +76,7 @@ def test_a_slow_simulator_after_a_recorded_turn_fails_the_case() -> None:
     # Turn 1 itself ran and is kept; the time ran out writing the next input.
     assert result.turns[0].error is None and result.turns[0].output == "What amount?"
     assert result.status == "failed"
-    assert result.error == "timeout: the turn took longer than 400ms"
+    assert result.error == "timeout after 400ms (the turn's time limit)"
 
 
 def test_turn_timeout_flag_on_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,4 +103,4 @@ def test_turn_timeout_flag_on_a_run(tmp_path: Path, capsys: pytest.CaptureFixtur
         )
     assert code == 1
     record = json.loads(out.read_text())
-    assert record["turns"][0]["error"] == "timeout: the turn took longer than 300ms"
+    assert record["turns"][0]["error"] == "timeout after 300ms (the turn's time limit)"
