@@ -811,18 +811,8 @@ def test_tag_and_id_select_cases(demo: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_direct_message_runs_as_one_case(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
-        capsys,
-        "-i",
-        "I want to submit an expense",
-        "-n",
-        "assistants.expense",
-        "--config",
-        SUITE_CONFIG,
-        "-v",
-        "-o",
-        "msg.jsonl",
-    )
+    message = ["-i", "I want to submit an expense", "-n", "assistants.expense"]
+    code, out, _ = run(capsys, *message, "--config", SUITE_CONFIG, "-v", "-o", "msg.jsonl")
     assert code == 0
     [rec] = records(demo / "msg.jsonl")
     # The agent asks a question nobody answers: skipped, as any JSONL case would be.
@@ -835,17 +825,7 @@ def test_direct_message_runs_as_one_case(demo: Path, capsys: pytest.CaptureFixtu
     assert "Agent awaiting input, no next turn defined" in out
 
     code, out, _ = run(
-        capsys,
-        "-i",
-        "I want to submit an expense",
-        "-n",
-        "assistants.expense",
-        "--config",
-        SUITE_CONFIG,
-        "--on-missing-input",
-        "end",
-        "-o",
-        "msg.jsonl",
+        capsys, *message, "--config", SUITE_CONFIG, "--on-missing-input", "end", "-o", "msg.jsonl"
     )
     assert code == 0
     [rec] = records(demo / "msg.jsonl")
