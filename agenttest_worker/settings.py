@@ -82,12 +82,15 @@ class Settings(BaseModel):
     @field_validator("database_url")
     @classmethod
     def _known_database(cls, url: str | None) -> str | None:
-        if url is not None and url.strip() and not _DATABASE_URL.match(url.strip()):
+        if url is None:
+            return None
+        url = url.strip()
+        if url and not _DATABASE_URL.match(url):
             raise ValueError(
                 "not a database URL agenttest can use: give postgresql://USER@HOST:5432/DB "
                 "or sqlite:///PATH"
             )
-        return url.strip() if url is not None else None
+        return url
 
     def effective_database_url(self) -> str:
         if self.database_url:
@@ -123,7 +126,10 @@ class Settings(BaseModel):
 
 
 def _shown(value: object) -> object:
-    """A rejected value as an error may show it: a URL's password masked."""
+    """A rejected value as an error may show it: a URL's password masked.
+
+    Not services.safe_url: SQLAlchemy's URL parser refuses the malformed URLs rejected
+    here, and settings are read before SQLAlchemy is imported."""
     if isinstance(value, str):
         return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", value)
     return value
