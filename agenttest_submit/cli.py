@@ -301,7 +301,7 @@ def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
 
 def run_main(args: argparse.Namespace) -> int:
     from agenttest_submit.expand import CaseStream, Selection, print_warnings
-    from agenttest_worker.agents.registry import load_config
+    from agenttest_worker.agents.config import load_config
 
     if args.interactive and args.skip_interactive:
         raise InputError("--interactive and --skip-interactive contradict each other")
@@ -332,11 +332,11 @@ def run_main(args: argparse.Namespace) -> int:
                 )
             )
     if args.simulator is not None:
-        from agenttest_worker.case_checks import check_ref
+        from agenttest_worker.cases.checks import check_ref
 
         if message := check_ref(config, args.simulator, "simulator"):
             problems.append(InputProblem(message, field="--simulator"))
-    from agenttest_submit.reporter import reporter_problem
+    from agenttest_submit.reporter_agent import reporter_problem
 
     if reporter := reporter_problem(config, args.reporter):
         problems.append(reporter)  # not found out after the whole run

@@ -118,7 +118,7 @@ def status_text(run: RunRow, played: int | None = None) -> str:
 
 
 def _report(url: str, run_id: str, args: argparse.Namespace) -> int:
-    from agenttest_worker.aggregate import build_report
+    from agenttest_worker.fleet.aggregate import build_report
     from agenttest_worker.report import render
 
     report = build_report(url, run_id, verbose=args.verbose, color=sys.stdout.isatty())

@@ -8,7 +8,7 @@ report; then it prints the report, writes -o, and exits 0/1. With --interactive 
 terminal, conversations parked for a person are answered from here and resumed on any
 worker. While it waits, it also re-enqueues its run's conversations if the broker lost
 their messages, and builds the reports if the aggregation was lost (the workers'
-sweepers do the same for every run; see agenttest_worker.tasks, "Recovering lost
+sweepers do the same for every run; see agenttest_worker.fleet.tasks, "Recovering lost
 messages"), and it keeps watching through a database restart.
 """
 
@@ -26,9 +26,9 @@ from agenttest_submit.human import TerminalAsker
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import emit_report, human_question
 from agenttest_submit.stopping import interrupted_exit_code, interrupted_word, run_async
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.conversation import Advance, answer_human
+from agenttest_worker.driver.step import Advance, answer_human
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
@@ -62,7 +62,7 @@ def import_celery_meanwhile() -> None:
     def load() -> None:
         # On failure enqueue_run imports them again and reports the error where it belongs.
         with contextlib.suppress(BaseException):
-            import agenttest_worker.tasks  # noqa: F401
+            import agenttest_worker.fleet.tasks  # noqa: F401
 
     threading.Thread(target=load, name="agenttest-import", daemon=True).start()
 
@@ -73,8 +73,8 @@ def enqueue_run(run_id: str, total: int) -> int:
     Workers expand each batch into turn tasks (only for conversations not yet started),
     so the submitter's cost does not grow with one publish per case.
     """
-    from agenttest_worker.celery_app import app
-    from agenttest_worker.tasks import enqueue_start
+    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.tasks import enqueue_start
 
     size = get_settings().enqueue_batch
     batches = 0
@@ -94,19 +94,19 @@ class FleetStarter:
     """
 
     def stored(self, run_id: str, first: int, last: int) -> None:
-        from agenttest_worker.tasks import enqueue_start
+        from agenttest_worker.fleet.tasks import enqueue_start
 
         enqueue_start(run_id, first, last)
 
     def started(self, run_id: str, every_case_ended: bool) -> None:
         if every_case_ended:  # they ended before the run was running: nobody else will
-            from agenttest_worker.tasks import aggregate_run
+            from agenttest_worker.fleet.tasks import aggregate_run
 
             aggregate_run.apply_async((run_id,))
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
-    from agenttest_worker.tasks import follow_up as enqueue
+    from agenttest_worker.fleet.tasks import follow_up as enqueue
 
     enqueue(run_id, case_id, advance)
 
@@ -149,8 +149,8 @@ def wait_for_run(
     human_timeouts: dict[str, float],
 ) -> None:
     """Progress from the database until the run's reports exist."""
-    from agenttest_worker.celery_app import sweep_interval
-    from agenttest_worker.tasks import recover
+    from agenttest_worker.fleet.app import sweep_interval
+    from agenttest_worker.fleet.tasks import recover
 
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)

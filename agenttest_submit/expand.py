@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
-from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.assertions import AgentAssertion
-from agenttest_worker.attachments import inline_attachments
-from agenttest_worker.case_checks import check_case_refs
-from agenttest_worker.case_files import case_files_in, iter_cases
-from agenttest_worker.cases import Case
+from agenttest_worker.cases.attachments import inline_attachments
+from agenttest_worker.cases.checks import check_case_refs
+from agenttest_worker.cases.files import case_files_in, iter_cases
+from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.store.steps import CaseRecord
 

@@ -19,11 +19,11 @@ from typing import Any
 from agenttest_submit.inputs import GeneratorInput
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.base import AgentError
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.case_checks import check_case_refs
-from agenttest_worker.case_files import Located, validate_case
-from agenttest_worker.cases import Case
+from agenttest_worker.cases.checks import check_case_refs
+from agenttest_worker.cases.files import Located, validate_case
+from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.results import AgentCallRecord
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agenttest_worker.case_files import CASE_SUFFIXES
+from agenttest_worker.agents.refs import Ref, parse_ref
+from agenttest_worker.cases.files import CASE_SUFFIXES
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.refs import Ref, parse_ref
 
 
 @dataclass(frozen=True)

@@ -30,17 +30,17 @@ from agenttest_submit.expand import Selection
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import emit_report, run_options, store_run
 from agenttest_submit.stopping import run_async
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.aggregate import aggregate
-from agenttest_worker.cases import Case
+from agenttest_worker.cases.model import Case
+from agenttest_worker.driver.rejudge import reevaluate
 from agenttest_worker.engine import ConversationState, RunOptions, case_result
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.reevaluate import reevaluate
+from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import upgrade
-from agenttest_worker.store.history import StoredConversation, stored_conversations
+from agenttest_worker.store.stored_conversations import StoredConversation, stored_conversations
 
 
 def _url() -> str:
@@ -55,7 +55,7 @@ def _url() -> str:
 
 
 def _check_reporter(args: argparse.Namespace, config: ProjectConfig) -> None:
-    from agenttest_submit.reporter import reporter_problem
+    from agenttest_submit.reporter_agent import reporter_problem
 
     problem = reporter_problem(config, getattr(args, "reporter", None))
     if problem is not None:

@@ -16,7 +16,7 @@ import sys
 
 from agenttest_submit.progress import Progress
 from agenttest_submit.stopping import run_async
-from agenttest_worker.aggregate import aggregate, build_report
+from agenttest_worker.fleet.aggregate import aggregate, build_report
 from agenttest_worker.report import render
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
@@ -60,7 +60,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     count = len(pending) + len(parked)
     print(f"run {run.id}: resuming {count} unfinished conversation(s)", file=sys.stderr)
     if get_settings().distributed:
-        from agenttest_worker.tasks import enqueue_turn
+        from agenttest_worker.fleet.tasks import enqueue_turn
 
         # Conversations parked for a person stay parked: `agenttest-submit` waiting on
         # the run with --interactive answers them.
@@ -86,7 +86,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     if current is None or current.finished_cases < current.total_cases:
         return 0
     if get_settings().distributed:
-        from agenttest_worker.tasks import aggregate_run
+        from agenttest_worker.fleet.tasks import aggregate_run
 
         aggregate_run.apply_async((run.id,))
         return 0

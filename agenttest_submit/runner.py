@@ -2,7 +2,7 @@
 
 Embedded default (no AGENTTEST_BROKER_URL): the conversations run in this process,
 `--parallel` at a time, through the same step functions the Celery turn task runs
-(agenttest_worker.conversation) against the same store (SQLite under
+(agenttest_worker.driver.step) against the same store (SQLite under
 AGENTTEST_HOME unless AGENTTEST_DATABASE_URL says otherwise).
 """
 
@@ -24,9 +24,9 @@ from agenttest_submit.human import TerminalAsker
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.progress import Progress
 from agenttest_submit.stopping import run_async
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.cases import Case
-from agenttest_worker.conversation import (
+from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.cases.model import Case
+from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
     answer_human,
@@ -38,7 +38,7 @@ from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.report import RunReport, render
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import steps
-from agenttest_worker.store.conversations import BufferedStore, StoreSetup
+from agenttest_worker.store.buffered import BufferedStore, StoreSetup
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
 # here: a new embedded run imports it on a thread while its first conversations run
@@ -310,7 +310,7 @@ def run_embedded(
     conversations = [(case_id, 1) for case_id, _, _ in records]
     run_async(drive(url, run_id, conversations, args.parallel, progress, store=store))
     progress.close()
-    from agenttest_worker.aggregate import aggregate
+    from agenttest_worker.fleet.aggregate import aggregate
 
     return emit_report(url, run_id, args, aggregate(url, run_id))
 
@@ -474,7 +474,7 @@ def emit_report(
         if (report.verbose, report.color) != (args.verbose, color):
             report.verbose, report.color, report.rendered = args.verbose, color, {}
     else:
-        from agenttest_worker.aggregate import build_report
+        from agenttest_worker.fleet.aggregate import build_report
 
         report = build_report(url, run_id, verbose=args.verbose, color=color)
     stdout_format = args.format if args.format and not args.output else "console"
@@ -502,7 +502,7 @@ def emit_report(
 
 def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
     """--reporter: the reporter agent's account, stored with the run and printed."""
-    from agenttest_submit.reporter import run_reporter
+    from agenttest_submit.reporter_agent import run_reporter
     from agenttest_worker.agents.base import AgentError
     from agenttest_worker.store import repo
 

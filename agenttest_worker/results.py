@@ -7,6 +7,7 @@ lets readers of stored reports tell record layouts apart.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,17 @@ CaseStatus = Literal["passed", "failed", "skipped"]
 TurnStatus = Literal["passed", "failed", "skipped"]
 InputSource = Literal["static", "simulator", "interactive"]
 AgentRole = Literal["target", "simulator", "validator", "generator", "reporter"]
+
+
+@dataclass(frozen=True)
+class AssertionOutcome:
+    """What a checker concluded. `reason` is written for the person reading the report."""
+
+    passed: bool
+    reason: str
+    score: float | None = None
+    suggestions: list[str] | None = None
+    error: str | None = None
 
 
 class _Record(BaseModel):

@@ -4,7 +4,7 @@
 
 For each size, a fresh Postgres database gets a run of N finished 3-turn cases (the
 records a real run stores: three turns, a `contains` verdict each), and a new process
-runs `agenttest_worker.aggregate.aggregate` on it, as the worker that ends a run does.
+runs `agenttest_worker.fleet.aggregate.aggregate` on it, as the worker that ends a run does.
 Prints the time, the process's peak RSS before and after (the difference is what the
 aggregation held), and the size of the stored reports. The floor is the process's own
 start-up (its RSS before aggregating), measured in the same run.
@@ -80,7 +80,7 @@ def store_finished_run(url: str, cases: int) -> None:
 
 AGGREGATOR = """
 import json, os, resource, sys, time
-from agenttest_worker.aggregate import aggregate
+from agenttest_worker.fleet.aggregate import aggregate
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.monotonic()
 report = aggregate(os.environ["AGENTTEST_DATABASE_URL"], sys.argv[1])

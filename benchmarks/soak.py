@@ -54,8 +54,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fault_kit import Fault, FaultAgent, PostgresServer, openai_agent, write_config  # noqa: E402
 from fleet import WORKER_ENV, RedisServer, _die_with_parent, expense_case, greeting_case  # noqa: E402
 
-from agenttest_worker.celery_app import queue_lists  # noqa: E402
 from agenttest_worker.demo.server import DemoServer  # noqa: E402
+from agenttest_worker.fleet.app import queue_lists  # noqa: E402
 
 QUEUE = "agenttest"
 FAULTS = ("kill", "429", "redis", "outage", "deploy", "postgres")

@@ -15,8 +15,8 @@ import pytest
 from agent_servers import AgentServer, Reply, completion, run, tool_call
 
 from agenttest_worker.agents.base import AgentError, AgentRequest
+from agenttest_worker.agents.config import AgentConfig, Defaults, ProjectConfig
 from agenttest_worker.agents.pool import AgentPool, RoleSession
-from agenttest_worker.agents.registry import AgentConfig, Defaults, ProjectConfig
 from agenttest_worker.agents.roles import (
     SIMULATOR_PROMPT,
     ReplyParseError,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agenttest_worker.agents.options import Options
 from agenttest_worker.assertions import (
     AgentAssertion,
     ContainsAssertion,
@@ -21,10 +22,9 @@ from agenttest_worker.assertions import (
     ToolCalledAssertion,
     TypeAssertion,
 )
-from agenttest_worker.case_files import Located, load_cases, validate_case
-from agenttest_worker.cases import Case
+from agenttest_worker.cases.files import Located, load_cases, validate_case
+from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputProblem
-from agenttest_worker.options import Options
 
 SPEC = Path(__file__).parent / "fixtures" / "spec"
 KNOWN = "contains, equals, regex, json_path, type, tool_called, agent, script"

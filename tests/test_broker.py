@@ -24,7 +24,7 @@ from fleet import (
     write_cases,
 )
 
-from agenttest_worker.broker import Channel, Transport
+from agenttest_worker.fleet.transport import Channel, Transport
 
 
 @pytest.fixture(params=["redis", "rediss"])
@@ -44,7 +44,7 @@ def test_a_channel_publishes_through_one_client_and_urls_keep_their_scheme(
 ) -> None:
     from celery import Celery
 
-    from agenttest_worker.broker import use_shared_clients
+    from agenttest_worker.fleet.transport import use_shared_clients
 
     use_shared_clients()
     app = Celery(broker=broker_url)
@@ -66,7 +66,7 @@ def test_a_channel_publishes_through_one_client_and_urls_keep_their_scheme(
 
 def test_the_app_uses_it_for_redis_brokers_only(redis_db: str) -> None:
     code = (
-        "from agenttest_worker.celery_app import app\n"
+        "from agenttest_worker.fleet.app import app\n"
         "print(type(app.connection_for_write().transport).__module__)"
     )
 
@@ -77,9 +77,9 @@ def test_the_app_uses_it_for_redis_brokers_only(redis_db: str) -> None:
         )
         return done.stdout.strip()
 
-    assert transport_module(redis_db) == "agenttest_worker.broker"
+    assert transport_module(redis_db) == "agenttest_worker.fleet.transport"
     tls = "rediss://127.0.0.1:6379/0?ssl_cert_reqs=required"  # (nothing is connected)
-    assert transport_module(tls) == "agenttest_worker.broker"
+    assert transport_module(tls) == "agenttest_worker.fleet.transport"
     assert transport_module("memory://") == "kombu.transport.memory"
 
 
@@ -91,7 +91,7 @@ def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(
     had taken stays in the unacked hash for the restore sweep."""
     from celery import Celery
 
-    from agenttest_worker.broker import use_shared_clients
+    from agenttest_worker.fleet.transport import use_shared_clients
 
     use_shared_clients()
     app = Celery(broker=broker_url)
@@ -120,7 +120,7 @@ def test_a_late_ack_on_a_channel_closed_with_its_connection_leaves_the_message(
     stopped): the message stays in the unacked hash, for the restore sweep."""
     from celery import Celery
 
-    from agenttest_worker.broker import use_shared_clients
+    from agenttest_worker.fleet.transport import use_shared_clients
 
     use_shared_clients()
     app = Celery(broker=broker_url)
@@ -176,7 +176,7 @@ def test_a_held_message_is_stored_as_read_and_given_back_whole(broker_url: str) 
     again): what kombu's restore reads back, with the message's exchange and key."""
     from celery import Celery
 
-    from agenttest_worker.broker import use_shared_clients
+    from agenttest_worker.fleet.transport import use_shared_clients
 
     use_shared_clients()
     app = Celery(broker=broker_url)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from agenttest_submit.cli import main
-from agenttest_worker.case_files import iter_cases, load_cases
-from agenttest_worker.cases import Case
+from agenttest_worker.cases.files import iter_cases, load_cases
+from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
 
 CONFIG = """\
@@ -953,7 +953,7 @@ def test_attachment_outside_the_case_folder_is_rejected(
 
 
 def test_attachment_symlink_pointing_outside_is_rejected(tmp_path: Path) -> None:
-    from agenttest_worker.attachments import inline_attachments
+    from agenttest_worker.cases.attachments import inline_attachments
 
     write(tmp_path / "secret.txt", "do not send\n")
     (tmp_path / "cases").mkdir()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agenttest_submit.cli import main
+from agenttest_worker.agents.options import Options, Skip, merge_options
 from agenttest_worker.assertions import (
     AgentAssertion,
     ContainsAssertion,
@@ -22,11 +23,10 @@ from agenttest_worker.assertions import (
     RegexAssertion,
     ToolCalledAssertion,
 )
-from agenttest_worker.attachments import inline_attachments
-from agenttest_worker.case_files import iter_cases, load_cases
-from agenttest_worker.cases import Attachment, Case, InteractiveConfig, SimulatorConfig
+from agenttest_worker.cases.attachments import inline_attachments
+from agenttest_worker.cases.files import iter_cases, load_cases
+from agenttest_worker.cases.model import Attachment, Case, InteractiveConfig, SimulatorConfig
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.options import Options, Skip, merge_options
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPEC = FIXTURES / "spec"
@@ -417,7 +417,7 @@ def test_yaml_file_with_every_field() -> None:
 
 
 def test_yaml_flat_with_simulator_is_multi_turn() -> None:
-    from agenttest_worker.cases import YamlTest
+    from agenttest_worker.cases.model import YamlTest
 
     data = YamlTest.model_validate(
         {"name": "t", "user_input": "hi", "simulator": {"use": "agents:sim"}}

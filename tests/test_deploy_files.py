@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agenttest_worker.celery_app import queue_lists
+from agenttest_worker.fleet.app import queue_lists
 from agenttest_worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -405,7 +405,7 @@ def test_compose_commands_exist() -> None:
 
 
 def test_compose_submitter_runs_the_demo_suite_against_the_demo_service() -> None:
-    from agenttest_worker.agents.registry import load_config
+    from agenttest_worker.agents.config import load_config
 
     services = _services()
     submitter = services["submitter"]

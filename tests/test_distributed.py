@@ -194,8 +194,8 @@ def test_the_fleet_starts_conversations_while_their_run_is_still_being_stored(
 
 def test_a_duplicated_turn_message_is_a_no_op(fleet: Fleet, demo_url: str, tmp_path: Path) -> None:
     """D1 gets duplicated and stale messages, D2 (the same conversation) none."""
-    from agenttest_worker.celery_app import app
-    from agenttest_worker.tasks import turn
+    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.tasks import turn
 
     with WatchingAgent(demo_url, delay=0.3) as agent:
         config = write_project(tmp_path, agent.base_url)
@@ -302,10 +302,10 @@ def test_racing_aggregators_build_the_reports_once(
 
     from agenttest_submit.progress import Progress
     from agenttest_submit.runner import drive, store_run
-    from agenttest_worker.agents.registry import load_config
-    from agenttest_worker.aggregate import aggregate
-    from agenttest_worker.cases import Case
+    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
+    from agenttest_worker.fleet.aggregate import aggregate
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
     config = load_config(str(SUITE / "agenttest.yaml"))
@@ -373,8 +373,8 @@ def test_fail_fast_on_the_fleet_skips_the_queued_conversations(
 def _one_case_run(database_url: str, case: dict[str, Any]) -> str:
     """A stored, started run of one case against the demo suite's agents."""
     from agenttest_submit.runner import store_run
-    from agenttest_worker.agents.registry import load_config
-    from agenttest_worker.cases import Case
+    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
 
     run_id, _ = store_run(
@@ -393,7 +393,7 @@ def _worker_step(database_url: str, run_id: str, case_id: str, turn: int) -> Any
     import asyncio
 
     from agenttest_worker.agents.transport import close_session
-    from agenttest_worker.conversation import PoolCache, run_step
+    from agenttest_worker.driver.step import PoolCache, run_step
 
     async def step() -> Any:
         try:
@@ -410,7 +410,7 @@ def test_only_a_redelivered_message_resends_the_next_turn(
     """A worker that died between saving turn N and enqueueing N+1 left no N+1 message;
     the broker gives N back (redelivered) and that copy enqueues N+1. A plain duplicate
     of N does nothing, or every duplicate would run the rest of the conversation twice."""
-    from agenttest_worker.conversation import Advance, prepare
+    from agenttest_worker.driver.step import Advance, prepare
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
     run_id = _one_case_run(pg_database, expense_case("N1"))
@@ -433,8 +433,8 @@ def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
     aggregation left no aggregation message; the broker gives the step back
     (redelivered) and that copy enqueues it. A plain duplicate does not, and once the
     run is aggregated a redelivery asks for nothing more."""
-    from agenttest_worker.aggregate import aggregate
-    from agenttest_worker.conversation import Advance, prepare
+    from agenttest_worker.driver.step import Advance, prepare
+    from agenttest_worker.fleet.aggregate import aggregate
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
     run_id = _one_case_run(pg_database, greeting_case("L1"))

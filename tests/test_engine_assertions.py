@@ -26,9 +26,9 @@ from scripted_agent import (
     say,
 )
 
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.case_files import load_cases
-from agenttest_worker.cases import Case
+from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.cases.files import load_cases
+from agenttest_worker.cases.model import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.results import AssertionResult
 

@@ -28,9 +28,9 @@ from scripted_agent import (
     simulator_turn,
 )
 
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.case_files import load_cases
-from agenttest_worker.cases import OnMissingInput
+from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.cases.files import load_cases
+from agenttest_worker.cases.model import OnMissingInput
 from agenttest_worker.engine import MAX_TOOL_ROUNDS, NO_NEXT_TURN, RunOptions
 from agenttest_worker.results import CaseResult
 

@@ -4,7 +4,7 @@ runs it, the broker restarting (and forgetting everything) mid-run, a lost aggre
 In each, the run still completes with exactly one `turns` row per (case, turn): the
 broker redelivers a dead worker's message (acks_late + visibility timeout), the store's
 turn guard makes every second delivery a no-op, and what the broker lost is re-enqueued
-from the store by the sweeper (agenttest_worker.tasks, "Recovering lost messages").
+from the store by the sweeper (agenttest_worker.fleet.tasks, "Recovering lost messages").
 """
 
 from __future__ import annotations
@@ -191,8 +191,8 @@ def test_a_lost_aggregation_is_done_by_the_sweeper(
     died after claiming it. A worker's sweeper builds both runs' reports, once each."""
     from agenttest_submit.progress import Progress
     from agenttest_submit.runner import drive, store_run
-    from agenttest_worker.agents.registry import ProjectConfig, load_config
-    from agenttest_worker.cases import Case
+    from agenttest_worker.agents.config import ProjectConfig, load_config
+    from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
 
     url = fleet.database_url
@@ -237,8 +237,8 @@ def test_stalled_conversations_are_claimed_by_one_sweeper(
 ) -> None:
     """Two sweepers at once on a stalled run: each conversation is re-enqueued once."""
     from agenttest_submit.runner import store_run
-    from agenttest_worker.agents.registry import load_config
-    from agenttest_worker.cases import Case
+    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
 
     url = pg_database

@@ -10,9 +10,9 @@ import pytest
 
 from agenttest_submit.cli import main
 from agenttest_submit.inputs import FileInput, GeneratorInput, MessageInput, parse_input
-from agenttest_worker.cases import Case
+from agenttest_worker.agents.refs import Ref, parse_ref
+from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.refs import Ref, parse_ref
 
 CONFIG = """\
 agents:

@@ -16,9 +16,9 @@ from agent_servers import AgentServer, Reply, completion, run
 from fault_kit import max_in_window
 
 from agenttest_worker.agents.base import AgentRequest
+from agenttest_worker.agents.config import AgentConfig, RateLimit
 from agenttest_worker.agents.openai import OpenAIClient
 from agenttest_worker.agents.ratelimit import WINDOW_SLACK, Limits, LocalLimiter, RedisLimiter
-from agenttest_worker.agents.registry import AgentConfig, RateLimit
 from agenttest_worker.settings import get_settings
 
 PATH = "/v1/chat/completions"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from agenttest_worker.aggregate import STORED_FORMATS, aggregate, build_report
+from agenttest_worker.fleet.aggregate import STORED_FORMATS, aggregate, build_report
 from agenttest_worker.report import render, render_chunks
 from agenttest_worker.store import db, repo, steps
 

@@ -19,14 +19,14 @@ from agenttest_submit.expand import expand
 from agenttest_submit.inputs import parse_input
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import drive, run_options, store_records, store_run, write_run
-from agenttest_worker.agents.registry import load_config
-from agenttest_worker.aggregate import aggregate
-from agenttest_worker.conversation import Advance, PoolCache, end_refused, prepare, run_step
+from agenttest_worker.agents.config import load_config
+from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare, run_step
 from agenttest_worker.engine import HumanPrompt, RunOptions
+from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Usage
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo, steps
-from agenttest_worker.store.conversations import BufferedStore, StoreSetup
+from agenttest_worker.store.buffered import BufferedStore, StoreSetup
 from agenttest_worker.store.db import session_scope, upgrade
 from agenttest_worker.store.models import CaseRow, RunReportRow, RunRow, TurnRow
 

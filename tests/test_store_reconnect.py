@@ -20,11 +20,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_submit.runner import store_run
-from agenttest_worker.agents.registry import load_config
-from agenttest_worker.cases import Case
-from agenttest_worker.conversation import Advance, PoolCache, commit, execute, prepare
+from agenttest_worker.agents.config import load_config
+from agenttest_worker.cases.model import Case
+from agenttest_worker.driver.event_loops import run_sync
+from agenttest_worker.driver.step import Advance, PoolCache, commit, execute, prepare
 from agenttest_worker.engine import RunOptions
-from agenttest_worker.runtime import run_sync
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import get_engine, is_connection_lost, upgrade
 

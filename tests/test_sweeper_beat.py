@@ -16,7 +16,7 @@ import pytest
 import redis
 from fleet import Fleet, fleet_on, greeting_case, turn_rows, write_cases, write_project
 
-from agenttest_worker.celery_app import queue_lists
+from agenttest_worker.fleet.app import queue_lists
 from agenttest_worker.store import repo
 
 STALL = "2"

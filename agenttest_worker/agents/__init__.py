@@ -1,8 +1,8 @@
 """Agents: the registry (agenttest.yaml), the protocols (openai, http, script), retries."""
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig, load_config
 from agenttest_worker.agents.pool import AgentPool, RoleSession
-from agenttest_worker.agents.registry import AgentConfig, ProjectConfig, load_config
 
 __all__ = [
     "AgentConfig",

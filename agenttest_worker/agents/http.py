@@ -24,10 +24,10 @@ from agenttest_worker.agents.base import (
     text_of,
     tool_calls_from,
 )
+from agenttest_worker.agents.config import AgentConfig, ResponseMapping
 from agenttest_worker.agents.json_client import JsonAgentClient
 from agenttest_worker.agents.openai import as_bool, usage_from
-from agenttest_worker.agents.registry import AgentConfig, ResponseMapping
-from agenttest_worker.assertions.structure import find
+from agenttest_worker.json_values import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {
     "input": "{{input}}",

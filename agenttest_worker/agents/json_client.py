@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.config import AgentConfig
 from agenttest_worker.agents.ratelimit import Limits, limiter
-from agenttest_worker.agents.registry import AgentConfig
 from agenttest_worker.agents.retry import RetryPolicy
 from agenttest_worker.agents.transport import post_json
 

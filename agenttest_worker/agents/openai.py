@@ -20,8 +20,8 @@ from agenttest_worker.agents.base import (
     text_of,
     tool_calls_from,
 )
+from agenttest_worker.agents.config import MetadataMode
 from agenttest_worker.agents.json_client import JsonAgentClient
-from agenttest_worker.agents.registry import MetadataMode
 from agenttest_worker.results import Usage
 
 MAX_METADATA_KEYS = 16

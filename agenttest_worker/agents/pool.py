@@ -12,9 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from agenttest_worker.agents.base import AgentClient, AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.agents.http import HttpAgentClient
 from agenttest_worker.agents.openai import OpenAIClient
-from agenttest_worker.agents.registry import AgentConfig, ProjectConfig
+from agenttest_worker.agents.refs import Ref, RefKind, parse_ref
 from agenttest_worker.agents.roles import (
     ReplyParseError,
     SimulatorTurn,
@@ -27,10 +28,8 @@ from agenttest_worker.agents.roles import (
     validator_request,
 )
 from agenttest_worker.agents.script import ScriptAgentClient
-from agenttest_worker.agents.scripts import ScriptError, call_script, load_script
-from agenttest_worker.assertions.base import AssertionOutcome
-from agenttest_worker.refs import Ref, RefKind, parse_ref
-from agenttest_worker.results import AgentCallRecord
+from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
+from agenttest_worker.results import AgentCallRecord, AssertionOutcome
 
 ClientFactory = Callable[[str, AgentConfig, ProjectConfig], AgentClient]
 

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agenttest_worker.agents.registry import RateLimit
+from agenttest_worker.agents.config import RateLimit
 
 log = logging.getLogger("agenttest.ratelimit")
 

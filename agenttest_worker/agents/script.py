@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.config import AgentConfig, ResponseMapping
 from agenttest_worker.agents.http import parse_http_reply
-from agenttest_worker.agents.registry import AgentConfig, ResponseMapping
-from agenttest_worker.agents.scripts import ScriptError, call_script, load_script
+from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
 from agenttest_worker.results import AgentCallRecord
 
 

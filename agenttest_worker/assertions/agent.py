@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
+from agenttest_worker.agents.options import Options
+from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.agents.roles import conversation_for_role
 from agenttest_worker.assertions.base import (
     AssertionContext,
@@ -23,8 +25,6 @@ from agenttest_worker.assertions.base import (
     AssertionSpec,
     register,
 )
-from agenttest_worker.options import Options
-from agenttest_worker.refs import parse_ref
 
 
 class AgentAssertion(AssertionSpec):

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from agenttest_worker.results import AssertionOutcome as AssertionOutcome
+
 if TYPE_CHECKING:
     from agenttest_worker.results import ToolCall
 
@@ -25,17 +27,6 @@ class AssertionSpec(BaseModel):
 
     type: str
     description: str | None = None
-
-
-@dataclass(frozen=True)
-class AssertionOutcome:
-    """What a checker concluded. `reason` is written for the person reading the report."""
-
-    passed: bool
-    reason: str
-    score: float | None = None
-    suggestions: list[str] | None = None
-    error: str | None = None
 
 
 class RoleCaller(Protocol):

@@ -10,14 +10,14 @@ from typing import Literal
 
 from pydantic import field_validator
 
+from agenttest_worker.agents.options import Options
+from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.assertions.base import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,
     register,
 )
-from agenttest_worker.options import Options
-from agenttest_worker.refs import parse_ref
 
 
 class ScriptAssertion(AssertionSpec):

@@ -7,7 +7,6 @@ file is loaded, so a path that does not parse is a load error, not a failed run.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
@@ -18,7 +17,7 @@ from agenttest_worker.assertions.base import (
     AssertionSpec,
     register,
 )
-from agenttest_worker.documents import json_equal
+from agenttest_worker.json_values import compile_path, find, json_equal
 
 JsonType = Literal["string", "number", "integer", "boolean", "array", "object", "null"]
 
@@ -39,24 +38,9 @@ _TYPE_ALIASES: dict[str, JsonType] = {
 }
 
 
-@lru_cache(maxsize=4096)
-def compile_path(path: str) -> Any:
-    # Imported on first use: runs without JSONPaths do not pay for building its parser.
-    from jsonpath_ng.ext.parser import parse as parse_jsonpath
-
-    try:
-        return parse_jsonpath(path)
-    except Exception as exc:  # jsonpath-ng raises several unrelated exception types
-        raise ValueError(f"invalid JSONPath {path!r}: {exc}") from None
-
-
 def _valid_path(path: str) -> str:
     compile_path(path)
     return path
-
-
-def find(path: str, document: Any) -> list[Any]:
-    return [match.value for match in compile_path(path).find(document)]
 
 
 class JsonPathAssertion(AssertionSpec):

@@ -20,7 +20,7 @@ from agenttest_worker.assertions.base import (
     AssertionSpec,
     register,
 )
-from agenttest_worker.documents import json_equal
+from agenttest_worker.json_values import json_equal
 
 _PREVIEW = 80
 

@@ -63,7 +63,7 @@ from agenttest_worker.store.models import (
     RunRow,
     TurnRow,
 )
-from agenttest_worker.store.reports import copy_reports
+from agenttest_worker.store.report_copy import copy_reports
 from agenttest_worker.store.steps import (
     JsonDocument,
     JsonText,

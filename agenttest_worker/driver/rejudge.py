@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from agenttest_worker.agents.options import merge_options
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.assertions import Assertion, AssertionContext
-from agenttest_worker.cases import Case
-from agenttest_worker.documents import turn_document
+from agenttest_worker.cases.model import Case
 from agenttest_worker.engine import ConversationState, final_context, run_assertions
-from agenttest_worker.options import merge_options
+from agenttest_worker.engine.documents import turn_document
 from agenttest_worker.results import AgentCallRecord, Usage
 
 

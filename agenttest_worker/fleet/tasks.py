@@ -35,9 +35,9 @@ from celery.signals import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from agenttest_worker.aggregate import aggregate
-from agenttest_worker.celery_app import CONTINUING, NEW_CONVERSATION, app, sweep_interval
-from agenttest_worker.conversation import Advance, PoolCache, run_step_sync
+from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
+from agenttest_worker.fleet.aggregate import aggregate
+from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app, sweep_interval
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import error_reason, is_connection_lost, upgrade
@@ -59,7 +59,7 @@ def _migrate_on_start(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 def _close_io(**_: Any) -> None:
-    from agenttest_worker.runtime import shutdown
+    from agenttest_worker.driver.event_loops import shutdown
 
     shutdown()
 
@@ -222,8 +222,8 @@ def _warm_up(**_: Any) -> None:
     modules kept off the submitter's start-up path), then settle the heap (heap.py)."""
     import aiohttp  # noqa: F401  (agents/transport.py imports it where a call is made)
 
+    from agenttest_worker.driver.event_loops import run_sync  # noqa: F401
     from agenttest_worker.heap import settle
-    from agenttest_worker.runtime import run_sync  # noqa: F401
 
     settle()
 

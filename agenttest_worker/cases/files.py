@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agenttest_worker.assertions import ASSERTION_TYPES
-from agenttest_worker.cases import Case, CaseSource, FieldError, YamlTest
+from agenttest_worker.cases.model import Case, CaseSource, FieldError, YamlTest
 from agenttest_worker.errors import InputError, InputProblem, format_field
 from agenttest_worker.yamlfile import YamlPath, parse_yaml
 

@@ -24,9 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from agenttest_worker.agents.refs import is_valid_name, parse_ref
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
-from agenttest_worker.refs import is_valid_name, parse_ref
 from agenttest_worker.yamlfile import LineMap, YamlPath, parse_yaml
 
 CONFIG_FILENAMES = ("agenttest.yaml", "agenttest.yml")

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from agenttest_worker.refs import is_valid_name
+from agenttest_worker.agents.refs import is_valid_name
 
 ScriptRole = Literal["assertion", "simulator", "generator", "agent"]
 

@@ -1,29 +1,12 @@
-"""The JSON documents that json_path and type assertions read (DESIGN.md), and JSON helpers."""
+"""The JSON documents that json_path and type assertions read (DESIGN.md)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from agenttest_worker.json_values import parse_json
 from agenttest_worker.results import ToolCall, TurnResult
-
-
-def parse_json(text: str | None) -> tuple[bool, Any]:
-    """(True, value) when `text` is a JSON object or array, else (False, None).
-
-    Bare scalars are not treated as JSON: a reply "42" or "true" is text that happens
-    to parse, and reading it as a number would surprise `contains` users.
-    """
-    if not text:
-        return False, None
-    stripped = text.strip()
-    if not stripped or stripped[0] not in "{[":
-        return False, None
-    try:
-        return True, json.loads(stripped)
-    except ValueError:
-        return False, None
 
 
 def turn_document(output: str | None, tool_calls: Iterable[ToolCall]) -> Any:
@@ -61,16 +44,3 @@ def final_document(
         }
     )
     return doc
-
-
-def json_equal(a: Any, b: Any) -> bool:
-    """Equality as JSON sees it: true is not 1, 1 equals 1.0, containers compare deeply."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and bool(a == b)

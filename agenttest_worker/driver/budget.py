@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.results import AgentCallRecord, TurnResult
 

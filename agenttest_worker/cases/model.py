@@ -32,11 +32,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from agenttest_worker.agents.options import Options
+from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.assertions import AgentAssertion, Assertion
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import FieldPath, InputProblem, format_field
-from agenttest_worker.options import Options
-from agenttest_worker.refs import parse_ref
 
 OnMissingInput = Literal["skip", "fail", "end"]
 CaseType = Literal["single_turn", "multi_turn"]

@@ -13,10 +13,10 @@ from typing import Any
 
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.base import AgentError, AgentRequest
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.registry import ProjectConfig
+from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.errors import InputProblem
-from agenttest_worker.refs import parse_ref
 from agenttest_worker.report import RunReport
 from agenttest_worker.results import AgentCallRecord
 

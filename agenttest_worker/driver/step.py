@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.budget import budget_spent, turns_spend
-from agenttest_worker.cases import Case
+from agenttest_worker.cases.model import Case
+from agenttest_worker.driver.budget import budget_spent, turns_spend
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
     ConversationState,
@@ -32,7 +32,7 @@ from agenttest_worker.engine import (
 )
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
-from agenttest_worker.store.conversations import ConversationStore, as_store
+from agenttest_worker.store.buffered import ConversationStore, as_store
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -401,7 +401,7 @@ def run_step_sync(
     redelivered: bool = False,
 ) -> Advance:
     """One step from a worker thread: database here, agent calls on the process's loop."""
-    from agenttest_worker.runtime import run_sync
+    from agenttest_worker.driver.event_loops import run_sync
 
     store = as_store(store)
     prepared = prepare(store, run_id, case_id, turn, max_deliveries, redelivered)

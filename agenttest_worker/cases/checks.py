@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from agenttest_worker.agents.registry import ProjectConfig
-from agenttest_worker.agents.scripts import ScriptError, ScriptRole, resolve_script
+from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.refs import parse_ref
+from agenttest_worker.agents.script_loader import ScriptError, ScriptRole, resolve_script
 from agenttest_worker.assertions import AgentAssertion, Assertion, ScriptAssertion
-from agenttest_worker.cases import Case
+from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import FieldPath, InputProblem
-from agenttest_worker.refs import parse_ref
 
 
 def check_ref(config: ProjectConfig, ref_text: str, role: ScriptRole) -> str | None:

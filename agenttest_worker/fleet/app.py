@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from agenttest_worker.broker import use_shared_clients
+from agenttest_worker.fleet.transport import use_shared_clients
 from agenttest_worker.settings import get_settings
 
 settings = get_settings()
@@ -45,7 +45,7 @@ def queue_lists(queue: str) -> list[str]:
 app = Celery(
     "agenttest_worker",
     broker=settings.broker_url or "memory://",
-    include=["agenttest_worker.tasks"],
+    include=["agenttest_worker.fleet.tasks"],
 )
 if (settings.broker_url or "").startswith(("redis://", "rediss://")):
     # kombu's Redis transport, reusing one client per channel (see broker.py).

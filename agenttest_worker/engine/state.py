@@ -1,0 +1,104 @@
+"""A conversation as data: the run's options, the pending input, the serializable state.
+
+Everything the engine needs between two turns lives in ConversationState, so a worker
+can save it after a turn and any other worker can load it and play the next.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from agenttest_worker.agents.config import DEFAULT_AWAITING_TOOLS
+from agenttest_worker.cases.model import Case, OnMissingInput
+from agenttest_worker.results import (
+    AgentCallRecord,
+    AssertionResult,
+    InputSource,
+    TurnResult,
+)
+
+# A target that keeps calling mocked tools is stopped after this many calls in a turn.
+MAX_TOOL_ROUNDS = 8
+NO_NEXT_TURN = "Agent awaiting input, no next turn defined"
+MISSING_INPUT_HINT = "Add more turns, use --interactive, or configure simulator"
+
+Phase = Literal["ready", "awaiting_human", "done"]
+
+
+class RunOptions(BaseModel):
+    """Run-wide choices that shape every conversation (stored with the run)."""
+
+    target: str | None = None
+    connector: str | None = None
+    on_missing_input: OnMissingInput | None = None
+    # True: --interactive; False: --skip-interactive or no terminal to ask at;
+    # None: each case's `interactive.enabled` decides.
+    interactive: bool | None = None
+    case_timeout: float = 300.0
+    # A bound on one turn (target, judges, simulator together); None: only the case's.
+    turn_timeout: float | None = None
+    fail_fast: bool = False
+    # Budgets for the whole run: once spent, no new turn starts (--max-tokens/--max-cost).
+    max_tokens: int | None = None
+    max_cost: float | None = None
+
+    @property
+    def budgeted(self) -> bool:
+        return self.max_tokens is not None or self.max_cost is not None
+
+    awaiting_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_AWAITING_TOOLS))
+
+
+class PendingInput(BaseModel):
+    text: str
+    source: InputSource
+    static_index: int | None = None
+    simulator_reasoning: str | None = None
+    # Time spent producing this input (a simulator call) and the calls made for it,
+    # counted in the turn that sends it.
+    prep_ms: int = 0
+    prep_calls: list[AgentCallRecord] = Field(default_factory=list)
+
+
+class HumanPrompt(BaseModel):
+    question: str | None
+    hint: str | None
+    asked_at: float
+
+
+class ConversationState(BaseModel):
+    case_id: str
+    session_id: str
+    phase: Phase = "ready"
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    turns: list[TurnResult] = Field(default_factory=list)
+    next_input: PendingInput | None = None
+    tool_results: dict[str, Any] = Field(default_factory=dict)
+    agent_state: Any = None
+    error: str | None = None
+    skip_reason: str | None = None
+    goal_achieved: bool | None = None
+    final_assertions: list[AssertionResult] = Field(default_factory=list)
+    elapsed_ms: int = 0
+    prompt: HumanPrompt | None = None
+
+    @property
+    def turns_run(self) -> int:
+        return sum(1 for t in self.turns if t.input is not None)
+
+
+# -- starting ------------------------------------------------------------------------------
+
+
+def start_conversation(case: Case, session_id: str) -> ConversationState:
+    state = ConversationState(case_id=case.id, session_id=session_id)
+    # An empty first input is none either (the spec's implementation reads a missing and
+    # an empty string alike); a later empty turn is sent as written.
+    if not case.turns or case.turns[0].input == "":
+        state.error = "no initial input"
+        state.phase = "done"
+        return state
+    state.next_input = PendingInput(text=case.turns[0].input, source="static", static_index=0)
+    return state

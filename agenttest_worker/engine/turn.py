@@ -1,0 +1,327 @@
+"""One turn: send the pending input to the target, answer mocked tool calls, detect
+whether the agent awaits input, run the turn's assertions and choose the next input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.options import merge_options
+from agenttest_worker.agents.pool import AgentPool, RoleSession
+from agenttest_worker.assertions import Assertion, AssertionContext
+from agenttest_worker.cases.model import Attachment, Case
+from agenttest_worker.durations import format_duration
+from agenttest_worker.engine.assess import run_assertions
+from agenttest_worker.engine.awaiting import detect_awaiting
+from agenttest_worker.engine.documents import turn_document
+from agenttest_worker.engine.next_input import choose_next
+from agenttest_worker.engine.state import (
+    MAX_TOOL_ROUNDS,
+    ConversationState,
+    PendingInput,
+    RunOptions,
+)
+from agenttest_worker.results import (
+    AgentCallRecord,
+    ToolCall,
+    TurnResult,
+    Usage,
+)
+
+
+def target_for(case: Case, options: RunOptions, pool: AgentPool, static_index: int | None) -> str:
+    """-c beats a turn's connector, which beats the case's, which beats the case's agent."""
+    turn_options = case.turns[static_index].options if static_index is not None else None
+    for connector in (
+        options.connector,
+        turn_options.connector if turn_options else None,
+        case.options.connector if case.options else None,
+    ):
+        if connector and connector in pool.config.agents:
+            return connector
+    agent = case.agent or options.target
+    if agent is None:
+        raise AgentError("config", "no target agent: pass -n NAME or set `agent` on the case")
+    return agent
+
+
+# -- one turn ------------------------------------------------------------------------------
+
+
+def user_message(text: str, attachments: list[Attachment]) -> dict[str, Any]:
+    """The user's message; attachments travel as Chat Completions content parts."""
+    if not attachments:
+        return {"role": "user", "content": text}
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    for attachment in attachments:
+        is_image = attachment.type == "image" or (attachment.mime_type or "").startswith("image/")
+        is_image = is_image or attachment.source.startswith("data:image/")
+        if is_image:
+            parts.append({"type": "image_url", "image_url": {"url": attachment.source}})
+        else:
+            parts.append(
+                {
+                    "type": "file",
+                    "file": {
+                        "filename": attachment.name or "attachment",
+                        "file_data": attachment.source,
+                    },
+                }
+            )
+    return {"role": "user", "content": parts}
+
+
+def _tool_content(result: Any) -> str:
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+
+
+def _not_executed(name: str) -> str:
+    # Strict Chat Completions APIs require an answer to every tool call before the
+    # next message; without a mock the runner says so rather than inventing a result.
+    return json.dumps(
+        {"status": "not executed", "reason": f"no tool_mocks entry for {name} in the test case"}
+    )
+
+
+async def _call_target(
+    case: Case,
+    state: ConversationState,
+    roles: RoleSession,
+    agent: str,
+    metadata: dict[str, Any],
+    mocks: dict[str, Any],
+    turn_no: int,
+    client_calls: list[ToolCall],
+    answered: dict[str, Any],
+) -> AgentReply:
+    """Call the target, answering mocked tool calls within the turn (bounded).
+
+    The calls made and the mocked results given are added to `client_calls` and
+    `answered` as they happen, so that a turn that ends in an error still records them.
+    """
+    for round_no in range(MAX_TOOL_ROUNDS):
+        reply = await roles.call(
+            agent,
+            AgentRequest(
+                role="target",
+                messages=state.messages,
+                metadata=metadata,
+                session_id=state.session_id,
+                case_id=case.id,
+                turn=turn_no,
+            ),
+        )
+        assistant = reply.assistant_message()
+        state.messages.append(assistant)
+        if reply.state is not None:
+            state.agent_state = reply.state
+        client_calls.extend(reply.tool_calls)
+        if not reply.tool_calls:
+            return reply
+        any_mocked = False
+        history_calls = list(assistant.get("tool_calls") or [])
+        assistant["tool_calls"] = history_calls
+        for index, call in enumerate(reply.tool_calls):
+            call_id = call.id or f"call_{turn_no}_{round_no}_{index}"
+            # An agent that sends no ids still gets a history where every tool message
+            # answers an id of the assistant message (strict APIs check this).
+            if index < len(history_calls) and isinstance(history_calls[index], dict):
+                history_calls[index] = {**history_calls[index], "id": call_id}
+            if call.name in mocks:
+                any_mocked = True
+                result = mocks[call.name]
+                answered[call.name] = result
+                state.tool_results[call.name] = result
+                content = _tool_content(result)
+            else:
+                content = _not_executed(call.name)
+            state.messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        if not any_mocked:
+            return reply
+    raise AgentError(
+        "tool_loop",
+        f"agent error: the agent kept calling tools after {MAX_TOOL_ROUNDS} mocked results",
+    )
+
+
+def _turn_spec(case: Case, pending: PendingInput) -> tuple[list[Assertion], list[Attachment]]:
+    if pending.static_index is None:
+        return [], []
+    turn = case.turns[pending.static_index]
+    return list(turn.assertions), list(turn.attachments)
+
+
+def _metadata(case: Case, pending: PendingInput) -> dict[str, Any]:
+    turn_options = (
+        case.turns[pending.static_index].options if pending.static_index is not None else None
+    )
+    return dict(merge_options(case.options, turn_options).metadata)
+
+
+def _mocks(case: Case, pending: PendingInput) -> dict[str, Any]:
+    mocks = dict(case.tool_mocks)
+    if pending.static_index is not None and case.turns[pending.static_index].tool_mocks:
+        mocks.update(case.turns[pending.static_index].tool_mocks or {})
+    return mocks
+
+
+def _remaining(case_timeout: float, state: ConversationState) -> float:
+    return case_timeout - state.elapsed_ms / 1000
+
+
+async def run_turn(
+    case: Case,
+    state: ConversationState,
+    pool: AgentPool,
+    options: RunOptions,
+    *,
+    in_place: bool = False,
+) -> ConversationState:
+    """Run the pending turn and choose what comes next. Never raises for agent trouble.
+
+    The given state is left as it was (a copy is returned) unless `in_place`: a caller
+    that has just loaded the state for this step saves the copy's cost.
+    """
+    if state.phase != "ready" or state.next_input is None:
+        return state
+    if not in_place:
+        state = state.model_copy(deep=True)
+    pending = state.next_input
+    assert pending is not None
+    state.next_input = None
+    turn_no = state.turns_run + 1
+    started = time.monotonic()
+    log: list[AgentCallRecord] = []
+    roles = pool.session(log)
+    assertions, attachments = _turn_spec(case, pending)
+    turn = TurnResult(
+        turn=turn_no,
+        input=pending.text,
+        input_source=pending.source,
+        simulator_reasoning=pending.simulator_reasoning,
+    )
+    # The simulator call that wrote this turn's input belongs to this turn.
+    log.extend(pending.prep_calls)
+    state.messages.append(user_message(pending.text, attachments))
+
+    # Everything the turn does (target, tool mocks, judges, the simulator writing the
+    # next input) is bounded by what is left of the case's time and by the turn's own
+    # limit, in the event loop, whatever pool the worker runs.
+    remaining = _remaining(options.case_timeout, state)
+    turn_limited = options.turn_timeout is not None and options.turn_timeout < remaining
+    budget = options.turn_timeout if turn_limited and options.turn_timeout else remaining
+    if turn_limited:
+        late = f"timeout after {format_duration(budget)} (the turn's time limit)"
+    else:
+        late = f"timeout after {format_duration(options.case_timeout)} (the case's time limit)"
+    body = _turn_body(case, state, pool, options, roles, turn, pending, assertions, started, log)
+    try:
+        if budget <= 0:
+            body.close()
+            raise TimeoutError
+        return await asyncio.wait_for(body, timeout=budget)
+    except TimeoutError:
+        if any(recorded is turn for recorded in state.turns):
+            # The turn itself was recorded; what timed out came after it (a judge's or the
+            # simulator's call): the case fails with the reason.
+            state.next_input = None
+            state.error = late
+            state.phase = "done"
+            return state
+        turn.error = late
+        return _end_turn_with_error(state, turn, started, pending, log)
+
+
+async def _turn_body(
+    case: Case,
+    state: ConversationState,
+    pool: AgentPool,
+    options: RunOptions,
+    roles: RoleSession,
+    turn: TurnResult,
+    pending: PendingInput,
+    assertions: list[Assertion],
+    started: float,
+    log: list[AgentCallRecord],
+) -> ConversationState:
+    calls: list[ToolCall] = []
+    answered: dict[str, Any] = {}
+    try:
+        agent = target_for(case, options, pool, pending.static_index)
+        reply = await _call_target(
+            case,
+            state,
+            roles,
+            agent,
+            _metadata(case, pending),
+            _mocks(case, pending),
+            turn.turn,
+            calls,
+            answered,
+        )
+    except AgentError as exc:
+        turn.error = exc.message
+        # What the agent did before the error is part of the turn's record.
+        turn.tool_calls = calls
+        turn.tool_results = answered or None
+        return _end_turn_with_error(state, turn, started, pending, log)
+
+    turn.output = reply.content if reply.content is not None else ""
+    turn.tool_calls = calls
+    turn.tool_results = answered or None
+    turn.input_hint = reply.input_hint
+    # Only the final reply's tool calls say whether the agent now waits: a mocked
+    # request_confirmation earlier in the turn was answered by the mock.
+    awaiting = detect_awaiting(
+        reply.content, reply.tool_calls, reply.awaiting_input, options.awaiting_tools
+    )
+    turn.awaiting_input, turn.awaiting_reason = awaiting.awaiting, awaiting.reason
+
+    ctx = AssertionContext(
+        output=turn.output,
+        document=turn_document(turn.output, calls),
+        tool_calls=calls,
+        input=pending.text,
+        messages=state.messages,
+        final=False,
+        case_id=case.id,
+        metadata=_metadata(case, pending),
+        roles=roles,
+    )
+    turn.assertions = await run_assertions(assertions, ctx)
+    turn.status = "passed" if all(a.passed for a in turn.assertions) else "failed"
+    _close_turn(state, turn, started, pending, log)
+    await choose_next(case, state, pool, options, awaiting.awaiting, pending)
+    return state
+
+
+def _close_turn(
+    state: ConversationState,
+    turn: TurnResult,
+    started: float,
+    pending: PendingInput,
+    log: list[AgentCallRecord],
+) -> None:
+    turn.duration_ms = int((time.monotonic() - started) * 1000) + pending.prep_ms
+    turn.calls = log or None
+    usage = [c.usage for c in log if c.usage is not None]
+    turn.usage = sum(usage, Usage()) if usage else None
+    state.elapsed_ms += turn.duration_ms
+    state.turns.append(turn)
+
+
+def _end_turn_with_error(
+    state: ConversationState,
+    turn: TurnResult,
+    started: float,
+    pending: PendingInput,
+    log: list[AgentCallRecord],
+) -> ConversationState:
+    # Without a reply there is nothing to build the next turn on: the case fails here.
+    turn.status = "failed"
+    _close_turn(state, turn, started, pending, log)
+    state.phase = "done"
+    return state

@@ -1,0 +1,57 @@
+"""JSON helpers shared by the agents, the assertions and the engine.
+
+They sit below all three so that none has to import another for them: reading a JSON
+reply, comparing values as JSON does, and evaluating JSONPaths (response mappings of
+`http` agents, `json_path` assertions).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+
+def parse_json(text: str | None) -> tuple[bool, Any]:
+    """(True, value) when `text` is a JSON object or array, else (False, None).
+
+    Bare scalars are not treated as JSON: a reply "42" or "true" is text that happens
+    to parse, and reading it as a number would surprise `contains` users.
+    """
+    if not text:
+        return False, None
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "{[":
+        return False, None
+    try:
+        return True, json.loads(stripped)
+    except ValueError:
+        return False, None
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Equality as JSON sees it: true is not 1, 1 equals 1.0, containers compare deeply."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
+
+
+@lru_cache(maxsize=4096)
+def compile_path(path: str) -> Any:
+    # Imported on first use: runs without JSONPaths do not pay for building its parser.
+    from jsonpath_ng.ext.parser import parse as parse_jsonpath
+
+    try:
+        return parse_jsonpath(path)
+    except Exception as exc:  # jsonpath-ng raises several unrelated exception types
+        raise ValueError(f"invalid JSONPath {path!r}: {exc}") from None
+
+
+def find(path: str, document: Any) -> list[Any]:
+    return [match.value for match in compile_path(path).find(document)]
