@@ -8,17 +8,30 @@
 Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem
 listed with file, line and field), 3 the database or the broker out of reach, or an
 internal error.
+
+This module only parses the command line: it builds the request (request.py), hands it
+to `submit.submit` (a run) or `commands.run_subcommand`, and prints the input problems
+and the errors they raise as the exit code says.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
+from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
+from agenttest_submit.request import (
+    DEFAULT_SIMULATOR,
+    DbRequest,
+    ReportRequest,
+    ResumeRequest,
+    RunRequest,
+    StatusRequest,
+    SubcommandRequest,
+)
 from agenttest_submit.stopping import (
     interrupted_exit_code,
     interrupted_word,
@@ -26,13 +39,14 @@ from agenttest_submit.stopping import (
 )
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.heap import starting
 
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+# The rest (pydantic, the report formats, the store) is imported once `main` has called
+# heap.starting(): they are start-up's heaviest imports, and the garbage collector's
+# passes during them are wasted work (see heap.py).
+
 MAX_PROBLEMS_SHOWN = 200
 SUBCOMMANDS = ("status", "report", "resume", "db")
-# `--simulator` given alone: agenttest.yaml's defaults.simulator.
-DEFAULT_SIMULATOR = "\0defaults.simulator"
-FORMATS = ("console", "json", "jsonl", "table", "tsv", "junit")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +54,13 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_INPUT)
+
+
+def _formats() -> list[str]:
+    """The `--format` choices: every format in the report registry, as registered now."""
+    from agenttest_worker.report import REPORTERS  # after heap.starting(): see the top
+
+    return list(REPORTERS)
 
 
 def _duration_arg(text: str) -> float:
@@ -70,6 +91,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of a run: `agenttest-submit -i ... [options]`."""
     p = _Parser(
         prog="agenttest-submit",
         description="Run scripted and simulated conversations against agents and check every turn.",
@@ -142,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=_formats(),
         default=None,
         help="report format on stdout or -o (default: console on stdout, jsonl in -o)",
     )
@@ -207,11 +229,82 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_subcommand_parser() -> argparse.ArgumentParser:
+    """The parser of `agenttest-submit status|report|resume|db ...`."""
+    parser = _Parser(prog="agenttest-submit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="counts and state of a run")
+    status.add_argument("run", metavar="RUN")
+    report = sub.add_parser("report", help="print or write a run's report")
+    report.add_argument("run", metavar="RUN")
+    report.add_argument("-o", "--output", metavar="FILE")
+    report.add_argument("--format", choices=_formats(), default=None)
+    report.add_argument("-v", "--verbose", action="store_true")
+    resume = sub.add_parser("resume", help="re-run the unfinished conversations of a run")
+    resume.add_argument("run", metavar="RUN")
+    resume.add_argument("--parallel", type=_positive_int, default=10, metavar="N")
+    db = sub.add_parser("db", help="database maintenance")
+    db.add_argument("action", choices=("upgrade",))
+    return parser
+
+
+def run_request(args: argparse.Namespace) -> RunRequest:
+    """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
+    return RunRequest(
+        inputs=tuple(args.input),
+        agent=args.name,
+        connector=args.connector,
+        config_file=args.config,
+        output=args.output,
+        format=args.format,
+        verbose=args.verbose,
+        interactive=args.interactive,
+        skip_interactive=args.skip_interactive,
+        simulator=args.simulator,
+        on_missing_input=args.on_missing_input,
+        tags=tuple(args.tag),
+        ids=tuple(args.ids),
+        case_timeout=args.timeout,
+        turn_timeout=args.turn_timeout,
+        deadline=args.deadline,
+        max_tokens=args.max_tokens,
+        max_cost=args.max_cost,
+        parallel=args.parallel,
+        fail_fast=args.fail_fast,
+        dry_run=args.dry_run,
+        wait=args.wait,
+        reeval=args.reeval,
+        reporter=args.reporter,
+    )
+
+
+def subcommand_request(args: argparse.Namespace) -> SubcommandRequest:
+    """The subcommand `build_subcommand_parser` parsed `args` into."""
+    if args.command == "status":
+        return StatusRequest(run=args.run)
+    if args.command == "report":
+        return ReportRequest(
+            run=args.run, output=args.output, format=args.format, verbose=args.verbose
+        )
+    if args.command == "resume":
+        return ResumeRequest(run=args.run, parallel=args.parallel)
+    return DbRequest(action=args.action)
+
+
+def parse_run(argv: Sequence[str]) -> RunRequest:
+    """`agenttest-submit ARGV` (not a subcommand) as a request; bad usage exits 2."""
+    return run_request(build_parser().parse_args(list(argv)))
+
+
+def parse_subcommand(argv: Sequence[str]) -> SubcommandRequest:
+    """`agenttest-submit status|report|resume|db ...` as a request; bad usage exits 2."""
+    return subcommand_request(build_subcommand_parser().parse_args(list(argv)))
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    from agenttest_worker.heap import starting
-
     starting()  # see heap.py
+    # After heap.starting(): see the note at the top.
     from agenttest_worker.settings import get_settings
 
     get_settings.cache_clear()  # settings come from this invocation's environment
@@ -220,11 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():
             if subcommand:
+                command = parse_subcommand(args_list)
+                # After heap.starting(): see the note at the top.
                 from agenttest_submit.commands import run_subcommand
 
-                return run_subcommand(args_list)
-            args = build_parser().parse_args(args_list)
-            return run_main(args)
+                return run_subcommand(command)
+            request = parse_run(args_list)
+            from agenttest_submit.submit import submit  # after heap.starting(): see the top
+
+            return submit(request)
     except InputError as exc:
         print_problems(exc.problems, nothing_ran=not subcommand)
         return EXIT_INPUT
@@ -236,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        from agenttest_submit.services import unreachable_service
+        from agenttest_submit.services import unreachable_service  # after heap.starting()
 
         unreachable = unreachable_service(exc)
         if unreachable is not None:
@@ -258,133 +355,6 @@ def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> No
         print(f"  {problem}", file=sys.stderr)
     if count > MAX_PROBLEMS_SHOWN:
         print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
-
-
-def parse_inputs(values: list[str]) -> tuple[list[Any], list[InputProblem]]:
-    """Every -i value classified, with the problems of all of them (not just the first)."""
-    from dataclasses import replace
-
-    from agenttest_submit.inputs import MessageInput, parse_input
-
-    sources: list[Any] = []
-    problems: list[InputProblem] = []
-    messages = 0
-    for value in values:
-        try:
-            source = parse_input(value)
-        except InputError as exc:
-            problems.extend(exc.problems)
-            continue
-        if isinstance(source, MessageInput):
-            messages += 1
-            source = replace(source, number=messages)
-        sources.append(source)
-    return sources, problems
-
-
-def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
-    """Why `output` cannot be written, found before anything runs (not after an hour)."""
-    if not output:
-        return None
-    path = Path(output).expanduser()
-    folder = path.parent
-    if path.is_dir():
-        why = "it is a folder; give a file name"
-    elif not folder.is_dir():
-        why = f"folder {folder} does not exist"
-    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        why = "permission denied"
-    else:
-        return None
-    return InputProblem(f"cannot write {output}: {why}", field=flag)
-
-
-def run_main(args: argparse.Namespace) -> int:
-    from agenttest_submit.expand import CaseStream, Selection, print_warnings
-    from agenttest_worker.agents.config import load_config
-
-    if args.interactive and args.skip_interactive:
-        raise InputError("--interactive and --skip-interactive contradict each other")
-    config = load_config(args.config)
-    bad_output = output_problem(args.output)
-    if args.reeval is not None and not args.input:
-        if bad_output:
-            raise InputError(bad_output)
-        from agenttest_submit.reeval import reeval_run
-
-        return reeval_run(args, config)
-    if not args.input:
-        raise InputError('no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR')
-    sources, problems = parse_inputs(args.input)
-    target = args.name or config.defaults.agent
-    if bad_output:
-        problems.append(bad_output)
-    for flag, ref in (("-n", args.name), ("-c", args.connector)):
-        if ref is not None and ref not in config.agents:
-            problems.append(InputProblem(config.unknown_agent_message(ref), field=flag))
-    if args.simulator == DEFAULT_SIMULATOR:
-        args.simulator = config.defaults.simulator
-        if args.simulator is None:
-            problems.append(
-                InputProblem(
-                    "names no simulator, and agenttest.yaml has no defaults.simulator",
-                    field="--simulator",
-                )
-            )
-    if args.simulator is not None:
-        from agenttest_worker.cases.checks import check_ref
-
-        if message := check_ref(config, args.simulator, "simulator"):
-            problems.append(InputProblem(message, field="--simulator"))
-    from agenttest_submit.reporter_agent import reporter_problem
-
-    if reporter := reporter_problem(config, args.reporter):
-        problems.append(reporter)  # not found out after the whole run
-    if problems:
-        raise InputError(problems)
-    from agenttest_submit.inputs import MessageInput
-
-    if any(isinstance(s, MessageInput) for s in sources) and target is None:
-        raise InputError(
-            InputProblem("a direct message needs a target agent: add -n NAME", field="-i")
-        )
-    stream = CaseStream(
-        sources,
-        config,
-        target=target,
-        simulator=args.simulator,
-        selection=Selection(tags=args.tag, ids=args.ids),
-    )
-    if args.dry_run:
-        return _dry_run(stream, args.output)
-    if args.reeval is not None:
-        from agenttest_submit.reeval import reeval_cases
-
-        cases = list(stream)
-        stream.finish()
-        print_warnings(stream.warnings)
-        return reeval_cases(args, config, cases)
-    from agenttest_submit.runner import run_cases
-
-    return run_cases(args, config, stream, sources, target)
-
-
-def _dry_run(stream: Any, output: str | None) -> int:
-    """Print (or write) the normalized cases, only once all of them proved valid."""
-    from agenttest_submit.expand import Spool, print_warnings
-
-    with Spool(stream, None) as spool:
-        print_warnings(stream.warnings)
-        lines = (json.dumps(record, ensure_ascii=False) + "\n" for _, _, record in spool.records())
-        if output:
-            with Path(output).open("w", encoding="utf-8") as handle:
-                handle.writelines(lines)
-            where = f" written to {output}"
-        else:
-            sys.stdout.writelines(lines)
-            where = ""
-    print(f"{stream.count} case(s){where} (dry run: no target was called)", file=sys.stderr)
-    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ messages"), and it keeps watching through a database restart.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import threading
@@ -22,18 +21,23 @@ import time
 
 from sqlalchemy.exc import DBAPIError
 
-from agenttest_submit.human import TerminalAsker
+from agenttest_submit.human import TerminalAsker, human_question
+from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import emit_report, human_question
+from agenttest_submit.request import RunRequest
 from agenttest_submit.stopping import interrupted_exit_code, interrupted_word, run_async
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
+from agenttest_worker.agents.transport import close_session
 from agenttest_worker.driver.step import Advance, answer_human
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import error_reason, is_connection_lost
+
+# Celery and the tasks (agenttest_worker.fleet) are imported where they are used, not
+# here: import_celery_meanwhile imports them on a thread while the run is stored.
 
 POLL_SECONDS = 0.5
 
@@ -73,6 +77,7 @@ def enqueue_run(run_id: str, total: int) -> int:
     Workers expand each batch into turn tasks (only for conversations not yet started),
     so the submitter's cost does not grow with one publish per case.
     """
+    # Celery: see the note at the top.
     from agenttest_worker.fleet.app import app
     from agenttest_worker.fleet.tasks import enqueue_start
 
@@ -94,25 +99,25 @@ class FleetStarter:
     """
 
     def stored(self, run_id: str, first: int, last: int) -> None:
-        from agenttest_worker.fleet.tasks import enqueue_start
+        from agenttest_worker.fleet.tasks import enqueue_start  # Celery: see the top
 
         enqueue_start(run_id, first, last)
 
     def started(self, run_id: str, every_case_ended: bool) -> None:
         if every_case_ended:  # they ended before the run was running: nobody else will
-            from agenttest_worker.fleet.tasks import aggregate_run
+            from agenttest_worker.fleet.tasks import aggregate_run  # Celery: see the top
 
             aggregate_run.apply_async((run_id,))
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
-    from agenttest_worker.fleet.tasks import follow_up as enqueue
+    from agenttest_worker.fleet.tasks import follow_up as enqueue  # Celery: see the top
 
     enqueue(run_id, case_id, advance)
 
 
 def run_distributed(
-    args: argparse.Namespace,
+    request: RunRequest,
     url: str,
     run_id: str,
     total: int,
@@ -121,7 +126,7 @@ def run_distributed(
 ) -> int:
     """Watch a run whose conversations were started as it was stored (unless --no-wait)."""
     print(f"run {run_id}: {total} case(s) enqueued", file=sys.stderr, flush=True)
-    if not args.wait:
+    if not request.wait:
         print(
             f"follow it with: agenttest-submit status {run_id}; "
             f"report with: agenttest-submit report {run_id}",
@@ -137,7 +142,7 @@ def run_distributed(
             file=sys.stderr,
         )
         return interrupted_exit_code(exc)
-    return emit_report(url, run_id, args)
+    return emit_report(url, run_id, request)
 
 
 def wait_for_run(
@@ -149,6 +154,7 @@ def wait_for_run(
     human_timeouts: dict[str, float],
 ) -> None:
     """Progress from the database until the run's reports exist."""
+    # Celery: see the note at the top.
     from agenttest_worker.fleet.app import sweep_interval
     from agenttest_worker.fleet.tasks import recover
 
@@ -215,8 +221,6 @@ def _answer_waiting(
 async def _answer(
     url: str, pool: AgentPool, run_id: str, case_id: str, text: str | None, why: str | None
 ) -> Advance:
-    from agenttest_worker.agents.transport import close_session
-
     try:
         return await answer_human(url, pool, run_id, case_id, text, why)
     finally:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agenttest_submit.generate import generate_cases
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.assertions import AgentAssertion
@@ -57,8 +58,6 @@ def iter_source(
     elif isinstance(source, MessageInput):
         yield message_case(source.text, source.number)
     elif isinstance(source, GeneratorInput):
-        from agenttest_submit.generate import generate_cases
-
         yield from generate_cases(source, config, target)
 
 

@@ -21,6 +21,7 @@ from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
+from agenttest_worker.agents.transport import close_session
 from agenttest_worker.cases.checks import check_case_refs
 from agenttest_worker.cases.files import Located, validate_case
 from agenttest_worker.cases.model import Case
@@ -61,8 +62,6 @@ def generator_metadata(
 
 
 async def _generate(source: GeneratorInput, config: ProjectConfig, target: str | None) -> list[Any]:
-    from agenttest_worker.agents.transport import close_session
-
     log: list[AgentCallRecord] = []
     try:
         return (

@@ -4,6 +4,7 @@ One question at a time, even with many conversations waiting: the agent's questi
 its `input_hint`, then the reply line. No reply within the case's `interactive.timeout`,
 an empty line, or the end of the terminal's input (Ctrl-D) means "no reply": the
 conversation's `on_missing_input` decides, with the reason saying which it was.
+`human_question` reads what to ask, and how long to wait, from a parked conversation.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import select
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from agenttest_submit.progress import Progress
 from agenttest_worker.durations import format_duration
+from agenttest_worker.store import steps
 
 
 class _Lines:
@@ -105,3 +109,25 @@ class TerminalAsker:
         self, case_id: str, question: str | None, hint: str | None, timeout: float
     ) -> tuple[str | None, str | None]:
         return await asyncio.to_thread(self.ask_blocking, case_id, question, hint, timeout)
+
+
+@dataclass(frozen=True)
+class HumanQuestion:
+    question: str | None
+    hint: str | None
+    timeout: float
+
+
+def human_question(
+    loaded: steps.LoadedCase, timeouts: Mapping[str, float] | None = None
+) -> HumanQuestion:
+    """What to ask a person about a conversation parked for one: the engine's prompt,
+    and how long to wait (`timeouts` for this case, else the stored case's
+    interactive.timeout in seconds, else the spec's default: 5m)."""
+    prompt = (steps.as_object(loaded.state) or {}).get("prompt") or {}
+    timeout = (timeouts or {}).get(loaded.case_id)
+    if not timeout:
+        interactive = (steps.as_object(loaded.case) or {}).get("interactive")
+        stored = interactive.get("timeout") if isinstance(interactive, dict) else None
+        timeout = float(stored) if isinstance(stored, int | float) else 300.0
+    return HumanQuestion(prompt.get("question"), prompt.get("hint"), timeout)

@@ -4,11 +4,14 @@
 "Hello, how are you?"              a direct message (not an existing path; needs -n)
 agents:ID?count=10&focus=x         cases from a generator agent
 scripts:ID?scenario=y              cases from a generator script
+
+`parse_inputs` classifies every -i value of a run, with the problems of all of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agenttest_worker.agents.refs import Ref, parse_ref
@@ -74,3 +77,21 @@ def parse_input(arg: str) -> InputSource:
         if text.startswith(_PATH_PREFIXES) or text.endswith(_PATH_SUFFIXES):
             raise InputError(InputProblem(f"case file or folder not found: {text}", field="-i"))
     return MessageInput(text)
+
+
+def parse_inputs(values: Iterable[str]) -> tuple[list[InputSource], list[InputProblem]]:
+    """Every -i value classified, with the problems of all of them (not just the first)."""
+    sources: list[InputSource] = []
+    problems: list[InputProblem] = []
+    messages = 0
+    for value in values:
+        try:
+            source = parse_input(value)
+        except InputError as exc:
+            problems.extend(exc.problems)
+            continue
+        if isinstance(source, MessageInput):
+            messages += 1
+            source = replace(source, number=messages)
+        sources.append(source)
+    return sources, problems

@@ -19,19 +19,23 @@ Either way the result is a new run, linked to the run the conversations came fro
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from collections import Counter
 from typing import Any
 
-from agenttest_submit.commands import resolve_run
+from agenttest_submit.distributed import database_url, enqueue_run, wait_for_run
+from agenttest_submit.embedded import drive
 from agenttest_submit.expand import Selection
+from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import emit_report, run_options, store_run
+from agenttest_submit.reporter_agent import reporter_problem
+from agenttest_submit.request import RunRequest
+from agenttest_submit.runner import resolve_run, run_options, store_run
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
+from agenttest_worker.agents.transport import close_session
 from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.rejudge import reevaluate
 from agenttest_worker.engine import ConversationState, RunOptions, case_result
@@ -47,30 +51,27 @@ def _url() -> str:
     settings = get_settings()
     url = settings.database_url if settings.distributed else settings.effective_database_url()
     if not url:
-        from agenttest_submit.distributed import database_url
-
         url = database_url()
     upgrade(url)
     return url
 
 
-def _check_reporter(args: argparse.Namespace, config: ProjectConfig) -> None:
-    from agenttest_submit.reporter_agent import reporter_problem
-
-    problem = reporter_problem(config, getattr(args, "reporter", None))
+def _check_reporter(request: RunRequest, config: ProjectConfig) -> None:
+    problem = reporter_problem(config, request.reporter)
     if problem is not None:
         raise InputError(problem)
 
 
-def reeval_run(args: argparse.Namespace, config: ProjectConfig) -> int:
+def reeval_run(request: RunRequest, config: ProjectConfig) -> int:
     """--reeval RUN: every finished conversation of RUN, with its own case definitions."""
     url = _url()
-    source = resolve_run(url, args.reeval)
+    assert request.reeval is not None
+    source = resolve_run(url, request.reeval)
     stored = stored_conversations(url, run_id=source.id)
     if not stored:
         raise InputError(InputProblem(f"run {source.id} has no finished conversations to re-judge"))
     ordered = sorted(stored.values(), key=lambda s: s.seq)
-    selection = Selection(tags=list(args.tag or []), ids=list(args.ids or []))
+    selection = Selection(tags=list(request.tags), ids=list(request.ids))
     cases = [c for c in (Case.model_validate(s.case) for s in ordered) if selection.wants(c)]
     if not cases:
         raise InputError(
@@ -78,9 +79,9 @@ def reeval_run(args: argparse.Namespace, config: ProjectConfig) -> int:
         )
     if not config.agents:
         config = ProjectConfig.from_stored(source.config)
-    _check_reporter(args, config)
+    _check_reporter(request, config)
     label = f"re-evaluation of {source.id}"
-    return _reeval(args, config, url, cases, stored, label, source.agent)
+    return _reeval(request, config, url, cases, stored, label, source.agent)
 
 
 def _script(case: Case | dict[str, Any]) -> list[Any]:
@@ -113,11 +114,12 @@ def _stale(case: Case, stored: StoredConversation, target: str | None) -> str | 
     return None
 
 
-def reeval_cases(args: argparse.Namespace, config: ProjectConfig, cases: list[Case]) -> int:
+def reeval_cases(request: RunRequest, config: ProjectConfig, cases: list[Case]) -> int:
     """--reeval [RUN] -i FILE: re-judge the stored conversations of these case ids."""
     url = _url()
-    run_id = None if args.reeval == "last" else resolve_run(url, args.reeval).id
-    target = args.name or config.defaults.agent
+    ref = request.reeval
+    run_id = None if ref is None or ref == "last" else resolve_run(url, ref).id
+    target = request.agent or config.defaults.agent
     found = stored_conversations(url, [c.id for c in cases], run_id)
     stored: dict[str, StoredConversation] = {}
     for case in cases:
@@ -133,11 +135,11 @@ def reeval_cases(args: argparse.Namespace, config: ProjectConfig, cases: list[Ca
                 file=sys.stderr,
             )
     label = f"re-evaluation of {len(stored)} stored conversation(s)"
-    return _reeval(args, config, url, cases, stored, label, target)
+    return _reeval(request, config, url, cases, stored, label, target)
 
 
 def _reeval(
-    args: argparse.Namespace,
+    request: RunRequest,
     config: ProjectConfig,
     url: str,
     cases: list[Case],
@@ -149,7 +151,7 @@ def _reeval(
     fresh = [c for c in cases if c.id not in stored]
     sources = Counter(stored[c.id].run_id for c in cached)
     parent = sources.most_common(1)[0][0] if sources else None
-    options = run_options(args, config, target)
+    options = run_options(request, config, target)
     run_id, total = store_run(
         url,
         cases,
@@ -167,14 +169,14 @@ def _reeval(
         flush=True,
     )
     progress = Progress(total)
-    run_async(_rejudge_all(url, run_id, cached, stored, config, args.parallel, progress))
+    run_async(_rejudge_all(url, run_id, cached, stored, config, request.parallel, progress))
     if fresh:
-        _run_fresh(args, url, run_id, fresh, config, options, progress)
+        _run_fresh(request, url, run_id, fresh, config, options, progress)
     progress.close()
     current = repo.get_run(url, run_id)
     if current is not None and current.status == "running":
         aggregate(url, run_id)
-    return emit_report(url, run_id, args)
+    return emit_report(url, run_id, request)
 
 
 async def _rejudge_all(
@@ -186,8 +188,6 @@ async def _rejudge_all(
     parallel: int,
     progress: Progress,
 ) -> None:
-    from agenttest_worker.agents.transport import close_session
-
     if not cases:
         return
     pool = AgentPool(config)
@@ -220,7 +220,7 @@ async def _rejudge_all(
 
 
 def _run_fresh(
-    args: argparse.Namespace,
+    request: RunRequest,
     url: str,
     run_id: str,
     fresh: list[Case],
@@ -230,14 +230,10 @@ def _run_fresh(
 ) -> None:
     """Cases with no stored conversation run normally, in the same new run."""
     if get_settings().distributed:
-        from agenttest_submit.distributed import enqueue_run, wait_for_run
-
         current = repo.get_run(url, run_id)
         total = current.total_cases if current else len(fresh)
         # Only conversations not started yet start: the re-judged ones are already done.
         enqueue_run(run_id, total)
         wait_for_run(url, run_id, total, config, options, {})
         return
-    from agenttest_submit.runner import drive
-
-    run_async(drive(url, run_id, [(c.id, 1) for c in fresh], args.parallel, progress))
+    run_async(drive(url, run_id, [(c.id, 1) for c in fresh], request.parallel, progress))

@@ -16,6 +16,7 @@ from agenttest_worker.agents.base import AgentError, AgentRequest
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.refs import parse_ref
+from agenttest_worker.agents.transport import close_session
 from agenttest_worker.errors import InputProblem
 from agenttest_worker.report import RunReport
 from agenttest_worker.results import AgentCallRecord
@@ -81,8 +82,6 @@ def run_reporter(use: str, report: RunReport, config: ProjectConfig) -> str:
     ref = parse_ref(use, default_kind="agents")
 
     async def call() -> str:
-        from agenttest_worker.agents.transport import close_session
-
         log: list[AgentCallRecord] = []
         try:
             reply = await AgentPool(config).session(log).call(ref.id, reporter_request(report))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 
+from agenttest_submit.embedded import drive
 from agenttest_submit.progress import Progress
 from agenttest_submit.stopping import run_async
 from agenttest_worker.fleet.aggregate import aggregate, build_report
@@ -36,6 +37,7 @@ def waiting_for_a_person(url: str, run_id: str) -> list[tuple[str, int]]:
 
 
 def resume_run(url: str, run: RunRow, parallel: int) -> int:
+    """Finish `run` (see the module's docstring); the exit code."""
     if run.status == "done":
         print(f"run {run.id} is complete; nothing to resume", file=sys.stderr)
         return 0
@@ -60,15 +62,13 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     count = len(pending) + len(parked)
     print(f"run {run.id}: resuming {count} unfinished conversation(s)", file=sys.stderr)
     if get_settings().distributed:
-        from agenttest_worker.fleet.tasks import enqueue_turn
+        from agenttest_worker.fleet.tasks import enqueue_turn  # Celery, only when distributed
 
         # Conversations parked for a person stay parked: `agenttest-submit` waiting on
         # the run with --interactive answers them.
         for case_id, next_turn in pending:
             enqueue_turn(run.id, case_id, next_turn)
     elif count:
-        from agenttest_submit.runner import drive
-
         progress = Progress(count)
         run_async(
             drive(
@@ -86,7 +86,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     if current is None or current.finished_cases < current.total_cases:
         return 0
     if get_settings().distributed:
-        from agenttest_worker.fleet.tasks import aggregate_run
+        from agenttest_worker.fleet.tasks import aggregate_run  # Celery, only when distributed
 
         aggregate_run.apply_async((run.id,))
         return 0

@@ -19,7 +19,7 @@ from agenttest_worker.settings import get_settings
 
 def safe_url(url: str) -> str:
     """`url` as it may be shown: its password replaced by ***."""
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import make_url  # SQLAlchemy only when a URL is shown
 
     return make_url(url).render_as_string(hide_password=True)
 
@@ -29,14 +29,14 @@ def unreachable_service(exc: BaseException) -> str | None:
     settings = get_settings()
     sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
     if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.DBAPIError):
-        from agenttest_worker.store.db import error_reason, is_connection_lost
+        from agenttest_worker.store.db import error_reason, is_connection_lost  # see above
 
         if is_connection_lost(exc):
             where = safe_url(settings.effective_database_url())
             return f"cannot reach the database at {where}: {error_reason(exc)}"
     kombu_exc = sys.modules.get("kombu.exceptions")
     if kombu_exc is not None and isinstance(exc, kombu_exc.OperationalError):
-        from agenttest_worker.store.db import error_reason
+        from agenttest_worker.store.db import error_reason  # kombu's errors: see above
 
         where = safe_url(settings.broker_url or "")
         return f"cannot reach the broker at {where}: {error_reason(exc)}"

@@ -179,12 +179,10 @@ def _check_command(argv: list[str], where: str) -> None:
     assert (_venv_bin() / program).exists(), f"{where}: {program} is not in {_venv_bin()}"
     if program == "agenttest-submit":
         assert program in _project_scripts()
-        from agenttest_submit.cli import SUBCOMMANDS, build_parser
+        from agenttest_submit.cli import SUBCOMMANDS, build_parser, build_subcommand_parser
 
         if args and args[0] in SUBCOMMANDS:
-            from agenttest_submit.commands import _parser
-
-            _parser().parse_args(args)
+            build_subcommand_parser().parse_args(args)
         else:
             build_parser().parse_args(args)
     elif program == "agenttest-demo":

@@ -300,8 +300,9 @@ def test_racing_aggregators_build_the_reports_once(
     """aggregate() called from two threads at the same moment on finished runs."""
     import asyncio
 
+    from agenttest_submit.embedded import drive
     from agenttest_submit.progress import Progress
-    from agenttest_submit.runner import drive, store_run
+    from agenttest_submit.runner import store_run
     from agenttest_worker.agents.config import load_config
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions

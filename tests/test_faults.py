@@ -189,8 +189,9 @@ def test_a_lost_aggregation_is_done_by_the_sweeper(
 ) -> None:
     """One run finished but its aggregation message was lost; another run's aggregator
     died after claiming it. A worker's sweeper builds both runs' reports, once each."""
+    from agenttest_submit.embedded import drive
     from agenttest_submit.progress import Progress
-    from agenttest_submit.runner import drive, store_run
+    from agenttest_submit.runner import store_run
     from agenttest_worker.agents.config import ProjectConfig, load_config
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions

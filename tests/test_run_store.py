@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from agenttest_submit.cli import build_parser, main
+from agenttest_submit.cli import main, parse_run
+from agenttest_submit.embedded import drive
 from agenttest_submit.expand import expand
 from agenttest_submit.inputs import parse_input
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import drive, run_options, store_records, store_run, write_run
+from agenttest_submit.runner import run_options, store_records, store_run, write_run
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare, run_step
 from agenttest_worker.engine import HumanPrompt, RunOptions
@@ -60,8 +61,7 @@ def stored_suite(options: RunOptions | None = None) -> tuple[str, str]:
     config = load_config(SUITE_CONFIG)
     cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
     if options is None:
-        args = build_parser().parse_args(["-i", SUITE_CASES])
-        options = run_options(args, config, "assistants.expense")
+        options = run_options(parse_run(["-i", SUITE_CASES]), config, "assistants.expense")
     db = url()
     run_id, total = store_run(
         db, cases, options=options, config=config, target="assistants.expense", label="suite"
@@ -235,11 +235,10 @@ class PlayingStarter:
 def _store_suite_with(starter: PlayingStarter) -> tuple[str, str]:
     config = load_config(SUITE_CONFIG)
     cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
-    args = build_parser().parse_args(["-i", SUITE_CASES])
     run_id, total = store_records(
         starter.db,
         ((c.id, c.agent, c.to_record()) for c in cases),
-        options=run_options(args, config, "assistants.expense"),
+        options=run_options(parse_run(["-i", SUITE_CASES]), config, "assistants.expense"),
         config=config,
         target="assistants.expense",
         label="suite",
@@ -312,9 +311,7 @@ def fresh_suite(work: Any) -> tuple[str, str, BufferedStore, list[Any]]:
     config = load_config(SUITE_CONFIG)
     cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
     records = [(c.id, "assistants.expense", c.to_record()) for c in cases]
-    options = run_options(
-        build_parser().parse_args(["-i", SUITE_CASES]), config, "assistants.expense"
-    )
+    options = run_options(parse_run(["-i", SUITE_CASES]), config, "assistants.expense")
     db, run_id = url(), steps.new_run_id()
     stored = {"options": options.model_dump(mode="json"), "config": config.stored()}
 

@@ -1,0 +1,107 @@
+"""What the user asked for, as typed objects built once from the command line.
+
+`agenttest_submit.cli` parses the arguments and builds one of these; everything after it
+(the run, the re-evaluation, the subcommands, the report) reads its choices from them,
+never from argparse. They hold the values as given: checking them against
+agenttest.yaml (an unknown agent, a simulator that is not there) is the run's business,
+so that every such problem is reported at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from agenttest_worker.cases.model import OnMissingInput
+
+# `--simulator` given alone: agenttest.yaml's defaults.simulator (known once it is loaded).
+DEFAULT_SIMULATOR = "\0defaults.simulator"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """`agenttest-submit -i ...` (or `--reeval`): run cases, or judge stored ones again."""
+
+    # -i: case files or folders, direct messages, agents:/scripts: generators, as given.
+    inputs: tuple[str, ...] = ()
+    # -n: the target agent (None: agenttest.yaml's defaults.agent).
+    agent: str | None = None
+    # -c: a registry agent called instead of the target's own entry.
+    connector: str | None = None
+    # --config: agenttest.yaml's path (None: ./agenttest.yaml).
+    config_file: str | None = None
+    # -o: where the report (with dry_run, the normalized cases) is written.
+    output: str | None = None
+    # --format: the report's format on stdout, or in `output` (None: console on stdout,
+    # jsonl in `output`); a name registered in agenttest_worker.report.REPORTERS.
+    format: str | None = None
+    # -v: show every turn in the console report.
+    verbose: bool = False
+    # --interactive / --skip-interactive: ask at the terminal when an agent awaits input,
+    # or never (both false: each case's `interactive.enabled` decides).
+    interactive: bool = False
+    skip_interactive: bool = False
+    # --simulator: the simulator of cases without one (DEFAULT_SIMULATOR: agenttest.yaml's
+    # defaults.simulator; None: none).
+    simulator: str | None = None
+    # --on-missing-input: overrides every case's on_missing_input.
+    on_missing_input: OnMissingInput | None = None
+    # --tag, --id: run only the cases with one of these tags / these ids.
+    tags: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    # --timeout, --turn-timeout (seconds): per case, per turn (None: no turn limit).
+    case_timeout: float = 300.0
+    turn_timeout: float | None = None
+    # --deadline (seconds): the whole run stops after this long (None: never).
+    deadline: float | None = None
+    # --max-tokens, --max-cost: no new turn starts once the run used this much.
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    # --parallel: conversations run at a time in this process.
+    parallel: int = 10
+    # --fail-fast: stop on the first failure.
+    fail_fast: bool = False
+    # --dry-run: load, generate and check the cases, print them, call no target.
+    dry_run: bool = False
+    # --wait / --no-wait (distributed): watch the run and report it, or return at once.
+    wait: bool = True
+    # --reeval [RUN]: judge stored conversations again (a run id or "last"; None: no).
+    reeval: str | None = None
+    # --reporter: a reporter agent that is sent the results.
+    reporter: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """`agenttest-submit status RUN`."""
+
+    run: str  # a run id, or "last" for the newest run
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """`agenttest-submit report RUN [-o FILE] [--format F] [-v]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    output: str | None = None  # None: stdout
+    format: str | None = None  # None: console on stdout, jsonl in `output`
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """`agenttest-submit resume RUN [--parallel N]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    parallel: int = 10
+
+
+@dataclass(frozen=True)
+class DbRequest:
+    """`agenttest-submit db upgrade`."""
+
+    action: Literal["upgrade"] = "upgrade"
+
+
+SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest
