@@ -145,6 +145,7 @@ def test_a_late_ack_on_a_channel_closed_with_its_connection_leaves_the_message(
     assert server.llen("late-ack-test") == 0
 
 
+@pytest.mark.fleet
 def test_a_fleet_runs_through_a_tls_broker(pg_database: str, demo_url: str, tmp_path: Path) -> None:
     """Workers, the submitter and an agent's fleet-wide rate limit (kept in Redis) over
     `rediss://`: a run is stored, played and aggregated as over plain Redis."""
@@ -202,6 +203,7 @@ def test_a_held_message_is_stored_as_read_and_given_back_whole(broker_url: str) 
     connection.release()
 
 
+@pytest.mark.fleet
 def test_a_busy_worker_acknowledges_every_message_and_leaves_none_held(
     pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:

@@ -93,6 +93,7 @@ def _verdicts(record: dict[str, Any]) -> list[tuple[Any, ...]]:
     return [record["status"], *per_turn, *final]
 
 
+@pytest.mark.fleet
 def test_fleet_run_matches_the_embedded_default(
     fleet: Fleet, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -144,6 +145,7 @@ def test_fleet_run_matches_the_embedded_default(
         assert _normalized(distributed[case]) == _normalized(embedded[case]), case
 
 
+@pytest.mark.fleet
 def test_conversations_under_way_go_before_new_ones(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
@@ -164,6 +166,7 @@ def test_conversations_under_way_go_before_new_ones(
     assert [s for _, _, s in case_rows(fleet.database_url, run_id)] == ["passed"] * 4
 
 
+@pytest.mark.fleet
 def test_the_fleet_starts_conversations_while_their_run_is_still_being_stored(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
@@ -192,6 +195,7 @@ def test_the_fleet_starts_conversations_while_their_run_is_still_being_stored(
     assert len(_reports(fleet.database_url, run_id)) == len(STORED_FORMATS)
 
 
+@pytest.mark.fleet
 def test_a_duplicated_turn_message_is_a_no_op(fleet: Fleet, demo_url: str, tmp_path: Path) -> None:
     """D1 gets duplicated and stale messages, D2 (the same conversation) none."""
     from agenttest_worker.fleet.app import app
@@ -252,6 +256,7 @@ def _reports(url: str, run_id: str) -> list[str]:
         )
 
 
+@pytest.mark.fleet
 def test_two_conversations_ending_at_once_aggregate_the_run_once(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
@@ -333,6 +338,7 @@ def test_racing_aggregators_build_the_reports_once(
         assert run is not None and run.status == "done"
 
 
+@pytest.mark.fleet
 def test_fail_fast_on_the_fleet_skips_the_queued_conversations(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
@@ -453,6 +459,7 @@ def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
     assert after == Advance(saved=False, case_done=True)
 
 
+@pytest.mark.fleet
 @pytest.mark.parametrize("down", ["database", "broker"])
 def test_a_service_out_of_reach_is_named_and_nothing_is_left_stored(
     down: str, redis_db: str, pg_database: str, demo_url: str, tmp_path: Path

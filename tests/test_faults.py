@@ -49,6 +49,7 @@ def _all_turns_once(url: str, run_id: str, turns: dict[str, int]) -> None:
     }
 
 
+@pytest.mark.fleet
 def test_a_worker_killed_mid_turn_loses_nothing(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
@@ -79,6 +80,7 @@ def test_a_worker_killed_mid_turn_loses_nothing(
     assert not re.search(r"agenttest\.turn\[[^\]]+\] succeeded", a.log())
 
 
+@pytest.mark.fleet
 def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
@@ -130,6 +132,7 @@ def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
     assert run is not None and (run.status, run.failed, run.passed) == ("done", 1, 2)
 
 
+@pytest.mark.fleet
 def test_a_broker_restart_mid_run_loses_nothing(
     pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
@@ -184,6 +187,7 @@ def test_a_broker_restart_mid_run_loses_nothing(
     assert set(waiting) <= {s.case for s in agent.seen()}
 
 
+@pytest.mark.fleet
 def test_a_lost_aggregation_is_done_by_the_sweeper(
     fleet: Fleet, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,6 +35,9 @@ from fleet import (
 from agenttest_worker.store import repo
 from agenttest_worker.store.db import RECONNECT_DELAYS, get_engine
 
+# Every test here runs Celery workers (tests/fleet.py) against restarting services.
+pytestmark = pytest.mark.fleet
+
 RECONNECT_SECONDS = sum(RECONNECT_DELAYS)
 WINDOW_429 = float(os.environ.get("AGENTTEST_TEST_429_SECONDS", "30"))
 

@@ -15,6 +15,9 @@ import httpx
 import pytest
 from fleet import run_id_of
 
+# Every test here runs `celery flower` (and workers) against Redis.
+pytestmark = pytest.mark.fleet
+
 BIN = Path(sys.executable).parent
 
 

@@ -153,6 +153,7 @@ def records(path: Path) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines())}
 
 
+@pytest.mark.fleet
 def test_interactive_on_a_fleet_asks_at_the_terminal_and_a_worker_resumes(
     fleet: Fleet, target: tuple[ScriptedAgent, WatchingAgent], tmp_path: Path
 ) -> None:
@@ -202,6 +203,7 @@ def test_interactive_on_a_fleet_asks_at_the_terminal_and_a_worker_resumes(
     assert [s.turn for s in watching.seen("WAIT")] == [1]
 
 
+@pytest.mark.fleet
 def test_without_a_person_on_missing_input_decides_on_a_fleet(
     fleet: Fleet, target: tuple[ScriptedAgent, WatchingAgent], tmp_path: Path
 ) -> None:

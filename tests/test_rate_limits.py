@@ -223,6 +223,7 @@ def test_a_probe_answered_by_429_keeps_the_fleet_waiting(redis_db: str) -> None:
     assert third_at - second_at < 0.6
 
 
+@pytest.mark.slow
 def test_limits_wait_out_a_redis_restart(tmp_path: Path) -> None:
     """The broker down for a second: calls wait for it and then take their slot."""
     from fleet import RedisServer

@@ -21,6 +21,9 @@ from fleet import (
     write_cases,
 )
 
+# Every test here runs Celery workers (tests/fleet.py).
+pytestmark = pytest.mark.fleet
+
 PER_SECOND = 5
 
 

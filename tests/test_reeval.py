@@ -231,6 +231,7 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
     yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
 
 
+@pytest.mark.fleet
 def test_reeval_on_a_fleet_runs_only_the_new_case_on_a_worker(
     fleet: Fleet, target: WatchingAgent, demo_url: str, tmp_path: Path
 ) -> None:

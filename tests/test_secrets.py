@@ -48,6 +48,9 @@ from fleet import (
 
 from agenttest_worker.store.db import upgrade
 
+# Every test here runs Celery workers and `celery flower` (tests/fleet.py).
+pytestmark = pytest.mark.fleet
+
 KEY_ENV = "AGENTTEST_SECRET_TEST_KEY"
 TENANT_ENV = "AGENTTEST_SECRET_TEST_TENANT"
 

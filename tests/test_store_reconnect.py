@@ -158,6 +158,7 @@ def test_a_concurrent_duplicate_is_not_mistaken_for_a_landed_retry(
     assert repo.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
 
 
+@pytest.mark.slow
 def test_reconnecting_waits_for_a_server_that_is_still_starting(tmp_path: Path) -> None:
     """Down, then refusing connections for a while: the hot path's reads keep trying
     (they used to give up at the first refused connection, after one dropped one)."""
@@ -202,6 +203,7 @@ def test_only_a_lost_connection_counts_as_one(tmp_path: Path) -> None:
     assert not is_connection_lost(wrong.value)
 
 
+@pytest.mark.slow
 def test_the_turn_statements_replace_a_connection_lost_to_a_restart(
     tmp_path: Path, demo_url: str
 ) -> None:

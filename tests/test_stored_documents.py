@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fault_kit import run_scripted_on_fleet
 from fleet import write_cases
 from scripted_agent import Reply
@@ -33,6 +34,7 @@ def _keys(value: Any) -> Any:
     return None
 
 
+@pytest.mark.fleet
 def test_a_fleet_run_keeps_the_agents_key_order(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:

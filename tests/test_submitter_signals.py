@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+import pytest
 from fault_kit import openai_agent, write_config
 from fleet import (
     Fleet,
@@ -54,6 +55,7 @@ def _cases_of(database_url: str, run_id: str) -> int:
     return int(row[0]) if row else 0
 
 
+@pytest.mark.fleet
 def test_sigterm_while_a_run_is_stored_removes_it(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
@@ -84,6 +86,7 @@ def test_sigterm_while_a_run_is_stored_removes_it(
         assert _cases_of(pg_database, run_id) == 0
 
 
+@pytest.mark.fleet
 def test_sigterm_while_waiting_leaves_the_run_to_the_workers(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
@@ -108,6 +111,7 @@ def test_sigterm_while_waiting_leaves_the_run_to_the_workers(
     assert [status for _, _, status in case_rows(pg_database, run_id)] == ["passed"] * 3
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
     demo_url: str, tmp_path: Path
 ) -> None:
@@ -215,6 +219,7 @@ def _assert_closed_as_abandoned(database_url: str, run_id: str) -> None:
     assert all("submitter stopped" in (r.get("skip_reason") or "") for r in skipped), skipped[:2]
 
 
+@pytest.mark.fleet
 def test_a_run_left_half_stored_by_a_killed_submitter_is_closed_by_the_sweeper(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
@@ -238,6 +243,7 @@ def test_a_run_left_half_stored_by_a_killed_submitter_is_closed_by_the_sweeper(
     assert f"run {run_id}: closed" in logs
 
 
+@pytest.mark.fleet
 def test_resume_closes_a_half_stored_run_once_nothing_moved_for_the_stall_period(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:

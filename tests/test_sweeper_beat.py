@@ -19,6 +19,9 @@ from fleet import Fleet, fleet_on, greeting_case, turn_rows, write_cases, write_
 from agenttest_worker.fleet.app import queue_lists
 from agenttest_worker.store import repo
 
+# Every test here runs a Celery worker and `celery beat`.
+pytestmark = pytest.mark.fleet
+
 STALL = "2"
 
 

@@ -47,6 +47,7 @@ def _reply(body: dict[str, Any]) -> Reply:
     return Reply(content="fine, noted")
 
 
+@pytest.mark.fleet
 def test_a_reply_with_a_nul_character_is_recorded_on_postgres(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
@@ -99,6 +100,7 @@ def _usage_reply(body: dict[str, Any]) -> Reply:
     return Reply(content="noted")
 
 
+@pytest.mark.fleet
 def test_a_turn_the_database_refuses_fails_its_case_and_the_run_finishes(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
@@ -206,6 +208,7 @@ def test_an_embedded_run_fails_only_the_case_whose_turn_the_database_refuses(
     assert sorted(s for _, _, s in case_rows(url, run.id)) == ["failed"] * 2 + ["passed"] * 6
 
 
+@pytest.mark.fleet
 def test_a_config_the_workers_cannot_read_fails_the_cases_and_the_run_finishes(
     redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
