@@ -11,7 +11,7 @@ from agent_servers import AgentServer, Reply, run, tool_call
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig
-from agenttest_worker.agents.http import HttpAgentClient
+from agenttest_worker.agents.protocols.http import HttpAgentClient
 from agenttest_worker.results import AgentRole, ToolCall, Usage
 
 PATH = "/chat"

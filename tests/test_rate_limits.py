@@ -17,7 +17,7 @@ from fault_kit import max_in_window
 
 from agenttest_worker.agents.base import AgentRequest
 from agenttest_worker.agents.config import AgentConfig, RateLimit
-from agenttest_worker.agents.openai import OpenAIClient
+from agenttest_worker.agents.protocols.openai import OpenAIClient
 from agenttest_worker.agents.ratelimit import WINDOW_SLACK, Limits, LocalLimiter, RedisLimiter
 from agenttest_worker.settings import get_settings
 

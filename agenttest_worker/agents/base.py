@@ -1,16 +1,27 @@
-"""The agent extension point: a request, a reply, an error, and the client protocol.
+"""The agent extension point: a request, a reply, an error, the client, and the registry.
 
-Every protocol (openai, http, script) turns an AgentRequest into an AgentReply or
-raises AgentError; retries, timing and token accounting are common to all of them.
-Messages are Chat Completions messages (role, content, tool_calls, tool_call_id),
-the one shape the engine keeps for a conversation.
+Every protocol (agents/protocols/: openai, http, script) turns an AgentRequest into an
+AgentReply or raises AgentError; retries, timing and token accounting are common to
+all of them. Messages are Chat Completions messages (role, content, tool_calls,
+tool_call_id), the one shape the engine keeps for a conversation.
+
+A protocol registers its client class where it is defined, under the name
+agenttest.yaml writes as `protocol:`:
+
+    @protocol("openai", check=needs_base_url)
+    class OpenAIClient: ...
+
+The registry is the one list of protocols: agents/config.py checks `protocol:` names
+and each protocol's settings against it (and lists its names when one is unknown),
+and the pool builds every agent's client from it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agenttest_worker.results import AgentCallRecord, AgentRole, ToolCall, Usage
 
@@ -137,3 +148,75 @@ def text_of(content: Any) -> str | None:
         ]
         return "".join(texts)
     return str(content)
+
+
+# -- the protocol registry ---------------------------------------------------------------
+
+
+class ClientFactory(Protocol):
+    """Makes one agent's client from its name, its AgentConfig and the ProjectConfig.
+
+    The configs are typed Any because agents/config.py checks `protocol:` against this
+    registry: this module cannot import it back.
+    """
+
+    def __call__(self, name: str, config: Any, project: Any, /) -> AgentClient: ...
+
+
+# What an agent of a protocol lacks in its settings, said for the user; None when complete.
+SettingsCheck = Callable[[Any], "str | None"]
+
+
+@dataclass(frozen=True)
+class AgentProtocol:
+    name: str
+    client: ClientFactory
+    check: SettingsCheck | None = None
+
+
+_PROTOCOLS: dict[str, AgentProtocol] = {}
+
+FactoryT = TypeVar("FactoryT", bound=ClientFactory)
+
+
+def protocol(name: str, *, check: SettingsCheck | None = None) -> Callable[[FactoryT], FactoryT]:
+    """Register a client class (or factory) under `name`, the `protocol:` agenttest.yaml writes.
+
+    The pool calls it as client(agent_name, agent_config, project_config). `check`, given
+    an agent's config, says what the protocol needs and it lacks; agenttest.yaml is
+    checked with it when it is loaded.
+    """
+
+    def decorate(client: FactoryT) -> FactoryT:
+        if name in _PROTOCOLS:
+            raise ValueError(f"agent protocol {name!r} registered twice")
+        _PROTOCOLS[name] = AgentProtocol(name, client, check)
+        return client
+
+    return decorate
+
+
+def unregister_protocol(name: str) -> None:
+    """Withdraw a protocol (one a test registered for itself, a plugin's)."""
+    if _PROTOCOLS.pop(name, None) is None:
+        raise LookupError(f"no agent protocol {name!r} registered")
+
+
+def protocol_names() -> tuple[str, ...]:
+    """The registered protocols, in the order they were registered."""
+    return tuple(_PROTOCOLS)
+
+
+def protocol_choices() -> str:
+    """The registered names as a choice: "'openai', 'http' or 'script'"."""
+    quoted = [repr(name) for name in _PROTOCOLS]
+    return " or ".join(filter(None, (", ".join(quoted[:-1]), *quoted[-1:])))
+
+
+def get_protocol(name: str) -> AgentProtocol:
+    try:
+        return _PROTOCOLS[name]
+    except KeyError:
+        raise LookupError(
+            f"unknown agent protocol {name!r}: should be {protocol_choices()}"
+        ) from None

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from agenttest_worker.agents.base import get_protocol, protocol_choices, protocol_names
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
@@ -70,15 +71,12 @@ class Pricing(_Strict):
 
 
 class AgentConfig(_Strict):
-    """One named agent. `protocol` decides how it is called:
-
-    - `openai`: Chat Completions at `{base_url}/chat/completions` with `model`.
-    - `http`: a generic JSON endpoint at `url` (or `base_url`); the body is `request`
-      (a template, see agents/http.py) and reply fields are read with `response` paths.
-    - `script`: a Python callable from the scripts folder (`use: scripts:NAME`).
+    """One named agent. `protocol` decides how it is called: a protocol registered in
+    agents/protocols/ (openai, http, script), whose module says which of these fields
+    it reads and checks that the ones it needs are set (base_url, url, use).
     """
 
-    protocol: Literal["openai", "http", "script"] = "openai"
+    protocol: str = "openai"
     base_url: str | None = None
     url: str | None = None
     model: str | None = None
@@ -109,6 +107,14 @@ class AgentConfig(_Strict):
             )
         return data
 
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _registered_protocol(cls, value: Any) -> Any:
+        # Worded as pydantic words a Literal's error, which this field was.
+        if value not in protocol_names():
+            raise ValueError(f"Input should be {protocol_choices()}")
+        return value
+
     @field_validator("timeout", "base_delay", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> float:
@@ -126,19 +132,12 @@ class AgentConfig(_Strict):
 
     @model_validator(mode="after")
     def _complete(self) -> AgentConfig:
-        if self.protocol == "openai" and not self.base_url:
-            raise ValueError("an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)")
-        if self.protocol == "http" and not (self.url or self.base_url):
-            raise ValueError("an http agent needs url")
-        if self.protocol == "script" and not self.use:
-            raise ValueError("a script agent needs use: scripts:NAME")
+        """What the agent's protocol needs of its settings (base_url, url, use, ...)."""
+        check = get_protocol(self.protocol).check
+        problem = check(self) if check is not None else None
+        if problem:
+            raise ValueError(problem)
         return self
-
-    def endpoint(self) -> str:
-        if self.protocol == "openai":
-            assert self.base_url is not None
-            return self.base_url.rstrip("/") + "/chat/completions"
-        return self.url or self.base_url or ""
 
     def api_key(self) -> str | None:
         """The key from the environment at call time (never stored, never logged)."""

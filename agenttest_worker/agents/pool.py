@@ -1,25 +1,31 @@
 """The agents of one project: clients by name, and the role calls the engine makes.
 
-`AgentPool` builds one client per registry entry on first use. `RoleSession` binds it
+`AgentPool` builds one client per agenttest.yaml entry on first use, with the client
+its protocol registered (agents/base.py, agents/protocols/). `RoleSession` binds it
 to a list where every call's record (latency, attempts, tokens) is kept, and is what
 assertions see as their `roles`.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
 from typing import Any
 
-from agenttest_worker.agents.base import AgentClient, AgentError, AgentReply, AgentRequest
-from agenttest_worker.agents.config import AgentConfig, ProjectConfig
-from agenttest_worker.agents.http import HttpAgentClient
-from agenttest_worker.agents.openai import OpenAIClient
+from agenttest_worker.agents.base import (
+    AgentClient,
+    AgentError,
+    AgentReply,
+    AgentRequest,
+    get_protocol,
+)
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.refs import Ref, RefKind, parse_ref
 from agenttest_worker.agents.roles import (
     ReplyParseError,
     SimulatorTurn,
     Verdict,
+    generator_request,
     parse_failure,
     read_generator_reply,
     read_simulator_reply,
@@ -27,17 +33,8 @@ from agenttest_worker.agents.roles import (
     simulator_request,
     validator_request,
 )
-from agenttest_worker.agents.script import ScriptAgentClient
 from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
 from agenttest_worker.results import AgentCallRecord, AssertionOutcome
-
-ClientFactory = Callable[[str, AgentConfig, ProjectConfig], AgentClient]
-
-PROTOCOLS: dict[str, ClientFactory] = {
-    "openai": lambda name, cfg, _project: OpenAIClient(name, cfg),
-    "http": lambda name, cfg, _project: HttpAgentClient(name, cfg),
-    "script": lambda name, cfg, project: ScriptAgentClient(name, cfg, project.scripts_path),
-}
 
 
 class AgentPool:
@@ -51,9 +48,10 @@ class AgentPool:
         if client is None:
             try:
                 cfg = self.config.agent(ident)
+                make = get_protocol(cfg.protocol).client
             except LookupError as exc:
                 raise AgentError("config", str(exc)) from None
-            client = PROTOCOLS[cfg.protocol](ident, cfg, self.config)
+            client = make(ident, cfg, self.config)
             self._clients[ident] = client
         return client
 
@@ -189,8 +187,6 @@ class RoleSession:
 
     async def generate(self, use: str, metadata: dict[str, Any]) -> list[Any]:
         """Raw generated cases from a generator agent or script (validated by the caller)."""
-        from agenttest_worker.agents.roles import generator_request
-
         ref = _ref(use, None, allow_params=True)
         if ref.kind == "scripts":
             try:
@@ -227,8 +223,6 @@ def _ref(use: str, default_kind: RefKind | None, *, allow_params: bool) -> Ref:
 
 
 def _json_text(value: Any) -> str:
-    import json
-
     return json.dumps(value, default=str)
 
 

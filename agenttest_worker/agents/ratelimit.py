@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agenttest_worker.agents.config import RateLimit
+from agenttest_worker.settings import get_settings
 
 log = logging.getLogger("agenttest.ratelimit")
 
@@ -285,6 +286,8 @@ class RedisLimiter:
     def __init__(
         self, url: str, prefix: str = "agenttest:ratelimit", outage_grace: float = OUTAGE_GRACE
     ) -> None:
+        # Imported when a shared limiter is made (redis.asyncio is ~0.13 s of start-up):
+        # an embedded run never needs it.
         import redis.asyncio as aioredis
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -385,8 +388,6 @@ def limiter() -> Limiter:
     loop = asyncio.get_running_loop()
     current = _limiters.get(loop)
     if current is None:
-        from agenttest_worker.settings import get_settings
-
         broker = get_settings().broker_url or ""
         current = (
             RedisLimiter(broker) if broker.startswith(("redis://", "rediss://")) else LocalLimiter()

@@ -2,7 +2,7 @@
 
 The `-i` flag adds query parameters (`agents:ID?count=10&focus=edge-cases`); the same
 parser serves both. A reference never names an arbitrary module: scripts resolve only
-inside the configured scripts folder (see agents/scripts.py).
+inside the configured scripts folder (see agents/script_loader.py).
 """
 
 from __future__ import annotations

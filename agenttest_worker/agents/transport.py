@@ -57,7 +57,7 @@ def _proxied() -> bool:
 
 def session() -> aiohttp.ClientSession:
     """The shared session of the running event loop."""
-    import aiohttp
+    import aiohttp  # at the first call, not at import (see above)
 
     loop = asyncio.get_running_loop()
     current = _sessions.get(loop)
@@ -141,7 +141,7 @@ async def post_json(
     With `limits`, every attempt first waits for a slot of the agent's rate limits, and
     a 429 pauses every caller of the agent (fleet-wide when distributed).
     """
-    import aiohttp
+    import aiohttp  # at the first call, not at import (see above)
 
     payload = json.dumps(body, ensure_ascii=False).encode()
     all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}

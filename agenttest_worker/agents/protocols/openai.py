@@ -10,19 +10,18 @@ the top level or on the message; agents that declare their state that way are be
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from agenttest_worker.agents.base import (
     AgentError,
     AgentReply,
     AgentRequest,
+    protocol,
     text_of,
     tool_calls_from,
 )
-from agenttest_worker.agents.config import MetadataMode
-from agenttest_worker.agents.json_client import JsonAgentClient
-from agenttest_worker.results import Usage
+from agenttest_worker.agents.config import AgentConfig, MetadataMode
+from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 
 MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY = 64
@@ -57,15 +56,18 @@ def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def as_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    return None
+def needs_base_url(config: AgentConfig) -> str | None:
+    if config.base_url:
+        return None
+    return "an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)"
 
 
+@protocol("openai", check=needs_base_url)
 class OpenAIClient(JsonAgentClient):
+    def endpoint(self) -> str:
+        assert self.config.base_url is not None
+        return self.config.base_url.rstrip("/") + "/chat/completions"
+
     def body(self, request: AgentRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.config.model or self.name,
@@ -115,22 +117,4 @@ def parse_completion(data: Any, agent: str) -> AgentReply:
         input_hint=hint if isinstance(hint, str) else None,
         state=declared("state"),
         usage=usage_from(usage),
-    )
-
-
-def usage_from(usage: Any) -> Usage | None:
-    """Token counts from a `usage` object; extra keys are ignored, odd values count as 0."""
-    if not isinstance(usage, dict):
-        return None
-
-    def count(key: str) -> int:
-        value = usage.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        return int(value) if isinstance(value, float) and math.isfinite(value) else 0
-
-    return Usage(
-        prompt_tokens=count("prompt_tokens"),
-        completion_tokens=count("completion_tokens"),
-        total_tokens=count("total_tokens"),
     )

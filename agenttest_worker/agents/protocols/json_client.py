@@ -1,24 +1,35 @@
 """What the openai and http protocols share: one JSON call per request, retried, rate
-limited, recorded. A protocol says how to build its body and how to read the reply."""
+limited, recorded. A protocol says where it posts, how to build its body and how to
+read the reply; both read token counts and declared booleans the same way."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
-from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.agents.ratelimit import Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy
 from agenttest_worker.agents.transport import post_json
+from agenttest_worker.results import Usage
 
 
 class JsonAgentClient:
-    def __init__(self, name: str, config: AgentConfig) -> None:
+    # `project` is what every registered client is built with (agents/base.py); the JSON
+    # protocols need nothing from it.
+    def __init__(
+        self, name: str, config: AgentConfig, project: ProjectConfig | None = None
+    ) -> None:
         self.name = name
         self.config = config
         self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
         self.limits = Limits.from_config(config.rate_limit)
-        self.url = config.endpoint()
+        self.url = self.endpoint()
+
+    def endpoint(self) -> str:
+        """Where requests are posted: `url`, else `base_url`."""
+        return self.config.url or self.config.base_url or ""
 
     def headers(self) -> dict[str, str]:
         headers = dict(self.config.headers)
@@ -64,3 +75,29 @@ class JsonAgentClient:
         if self.limits is not None and reply.usage is not None:
             await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
         return reply
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
+
+
+def usage_from(usage: Any) -> Usage | None:
+    """Token counts from a `usage` object; extra keys are ignored, odd values count as 0."""
+    if not isinstance(usage, dict):
+        return None
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return int(value) if isinstance(value, float) and math.isfinite(value) else 0
+
+    return Usage(
+        prompt_tokens=count("prompt_tokens"),
+        completion_tokens=count("completion_tokens"),
+        total_tokens=count("total_tokens"),
+    )

@@ -21,12 +21,12 @@ from typing import Any
 from agenttest_worker.agents.base import (
     AgentReply,
     AgentRequest,
+    protocol,
     text_of,
     tool_calls_from,
 )
-from agenttest_worker.agents.config import AgentConfig, ResponseMapping
-from agenttest_worker.agents.json_client import JsonAgentClient
-from agenttest_worker.agents.openai import as_bool, usage_from
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
+from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.json_values import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {
@@ -129,9 +129,16 @@ def _content_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
+def needs_url(config: AgentConfig) -> str | None:
+    return None if config.url or config.base_url else "an http agent needs url"
+
+
+@protocol("http", check=needs_url)
 class HttpAgentClient(JsonAgentClient):
-    def __init__(self, name: str, config: AgentConfig) -> None:
-        super().__init__(name, config)
+    def __init__(
+        self, name: str, config: AgentConfig, project: ProjectConfig | None = None
+    ) -> None:
+        super().__init__(name, config, project)
         self.template = config.request if config.request is not None else DEFAULT_TEMPLATE
 
     def body(self, request: AgentRequest) -> Any:

@@ -1,26 +1,32 @@
 """The `script` protocol: an agent implemented by a Python function in the scripts folder.
 
 `respond(messages, metadata)` returns the reply text, or a dict with `content` and
-optionally `tool_calls`, `awaiting_input`, `input_hint` and `state`.
+optionally `tool_calls`, `awaiting_input`, `input_hint` and `state` (read as an http
+agent's reply with the default mapping). Finding and loading the function is
+agents/script_loader.py's part, shared with script simulators, judges and generators.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
-from agenttest_worker.agents.config import AgentConfig, ResponseMapping
-from agenttest_worker.agents.http import parse_http_reply
+from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest, protocol
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
+from agenttest_worker.agents.protocols.http import parse_http_reply
 from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
 from agenttest_worker.results import AgentCallRecord
 
 
+def needs_use(config: AgentConfig) -> str | None:
+    return None if config.use else "a script agent needs use: scripts:NAME"
+
+
+@protocol("script", check=needs_use)
 class ScriptAgentClient:
-    def __init__(self, name: str, config: AgentConfig, scripts_dir: Path) -> None:
+    def __init__(self, name: str, config: AgentConfig, project: ProjectConfig) -> None:
         self.name = name
         self.config = config
-        self.scripts_dir = scripts_dir
+        self.scripts_dir = project.scripts_path
         assert config.use is not None
         self.script_id = config.use.split(":", 1)[1]
 
