@@ -1,51 +1,44 @@
-"""Assertion types, one module per family, registered by the `type` users write.
+"""Assertion types: one module per family, each registering its types where it defines them.
 
-`Assertion` is the discriminated union the case model validates against: an unknown
-`type` or a misspelt field is a load-time error naming the field.
+- `base`: the extension point: AssertionSpec (the fields every assertion carries),
+  AssertionContext (what a checker sees), RoleCaller (how agent-backed assertions reach
+  a judge), the registry (`register`, `assertion_types`, `on_change`), `Assertion` and
+  `evaluate`.
+- `text`: contains, equals, regex. `structure`: json_path, type (on the JSON document).
+  `tools`: tool_called. `agent`: a judge agent decides. `script`: a Python callable
+  from the scripts folder decides.
+
+`Assertion` is what the case model validates assertions against: the discriminated
+union of the registered spec models, so an unknown `type` or a misspelt field is a
+load-time error naming the field. A new type is one family module (its spec model and
+its `@register(Spec)` checker) and its import below.
 """
 
-from __future__ import annotations
-
-from typing import Annotated
-
-from pydantic import Field
-
-from agenttest_worker.assertions.agent import AgentAssertion
 from agenttest_worker.assertions.base import (
+    Assertion,
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,
     RoleCaller,
+    assertion_types,
     evaluate,
+    on_change,
     register,
 )
-from agenttest_worker.assertions.script import ScriptAssertion
-from agenttest_worker.assertions.structure import JsonPathAssertion, TypeAssertion
+
+# isort: off
+# Imported in the order messages list the types ("known: contains, equals, ..."): that
+# is the order they register in.
 from agenttest_worker.assertions.text import ContainsAssertion, EqualsAssertion, RegexAssertion
+from agenttest_worker.assertions.structure import JsonPathAssertion, TypeAssertion
 from agenttest_worker.assertions.tools import ToolCalledAssertion
+from agenttest_worker.assertions.agent import AgentAssertion
+from agenttest_worker.assertions.script import ScriptAssertion
 
-Assertion = Annotated[
-    ContainsAssertion
-    | EqualsAssertion
-    | RegexAssertion
-    | JsonPathAssertion
-    | TypeAssertion
-    | ToolCalledAssertion
-    | AgentAssertion
-    | ScriptAssertion,
-    Field(discriminator="type"),
-]
+# isort: on
 
-ASSERTION_TYPES = (
-    "contains",
-    "equals",
-    "regex",
-    "json_path",
-    "type",
-    "tool_called",
-    "agent",
-    "script",
-)
+# The types of this package; `assertion_types()` also lists any registered later.
+ASSERTION_TYPES = assertion_types()
 
 __all__ = [
     "ASSERTION_TYPES",
@@ -62,6 +55,8 @@ __all__ = [
     "ScriptAssertion",
     "ToolCalledAssertion",
     "TypeAssertion",
+    "assertion_types",
     "evaluate",
+    "on_change",
     "register",
 ]

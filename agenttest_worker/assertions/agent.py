@@ -47,7 +47,7 @@ class AgentAssertion(AssertionSpec):
         return str(ref)
 
 
-@register("agent")
+@register(AgentAssertion)
 async def check_agent(spec: AgentAssertion, ctx: AssertionContext) -> AssertionOutcome:
     if ctx.roles is None:
         raise RuntimeError("no agent caller available to run the judge")

@@ -1,8 +1,22 @@
-"""The assertion extension point: a spec model per `type` and a checker registered for it.
+"""The assertion extension point: a spec model and a checker per `type`, in one registry.
 
-Every family module defines its spec models (validated at load time, so a typo in a
-case file is caught before anything runs) and registers one checker per `type`.
-Checkers may be plain or async functions; both get the spec and an AssertionContext.
+A family module defines each type's spec model (validated when the case file is
+loaded, so a typo in a case file is caught before anything runs) and registers its
+checker with it, next to the definition:
+
+    class WordCountAssertion(AssertionSpec):
+        type: Literal["word_count"]
+        at_most: int
+
+    @register(WordCountAssertion)
+    def check_word_count(spec: WordCountAssertion, ctx: AssertionContext) -> AssertionOutcome:
+        ...
+
+The name is the spec's `type` literal. Checkers may be plain or async functions; both
+get the spec and an AssertionContext. The registry is the one list of types: case
+models validate their assertions against `Assertion`, the discriminated union of the
+registered spec models (built when those models are); the messages for an unknown
+`type` list `assertion_types()`; `evaluate` runs the registered checker.
 """
 
 from __future__ import annotations
@@ -10,9 +24,20 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Literal,
+    Protocol,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+)
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
+from pydantic_core import CoreSchema
 
 from agenttest_worker.results import AssertionOutcome as AssertionOutcome
 
@@ -65,28 +90,102 @@ class AssertionContext:
     roles: RoleCaller | None = None
 
 
-Checker = Callable[[Any, AssertionContext], "AssertionOutcome | Awaitable[AssertionOutcome]"]
+# -- the registry ----------------------------------------------------------------------
 
-_CHECKERS: dict[str, Checker] = {}
+SpecT = TypeVar("SpecT", bound=AssertionSpec)
+Checker = Callable[[SpecT, AssertionContext], AssertionOutcome | Awaitable[AssertionOutcome]]
 
 
-def register(type_name: str) -> Callable[[Checker], Checker]:
-    """Register the checker for assertions of `type_name`."""
+@dataclass(frozen=True)
+class AssertionType:
+    name: str
+    spec: type[AssertionSpec]
+    checker: Checker[Any]
 
-    def decorate(fn: Checker) -> Checker:
-        if type_name in _CHECKERS:
-            raise ValueError(f"assertion type {type_name!r} registered twice")
-        _CHECKERS[type_name] = fn
-        return fn
+
+_TYPES: dict[str, AssertionType] = {}
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def register(spec: type[SpecT]) -> Callable[[Checker[SpecT]], Checker[SpecT]]:
+    """Register the checker of the assertions `spec` validates, under its `type` literal."""
+    name = _type_name(spec)
+
+    def decorate(checker: Checker[SpecT]) -> Checker[SpecT]:
+        if name in _TYPES:
+            raise ValueError(f"assertion type {name!r} registered twice")
+        _TYPES[name] = AssertionType(name, spec, checker)
+        _changed()
+        return checker
 
     return decorate
 
 
-def checker_for(type_name: str) -> Checker:
+def unregister(type_name: str) -> None:
+    """Withdraw a type (one a test registered for itself, a plugin's)."""
+    if _TYPES.pop(type_name, None) is None:
+        raise LookupError(f"no assertion type {type_name!r} registered")
+    _changed()
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call `listener` after every later registration or withdrawal.
+
+    Models whose schema was built from the registry (the case models) rebuild
+    themselves with it, so that a type registered once they exist is accepted too.
+    """
+    _LISTENERS.append(listener)
+
+
+def _changed() -> None:
+    for listener in _LISTENERS:
+        listener()
+
+
+def assertion_types() -> tuple[str, ...]:
+    """The registered type names, in the order they were registered."""
+    return tuple(_TYPES)
+
+
+def spec_models() -> tuple[type[AssertionSpec], ...]:
+    return tuple(t.spec for t in _TYPES.values())
+
+
+def checker_for(type_name: str) -> Checker[Any]:
     try:
-        return _CHECKERS[type_name]
+        return _TYPES[type_name].checker
     except KeyError:
         raise LookupError(f"no checker registered for assertion type {type_name!r}") from None
+
+
+def _type_name(spec: type[AssertionSpec]) -> str:
+    type_field = spec.model_fields.get("type") if issubclass(spec, AssertionSpec) else None
+    annotation = type_field.annotation if type_field is not None else None
+    names = get_args(annotation) if get_origin(annotation) is Literal else ()
+    if len(names) != 1 or not isinstance(names[0], str):
+        raise TypeError(
+            f"{spec.__name__}: an assertion spec is an AssertionSpec whose `type` is "
+            'Literal["name"], the name case files write'
+        )
+    return names[0]
+
+
+class _RegisteredSpecs:
+    """Makes pydantic validate `Assertion` as the discriminated union (on `type`) of the
+    spec models registered when the model using it is built, as the hand-written union
+    was: unknown tags and misspelt fields are errors located at the field."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        models = spec_models()
+        if len(models) == 1:
+            return handler.generate_schema(models[0])
+        return handler.generate_schema(Annotated[Union[models], Field(discriminator="type")])  # noqa: UP007
+
+
+# What case models declare their assertions as: a registered spec model, any of them.
+Assertion = Annotated[AssertionSpec, _RegisteredSpecs()]
 
 
 async def evaluate(spec: AssertionSpec, ctx: AssertionContext) -> AssertionOutcome:

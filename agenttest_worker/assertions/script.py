@@ -34,7 +34,7 @@ class ScriptAssertion(AssertionSpec):
         return str(ref)
 
 
-@register("script")
+@register(ScriptAssertion)
 async def check_script(spec: ScriptAssertion, ctx: AssertionContext) -> AssertionOutcome:
     if ctx.roles is None:
         raise RuntimeError("no script runner available")

@@ -96,7 +96,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:119] + "…"
 
 
-@register("json_path")
+@register(JsonPathAssertion)
 def check_json_path(spec: JsonPathAssertion, ctx: AssertionContext) -> AssertionOutcome:
     found = find(spec.path, ctx.document)
     if not spec.expects_value:
@@ -123,7 +123,7 @@ def _a(type_name: str) -> str:
     return f"an {type_name}" if type_name[0] in "aeiou" else f"a {type_name}"
 
 
-@register("type")
+@register(TypeAssertion)
 def check_type(spec: TypeAssertion, ctx: AssertionContext) -> AssertionOutcome:
     found = find(spec.path, ctx.document)
     if not found:

@@ -101,7 +101,7 @@ class RegexAssertion(AssertionSpec):
         return pattern
 
 
-@register("contains")
+@register(ContainsAssertion)
 def check_contains(spec: ContainsAssertion, ctx: AssertionContext) -> AssertionOutcome:
     text = ctx.output or ""
     found = spec.value.lower() in text.lower() if spec.ignore_case else spec.value in text
@@ -112,7 +112,7 @@ def check_contains(spec: ContainsAssertion, ctx: AssertionContext) -> AssertionO
     )
 
 
-@register("equals")
+@register(EqualsAssertion)
 def check_equals(spec: EqualsAssertion, ctx: AssertionContext) -> AssertionOutcome:
     text = ctx.output if ctx.output is not None else ""
     if isinstance(spec.value, str):
@@ -133,7 +133,7 @@ def check_equals(spec: EqualsAssertion, ctx: AssertionContext) -> AssertionOutco
     return AssertionOutcome(False, f"expected {json.dumps(spec.value)}, got {actual}")
 
 
-@register("regex")
+@register(RegexAssertion)
 def check_regex(spec: RegexAssertion, ctx: AssertionContext) -> AssertionOutcome:
     match = compile_pattern(spec.pattern, spec.ignore_case).search(ctx.output or "")
     if match is not None:

@@ -32,7 +32,7 @@ def _args_match(expected: dict[str, Any], actual: Any) -> bool:
     return all(k in actual and json_equal(actual[k], v) for k, v in expected.items())
 
 
-@register("tool_called")
+@register(ToolCalledAssertion)
 def check_tool_called(spec: ToolCalledAssertion, ctx: AssertionContext) -> AssertionOutcome:
     scope = "the conversation" if ctx.final else "this turn"
     calls = [c for c in ctx.tool_calls if c.name == spec.name]

@@ -1,11 +1,19 @@
 """Cases: the one internal model both spec formats are read into, and the readers.
 
-`model` holds the case (turns, simulator, assertions, limits); `files` finds case files
-and reads each format (JSONL/JSON, tdx YAML) into cases, reporting every problem with
-file, line and field; `checks` verifies the references a case makes (agents, scripts)
-against the run's agenttest.yaml; `attachments` inlines `file://` attachments.
+- `model`: the case (turns, simulator, assertions, limits) and the tdx test it may be
+  written as; it knows dictionaries, not files.
+- `files`: finding case files and reading each by its suffix (`iter_cases`,
+  `load_cases`), with one reader per format: `json_reader` (JSONL/JSON, yao format)
+  and `yaml_reader` (YAML, tdx format).
+- `validation`: what the readers share: a raw case with where it was read (`Located`),
+  its validation into a Case (`validate_case`), every problem with file, line and field.
+- `checks`: the references a case makes (agents, scripts) against the run's
+  agenttest.yaml. `attachments`: `file://` attachments inlined as data: URLs.
 """
 
+from agenttest_worker.cases.attachments import inline_attachments
+from agenttest_worker.cases.checks import check_case_refs
+from agenttest_worker.cases.files import CASE_SUFFIXES, case_files_in, iter_cases, load_cases
 from agenttest_worker.cases.model import (
     Attachment,
     Case,
@@ -17,15 +25,24 @@ from agenttest_worker.cases.model import (
     Turn,
     YamlTest,
 )
+from agenttest_worker.cases.validation import Located, validate_case
 
 __all__ = [
+    "CASE_SUFFIXES",
     "Attachment",
     "Case",
     "CaseSource",
     "FieldError",
     "InteractiveConfig",
+    "Located",
     "OnMissingInput",
     "SimulatorConfig",
     "Turn",
     "YamlTest",
+    "case_files_in",
+    "check_case_refs",
+    "inline_attachments",
+    "iter_cases",
+    "load_cases",
+    "validate_case",
 ]

@@ -2,8 +2,8 @@
 
 A yao JSONL case (single-turn `input` + `assertions`, or multi-turn `turns`) and a tdx
 YAML test (flat `user_input` + `criteria`, or `rounds`) both become a `Case` whose
-conversation is always `turns`. Readers of files live in case_files.py; this module
-only knows dictionaries.
+conversation is always `turns`. Readers of files live beside it (files.py and the
+reader of each format); this module only knows dictionaries.
 
 Decisions where the specs are open (also in the README):
 - `input` and `turns` are exclusive: the spec's single-turn form is shorthand for
@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import parse_ref
-from agenttest_worker.assertions import AgentAssertion, Assertion
+from agenttest_worker.assertions import AgentAssertion, Assertion, on_change
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import FieldPath, InputProblem, format_field
 
@@ -461,3 +461,13 @@ def criteria_assertion(criteria: str) -> dict[str, Any]:
         "conversation": True,
         "options": {"metadata": {"criteria": _block_text(criteria)}},
     }
+
+
+def _rebuild_with_registered_types() -> None:
+    # An assertion type registered once these models exist (a plugin loaded late, a
+    # test): rebuild them, inner models first, so that their assertion fields take it.
+    for model in (Turn, _Round, YamlTest, Case):
+        model.model_rebuild(force=True)
+
+
+on_change(_rebuild_with_registered_types)
