@@ -24,7 +24,7 @@ from agenttest_worker.errors import InputError
 from agenttest_worker.fleet.aggregate import build_report
 from agenttest_worker.report import render
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import results
 from agenttest_worker.store.db import upgrade
 from agenttest_worker.store.models import RunRow
 
@@ -46,7 +46,7 @@ def run_subcommand(request: SubcommandRequest) -> int:
     url = _url()
     run = resolve_run(url, request.run)
     if isinstance(request, StatusRequest):
-        print(status_text(run, repo.count_played_turns(url, run.id)))
+        print(status_text(run, results.count_played_turns(url, run.id)))
         return 0
     if isinstance(request, ReportRequest):
         code = _report(url, run.id, request)

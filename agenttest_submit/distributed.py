@@ -33,7 +33,8 @@ from agenttest_worker.driver.step import Advance, answer_human
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import results, runs
+from agenttest_worker.store.base import ConversationStore, SqlStore
 from agenttest_worker.store.db import error_reason, is_connection_lost
 
 # Celery and the tasks (agenttest_worker.fleet) are imported where they are used, not
@@ -169,7 +170,7 @@ def wait_for_run(
             # The database may restart while we wait (the workers ride it out too):
             # keep watching rather than die with the run still going on the fleet.
             try:
-                run = repo.get_run(url, run_id)
+                run = runs.get_run(url, run_id)
                 if run is not None and run.status != "done" and options.interactive is not False:
                     _answer_waiting(url, run_id, pool, asker, human_timeouts)
             except DBAPIError as exc:
@@ -208,20 +209,26 @@ def _answer_waiting(
     url: str, run_id: str, pool: AgentPool, asker: TerminalAsker, timeouts: dict[str, float]
 ) -> None:
     """Ask about every conversation parked for a person; resume each on the fleet."""
-    for case_id, _turn in list(repo.iter_case_ids(url, run_id, "awaiting_human")):
-        loaded = repo.load_case(url, run_id, case_id)
+    store = SqlStore(url)
+    for case_id, _turn in list(results.iter_case_ids(url, run_id, "awaiting_human")):
+        loaded = store.load_case(run_id, case_id)
         if loaded is None:
             continue
         asked = human_question(loaded, timeouts)
         text, why = asker.ask_blocking(case_id, asked.question, asked.hint, asked.timeout)
-        advance = run_async(_answer(url, pool, run_id, case_id, text, why))
+        advance = run_async(_answer(store, pool, run_id, case_id, text, why))
         follow_up(run_id, case_id, advance)
 
 
 async def _answer(
-    url: str, pool: AgentPool, run_id: str, case_id: str, text: str | None, why: str | None
+    store: ConversationStore,
+    pool: AgentPool,
+    run_id: str,
+    case_id: str,
+    text: str | None,
+    why: str | None,
 ) -> Advance:
     try:
-        return await answer_human(url, pool, run_id, case_id, text, why)
+        return await answer_human(store, pool, run_id, case_id, text, why)
     finally:
         await close_session()

@@ -85,9 +85,9 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
 def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
     """--reporter: the reporter agent's account, stored with the run and printed."""
     # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
-    from agenttest_worker.store import repo
+    from agenttest_worker.store import results, runs
 
-    run = repo.get_run(url, run_id)
+    run = runs.get_run(url, run_id)
     config = ProjectConfig.from_stored(run.config) if run is not None else ProjectConfig()
     try:
         text = run_reporter(use, report, config)
@@ -95,6 +95,6 @@ def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
         # The run's own results stand; only the extra report is missing.
         print(f"warning: reporter {use} failed: {exc.message}", file=sys.stderr)
         return
-    repo.store_report(url, run_id, "reporter", text)
+    results.store_report(url, run_id, "reporter", text)
     sys.stdout.write(f"\n── Report by {use} ──\n{text.rstrip()}\n")
     sys.stdout.flush()

@@ -42,8 +42,10 @@ from agenttest_worker.engine import ConversationState, RunOptions, case_result
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import runs
+from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.steps import Step
 from agenttest_worker.store.stored_conversations import StoredConversation, stored_conversations
 
 
@@ -173,7 +175,7 @@ def _reeval(
     if fresh:
         _run_fresh(request, url, run_id, fresh, config, options, progress)
     progress.close()
-    current = repo.get_run(url, run_id)
+    current = runs.get_run(url, run_id)
     if current is not None and current.status == "running":
         aggregate(url, run_id)
     return emit_report(url, run_id, request)
@@ -191,6 +193,7 @@ async def _rejudge_all(
     if not cases:
         return
     pool = AgentPool(config)
+    store = SqlStore(url)
     queue = iter(cases)
 
     async def lane() -> None:
@@ -199,17 +202,18 @@ async def _rejudge_all(
             state = ConversationState.model_validate(conversation.state)
             new_state = await reevaluate(case, state, pool)
             result = case_result(case, new_state, conversation.agent)
-            repo.save_step(
-                url,
-                run_id=run_id,
-                case_id=case.id,
-                expected_turn=1,
-                next_turn=new_state.turns_run + 1,
-                phase="done",
-                state=new_state.model_dump(mode="json"),
-                new_turns=new_state.turns,
-                final_assertions=new_state.final_assertions,
-                result=result,
+            store.save_step(
+                Step(
+                    run_id=run_id,
+                    case_id=case.id,
+                    expected_turn=1,
+                    next_turn=new_state.turns_run + 1,
+                    phase="done",
+                    state=new_state.model_dump(mode="json"),
+                    new_turns=new_state.turns,
+                    final_assertions=new_state.final_assertions,
+                    result=result,
+                )
             )
             progress.case_done(result.status)
 
@@ -230,7 +234,7 @@ def _run_fresh(
 ) -> None:
     """Cases with no stored conversation run normally, in the same new run."""
     if get_settings().distributed:
-        current = repo.get_run(url, run_id)
+        current = runs.get_run(url, run_id)
         total = current.total_cases if current else len(fresh)
         # Only conversations not started yet start: the re-judged ones are already done.
         enqueue_run(run_id, total)

@@ -20,20 +20,20 @@ from agenttest_submit.stopping import run_async
 from agenttest_worker.fleet.aggregate import aggregate, build_report
 from agenttest_worker.report import render
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import recovery, results, runs
 from agenttest_worker.store.models import RunRow
 
 
 def unfinished(url: str, run_id: str) -> list[tuple[str, int]]:
     """(case_id, next_turn) of the conversations that can run on: not started or mid-way."""
     return [
-        *repo.iter_case_ids(url, run_id, "pending"),
-        *repo.iter_case_ids(url, run_id, "ready"),
+        *results.iter_case_ids(url, run_id, "pending"),
+        *results.iter_case_ids(url, run_id, "ready"),
     ]
 
 
 def waiting_for_a_person(url: str, run_id: str) -> list[tuple[str, int]]:
-    return list(repo.iter_case_ids(url, run_id, "awaiting_human"))
+    return list(results.iter_case_ids(url, run_id, "awaiting_human"))
 
 
 def resume_run(url: str, run: RunRow, parallel: int) -> int:
@@ -45,7 +45,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
         # Still being stored, or left half stored by a submitter that died: only the
         # latter (nothing stored or moved for the stall period) is closed and finished.
         stall = get_settings().stall_seconds
-        if not repo.close_abandoned_runs(url, stall, run.id):
+        if not recovery.close_abandoned_runs(url, stall, run.id):
             print(
                 f"run {run.id} is still being stored (something moved in the last "
                 f"{stall:g} s); if its submitter is gone, resume it after "
@@ -53,7 +53,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
                 file=sys.stderr,
             )
             return 0
-        closed = repo.get_run(url, run.id)
+        closed = runs.get_run(url, run.id)
         assert closed is not None
         run = closed
         print(f"run {run.id}: closed, {run.cancel_reason}", file=sys.stderr)
@@ -82,7 +82,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
             )
         )
         progress.close()
-    current = repo.get_run(url, run.id)
+    current = runs.get_run(url, run.id)
     if current is None or current.finished_cases < current.total_cases:
         return 0
     if get_settings().distributed:

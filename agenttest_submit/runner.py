@@ -155,11 +155,11 @@ def write_run(
     was handed out, else now.
     """
     # The store: see the note at the top.
-    from agenttest_worker.store import repo
+    from agenttest_worker.store import runs
     from agenttest_worker.store.db import upgrade
 
     upgrade(url)
-    repo.create_run(
+    runs.create_run(
         url,
         run_id=run_id,
         agent=target,
@@ -170,22 +170,22 @@ def write_run(
         deadline_at=deadline_at,
     )
     rows = (
-        repo.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
+        runs.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
         for i, (case_id, agent, record) in enumerate(records)
     )
     total = 0
     first_started: datetime | None = None
     try:
         for batch in _batches(rows, get_settings().enqueue_batch):
-            total += repo.add_cases(url, run_id, batch)
+            total += runs.add_cases(url, run_id, batch)
             if starter is not None:
                 first_started = first_started or datetime.now(UTC)
                 starter.stored(run_id, total - len(batch), total - 1)
     except BaseException:
         # Conversations of the batches already started find their run gone and stop.
-        repo.delete_run(url, run_id)
+        runs.delete_run(url, run_id)
         raise
-    every_case_ended = repo.start_run(url, run_id, total, started_at=started_at or first_started)
+    every_case_ended = runs.start_run(url, run_id, total, started_at=started_at or first_started)
     if starter is not None:
         starter.started(run_id, every_case_ended)
     return total
@@ -193,9 +193,9 @@ def write_run(
 
 def resolve_run(url: str, ref: str) -> RunRow:
     """The stored run a RUN argument names: a run id, or `last` for the newest run."""
-    from agenttest_worker.store import repo  # the store: see the note at the top
+    from agenttest_worker.store import runs  # the store: see the note at the top
 
-    run = repo.latest_run(url) if ref == "last" else repo.get_run(url, ref)
+    run = runs.latest_run(url) if ref == "last" else runs.get_run(url, ref)
     if run is None:
         what = "no runs yet" if ref == "last" else f"no run {ref!r}"
         raise InputError(InputProblem(f"{what} in {safe_url(url)}", field="RUN"))

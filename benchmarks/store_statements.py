@@ -2,7 +2,7 @@
 
     python -m benchmarks.store_statements --cases 3000 --threads 1 4 16
 
-Calls the worker's own reads and writes (repo.load_case, repo.save_step) from a pool of
+Calls the worker's own reads and writes (SqlStore.load_case, .save_step) from a pool of
 threads against a fresh database, as workers do, and the floor chain's one INSERT per
 turn (benchmarks/floor_chain.py) the same way, and prints the Postgres CPU (all server
 processes) per call of each kind: a conversation's load, the save of a middle step, the
@@ -63,9 +63,10 @@ def run(cases: int, threads: int) -> dict[str, float]:
         CaseResult,
         TurnResult,
     )
-    from agenttest_worker.store import repo
+    from agenttest_worker.store import runs
+    from agenttest_worker.store.base import SqlStore
     from agenttest_worker.store.db import get_engine
-    from agenttest_worker.store.steps import JsonText, new_run_id
+    from agenttest_worker.store.steps import JsonText, Step, new_run_id
 
     figures: dict[str, float] = {}
     with database() as db, ThreadPoolExecutor(threads) as pool:
@@ -77,22 +78,23 @@ def run(cases: int, threads: int) -> dict[str, float]:
             capture_output=True,
         )
         run_id = new_run_id()
-        repo.create_run(
+        runs.create_run(
             db, run_id=run_id, agent="bench", input_label="bench", options={}, config={}
         )
         turns = [
             {"input": f"message {t}", "assertions": [{"type": "contains", "value": "Noted"}]}
             for t in range(1, 4)
         ]
-        repo.add_cases(
+        runs.add_cases(
             db,
             run_id,
             [
-                repo.NewCase(i, f"c{i}", {"id": f"c{i}", "turns": turns, "max_turns": 3}, None)
+                runs.NewCase(i, f"c{i}", {"id": f"c{i}", "turns": turns, "max_turns": 3}, None)
                 for i in range(cases)
             ],
         )
-        repo.start_run(db, run_id, cases)
+        runs.start_run(db, run_id, cases)
+        store = SqlStore(db)
 
         def turn(number: int) -> TurnResult:
             return TurnResult(
@@ -127,16 +129,17 @@ def run(cases: int, threads: int) -> dict[str, float]:
                     if ends
                     else None
                 )
-                saved = repo.save_step(
-                    db,
-                    run_id=run_id,
-                    case_id=f"c{i}",
-                    expected_turn=number,
-                    next_turn=number + 1,
-                    phase="done" if ends else "ready",
-                    state=state,
-                    new_turns=[ran[-1]],
-                    result=result,
+                saved = store.save_step(
+                    Step(
+                        run_id=run_id,
+                        case_id=f"c{i}",
+                        expected_turn=number,
+                        next_turn=number + 1,
+                        phase="done" if ends else "ready",
+                        state=state,
+                        new_turns=[ran[-1]],
+                        result=result,
+                    )
                 )
                 if not saved.saved:
                     raise SystemExit(f"step {number} of c{i} was not saved")
@@ -145,7 +148,7 @@ def run(cases: int, threads: int) -> dict[str, float]:
             return call
 
         figures["load a conversation"] = measure(
-            pool, cases, lambda i: repo.load_case(db, run_id, f"c{i}", False, 1)
+            pool, cases, lambda i: store.load_case(run_id, f"c{i}", False, 1)
         )
         figures["save a middle step (turn 1)"] = measure(pool, cases, save(1, False))
         figures["save a middle step (turn 2)"] = measure(pool, cases, save(2, False))

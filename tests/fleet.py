@@ -44,7 +44,7 @@ from aiohttp import web
 from sqlalchemy import select
 
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
-from agenttest_worker.store import repo
+from agenttest_worker.store import results, runs
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import CaseRow
 
@@ -264,13 +264,13 @@ class Fleet:
 
     def wait_done(self, run_id: str, timeout: float = 60.0) -> None:
         def done() -> bool:
-            run = repo.get_run(self.database_url, run_id)
+            run = runs.get_run(self.database_url, run_id)
             return run is not None and run.status == "done"
 
         try:
             wait_until(done, timeout, f"run {run_id} to be done", step=0.2)
         except AssertionError as exc:
-            run = repo.get_run(self.database_url, run_id)
+            run = runs.get_run(self.database_url, run_id)
             state = (run.status, run.finished_cases, run.total_cases) if run else None
             raise AssertionError(
                 f"{exc}; run (status, finished, total) = {state}\n{self.logs()[-6000:]}"
@@ -578,7 +578,7 @@ def write_cases(directory: Path, cases: Sequence[dict[str, Any]], name: str = "c
 
 
 def turn_rows(database_url: str, run_id: str) -> dict[tuple[str, int], int]:
-    return {(c, t): n for c, t, n in repo.count_turn_rows(database_url, run_id)}
+    return {(c, t): n for c, t, n in results.count_turn_rows(database_url, run_id)}
 
 
 def case_rows(database_url: str, run_id: str) -> list[tuple[str, str, str | None]]:

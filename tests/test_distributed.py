@@ -30,7 +30,8 @@ from fleet import (
 from sqlalchemy import select
 
 from agenttest_submit.cli import main as submit_main
-from agenttest_worker.store import repo
+from agenttest_worker.store import results, runs
+from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.db import session_scope, upgrade
 from agenttest_worker.store.models import RunReportRow, TurnRow
 
@@ -176,7 +177,7 @@ def test_the_fleet_starts_conversations_while_their_run_is_still_being_stored(
     heard_while: list[str] = []
 
     def note_run_status(_: object) -> None:
-        run = repo.latest_run(fleet.database_url)
+        run = runs.latest_run(fleet.database_url)
         heard_while.append(run.status if run else "no run")
 
     with WatchingAgent(demo_url) as agent:
@@ -222,12 +223,12 @@ def test_a_duplicated_turn_message_is_a_no_op(fleet: Fleet, demo_url: str, tmp_p
             "the worker to log every task",
         )
 
-    results = {
+    records = {
         r.id: json.dumps(_normalized(r.model_dump(mode="json")), sort_keys=True)
-        for r in repo.iter_results(fleet.database_url, run_id)
+        for r in results.iter_results(fleet.database_url, run_id)
     }
-    assert results["D1"] == results["D2"].replace("D2", "D1")
-    assert json.loads(results["D1"])["status"] == "passed"
+    assert records["D1"] == records["D2"].replace("D2", "D1")
+    assert json.loads(records["D1"])["status"] == "passed"
     assert turn_rows(fleet.database_url, run_id) == {
         (case, number): 1 for case in ("D1", "D2") for number in (1, 2, 3)
     }
@@ -278,25 +279,25 @@ def test_two_conversations_ending_at_once_aggregate_the_run_once(
     aggregated, already = _aggregations(fleet.logs(), run_id)
     assert aggregated == 1 and already <= 1, fleet.logs()
     assert sorted(_reports(fleet.database_url, run_id)) == sorted(STORED_FORMATS)
-    run = repo.get_run(fleet.database_url, run_id)
+    run = runs.get_run(fleet.database_url, run_id)
     assert run is not None and (run.status, run.finished_cases, run.passed) == ("done", 2, 2)
 
 
 def _race(call: Callable[[], object]) -> list[object]:
     """`call()` from two threads released at the same instant; what each returned."""
     barrier = threading.Barrier(2)
-    results: list[object] = []
+    returned: list[object] = []
 
     def contender() -> None:
         barrier.wait()
-        results.append(call())
+        returned.append(call())
 
     threads = [threading.Thread(target=contender) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
-    return results
+    return returned
 
 
 def test_racing_aggregators_build_the_reports_once(
@@ -328,13 +329,13 @@ def test_racing_aggregators_build_the_reports_once(
         progress = Progress(total)
         asyncio.run(drive(pg_database, run_id, [(c.id, 1) for c in cases], 2, progress))
         progress.close()
-        run = repo.get_run(pg_database, run_id)
+        run = runs.get_run(pg_database, run_id)
         assert run is not None and (run.status, run.finished_cases) == ("running", 2)
 
         won = [built is not None for built in _race(partial(aggregate, pg_database, run_id))]
         assert sorted(won) == [False, True]
         assert sorted(_reports(pg_database, run_id)) == sorted(STORED_FORMATS)
-        run = repo.get_run(pg_database, run_id)
+        run = runs.get_run(pg_database, run_id)
         assert run is not None and run.status == "done"
 
 
@@ -404,7 +405,7 @@ def _worker_step(database_url: str, run_id: str, case_id: str, turn: int) -> Any
 
     async def step() -> Any:
         try:
-            return await run_step(database_url, PoolCache(), run_id, case_id, turn, 3)
+            return await run_step(SqlStore(database_url), PoolCache(), run_id, case_id, turn, 3)
         finally:
             await close_session()
 
@@ -424,12 +425,13 @@ def test_only_a_redelivered_message_resends_the_next_turn(
     advance = _worker_step(pg_database, run_id, "N1", 1)
     assert (advance.saved, advance.next_turn) == (True, 2)  # ... and then the worker died
 
-    duplicate = prepare(pg_database, run_id, "N1", 1, 3, redelivered=False)
-    redelivery = prepare(pg_database, run_id, "N1", 1, 3, redelivered=True)
+    store = SqlStore(pg_database)
+    duplicate = prepare(store, run_id, "N1", 1, 3, redelivered=False)
+    redelivery = prepare(store, run_id, "N1", 1, 3, redelivered=True)
     assert isinstance(duplicate, Advance) and isinstance(redelivery, Advance)
     assert (duplicate.saved, duplicate.next_turn) == (False, None)
     assert (redelivery.saved, redelivery.next_turn) == (False, 2)
-    loaded = repo.load_case(pg_database, run_id, "N1")
+    loaded = store.load_case(run_id, "N1")
     assert loaded is not None and loaded.deliveries == 0  # stale copies use no budget
 
 
@@ -449,13 +451,14 @@ def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
     assert (advance.saved, advance.case_done, advance.run_finished) == (True, True, True)
     # ... and then the worker died before enqueueing the aggregation.
 
-    duplicate = prepare(pg_database, run_id, "L1", 1, 3, redelivered=False)
-    redelivery = prepare(pg_database, run_id, "L1", 1, 3, redelivered=True)
+    store = SqlStore(pg_database)
+    duplicate = prepare(store, run_id, "L1", 1, 3, redelivered=False)
+    redelivery = prepare(store, run_id, "L1", 1, 3, redelivered=True)
     assert duplicate == Advance(saved=False, case_done=True)
     assert redelivery == Advance(saved=False, case_done=True, run_finished=True)
 
     assert aggregate(pg_database, run_id) is not None
-    after = prepare(pg_database, run_id, "L1", 1, 3, redelivered=True)
+    after = prepare(store, run_id, "L1", 1, 3, redelivered=True)
     assert after == Advance(saved=False, case_done=True)
 
 
@@ -472,7 +475,7 @@ def test_a_service_out_of_reach_is_named_and_nothing_is_left_stored(
     config = write_project(tmp_path, demo_url)
     cases = write_cases(tmp_path, [greeting_case("DOWN1")])
     upgrade(pg_database)
-    before = repo.latest_run(pg_database)
+    before = runs.latest_run(pg_database)
     fleet = Fleet(broker, database, tmp_path)
     done = fleet.submit(["-i", str(cases), "-n", "slow.expense", "--config", str(config)])
     assert done.returncode == 3, done.stderr
@@ -481,5 +484,5 @@ def test_a_service_out_of_reach_is_named_and_nothing_is_left_stored(
     assert "refused" in done.stderr.lower()
     assert "s3cret" not in done.stderr
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr
-    after = repo.latest_run(pg_database)
+    after = runs.latest_run(pg_database)
     assert (after.id if after else None) == (before.id if before else None)

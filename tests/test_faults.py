@@ -34,7 +34,7 @@ from fleet import (
     write_project,
 )
 
-from agenttest_worker.store import repo
+from agenttest_worker.store import recovery, results, runs
 from agenttest_worker.store.db import upgrade
 
 
@@ -116,7 +116,7 @@ def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
     # Each delivery but the last ran the turn (and died); the last one called nobody.
     assert len(agent.seen("X1")) == max_deliveries
     assert len({s.worker for s in agent.seen("X1")}) == max_deliveries
-    records = {r.id: r for r in repo.iter_results(fleet.database_url, run_id)}
+    records = {r.id: r for r in results.iter_results(fleet.database_url, run_id)}
     assert {case: r.status for case, r in records.items()} == {
         "X1": "failed",
         "OK1": "passed",
@@ -128,7 +128,7 @@ def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
     )
     assert records["X1"].error == reason, records["X1"]
     _all_turns_once(fleet.database_url, run_id, {"OK1": 1, "OK2": 1})
-    run = repo.get_run(fleet.database_url, run_id)
+    run = runs.get_run(fleet.database_url, run_id)
     assert run is not None and (run.status, run.failed, run.passed) == ("done", 1, 2)
 
 
@@ -164,7 +164,7 @@ def test_a_broker_restart_mid_run_loses_nothing(
             )
             worker.wait_ready()
             agent.wait_for(lambda s: True)  # two conversations in flight, two queued
-            run = wait_until(lambda: repo.latest_run(pg_database), 10, "the run")
+            run = wait_until(lambda: runs.latest_run(pg_database), 10, "the run")
             waiting = [c for c, phase, _ in case_rows(pg_database, run.id) if phase == "pending"]
             assert waiting, "every conversation had started: nothing was queued"
 
@@ -221,14 +221,14 @@ def test_a_lost_aggregation_is_done_by_the_sweeper(
 
     lost = finished_run()
     died = finished_run()
-    assert repo.claim_aggregation(url, died)  # ... and its aggregator died right there
-    runs = [repo.get_run(url, r) for r in (lost, died)]
-    assert [r.status if r else None for r in runs] == ["running", "aggregating"]
+    assert results.claim_aggregation(url, died)  # ... and its aggregator died right there
+    stored = [runs.get_run(url, r) for r in (lost, died)]
+    assert [r.status if r else None for r in stored] == ["running", "aggregating"]
 
     fleet.start("sweeper", concurrency=1, stall_seconds="2")
     for run_id in (lost, died):
         fleet.wait_done(run_id, timeout=30)
-        assert repo.get_report(url, run_id, "jsonl")
+        assert results.get_report(url, run_id, "jsonl")
     log = wait_until(
         lambda: fleet.logs() if fleet.logs().count("reports built by the sweeper") >= 2 else "",
         10,
@@ -256,14 +256,14 @@ def test_stalled_conversations_are_claimed_by_one_sweeper(
         target="slow.expense",
         label="never enqueued",
     )
-    assert repo.claim_stalled(url, 60, run_id) == []  # it has not stalled for a minute
+    assert recovery.claim_stalled(url, 60, run_id) == []  # it has not stalled for a minute
     time.sleep(0.6)
     claims: list[list[tuple[str, str, int]]] = []
     barrier = threading.Barrier(2)
 
     def sweep() -> None:
         barrier.wait()
-        claims.append(repo.claim_stalled(url, 0.5, run_id))
+        claims.append(recovery.claim_stalled(url, 0.5, run_id))
 
     threads = [threading.Thread(target=sweep) for _ in range(2)]
     for thread in threads:
@@ -273,4 +273,4 @@ def test_stalled_conversations_are_claimed_by_one_sweeper(
     claimed = sorted(case for batch in claims for _, case, _ in batch)
     assert claimed == [f"S{i}" for i in range(5)]  # each once, by one of the two
     assert all(turn == 1 for batch in claims for _, _, turn in batch)
-    assert repo.claim_stalled(url, 0.5, run_id) == []  # and not again right away
+    assert recovery.claim_stalled(url, 0.5, run_id) == []  # and not again right away

@@ -32,7 +32,7 @@ from fleet import (
     write_project,
 )
 
-from agenttest_worker.store import repo
+from agenttest_worker.store import runs
 from agenttest_worker.store.db import RECONNECT_DELAYS, get_engine
 
 # Every test here runs Celery workers (tests/fleet.py) against restarting services.
@@ -109,7 +109,7 @@ def test_a_database_restart_mid_run_loses_nothing(
             assert "the database is unreachable" in stderr and "the database is back" in stderr
             _all_turns_once(url, run_id, dict.fromkeys(ids, 3))
             assert [(p, s) for _, p, s in case_rows(url, run_id)] == [("done", "passed")] * 8
-            run = repo.get_run(url, run_id)
+            run = runs.get_run(url, run_id)
             assert run is not None and (run.status, run.total_turns) == ("done", 24)
             assert len(agent.seen()) > before  # the run went on after the restart
             calls = Counter((s.case, s.turn) for s in agent.seen())

@@ -8,7 +8,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
-from agenttest_worker.store import db, repo, steps
+from agenttest_worker.store import db, runs, steps
 from agenttest_worker.store.models import Base
 
 
@@ -66,9 +66,9 @@ def test_conversation_documents_are_compressed_with_lz4_on_postgres(pg_database:
     costs the server several times less CPU than its default, when it has it."""
     db.upgrade(pg_database)
     run_id = steps.new_run_id()
-    repo.create_run(pg_database, run_id=run_id, agent=None, input_label="t", options={}, config={})
+    runs.create_run(pg_database, run_id=run_id, agent=None, input_label="t", options={}, config={})
     long_case = {"id": "C", "input": "hello " * 2000}
-    repo.add_cases(pg_database, run_id, [repo.NewCase(0, "C", long_case, None)])
+    runs.add_cases(pg_database, run_id, [runs.NewCase(0, "C", long_case, None)])
     with db.get_engine(pg_database).connect() as connection:
         available = connection.execute(
             text(

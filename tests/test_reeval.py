@@ -22,7 +22,7 @@ from fleet import WORKER_ENV, WORKER_HEADER, Fleet, WatchingAgent, fleet_on
 
 from agenttest_submit.cli import main
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import runs
 
 RUN_ID = re.compile(r"ℹ Run: (\S+)")
 
@@ -154,7 +154,7 @@ def test_reeval_of_a_case_file_rejudges_stored_conversations_and_runs_new_cases(
     assert outputs(after["greet"]) == outputs(before["greet"])
     assert after["fresh"]["status"] == "passed" and after["fresh"]["total_turns"] == 1
 
-    run = repo.get_run(url(), second)
+    run = runs.get_run(url(), second)
     assert run is not None and run.parent_run_id == first
     assert (run.total_cases, run.passed, run.failed) == (3, 2, 1)
     assert "► [flow]" in out and "Failed:  1" in out
@@ -169,7 +169,7 @@ def test_reeval_of_a_case_file_rejudges_stored_conversations_and_runs_new_cases(
         "Hello again [case greet]"
     )
     # flow was re-judged on the newest stored conversation: the re-evaluation's copy.
-    assert repo.get_run(url(), third).parent_run_id == second  # type: ignore[union-attr]
+    assert runs.get_run(url(), third).parent_run_id == second  # type: ignore[union-attr]
 
 
 def test_reeval_run_rejudges_with_the_stored_case_definitions(
@@ -189,7 +189,7 @@ def test_reeval_run_rejudges_with_the_stored_case_definitions(
     assert list(again) == ["flow", "greet"]
     assert verdicts(again["flow"]) == [[True], [False]]
     assert outputs(again["flow"]) == outputs(records(project / "first.jsonl")["flow"])
-    assert repo.get_run(url(), second).parent_run_id == first  # type: ignore[union-attr]
+    assert runs.get_run(url(), second).parent_run_id == first  # type: ignore[union-attr]
     assert f"ℹ Input: re-evaluation of {first}" in out
 
     # --id / --tag pick among the run's cases.
@@ -202,7 +202,7 @@ def test_reeval_run_rejudges_with_the_stored_case_definitions(
 
     # Named by id or as `last`; an unknown run is an input error.
     code, third, _, _ = submit(capsys, "--reeval", "--format", "jsonl", "-o", "third.jsonl")
-    assert repo.get_run(url(), third).parent_run_id == latest  # type: ignore[union-attr]
+    assert runs.get_run(url(), third).parent_run_id == latest  # type: ignore[union-attr]
     assert calls(target) == seen
     capsys.readouterr()
     assert main(["--reeval", "20990101-000000-abcdef"]) == 2
@@ -219,7 +219,7 @@ def test_reeval_with_a_run_and_a_file_uses_that_runs_conversations(
     code, third, _, err = submit(capsys, "--reeval", first, "-i", "tests.yml", "-o", "r.jsonl")
     assert code == 1, err
     assert calls(target) == {"flow": 2, "greet": 2}
-    assert repo.get_run(url(), third).parent_run_id == first  # type: ignore[union-attr]
+    assert runs.get_run(url(), third).parent_run_id == first  # type: ignore[union-attr]
     assert verdicts(records(project / "r.jsonl")["flow"]) == [[True], [False]]
 
 
@@ -256,6 +256,6 @@ def test_reeval_on_a_fleet_runs_only_the_new_case_on_a_worker(
         "passed",
         "passed",
     ]
-    run = repo.get_run(fleet.database_url, second)
+    run = runs.get_run(fleet.database_url, second)
     assert run is not None and run.parent_run_id == first and run.status == "done"
     assert "fresh turn 1: case passed" in fleet.logs()

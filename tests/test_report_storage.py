@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from agenttest_worker.fleet.aggregate import STORED_FORMATS, aggregate, build_report
 from agenttest_worker.report import render, render_chunks
-from agenttest_worker.store import db, repo, steps
+from agenttest_worker.store import db, results, runs, steps
 
 # What COPY's text format escapes (backslash, tab, newline, carriage return) and more.
 AWKWARD = 'a\\b\tc\r\nd "quoted" é ✓ \\N \\.'
@@ -47,9 +47,9 @@ def _record(case_id: str, output: str, status: str) -> dict[str, object]:
 def _finished_run(url: str, outputs: list[str]) -> str:
     db.upgrade(url)
     run_id = steps.new_run_id()
-    repo.create_run(url, run_id=run_id, agent="a", input_label="in", options={}, config={})
-    repo.add_cases(
-        url, run_id, [repo.NewCase(i, f"c{i}", {"id": f"c{i}"}, None) for i in range(len(outputs))]
+    runs.create_run(url, run_id=run_id, agent="a", input_label="in", options={}, config={})
+    runs.add_cases(
+        url, run_id, [runs.NewCase(i, f"c{i}", {"id": f"c{i}"}, None) for i in range(len(outputs))]
     )
     statuses = ["passed" if i % 3 else "failed" for i in range(len(outputs))]
     with db.get_engine(url).begin() as connection:
@@ -84,7 +84,7 @@ def _timeless(report: str | None) -> str | None:
 
 
 def _stored(url: str, run_id: str) -> dict[str, str | None]:
-    return {fmt: _timeless(repo.get_report(url, run_id, fmt)) for fmt in STORED_FORMATS}
+    return {fmt: _timeless(results.get_report(url, run_id, fmt)) for fmt in STORED_FORMATS}
 
 
 def _rendered(url: str, run_id: str) -> dict[str, str | None]:
@@ -108,7 +108,7 @@ def test_streamed_reports_are_the_rendered_ones_on_postgres(pg_database: str) ->
 
 def test_a_report_already_stored_is_kept(pg_database: str) -> None:
     run_id = _finished_run(pg_database, [AWKWARD, "plain"])
-    repo.store_report(pg_database, run_id, "console", "an earlier aggregator's")
+    results.store_report(pg_database, run_id, "console", "an earlier aggregator's")
     aggregate(pg_database, run_id)
     stored = _stored(pg_database, run_id)
     assert stored["console"] == "an earlier aggregator's"
@@ -120,7 +120,7 @@ def test_embedded_reports_are_joined_and_returned(tmp_path: Path) -> None:
     run_id = _finished_run(url, [AWKWARD, "plain", ""])
     built = aggregate(url, run_id)
     assert built is not None
-    assert built.rendered == {fmt: repo.get_report(url, run_id, fmt) for fmt in STORED_FORMATS}
+    assert built.rendered == {fmt: results.get_report(url, run_id, fmt) for fmt in STORED_FORMATS}
     assert _stored(url, run_id) == _rendered(url, run_id)
 
 

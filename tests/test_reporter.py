@@ -17,7 +17,7 @@ from scripted_agent import Reply, ScriptedAgent, fail, say
 
 from agenttest_submit.cli import main
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import results, runs
 
 RUN_ID = re.compile(r"ℹ Run: (\S+)")
 DIGEST = "1 of 2 cases failed: FAILS expected a refund the agent never mentions."
@@ -97,7 +97,7 @@ def test_the_reporter_gets_the_results_and_its_reply_is_stored_and_printed(
     # Printed after the standard report, and kept with the run as format "reporter".
     assert f"── Report by agents:team.reporter ──\n{DIGEST}\n" in out
     assert out.index("Summary") < out.index("Report by")
-    assert repo.get_report(store_url(), run_id, "reporter") == DIGEST
+    assert results.get_report(store_url(), run_id, "reporter") == DIGEST
 
 
 def test_a_failing_reporter_only_warns(
@@ -110,8 +110,8 @@ def test_a_failing_reporter_only_warns(
     assert "warning: reporter team.reporter failed" in err and "500" in err
     assert "Report by" not in out
     assert len(agent.requests("reporter")) == 1
-    assert repo.get_report(store_url(), run_id, "reporter") is None
-    assert repo.get_report(store_url(), run_id, "jsonl"), "the standard reports are stored"
+    assert results.get_report(store_url(), run_id, "reporter") is None
+    assert results.get_report(store_url(), run_id, "jsonl"), "the standard reports are stored"
 
     # A reply that is not text at all (content null) is stored as an empty report, not a crash.
     agent.script("reporter", [Reply(content=None)])
@@ -140,7 +140,7 @@ def test_a_reporter_that_cannot_work_is_an_input_error_before_anything_runs(
     assert "nothing was run" in err and "--reporter" in err and expected in err
     assert out == ""
     assert not (project / ".agenttest" / "agenttest.db").exists() or (
-        repo.latest_run(store_url()) is None
+        runs.latest_run(store_url()) is None
     )
 
 
@@ -161,7 +161,7 @@ def test_the_reporter_also_reports_a_re_evaluation(
     assert code == 1, err
     second = RUN_ID.search(out).group(1)  # type: ignore[union-attr]
     assert "re-judged 2" in out
-    assert repo.get_report(store_url(), second, "reporter") == "re-judged 2"
+    assert results.get_report(store_url(), second, "reporter") == "re-judged 2"
     # ... and is checked first there too.
     code = main(["--reeval", first, "--reporter", "team.nobody"])
     _, err = capsys.readouterr()

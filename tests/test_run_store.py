@@ -26,7 +26,8 @@ from agenttest_worker.engine import HumanPrompt, RunOptions
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Usage
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo, steps
+from agenttest_worker.store import recovery, results, runs, steps, turn_statements
+from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.buffered import BufferedStore, StoreSetup
 from agenttest_worker.store.db import session_scope, upgrade
 from agenttest_worker.store.models import CaseRow, RunReportRow, RunRow, TurnRow
@@ -75,7 +76,7 @@ def step(db: str, run_id: str, case_id: str, turn: int) -> Any:
         from agenttest_worker.agents.transport import close_session
 
         try:
-            return await run_step(db, PoolCache(), run_id, case_id, turn, None)
+            return await run_step(SqlStore(db), PoolCache(), run_id, case_id, turn, None)
         finally:
             await close_session()
 
@@ -90,21 +91,21 @@ def case_rows(db: str, run_id: str) -> dict[str, CaseRow]:
 
 def check_store_matches_results(db: str, run_id: str) -> list[CaseResult]:
     """One turns row per (case, turn) of the results, and run counters that agree."""
-    results = list(repo.iter_results(db, run_id))
-    expected = {(r.id, t.turn) for r in results for t in r.turns}
-    counted = repo.count_turn_rows(db, run_id)
+    records = list(results.iter_results(db, run_id))
+    expected = {(r.id, t.turn) for r in records for t in r.turns}
+    counted = results.count_turn_rows(db, run_id)
     assert {(c, t) for c, t, _ in counted} == expected
     assert all(n == 1 for _, _, n in counted), counted
     with session_scope(db) as session:
         rows = session.scalars(select(TurnRow).where(TurnRow.run_id == run_id)).all()
         by_key = {(row.case_id, row.turn): row for row in rows}
-    for result in results:
+    for result in records:
         for turn in result.turns:
             row = by_key[(result.id, turn.turn)]
             assert (row.input, row.output, row.status) == (turn.input, turn.output, turn.status)
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None
-    statuses = [r.status for r in results]
+    statuses = [r.status for r in records]
     assert (
         run.total_cases,
         run.finished_cases,
@@ -113,14 +114,14 @@ def check_store_matches_results(db: str, run_id: str) -> list[CaseResult]:
         run.skipped,
         run.total_turns,
     ) == (
-        len(results),
-        len(results),
+        len(records),
+        len(records),
         statuses.count("passed"),
         statuses.count("failed"),
         statuses.count("skipped"),
-        sum(r.total_turns for r in results),
+        sum(r.total_turns for r in records),
     )
-    return results
+    return records
 
 
 # -- after a run ---------------------------------------------------------------------------
@@ -134,9 +135,9 @@ def test_a_run_stores_each_turn_once_counters_and_reports(
     run_id = RUN_ID.search(out).group(1)  # type: ignore[union-attr]
     db = url()
 
-    results = check_store_matches_results(db, run_id)
-    assert [r.status for r in results] == ["passed", "skipped", "passed", "failed"]
-    run = repo.get_run(db, run_id)
+    records = check_store_matches_results(db, run_id)
+    assert [r.status for r in records] == ["passed", "skipped", "passed", "failed"]
+    run = runs.get_run(db, run_id)
     assert run is not None and run.status == "done" and run.finished_at is not None
     assert (run.passed, run.failed, run.skipped, run.total_turns) == (2, 1, 1, 8)
     assert run.agent == "assistants.expense"
@@ -151,32 +152,32 @@ def test_a_run_stores_each_turn_once_counters_and_reports(
             session.scalars(select(RunReportRow.format).where(RunReportRow.run_id == run_id))
         )
     assert formats == {"jsonl", "console"}
-    stored_jsonl = repo.get_report(db, run_id, "jsonl")
+    stored_jsonl = results.get_report(db, run_id, "jsonl")
     assert stored_jsonl == (demo / "results.jsonl").read_text(encoding="utf-8")
-    console = repo.get_report(db, run_id, "console")
+    console = results.get_report(db, run_id, "console")
     assert console is not None and "► [T004] Greeting mentions refunds (1 turn)" in console
     assert '✓ agent: The reply must mention "$3500"' in console
     assert "\x1b[" not in console, "stored reports carry no terminal colors"
 
     # The run is aggregated already: another aggregation does nothing.
     assert aggregate(db, run_id) is None
-    assert repo.get_report(db, run_id, "jsonl") == stored_jsonl
+    assert results.get_report(db, run_id, "jsonl") == stored_jsonl
 
 
 def test_aggregate_runs_once_and_only_when_every_conversation_ended(demo: Path) -> None:
     db, run_id = stored_suite()
     assert aggregate(db, run_id) is None, "conversations still pending"
-    assert repo.get_report(db, run_id, "jsonl") is None
+    assert results.get_report(db, run_id, "jsonl") is None
 
     asyncio.run(drive(db, run_id, [(f"T00{i}", 1) for i in range(1, 5)], 4, Progress(4)))
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None and run.status == "running" and run.finished_cases == 4
 
     assert aggregate(db, run_id) is not None
     assert aggregate(db, run_id) is None
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None and run.status == "done"
-    jsonl = repo.get_report(db, run_id, "jsonl")
+    jsonl = results.get_report(db, run_id, "jsonl")
     assert jsonl is not None
     assert [json.loads(line)["id"] for line in jsonl.splitlines()] == [
         "T001",
@@ -193,7 +194,7 @@ def test_a_repeated_step_records_nothing_twice(demo: Path) -> None:
     assert first.saved and first.next_turn == 2
     again = step(db, run_id, "T001", 1)  # a redelivered task for a turn already recorded
     assert not again.saved
-    assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+    assert results.count_turn_rows(db, run_id) == [("T001", 1, 1)]
 
 
 # -- a fleet run: conversations start batch by batch while the run is being stored ---------
@@ -220,12 +221,12 @@ class PlayingStarter:
         self.ended: list[bool] = []
 
     def stored(self, run_id: str, first: int, last: int) -> None:
-        run = repo.get_run(self.db, run_id)
+        run = runs.get_run(self.db, run_id)
         assert run is not None
         self.batches.append((first, last, sorted(case_rows(self.db, run_id)), run.status))
         if not self.play_them:
             return
-        for case_id in repo.pending_case_ids(self.db, run_id, first, last):
+        for case_id in recovery.pending_case_ids(self.db, run_id, first, last):
             assert not any(a.run_finished for a in play(self.db, run_id, case_id))
 
     def started(self, run_id: str, every_case_ended: bool) -> None:
@@ -266,7 +267,7 @@ def test_conversations_can_run_while_their_run_is_still_being_stored(
         (2, 3, ["T001", "T002", "T003", "T004"], "pending"),
     ]
     assert starter.ended == [True]
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None and (run.status, run.finished_cases, run.total_cases) == (
         "running",
         4,
@@ -349,12 +350,12 @@ def test_a_new_runs_steps_wait_in_memory_until_the_run_is_stored(demo: Path) -> 
     first = step_in(store, "T001", 1)
     assert first.saved and first.next_turn == 2
     store.maybe_flush()  # the setup is not done: returns at once and writes nothing
-    assert repo.get_run(db, run_id) is None
-    assert repo.count_turn_rows(db, run_id) == []
+    assert runs.get_run(db, run_id) is None
+    assert results.count_turn_rows(db, run_id) == []
 
     stored.set()
     store.flush()  # waits for the setup, then writes what was buffered
-    assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+    assert results.count_turn_rows(db, run_id) == [("T001", 1, 1)]
     rows = case_rows(db, run_id)
     assert (rows["T001"].next_turn, rows["T001"].phase) == (2, "ready")
     assert {rows[c].phase for c in ("T002", "T003", "T004")} == {"pending"}
@@ -397,13 +398,13 @@ def test_a_flush_that_fails_keeps_what_it_did_not_write(demo: Path) -> None:
         )
     with pytest.raises(Exception, match="disk trouble"):
         store.flush()
-    assert repo.count_turn_rows(db, run_id) == []
+    assert results.count_turn_rows(db, run_id) == []
     assert case_rows(db, run_id)["T001"].next_turn == 1, "rolled back with the turn"
 
     with sqlite3.connect(path) as conn:
         conn.execute("DELETE FROM write_trouble")
     store.flush()
-    assert repo.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+    assert results.count_turn_rows(db, run_id) == [("T001", 1, 1)]
     assert (case_rows(db, run_id)["T001"].next_turn, case_rows(db, run_id)["T001"].phase) == (
         2,
         "ready",
@@ -424,10 +425,10 @@ def test_a_refused_reply_to_a_parked_conversation_ends_it_failed_still_parked(
     parked.phase = "awaiting_human"
     parked.prompt = HumanPrompt(question="Which project?", hint=None, asked_at=0.0)
     common = {"run_id": run_id, "case_id": "T001", "expected_turn": 1, "next_turn": 1}
-    assert store.save_step(
+    assert store.save_step(steps.Step(
         **common, phase="awaiting_human", state=steps.JsonText(parked.model_dump_json()),
         new_turns=[],
-    ).saved  # fmt: skip
+    )).saved  # fmt: skip
     store.flush()
     answered = parked.model_copy(deep=True)
     answered.phase, answered.prompt = "ready", None
@@ -435,10 +436,10 @@ def test_a_refused_reply_to_a_parked_conversation_ends_it_failed_still_parked(
     huge = Usage(prompt_tokens=10**20, completion_tokens=1, total_tokens=10**20 + 1)
     call = AgentCallRecord(role="validator", agent="j", latency_ms=1, usage=huge)
     skipped = TurnResult(turn=1, input=None, status="skipped", skip_reason="x", calls=[call])
-    assert store.save_step(
+    assert store.save_step(steps.Step(
         **common, phase="ready", state=steps.JsonText(answered.model_dump_json()),
         new_turns=[skipped], expected_phase="awaiting_human",
-    ).saved  # fmt: skip
+    )).saved  # fmt: skip
 
     store.flush()  # written again step by step: the reply refused, nothing raised
     (refused,) = store.take_refused()
@@ -455,8 +456,8 @@ def test_a_refused_reply_to_a_parked_conversation_ends_it_failed_still_parked(
     assert (row.phase, row.status) == ("done", "failed")
     assert row.result is not None
     assert row.result["error"].startswith("turn 1 could not be stored: ")
-    assert repo.count_turn_rows(db, run_id) == []
-    run = repo.get_run(db, run_id)
+    assert results.count_turn_rows(db, run_id) == []
+    run = runs.get_run(db, run_id)
     assert run is not None and (run.finished_cases, run.failed) == (1, 1)
 
 
@@ -471,7 +472,7 @@ def test_report_and_status_of_a_run_not_finished_say_so(
     code = main(["report", run_id, "--format", "junit", "-o", "early.xml"])
     _, err = capsys.readouterr()
     assert code == 1
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None and run.status == "running"
     assert f"run {run_id} is running (0/4 cases finished): the report covers only" in err
     assert main(["status", run_id]) == 0
@@ -479,7 +480,7 @@ def test_report_and_status_of_a_run_not_finished_say_so(
     assert "turns     0 in finished cases, 1 played\n" in out
 
     pending = steps.new_run_id()
-    repo.create_run(db, run_id=pending, agent=None, input_label="x", options={}, config={})
+    runs.create_run(db, run_id=pending, agent=None, input_label="x", options={}, config={})
     capsys.readouterr()
     assert main(["status", pending]) == 0
     out, _ = capsys.readouterr()
@@ -522,17 +523,17 @@ def test_resume_finishes_conversations_left_unfinished(
     assert f"run {run_id}: resuming 3 unfinished conversation(s)" in err
     assert "Failed:  1\n" in out and "Passed:  2\n" in out
 
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None and run.status == "done"
-    results = check_store_matches_results(db, run_id)
-    assert [r.status for r in results] == ["passed", "skipped", "passed", "failed"]
-    t001 = results[0]
+    records = check_store_matches_results(db, run_id)
+    assert [r.status for r in records] == ["passed", "skipped", "passed", "failed"]
+    t001 = records[0]
     assert [t.input for t in t001.turns] == [
         "I want to submit an expense",
         "Business travel, $3500",
         "Yes, confirm",
     ]
-    assert repo.get_report(db, run_id, "jsonl") is not None
+    assert results.get_report(db, run_id, "jsonl") is not None
 
     assert main(["resume", run_id]) == 0
     assert "is complete; nothing to resume" in capsys.readouterr().err
@@ -567,9 +568,9 @@ def test_resume_of_a_reset_conversation_reruns_from_its_turn(
     capsys.readouterr()
     assert main(["resume", run_id]) == 1
     assert "resuming 1 unfinished conversation(s)" in capsys.readouterr().err
-    results = check_store_matches_results(db, run_id)
-    assert results[3].status == "failed"
-    assert repo.get_run(db, run_id).status == "done"  # type: ignore[union-attr]
+    records = check_store_matches_results(db, run_id)
+    assert records[3].status == "failed"
+    assert runs.get_run(db, run_id).status == "done"  # type: ignore[union-attr]
 
 
 def test_resume_answers_a_conversation_left_waiting_for_a_person(
@@ -584,10 +585,10 @@ def test_resume_answers_a_conversation_left_waiting_for_a_person(
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     capsys.readouterr()
     main(["resume", run_id])
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None and run.status == "done", capsys.readouterr()
-    results = check_store_matches_results(db, run_id)
-    t002 = results[1]
+    records = check_store_matches_results(db, run_id)
+    t002 = records[1]
     assert t002.status == "skipped"
     assert t002.skip_reason is not None and "awaiting input" in t002.skip_reason
 
@@ -596,13 +597,13 @@ def test_resume_redoes_a_lost_aggregation(demo: Path, capsys: pytest.CaptureFixt
     """The aggregator died after claiming the run: `resume` aggregates it after all."""
     db, run_id = stored_suite()
     asyncio.run(drive(db, run_id, [(f"T00{i}", 1) for i in range(1, 5)], 4, Progress(4)))
-    assert repo.claim_aggregation(db, run_id)  # ...and then the process died
+    assert results.claim_aggregation(db, run_id)  # ...and then the process died
     assert aggregate(db, run_id) is None
     capsys.readouterr()
     main(["resume", run_id])
-    run = repo.get_run(db, run_id)
+    run = runs.get_run(db, run_id)
     assert run is not None and run.status == "done"
-    assert repo.get_report(db, run_id, "jsonl") is not None
+    assert results.get_report(db, run_id, "jsonl") is not None
 
 
 def test_last_is_the_newest_run_even_within_one_second(demo: Path) -> None:
@@ -612,8 +613,8 @@ def test_last_is_the_newest_run_even_within_one_second(demo: Path) -> None:
     upgrade(db)
     # Run ids sort by second, then randomly: the newer run may sort first.
     for run_id in ("20990101-000000-ffffff", "20990101-000000-000000"):
-        repo.create_run(db, run_id=run_id, agent=None, input_label="x", options={}, config={})
-    latest = repo.latest_run(db)
+        runs.create_run(db, run_id=run_id, agent=None, input_label="x", options={}, config={})
+    latest = runs.latest_run(db)
     assert latest is not None and latest.id == "20990101-000000-000000"
 
 
@@ -707,9 +708,9 @@ def test_the_one_statement_save_inserts_every_column_the_row_builders_fill() -> 
         AgentCallRow: steps.call_rows("r", "c", 1, [call]),
     }
     for model, rows in built.items():
-        assert tuple(rows[0]) == repo._ROW_COLUMNS[model], model.__name__
+        assert tuple(rows[0]) == turn_statements.ROW_COLUMNS[model], model.__name__
 
 
 def test_the_turn_read_names_its_columns_in_order() -> None:
-    names = [column.name for column in repo._LOAD.selected_columns]
-    assert list(repo._LoadedRow._fields) == names
+    names = [column.name for column in turn_statements.LOAD.selected_columns]
+    assert list(turn_statements.LoadedRow._fields) == names

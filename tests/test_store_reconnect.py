@@ -25,7 +25,8 @@ from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.event_loops import run_sync
 from agenttest_worker.driver.step import Advance, PoolCache, commit, execute, prepare
 from agenttest_worker.engine import RunOptions
-from agenttest_worker.store import repo
+from agenttest_worker.store import recovery, results, runs
+from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.db import get_engine, is_connection_lost, upgrade
 
 
@@ -39,15 +40,17 @@ def _stored_run(url: str, demo_url: str, tmp_path: Path, n: int = 1) -> str:
         target="slow.expense",
         label="reconnect",
     )
-    repo.start_run(url, run_id, total)
+    runs.start_run(url, run_id, total)
     return run_id
 
 
 class _FaultyEngine:
     """The store's engine, with a fault injected into its connections (see subclasses).
 
-    Stands in for `get_engine(url)`: the hot path asks it for its dialect and checks
-    its connections out with `raw_connection` and back in with their `close`."""
+    Passed to a real SqlStore in place of `get_engine(url)` (`_store_on`): the hot path
+    asks it for its dialect and checks its connections out with `raw_connection` and
+    back in with their `close`. The fault has to sit below the store, where the hot
+    path's own retry (`reconnecting`) and its check for a landed write run."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -83,6 +86,12 @@ class _Pooled:
         self.on_close()
 
 
+def _store_on(url: str, faulty: _FaultyEngine) -> SqlStore:
+    """A SqlStore of `url` whose connections come from `faulty`."""
+    engine: Any = faulty  # the part of an Engine the hot path uses
+    return SqlStore(url, engine=engine)
+
+
 def _lost(statement: str) -> DBAPIError:
     lost = psycopg.OperationalError("server closed the connection unexpectedly")
     return DBAPIError(statement, None, lost, connection_invalidated=True)
@@ -112,50 +121,49 @@ class _LostOnEntry(_FaultyEngine):
 
 
 def test_a_step_whose_commit_landed_before_the_connection_dropped_counts_as_saved(
-    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
     upgrade(pg_database)
     run_id = _stored_run(pg_database, demo_url, tmp_path)
-    prepared = prepare(pg_database, run_id, "C0", 1)
+    store = SqlStore(pg_database)
+    prepared = prepare(store, run_id, "C0", 1)
     assert not isinstance(prepared, Advance)
     state = run_sync(execute(prepared, PoolCache().for_run(run_id, prepared.loaded.run_config)))
 
     flaky = _AckLost(get_engine(pg_database))
-    monkeypatch.setattr(repo, "get_engine", lambda url: flaky)
-    advance = commit(pg_database, prepared, state)
-    monkeypatch.undo()
+    advance = commit(_store_on(pg_database, flaky), prepared, state)
 
     assert not flaky.armed  # the first attempt's commit landed, and "failed"
     # The retry found its own write: saved, the case done, the run complete (so the
     # caller enqueues the aggregation now).
     assert advance == Advance(saved=True, run_finished=True, case_done=True, status="passed")
-    assert repo.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
-    run = repo.get_run(pg_database, run_id)
+    assert results.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
+    run = runs.get_run(pg_database, run_id)
     assert run is not None and (run.finished_cases, run.passed) == (1, 1)
     # A second copy of the same step that is not a retry stays a no-op.
-    assert commit(pg_database, prepared, state) == Advance(saved=False)
+    assert commit(store, prepared, state) == Advance(saved=False)
 
 
 def test_a_concurrent_duplicate_is_not_mistaken_for_a_landed_retry(
-    pg_database: str, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
     """Two copies of a turn ran; the other one saved first. A retry of this one (after a
     lost connection) finds that write there, not its own: not saved, nothing enqueued."""
     upgrade(pg_database)
     run_id = _stored_run(pg_database, demo_url, tmp_path, n=2)
     pool = PoolCache()
-    copies = [prepare(pg_database, run_id, "C0", 1) for _ in range(2)]
+    store = SqlStore(pg_database)
+    copies = [prepare(store, run_id, "C0", 1) for _ in range(2)]
     steps = []
     for copy in copies:
         assert not isinstance(copy, Advance)
         steps.append((copy, run_sync(execute(copy, pool.for_run(run_id, copy.loaded.run_config)))))
-    assert commit(pg_database, *steps[0]).saved
+    assert commit(store, *steps[0]).saved
 
     lost_once = _LostOnEntry(get_engine(pg_database))
-    monkeypatch.setattr(repo, "get_engine", lambda url: lost_once)
-    assert commit(pg_database, *steps[1]) == Advance(saved=False)
+    assert commit(_store_on(pg_database, lost_once), *steps[1]) == Advance(saved=False)
     assert lost_once.calls == 2
-    assert repo.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
+    assert results.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
 
 
 @pytest.mark.slow
@@ -165,13 +173,13 @@ def test_reconnecting_waits_for_a_server_that_is_still_starting(tmp_path: Path) 
     with PostgresServer(tmp_path / "pg") as pg:
         url = pg.create_database("agenttest")
         upgrade(url)
-        assert repo.pending_case_ids(url, "no-run", 0, 10) == []  # a pooled connection
+        assert recovery.pending_case_ids(url, "no-run", 0, 10) == []  # a pooled connection
         pg.stop()
         outcome: list[object] = []
 
         def read() -> None:
             try:
-                outcome.append(repo.pending_case_ids(url, "no-run", 0, 10))
+                outcome.append(recovery.pending_case_ids(url, "no-run", 0, 10))
             except Exception as exc:
                 outcome.append(exc)
 
@@ -216,10 +224,11 @@ def test_the_turn_statements_replace_a_connection_lost_to_a_restart(
         upgrade(url)
         try:
             run_id = _stored_run(url, demo_url, tmp_path)
-            assert repo.load_case(url, run_id, "C0") is not None  # now pooled
+            store = SqlStore(url)
+            assert store.load_case(run_id, "C0") is not None  # now pooled
             pg.stop()
             pg.start()
-            loaded = repo.load_case(url, run_id, "C0")
+            loaded = store.load_case(run_id, "C0")
             assert loaded is not None and loaded.next_turn == 1
             assert get_engine(url).pool.checkedout() == 0
             with get_engine(url).connect() as connection:
@@ -244,7 +253,7 @@ def test_removing_a_run_waits_for_a_step_being_saved_and_keeps_none_of_its_rows(
         " status, duration_ms) VALUES (%s, 'C0', 1, 'hi', 'hello', '[]', false, 'passed', 5)",
         (run_id,),
     )
-    removing = threading.Thread(target=repo.delete_run, args=(pg_database, run_id))
+    removing = threading.Thread(target=runs.delete_run, args=(pg_database, run_id))
     removing.start()
     time.sleep(0.5)
     assert removing.is_alive(), "the removal waits for the step being saved"
@@ -252,7 +261,7 @@ def test_removing_a_run_waits_for_a_step_being_saved_and_keeps_none_of_its_rows(
     removing.join(10)
     saving.close()
     assert not removing.is_alive()
-    assert repo.get_run(pg_database, run_id) is None
-    assert repo.count_turn_rows(pg_database, run_id) == []
+    assert runs.get_run(pg_database, run_id) is None
+    assert results.count_turn_rows(pg_database, run_id) == []
     # A message of the removed run still queued does nothing, and says why.
-    assert prepare(pg_database, run_id, "C0", 1) == Advance(saved=False, gone=True)
+    assert prepare(SqlStore(pg_database), run_id, "C0", 1) == Advance(saved=False, gone=True)

@@ -14,7 +14,7 @@ from fleet import write_cases
 from scripted_agent import Reply
 from sqlalchemy import text
 
-from agenttest_worker.store import db, repo
+from agenttest_worker.store import db, results
 
 # Keys neither sorted nor in jsonb's order (shorter keys first), nested.
 ARGS = {"zeta": 1, "alpha": {"yy": 1, "b": 2}, "mid": [{"z": 0, "a": 1}]}
@@ -52,7 +52,7 @@ def test_a_fleet_run_keeps_the_agents_key_order(
         ],
     )
     run_id = run_scripted_on_fleet(redis_db, pg_database, demo_url, tmp_path, cases, _reply)
-    report = repo.get_report(pg_database, run_id, "jsonl")
+    report = results.get_report(pg_database, run_id, "jsonl")
     assert report is not None
     record = json.loads(report)
     for turn in record["turns"]:

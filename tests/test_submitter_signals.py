@@ -29,7 +29,7 @@ from fleet import (
 )
 
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import recovery, results, runs
 
 
 def _run_ids(database_url: str) -> set[str]:
@@ -150,12 +150,12 @@ def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
         assert "terminated" in stderr and "Traceback" not in stderr
 
         url = get_settings().effective_database_url()
-        run = repo.latest_run(url)
+        run = runs.latest_run(url)
         assert run is not None
         recorded = set(turn_rows(url, run.id))
         # `status` counts every turn played so far, not only those of finished cases
         # (which are all of them when SIGTERM fell between conversations in every lane).
-        assert repo.count_played_turns(url, run.id) == len(recorded) >= run.total_turns
+        assert results.count_played_turns(url, run.id) == len(recorded) >= run.total_turns
         # Each lane had at most one turn in flight; every other one is recorded.
         assert len(recorded) >= len(started) - parallel, (len(recorded), len(started), stderr)
 
@@ -195,7 +195,7 @@ def _half_stored_run(fleet: Fleet, database_url: str, config: Path, tmp_path: Pa
     )
     process.kill()
     process.communicate(timeout=30)
-    run = repo.get_run(database_url, run_id)
+    run = runs.get_run(database_url, run_id)
     assert run is not None and run.status == "pending"
     assert 0 < _cases_of(database_url, run_id) < 60_000
     return str(run_id)
@@ -203,13 +203,13 @@ def _half_stored_run(fleet: Fleet, database_url: str, config: Path, tmp_path: Pa
 
 def _assert_closed_as_abandoned(database_url: str, run_id: str) -> None:
     stored = _cases_of(database_url, run_id)
-    run = repo.get_run(database_url, run_id)
+    run = runs.get_run(database_url, run_id)
     assert run is not None and run.status == "done" and run.cancelled
     assert run.total_cases == stored
     assert f"after {stored} case(s)" in (run.cancel_reason or "")
     statuses = [s for _, _, s in case_rows(database_url, run_id)]
     assert len(statuses) == stored and set(statuses) <= {"passed", "skipped"}
-    report = repo.get_report(database_url, run_id, "jsonl")
+    report = results.get_report(database_url, run_id, "jsonl")
     assert report is not None
     records = [json.loads(line) for line in report.splitlines() if line.strip()]
     skipped = [r for r in records if r.get("status") == "skipped"]
@@ -232,7 +232,7 @@ def test_a_run_left_half_stored_by_a_killed_submitter_is_closed_by_the_sweeper(
     with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
         run_id = _half_stored_run(fleet, pg_database, config, tmp_path)
         # Not yet: the submitter might still be storing it.
-        assert repo.close_abandoned_runs(pg_database, 3600, run_id) == []
+        assert recovery.close_abandoned_runs(pg_database, 3600, run_id) == []
 
         fleet.start("sweeping", concurrency=8, stall_seconds="2")
         fleet.wait_done(run_id, timeout=90)
@@ -253,7 +253,7 @@ def test_resume_closes_a_half_stored_run_once_nothing_moved_for_the_stall_period
         early = fleet.submit(["resume", run_id], stall_seconds="600")
         assert early.returncode == 0, early.stderr
         assert "is still being stored" in early.stderr
-        run = repo.get_run(pg_database, run_id)
+        run = runs.get_run(pg_database, run_id)
         assert run is not None and run.status == "pending"
 
         time.sleep(1.2)

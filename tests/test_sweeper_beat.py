@@ -17,7 +17,7 @@ import redis
 from fleet import Fleet, fleet_on, greeting_case, turn_rows, write_cases, write_project
 
 from agenttest_worker.fleet.app import queue_lists
-from agenttest_worker.store import repo
+from agenttest_worker.store import runs
 
 # Every test here runs a Celery worker and `celery beat`.
 pytestmark = pytest.mark.fleet
@@ -43,7 +43,7 @@ def test_beat_sweeps_a_run_whose_messages_were_lost(
     assert redis.Redis.from_url(redis_db).delete(*queue_lists("agenttest")) == 1
     fleet.start("w", concurrency=2, worker_sweeper="false", stall_seconds=STALL)
     time.sleep(5)  # past the stall period: no worker thread sweeps
-    run = repo.get_run(pg_database, run_id)
+    run = runs.get_run(pg_database, run_id)
     assert run is not None and run.status == "running" and run.finished_cases == 0
 
     beat = subprocess.Popen(

@@ -17,7 +17,7 @@ from scripted_agent import Reply, ScriptedAgent, last_user_text
 
 from agenttest_submit.cli import main
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import results, runs
 from agenttest_worker.store.storable import storable_json, storable_row
 
 
@@ -83,12 +83,12 @@ def test_a_reply_with_a_nul_character_is_recorded_on_postgres(
             fleet.wait_done(run_id, timeout=60)
             logs = fleet.logs()
     assert sorted(s for _, _, s in case_rows(pg_database, run_id)) == ["passed"] * 4
-    results = {r.id: r for r in repo.iter_results(pg_database, run_id)}
-    bad = results["NUL0"].turns[0]
+    records = {r.id: r for r in results.iter_results(pg_database, run_id)}
+    bad = records["NUL0"].turns[0]
     assert bad.output == "bad\ufffdbyte, noted"
     assert json.dumps(bad.tool_calls[0].model_dump(mode="json")).count("\\ufffd") == 1
-    assert results["OK0"].turns[1].output == "fine, noted"
-    report = repo.get_report(pg_database, run_id, "jsonl")
+    assert records["OK0"].turns[1].output == "fine, noted"
+    report = results.get_report(pg_database, run_id, "jsonl")
     assert report is not None and "bad\ufffdbyte" in report
     assert "UntranslatableCharacter" not in logs and "cannot contain NUL" not in logs
 
@@ -126,14 +126,14 @@ def test_a_turn_the_database_refuses_fails_its_case_and_the_run_finishes(
         ],
     )
     run_id = run_scripted_on_fleet(redis_db, pg_database, demo_url, tmp_path, cases, _usage_reply)
-    results = {r.id: r for r in repo.iter_results(pg_database, run_id)}
-    assert results["OK"].status == "passed"
-    huge = results["HUGE"]
+    records = {r.id: r for r in results.iter_results(pg_database, run_id)}
+    assert records["OK"].status == "passed"
+    huge = records["HUGE"]
     assert huge.status == "failed"
     assert huge.error is not None
     assert huge.error.startswith("turn 2 could not be stored: ") and "out of range" in huge.error
     assert [t.turn for t in huge.turns] == [1], "turn 1 kept; turn 2 was never recorded"
-    run = repo.get_run(pg_database, run_id)
+    run = runs.get_run(pg_database, run_id)
     assert run is not None and (run.passed, run.failed) == (1, 1)
 
 
@@ -196,7 +196,7 @@ def test_an_embedded_run_fails_only_the_case_whose_turn_the_database_refuses(
         assert record["error"].startswith(f"turn {refused} could not be stored: "), record
         assert [t["turn"] for t in record["turns"]] == kept
     url = get_settings().effective_database_url()
-    run = repo.latest_run(url)
+    run = runs.latest_run(url)
     assert run is not None
     assert (run.passed, run.failed, run.finished_cases) == (6, 2, 8)
     assert turn_rows(url, run.id) == {
@@ -228,11 +228,11 @@ def test_a_config_the_workers_cannot_read_fails_the_cases_and_the_run_finishes(
                 ["-i", str(cases), "-n", "scripted", "--config", str(config)]
             )
             fleet.wait_done(run_id, timeout=60)
-    results = list(repo.iter_results(pg_database, run_id))
-    assert [r.status for r in results] == ["failed"] * 3
-    for result in results:
+    records = list(results.iter_results(pg_database, run_id))
+    assert [r.status for r in records] == ["failed"] * 3
+    for result in records:
         assert result.error is not None
         assert result.error.startswith("agenttest.yaml cannot be read where this turn ran: ")
         assert "AT_SUBMITTER_ONLY_URL is not set" in result.error
-    run = repo.get_run(pg_database, run_id)
+    run = runs.get_run(pg_database, run_id)
     assert run is not None and (run.status, run.failed) == ("done", 3)

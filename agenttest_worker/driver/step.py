@@ -32,7 +32,7 @@ from agenttest_worker.engine import (
 )
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
-from agenttest_worker.store.buffered import ConversationStore, as_store
+from agenttest_worker.store.base import ConversationStore
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -153,7 +153,7 @@ def session_id(run_id: str, case_id: str) -> str:
 
 
 def prepare(
-    store: ConversationStore | str,
+    store: ConversationStore,
     run_id: str,
     case_id: str,
     turn: int,
@@ -166,7 +166,7 @@ def prepare(
     in the store: a first delivery costs no write, which keeps the hot path to one read
     and one write transaction per turn.
     """
-    loaded = as_store(store).load_case(
+    loaded = store.load_case(
         run_id,
         case_id,
         count_delivery=max_deliveries is not None and redelivered,
@@ -238,7 +238,7 @@ def end_without_running(prepared: Prepared, kind: str, message: str) -> Conversa
 
 
 def commit(
-    store: ConversationStore | str,
+    store: ConversationStore,
     prepared: Prepared,
     state: ConversationState,
     expected_phase: str | None = None,
@@ -249,18 +249,20 @@ def commit(
     new_turns: list[TurnResult] = [t for t in state.turns if t.turn >= prepared.turn]
     result = case_result(prepared.case, state, loaded.agent) if state.phase == "done" else None
     next_turn = state.turns_run + 1
-    saved = as_store(store).save_step(
-        run_id=loaded.run_id,
-        case_id=loaded.case_id,
-        expected_turn=prepared.turn,
-        next_turn=next_turn,
-        phase=state.phase,
-        state=steps.JsonText(state.model_dump_json()),
-        new_turns=new_turns,
-        final_assertions=state.final_assertions if result else (),
-        result=result,
-        expected_phase=expected_phase,
-        spend=_spend(prepared.options, loaded, new_turns),
+    saved = store.save_step(
+        steps.Step(
+            run_id=loaded.run_id,
+            case_id=loaded.case_id,
+            expected_turn=prepared.turn,
+            next_turn=next_turn,
+            phase=state.phase,
+            state=steps.JsonText(state.model_dump_json()),
+            new_turns=new_turns,
+            final_assertions=state.final_assertions if result else (),
+            result=result,
+            expected_phase=expected_phase,
+            spend=_spend(prepared.options, loaded, new_turns),
+        )
     )
     if not saved.saved:
         return Advance(saved=False)
@@ -275,7 +277,7 @@ def commit(
 
 
 def commit_or_fail(
-    store: ConversationStore | str, prepared: Prepared, state: ConversationState
+    store: ConversationStore, prepared: Prepared, state: ConversationState
 ) -> Advance:
     """`commit`, or, when the database refuses what the step produced (a value it cannot
     hold, such as a token count past its column's range), the case ended as failed with
@@ -288,7 +290,7 @@ def commit_or_fail(
 
 
 def _saved_or_refused(
-    store: ConversationStore | str,
+    store: ConversationStore,
     run_id: str,
     case_id: str,
     turn: int,
@@ -312,11 +314,10 @@ def _saved_or_refused(
 
 
 def end_refused(
-    store: ConversationStore | str, run_id: str, case_id: str, turn: int, reason: str
+    store: ConversationStore, run_id: str, case_id: str, turn: int, reason: str
 ) -> Advance:
     """End a conversation whose step `turn` the database refused, as failed with the
     database's reason: as it is stored, before that step (nothing of it was written)."""
-    store = as_store(store)
     loaded = store.load_case(run_id, case_id)
     if loaded is None or loaded.phase == "done" or loaded.next_turn != turn:
         return Advance(saved=False)  # recorded meanwhile by a copy of this message, or ended
@@ -328,7 +329,7 @@ def end_refused(
 
 
 async def answer_human(
-    store: ConversationStore | str,
+    store: ConversationStore,
     pool: AgentPool,
     run_id: str,
     case_id: str,
@@ -336,7 +337,6 @@ async def answer_human(
     reason: str | None = None,
 ) -> Advance:
     """A person's reply (or None: no reply came) to a conversation parked for input."""
-    store = as_store(store)
     loaded = store.load_case(run_id, case_id)
     if loaded is None or loaded.phase != "awaiting_human" or loaded.state is None:
         return Advance(saved=False)
@@ -348,17 +348,19 @@ async def answer_human(
     skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
 
     def save() -> Advance:
-        saved = as_store(store).save_step(
-            run_id=run_id,
-            case_id=case_id,
-            expected_turn=loaded.next_turn,
-            next_turn=loaded.next_turn,
-            phase=new_state.phase,
-            state=steps.JsonText(new_state.model_dump_json()),
-            new_turns=skipped_rows,
-            final_assertions=new_state.final_assertions if result else (),
-            result=result,
-            expected_phase="awaiting_human",
+        saved = store.save_step(
+            steps.Step(
+                run_id=run_id,
+                case_id=case_id,
+                expected_turn=loaded.next_turn,
+                next_turn=loaded.next_turn,
+                phase=new_state.phase,
+                state=steps.JsonText(new_state.model_dump_json()),
+                new_turns=skipped_rows,
+                final_assertions=new_state.final_assertions if result else (),
+                result=result,
+                expected_phase="awaiting_human",
+            )
         )
         if not saved.saved:
             return Advance(saved=False)
@@ -392,7 +394,7 @@ def _after_commit(store: ConversationStore, prepared: Prepared, advance: Advance
 
 
 def run_step_sync(
-    store: ConversationStore | str,
+    store: ConversationStore,
     pools: PoolCache,
     run_id: str,
     case_id: str,
@@ -403,7 +405,6 @@ def run_step_sync(
     """One step from a worker thread: database here, agent calls on the process's loop."""
     from agenttest_worker.driver.event_loops import run_sync
 
-    store = as_store(store)
     prepared = prepare(store, run_id, case_id, turn, max_deliveries, redelivered)
     if isinstance(prepared, Advance):
         return prepared
@@ -415,7 +416,7 @@ def run_step_sync(
 
 
 async def run_step(
-    store: ConversationStore | str,
+    store: ConversationStore,
     pools: PoolCache,
     run_id: str,
     case_id: str,
@@ -423,7 +424,6 @@ async def run_step(
     max_deliveries: int | None,
 ) -> Advance:
     """The same step from inside an event loop (the embedded runner)."""
-    store = as_store(store)
     prepared = prepare(store, run_id, case_id, turn, max_deliveries)
     if isinstance(prepared, Advance):
         return prepared

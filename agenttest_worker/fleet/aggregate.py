@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from agenttest_worker.report import RunReport, render_chunks
 from agenttest_worker.report.model import StoredResults
-from agenttest_worker.store import repo
+from agenttest_worker.store import results, runs
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
 # the stored records when asked for.
@@ -18,10 +18,10 @@ STORED_FORMATS = ("jsonl", "console")
 
 
 def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = False) -> RunReport:
-    run = repo.get_run(url, run_id)
+    run = runs.get_run(url, run_id)
     if run is None:
         raise LookupError(f"no run {run_id}")
-    results = StoredResults(list(repo.iter_result_texts(url, run_id)))
+    records = StoredResults(list(results.iter_result_texts(url, run_id)))
     started = run.started_at or run.created_at
     finished = run.finished_at or datetime.now(UTC)
     if started is not None and started.tzinfo is None:
@@ -30,7 +30,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         finished = finished.replace(tzinfo=UTC)
     duration = (finished - started).total_seconds() if started else 0.0
     return RunReport(
-        results=results,
+        results=records,
         agent=run.agent,
         input_label=run.input_label or "",
         total_cases=run.total_cases,
@@ -47,15 +47,15 @@ def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> R
     Returns the report built (the caller that waited for the run may print it without
     reading the results again), or None when another aggregator has the claim.
     `lease_seconds` is how long another aggregator's claim is respected (see
-    `repo.claim_aggregation`); `resume`, run by a person who knows the run stopped,
+    `results.claim_aggregation`); `resume`, run by a person who knows the run stopped,
     passes 0 to take over an aggregation that died at once.
     """
-    if not repo.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
+    if not results.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
         return None
     report = build_report(url, run_id)
     # Rendered as they are stored: on Postgres a large run's reports are never held whole
-    # (store/reports.py); an embedded run's come back joined, for printing.
-    report.rendered = repo.complete_run(
+    # (store/report_copy.py); an embedded run's come back joined, for printing.
+    report.rendered = results.complete_run(
         url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS}
     )
     return report

@@ -39,7 +39,8 @@ from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app, sweep_interval
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import repo
+from agenttest_worker.store import recovery
+from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.db import error_reason, is_connection_lost, upgrade
 
 log = logging.getLogger("agenttest.tasks")
@@ -50,6 +51,18 @@ def _url() -> str:
     url = get_settings().effective_database_url()
     upgrade(url)  # a no-op after the first call in this process
     return url
+
+
+_stores: dict[str, SqlStore] = {}
+
+
+def _store() -> SqlStore:
+    """The store the turns are played against: one per process (and database URL)."""
+    url = _url()
+    store = _stores.get(url)
+    if store is None:
+        store = _stores[url] = SqlStore(url)
+    return store
 
 
 @worker_process_init.connect
@@ -108,7 +121,7 @@ def start(run_id: str, first: int, last: int) -> str:
     case, so submitting 100,000 cases takes a few hundred publishes, and the fan-out
     happens on the fleet. Redelivered, it publishes only what has still not started.
     """
-    case_ids = repo.pending_case_ids(_url(), run_id, first, last)
+    case_ids = recovery.pending_case_ids(_url(), run_id, first, last)
     with app.producer_or_acquire() as producer:
         for case_id in case_ids:
             enqueue_turn(run_id, case_id, 1, producer)
@@ -120,7 +133,7 @@ def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
     # Set by the broker on a message it gave back (its worker died or was too slow).
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
     advance = run_step_sync(
-        _url(),
+        _store(),
         _pools,
         run_id,
         case_id,
@@ -156,13 +169,13 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
     A run its submitter left half stored is closed first (cancelled with the reason),
     so that this same pass enqueues its conversations or aggregates it.
     """
-    for closed in repo.close_abandoned_runs(url, stall_seconds, run_id):
+    for closed in recovery.close_abandoned_runs(url, stall_seconds, run_id):
         log.warning(
             "run %s: closed, %s",
             closed.run_id,
-            repo.ABANDONED_REASON.format(stored=closed.stored),
+            recovery.ABANDONED_REASON.format(stored=closed.stored),
         )
-    stalled = repo.claim_stalled(url, stall_seconds, run_id)
+    stalled = recovery.claim_stalled(url, stall_seconds, run_id)
     if stalled:
         with app.producer_or_acquire() as producer:
             for stalled_run, case_id, next_turn in stalled:
@@ -174,7 +187,7 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
             ", ".join(f"{r}/{c} turn {t}" for r, c, t in stalled[:20]),
         )
     aggregated = 0
-    for lost in repo.unaggregated_runs(url, stall_seconds, run_id):
+    for lost in recovery.unaggregated_runs(url, stall_seconds, run_id):
         if aggregate(url, lost) is not None:
             aggregated += 1
             log.warning("run %s: reports built by the sweeper (its aggregation was lost)", lost)

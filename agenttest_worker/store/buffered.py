@@ -1,10 +1,10 @@
-"""Where a conversation's steps are loaded from and saved to.
+"""The embedded runner's store: one run's conversations in memory, written in batches.
 
-`SqlStore` goes to the database on every step: what workers use, so that any worker
-can take any turn and nothing is lost when one dies. `BufferedStore` is the embedded
-runner's: one process owns the whole run, so conversations are kept in memory, with
-the same guards (a step is saved once, at the turn it ran), and what they produce is
-written to the same tables in batches. A run interrupted mid-way loses at most the
+Workers use `base.SqlStore`, which goes to the database on every step, so that any
+worker can take any turn and nothing is lost when one dies. `BufferedStore` is the
+embedded runner's: one process owns the whole run, so conversations are kept in memory,
+with the same guards (a step is saved once, at the turn it ran), and what they produce
+is written to the same tables in batches. A run interrupted mid-way loses at most the
 last half second of turns, which `agenttest-submit resume` runs again.
 
 Nothing here imports SQLAlchemy until it touches the database: a new embedded run's
@@ -22,67 +22,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 from agenttest_worker.store import steps
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection, Table, Update
-
-
-class ConversationStore(Protocol):
-    """The three things a step needs from storage."""
-
-    def load_case(
-        self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
-    ) -> steps.LoadedCase | None: ...
-
-    def save_step(
-        self,
-        *,
-        run_id: str,
-        case_id: str,
-        expected_turn: int,
-        next_turn: int,
-        phase: str,
-        state: steps.JsonDocument,
-        new_turns: list[TurnResult],
-        final_assertions: list[AssertionResult] | tuple[()] = (),
-        result: CaseResult | None = None,
-        expected_phase: str | None = None,
-        spend: tuple[int, float] | None = None,
-    ) -> steps.Saved: ...
-
-    def cancel_run(self, run_id: str, reason: str) -> bool: ...
-
-
-class SqlStore:
-    """Every step straight to the database (workers, and anything shared)."""
-
-    def __init__(self, url: str) -> None:
-        from agenttest_worker.store import repo
-
-        self.url = url
-        self.repo = repo
-
-    def load_case(
-        self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
-    ) -> steps.LoadedCase | None:
-        return self.repo.load_case(self.url, run_id, case_id, count_delivery, turn)
-
-    def save_step(self, **step: Any) -> steps.Saved:
-        return self.repo.save_step(self.url, **step)
-
-    def cancel_run(self, run_id: str, reason: str) -> bool:
-        return self.repo.cancel_run(self.url, run_id, reason)
-
-
-def as_store(store: ConversationStore | str) -> ConversationStore:
-    return SqlStore(store) if isinstance(store, str) else store
-
-
-# -- the embedded runner's store ------------------------------------------------------------
+    from sqlalchemy import Connection, Update
 
 
 @dataclass
@@ -148,15 +93,14 @@ class _Run:
 
 @cache
 def _flush_case() -> Update:
+    # The store's SQLAlchemy modules only once it is used: see the module docstring.
     from sqlalchemy import bindparam, update
 
-    from agenttest_worker.store.models import CaseRow
-    from agenttest_worker.store.repo import JSON_OR_NULL
+    from agenttest_worker.store._sql import CASES, JSON_OR_NULL
 
-    cases: Table = CaseRow.__table__  # type: ignore[assignment]
     return (
-        update(cases)
-        .where(cases.c.run_id == bindparam("b_run"), cases.c.case_id == bindparam("b_case"))
+        update(CASES)
+        .where(CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case"))
         .values(
             next_turn=bindparam("b_next"),
             phase=bindparam("b_phase"),
@@ -233,8 +177,8 @@ class BufferedStore:
         deadline_at: float | None,
         setup: StoreSetup,
     ) -> BufferedStore:
-        """A run not yet started: its cases as `repo.add_cases` stores them, the run as
-        `repo.start_run` leaves it. `setup` is storing them meanwhile; nothing is written
+        """A run not yet started: its cases as `runs.add_cases` stores them, the run as
+        `runs.start_run` leaves it. `setup` is storing them meanwhile; nothing is written
         before it is done."""
         conversations = {
             case_id: _Conversation(record, agent, "pending", 1, None, 0)
@@ -258,15 +202,14 @@ class BufferedStore:
     @classmethod
     def from_database(cls, url: str, run_id: str) -> BufferedStore:
         """A stored run as it is now (a run being resumed)."""
+        # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from sqlalchemy import select
 
+        from agenttest_worker.store._sql import CASES, RUNS
         from agenttest_worker.store.db import get_engine
-        from agenttest_worker.store.models import CaseRow, RunRow
 
-        cases: Table = CaseRow.__table__  # type: ignore[assignment]
-        runs: Table = RunRow.__table__  # type: ignore[assignment]
         with get_engine(url).connect() as connection:
-            row = connection.execute(select(runs).where(runs.c.id == run_id)).one()
+            row = connection.execute(select(RUNS).where(RUNS.c.id == run_id)).one()
             run = _Run(
                 options=row.options,
                 config=row.config,
@@ -291,14 +234,14 @@ class BufferedStore:
                 )
                 for c in connection.execute(
                     select(
-                        cases.c.case_id,
-                        cases.c.case,
-                        cases.c.agent,
-                        cases.c.phase,
-                        cases.c.next_turn,
-                        cases.c.state,
-                        cases.c.deliveries,
-                    ).where(cases.c.run_id == run_id)
+                        CASES.c.case_id,
+                        CASES.c.case,
+                        CASES.c.agent,
+                        CASES.c.phase,
+                        CASES.c.next_turn,
+                        CASES.c.state,
+                        CASES.c.deliveries,
+                    ).where(CASES.c.run_id == run_id)
                 )
             }
         return cls(url, run_id, run, conversations)
@@ -329,43 +272,30 @@ class BufferedStore:
             run_cost=run.total_cost,
         )
 
-    def save_step(
-        self,
-        *,
-        run_id: str,
-        case_id: str,
-        expected_turn: int,
-        next_turn: int,
-        phase: str,
-        state: steps.JsonDocument,
-        new_turns: list[TurnResult],
-        final_assertions: list[AssertionResult] | tuple[()] = (),
-        result: CaseResult | None = None,
-        expected_phase: str | None = None,
-        spend: tuple[int, float] | None = None,
-    ) -> steps.Saved:
-        found = self.conversations.get(case_id) if run_id == self.run_id else None
-        if found is None or found.next_turn != expected_turn:
+    def save_step(self, step: steps.Step) -> steps.Saved:
+        case_id, result = step.case_id, step.result
+        found = self.conversations.get(case_id) if step.run_id == self.run_id else None
+        if found is None or found.next_turn != step.expected_turn:
             return steps.Saved(False)
-        allowed = ("pending", "ready") if expected_phase is None else (expected_phase,)
+        allowed = ("pending", "ready") if step.expected_phase is None else (step.expected_phase,)
         if found.phase not in allowed:
             return steps.Saved(False)
         unwritten = self._unwritten.get(case_id)
         if unwritten is None:
             unwritten = self._unwritten[case_id] = _Unwritten(dataclasses.replace(found), [])
-        found.next_turn, found.phase, found.state = next_turn, phase, state
+        found.next_turn, found.phase, found.state = step.next_turn, step.phase, step.state
         found.deliveries = 0
-        tokens, cost = steps.step_spend(spend, result)
+        tokens, cost = steps.step_spend(step.spend, result)
         if result is not None:
             found.result = result.model_dump(mode="json")
         unwritten.steps.append(
             _Step(
-                turn=expected_turn,
-                next_turn=next_turn,
-                phase=phase,
-                state=state,
+                turn=step.expected_turn,
+                next_turn=step.next_turn,
+                phase=step.phase,
+                state=step.state,
                 result=found.result if result is not None else None,
-                rows=steps.step_rows(run_id, case_id, new_turns, final_assertions),
+                rows=steps.step_rows(step.run_id, case_id, step.new_turns, step.final_assertions),
                 tokens=tokens,
                 cost=cost,
             )
@@ -403,7 +333,7 @@ class BufferedStore:
         the steps are written again one by one, each in a savepoint: the others are
         written, and each conversation with a refused step goes back to how it was
         before that step, listed by `take_refused` for its caller to end (a worker ends
-        such a case in `conversation.commit_or_fail`; this store only learns of the
+        such a case in `driver.step.commit_or_fail`; this store only learns of the
         refusal here, after the step was played).
         """
         if self._setup is not None:
@@ -418,6 +348,7 @@ class BufferedStore:
             try:
                 self._write(unwritten, cancel)
             except Exception as exc:
+                # The store's SQLAlchemy modules only once it is used: see the module docstring.
                 from agenttest_worker.store.db import unstorable_reason
 
                 if unstorable_reason(exc) is None:
@@ -442,8 +373,9 @@ class BufferedStore:
         return refused
 
     def _write(self, unwritten: dict[str, _Unwritten], cancel: str | None) -> None:
-        from agenttest_worker.store import repo
+        # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from agenttest_worker.store.db import get_engine
+        from agenttest_worker.store.turn_statements import insert_step_rows
 
         rows = steps.StepRows.none()
         for pending in unwritten.values():
@@ -458,12 +390,13 @@ class BufferedStore:
                         for case_id in unwritten
                     ],
                 )
-            repo.insert_step_rows(connection, rows)
+            insert_step_rows(connection, rows)
             self._write_run(connection, cancel)
 
     def _write_each(self, unwritten: dict[str, _Unwritten], cancel: str | None) -> list[Refused]:
-        from agenttest_worker.store import repo
+        # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from agenttest_worker.store.db import get_engine, unstorable_reason
+        from agenttest_worker.store.turn_statements import insert_step_rows
 
         refused: list[Refused] = []
         run = copy.deepcopy(self.run)
@@ -475,7 +408,7 @@ class BufferedStore:
                             with connection.begin_nested():
                                 values = self._case_values(case_id, step)
                                 connection.execute(_flush_case(), [values])
-                                repo.insert_step_rows(connection, step.rows)
+                                insert_step_rows(connection, step.rows)
                         except Exception as exc:
                             reason = unstorable_reason(exc)
                             if reason is None:
@@ -531,9 +464,10 @@ class BufferedStore:
         }
 
     def _write_run(self, connection: Connection, cancel: str | None) -> None:
+        # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from sqlalchemy import update
 
-        from agenttest_worker.store.models import RunRow
+        from agenttest_worker.store._sql import RUNS
 
         run = self.run
         values: dict[str, Any] = {
@@ -544,8 +478,7 @@ class BufferedStore:
         }
         if cancel is not None:
             values.update(cancelled=True, cancel_reason=cancel)
-        runs: Table = RunRow.__table__  # type: ignore[assignment]
-        connection.execute(update(runs).where(runs.c.id == self.run_id).values(**values))
+        connection.execute(update(RUNS).where(RUNS.c.id == self.run_id).values(**values))
 
     def snapshot(self) -> dict[str, _Conversation]:
         """A copy of the conversations (for tests and the deadline sweep)."""

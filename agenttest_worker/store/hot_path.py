@@ -1,6 +1,6 @@
 """The turn's reads and writes, sent straight through the driver on Postgres.
 
-Every turn runs the same few statements (repo.load_case, repo.save_step). They are
+Every turn runs the same few statements (turns.load_case, turns.save_step). They are
 built with SQLAlchemy Core like every other query, compiled once per process to SQL
 text, and executed with a pooled psycopg connection's own cursor, in autocommit (each
 is one atomic statement: a transaction would only add BEGIN and COMMIT round trips).
@@ -31,6 +31,9 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from agenttest_worker.store.steps import JsonText
 from agenttest_worker.store.storable import dumps_storable, storable_json
+
+# psycopg is imported where it is used, on Postgres only: importing it costs ~0.1 s that
+# an embedded (SQLite) run never needs.
 
 # How a JSON parameter is sent: as `json` (kept as its text: a json column) or `jsonb`.
 JsonKind = Literal["json", "jsonb"]
@@ -77,7 +80,7 @@ class _DriverConnection:
     def fetch_one(
         self, statement: ClauseElement, params: Mapping[str, Any]
     ) -> tuple[Any, ...] | None:
-        import psycopg
+        import psycopg  # Postgres only (see the imports above)
         from psycopg.types.json import Json, Jsonb
 
         compiled = _compile(statement, self.engine)
@@ -121,7 +124,7 @@ def _as_dbapi_error(
     engine: Engine, exc: Exception, pooled: Any, sql: str | None, values: Any
 ) -> DBAPIError:
     """What SQLAlchemy itself would raise for `exc`, invalidating a lost connection."""
-    import psycopg
+    import psycopg  # Postgres only (see the imports above)
 
     error: Any = exc
     lost = bool(engine.dialect.is_disconnect(error, pooled, None))
@@ -147,7 +150,7 @@ def turn_connection(
             plain = plain.execution_options(isolation_level="AUTOCOMMIT")
             yield SqlAlchemyTurnConnection(plain)
         return
-    import psycopg
+    import psycopg  # Postgres only (see the imports above)
 
     try:
         pooled = engine.raw_connection()

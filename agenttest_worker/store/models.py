@@ -89,7 +89,7 @@ class CaseRow(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(DocumentType)
     deliveries: Mapped[int] = mapped_column(Integer, default=0)
     # Written with each step: a retry after a lost connection finds its own token there
-    # when its first attempt did commit (repo.save_step).
+    # when its first attempt did commit (turns.save_step).
     step_token: Mapped[str | None] = mapped_column(String(32))
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()

@@ -7,7 +7,7 @@ copy (benchmarks/aggregate.py). On Postgres each report is instead streamed to t
 server piece by piece with COPY, into a temporary table first so that a report already
 stored (a second aggregator whose claim overlapped) is kept, as an INSERT ... ON
 CONFLICT DO NOTHING would. Elsewhere (SQLite, an embedded run's own file) the pieces
-are joined and inserted (repo.complete_run).
+are joined and inserted (results.complete_run).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The embedded runner starts its conversations before the store is set up (importing
 SQLAlchemy and creating the run take a few tenths of a second, which the first agent
 calls can overlap), so everything a step needs besides the store itself lives here,
-away from SQLAlchemy. `repo` builds its statements from these rows.
+away from SQLAlchemy. turns.py and buffered.py write these rows.
 """
 
 from __future__ import annotations
@@ -66,6 +66,39 @@ class LoadedCase:
     run_cost: float = 0.0
     # Running, and every conversation ended: only its aggregation is left to do.
     run_complete: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a conversation to save: where it ran, how it leaves the conversation,
+    and what it adds (`ConversationStore.save_step`).
+
+    Saved only if the conversation is still at `expected_turn` (and running, or parked in
+    `expected_phase`): a duplicate or stale copy of the step changes nothing.
+    """
+
+    run_id: str
+    case_id: str
+    # The turn the step ran: the conversation's `next_turn` when it was loaded (the guard).
+    expected_turn: int
+    # The turn the conversation waits for next.
+    next_turn: int
+    # The phase the conversation is left in: ready, awaiting_human or done.
+    phase: str
+    # The conversation's state after the step (engine.ConversationState), often as text.
+    state: JsonDocument
+    # The turns the step played (or skipped), each with its assertions and agent calls.
+    new_turns: Sequence[TurnResult]
+    # The case's final assertions, when the step ended the case.
+    final_assertions: Sequence[AssertionResult] = ()
+    # The case's record, when the step ended the case (the run's counters move with it).
+    result: CaseResult | None = None
+    # The phase the conversation is parked in instead of running (a person's reply being
+    # saved: awaiting_human); None for a step of a running conversation.
+    expected_phase: str | None = None
+    # (tokens, cost) to add to the run's totals with this step (runs with a budget
+    # account per turn); None: the case's tokens are added once, when it ends.
+    spend: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True)

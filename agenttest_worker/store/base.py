@@ -1,0 +1,78 @@
+"""What a conversation step needs from storage, and the store that goes to the database.
+
+`ConversationStore` is all the driver (driver/step.py) knows of a store. `SqlStore`
+goes to the database on every step: what workers use, so that any worker can take any
+turn and nothing is lost when one dies. The embedded runner's `BufferedStore`
+(buffered.py) keeps its run in memory and writes it in batches. A test that needs a
+store to fail passes in one that does (a faulty engine in a SqlStore, or a wrapper).
+
+Nothing here imports SQLAlchemy until a SqlStore is made: the driver and the embedded
+runner import this module before the store is needed (see buffered.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from agenttest_worker.store.steps import LoadedCase, Saved, Step
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+class ConversationStore(Protocol):
+    """The three things a step needs from storage."""
+
+    def load_case(
+        self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
+    ) -> LoadedCase | None:
+        """The conversation and what its run says, or None when it is not stored.
+
+        `count_delivery` counts this delivery of the turn (a redelivered message); with
+        `turn`, only a delivery of the turn the conversation is waiting for counts.
+        """
+        ...
+
+    def save_step(self, step: Step) -> Saved:
+        """Record `step` once, if the conversation is still where it ran (steps.Step)."""
+        ...
+
+    def cancel_run(self, run_id: str, reason: str) -> bool:
+        """Cancel the run (its conversations not yet ended end as skipped); whether this
+        call did it."""
+        ...
+
+
+class SqlStore:
+    """Every step straight to the database (workers, and anything shared).
+
+    `engine` stands in for the URL's own (`db.get_engine`): a test passes one that fails
+    the way it needs.
+    """
+
+    def __init__(self, url: str, engine: Engine | None = None) -> None:
+        # Imported here, not above: SQLAlchemy costs ~0.5 s of start-up that an
+        # embedded run's first conversations overlap (buffered.py).
+        from agenttest_worker.store import runs, turns
+        from agenttest_worker.store.db import get_engine
+
+        self.url = url
+        self._engine = engine
+        self._get_engine = get_engine
+        self._runs = runs
+        self._turns = turns
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine if self._engine is not None else self._get_engine(self.url)
+
+    def load_case(
+        self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
+    ) -> LoadedCase | None:
+        return self._turns.load_case(self.engine, run_id, case_id, count_delivery, turn)
+
+    def save_step(self, step: Step) -> Saved:
+        return self._turns.save_step(self.engine, step)
+
+    def cancel_run(self, run_id: str, reason: str) -> bool:
+        return self._runs.cancel_run(self.url, run_id, reason)

@@ -1,0 +1,147 @@
+"""A run's lifecycle: created, its cases stored, started, read, cancelled, removed.
+
+A run is `pending` while its submitter stores its cases (conversations may already
+start), `running` once `start_run` knows their number, then `aggregating` and `done`
+(results.py). Its conversations' steps are saved by turns.py.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, select, update
+
+from agenttest_worker.store._sql import insert_ignoring
+from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
+
+
+def submitted_by() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def create_run(
+    url: str,
+    *,
+    run_id: str,
+    agent: str | None,
+    input_label: str,
+    options: dict[str, Any],
+    config: dict[str, Any],
+    parent_run_id: str | None = None,
+    deadline_at: float | None = None,
+) -> None:
+    with session_scope(url) as session:
+        session.add(
+            RunRow(
+                id=run_id,
+                # Set here rather than by the database: SQLite's CURRENT_TIMESTAMP has
+                # whole seconds, and `latest_run` ("last") must tell apart two runs
+                # submitted within one second (their ids then sort at random).
+                created_at=datetime.now(UTC),
+                status="pending",
+                submitted_by=submitted_by(),
+                agent=agent,
+                input_label=input_label,
+                options=options,
+                config=config,
+                parent_run_id=parent_run_id,
+                deadline_at=deadline_at,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class NewCase:
+    seq: int
+    case_id: str
+    case: dict[str, Any]
+    agent: str | None
+
+
+def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
+    rows = [
+        {
+            "run_id": run_id,
+            "case_id": c.case_id,
+            "seq": c.seq,
+            "case": c.case,
+            "agent": c.agent,
+            "phase": "pending",
+            "next_turn": 1,
+            "deliveries": 0,
+        }
+        for c in cases
+    ]
+    with session_scope(url) as session:
+        insert_ignoring(session, CaseRow, rows)
+    return len(rows)
+
+
+def start_run(url: str, run_id: str, total: int, started_at: datetime | None = None) -> bool:
+    """Mark the run running with its number of cases; whether they have all ended already.
+
+    Conversations may start while their run is still being stored (the fleet starts each
+    batch as soon as it is written). Until this is called the run is `pending` and a
+    conversation that ends does not finish it (its total is not known yet); if they all
+    ended before, the caller must enqueue the aggregation. Against a conversation ending
+    at the same moment, the row lock decides: either this sees it ended, or it sees the
+    run running and complete.
+    """
+    with session_scope(url) as session:
+        finished = session.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id)
+            .values(status="running", total_cases=total, started_at=started_at or datetime.now(UTC))
+            .returning(RunRow.finished_cases)
+        ).scalar_one()
+    return bool(finished >= total)
+
+
+def get_run(url: str, run_id: str) -> RunRow | None:
+    with session_scope(url) as session:
+        return session.get(RunRow, run_id)
+
+
+def latest_run(url: str) -> RunRow | None:
+    with session_scope(url) as session:
+        return session.scalars(
+            select(RunRow).order_by(RunRow.created_at.desc(), RunRow.id.desc()).limit(1)
+        ).first()
+
+
+def cancel_run(url: str, run_id: str, reason: str) -> bool:
+    with session_scope(url) as session:
+        result = session.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.cancelled.is_(False))
+            .values(cancelled=True, cancel_reason=reason)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def delete_run(url: str, run_id: str) -> None:
+    """Remove a run that never started (its cases failed to store, or its submitter was
+    stopped while storing them).
+
+    Its first conversations may be running meanwhile. The cases go first: a step being
+    saved holds its case's row, so this waits for it and its rows are then deleted with
+    the rest, and a step saved later finds no case to move (a step's rows are written
+    only with its case's move). Deleting the turn rows first left those of a step
+    committed in between.
+    """
+    with session_scope(url) as session:
+        session.execute(delete(CaseRow).where(CaseRow.run_id == run_id))
+        session.execute(delete(TurnRow).where(TurnRow.run_id == run_id))
+        session.execute(delete(AssertionResultRow).where(AssertionResultRow.run_id == run_id))
+        session.execute(delete(AgentCallRow).where(AgentCallRow.run_id == run_id))
+        session.execute(delete(RunRow).where(RunRow.id == run_id))

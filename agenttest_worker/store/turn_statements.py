@@ -1,0 +1,264 @@
+"""The statements of a turn's hot path (turns.py runs them), built once at import.
+
+The turn's hot path (load_case, save_step) runs prebuilt Core statements on a plain
+connection: their compiled forms are cached, and no ORM unit of work is involved.
+Building the same expressions and going through the ORM on every turn cost more CPU
+than everything else a turn does (benchmarks/throughput.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from sqlalchemy import Table, Text, bindparam, cast, column, func, or_, select, true, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql import Select
+
+from agenttest_worker.store._sql import CASES, JSON_OR_NULL, RUNS
+from agenttest_worker.store.hot_path import JsonKind
+from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, Base, TurnRow
+from agenttest_worker.store.steps import StepRows
+from agenttest_worker.store.storable import storable_row
+
+# -- loading a conversation ------------------------------------------------------------------
+
+LOAD = (
+    select(
+        # As text: see steps.JsonDocument.
+        cast(CASES.c.case, Text).label("case"),
+        CASES.c.agent,
+        CASES.c.phase,
+        CASES.c.next_turn,
+        cast(CASES.c.state, Text).label("state"),
+        CASES.c.deliveries,
+        RUNS.c.cancelled,
+        RUNS.c.cancel_reason,
+        RUNS.c.deadline_at,
+        RUNS.c.total_tokens,
+        RUNS.c.total_cost,
+        RUNS.c.status.label("run_status"),
+        RUNS.c.finished_cases,
+        RUNS.c.total_cases,
+    )
+    .select_from(CASES.join(RUNS, RUNS.c.id == CASES.c.run_id))
+    .where(CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case"))
+)
+COUNT_DELIVERY = (
+    update(CASES)
+    .where(
+        CASES.c.run_id == bindparam("b_run"),
+        CASES.c.case_id == bindparam("b_case"),
+        CASES.c.next_turn == bindparam("b_turn"),
+    )
+    .values(deliveries=CASES.c.deliveries + 1)
+    .returning(CASES.c.deliveries)
+)
+RUN_SETTINGS = select(RUNS.c.options, RUNS.c.config).where(RUNS.c.id == bindparam("b_run"))
+
+
+class LoadedRow(NamedTuple):
+    """A row of LOAD, its columns in order (tests/test_run_store.py checks them)."""
+
+    case: str
+    agent: str | None
+    phase: str
+    next_turn: int
+    state: str | None
+    deliveries: int
+    cancelled: bool
+    cancel_reason: str | None
+    deadline_at: float | None
+    total_tokens: int
+    total_cost: float
+    run_status: str
+    finished_cases: int
+    total_cases: int
+
+
+# Parameters of the hot path that are JSON: the conversation's documents (json columns,
+# models.DocumentType) and the child rows (read by jsonb_to_recordset).
+JSON_PARAMS: dict[str, JsonKind] = {
+    "b_state": "json",
+    "b_result": "json",
+    "b_turn_rows": "jsonb",
+    "b_verdict_rows": "jsonb",
+    "b_call_rows": "jsonb",
+}
+
+# -- saving a step -------------------------------------------------------------------------
+
+_STEP_VALUES = {
+    "next_turn": bindparam("b_next"),
+    "phase": bindparam("b_phase"),
+    "state": bindparam("b_state", type_=JSON_OR_NULL),
+    "status": bindparam("b_status"),
+    "result": bindparam("b_result", type_=JSON_OR_NULL),
+    "deliveries": 0,
+    "step_token": bindparam("b_token"),
+}
+_STEP_KEYS = [
+    CASES.c.run_id == bindparam("b_run"),
+    CASES.c.case_id == bindparam("b_case"),
+    CASES.c.next_turn == bindparam("b_turn"),
+]
+# The guard: the conversation must still be at the turn this step ran (and running, or
+# parked for a person when a person's reply is what is being saved).
+SAVE_RUNNING = (
+    update(CASES)
+    .where(*_STEP_KEYS, or_(CASES.c.phase == "pending", CASES.c.phase == "ready"))
+    .values(**_STEP_VALUES)
+)
+SAVE_PARKED = (
+    update(CASES)
+    .where(*_STEP_KEYS, CASES.c.phase == bindparam("b_expected_phase"))
+    .values(**_STEP_VALUES)
+)
+SPEND = (
+    update(RUNS)
+    .where(RUNS.c.id == bindparam("b_run"))
+    .values(
+        total_tokens=RUNS.c.total_tokens + bindparam("b_tokens"),
+        total_cost=RUNS.c.total_cost + bindparam("b_cost"),
+    )
+)
+CASE_ENDED = (
+    update(RUNS)
+    .where(RUNS.c.id == bindparam("b_run"))
+    .values(
+        finished_cases=RUNS.c.finished_cases + 1,
+        total_turns=RUNS.c.total_turns + bindparam("b_turns"),
+        total_tokens=RUNS.c.total_tokens + bindparam("b_tokens"),
+        total_cost=RUNS.c.total_cost + bindparam("b_cost"),
+        passed=RUNS.c.passed + bindparam("b_passed"),
+        failed=RUNS.c.failed + bindparam("b_failed"),
+        skipped=RUNS.c.skipped + bindparam("b_skipped"),
+    )
+    .returning(RUNS.c.finished_cases, RUNS.c.total_cases, RUNS.c.status)
+)
+
+
+CASE_TOKEN = select(CASES.c.step_token).where(
+    CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case")
+)
+RUN_COUNTS = select(RUNS.c.finished_cases, RUNS.c.total_cases, RUNS.c.status).where(
+    RUNS.c.id == bindparam("b_run")
+)
+
+
+_INSERTS: dict[tuple[str, type[Base]], Any] = {}
+
+
+def insert_rows(connection: Any, model: type[Base], rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    dialect = connection.dialect.name
+    statement = _INSERTS.get((dialect, model))
+    if statement is None:
+        module: Any = postgresql if dialect == "postgresql" else sqlite
+        statement = module.insert(model.__table__).on_conflict_do_nothing()
+        _INSERTS[(dialect, model)] = statement
+    if dialect == "postgresql":
+        rows = [storable_row(row) for row in rows]
+    connection.execute(statement, list(rows))
+
+
+def insert_step_rows(connection: Any, rows: StepRows) -> None:
+    """A step's (or a batch of steps') turn, assertion and agent-call rows."""
+    insert_rows(connection, TurnRow, rows.turns)
+    insert_rows(connection, AssertionResultRow, rows.verdicts)
+    insert_rows(connection, AgentCallRow, rows.calls)
+
+
+# -- saving a step on Postgres, in one statement --------------------------------------------
+
+# Postgres saves a step in one statement: the guarded UPDATE as a CTE, and the turn,
+# assertion and call rows (passed as JSON arrays) inserted only if it moved the
+# conversation on, with the run's counters when the case ends. One round trip instead
+# of seven (BEGIN, UPDATE, three INSERTs, UPDATE, COMMIT): the database work is the
+# same, the worker's CPU per turn is not (benchmarks/throughput.py).
+# The columns of turn_rows, assertion_rows and call_rows (tests/test_run_store.py).
+ROW_COLUMNS: dict[type[Base], tuple[str, ...]] = {
+    TurnRow: (
+        "run_id",
+        "case_id",
+        "turn",
+        "input",
+        "input_source",
+        "output",
+        "tool_calls",
+        "awaiting_input",
+        "status",
+        "duration_ms",
+        "error",
+        "skip_reason",
+    ),
+    AssertionResultRow: (
+        "run_id",
+        "case_id",
+        "turn",
+        "position",
+        "type",
+        "passed",
+        "reason",
+        "detail",
+    ),
+    AgentCallRow: (
+        "run_id",
+        "case_id",
+        "turn",
+        "position",
+        "role",
+        "agent",
+        "latency_ms",
+        "attempts",
+        "status_code",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "error",
+    ),
+}
+
+
+def _insert_if_moved(model: type[Base], param: str, moved: Any) -> Any:
+    table: Table = model.__table__  # type: ignore[assignment]
+    names = ROW_COLUMNS[model]
+    rows = (
+        func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+        .table_valued(*(column(name, table.c[name].type) for name in names))
+        .render_derived(name=f"new_{table.name}", with_types=True)
+    )
+    chosen = select(*(rows.c[name] for name in names)).where(select(moved.c.case_id).exists())
+    insert = postgresql.insert(table).from_select(list(names), chosen).on_conflict_do_nothing()
+    return insert.cte(f"insert_{table.name}")
+
+
+@lru_cache(maxsize=64)
+def pg_step(
+    parked: bool, turns: bool, verdicts: bool, calls: bool, ended: bool, spent: bool
+) -> Select[Any]:
+    """The one statement saving a step on Postgres, with the parts this step needs."""
+    moved = (SAVE_PARKED if parked else SAVE_RUNNING).returning(CASES.c.case_id).cte("moved")
+    if_moved = select(moved.c.case_id).exists()
+    ctes = [
+        _insert_if_moved(model, param, moved)
+        for wanted, model, param in (
+            (turns, TurnRow, "b_turn_rows"),
+            (verdicts, AssertionResultRow, "b_verdict_rows"),
+            (calls, AgentCallRow, "b_call_rows"),
+        )
+        if wanted
+    ]
+    if ended:
+        counts = CASE_ENDED.where(if_moved).cte("ended")
+        statement = select(
+            moved.c.case_id, counts.c.finished_cases, counts.c.total_cases, counts.c.status
+        ).select_from(moved.outerjoin(counts, true()))
+    else:
+        if spent:
+            ctes.append(SPEND.where(if_moved).cte("spent"))
+        statement = select(moved.c.case_id)
+    return statement.add_cte(*ctes)
