@@ -68,6 +68,7 @@ def test_429_with_retry_after_seconds_waits_then_succeeds(server: AgentServer) -
     assert reply.call.latency_ms >= 900
 
 
+@pytest.mark.slow
 def test_retry_after_as_an_http_date(server: AgentServer) -> None:
     # A date at least a second ahead (HTTP dates have whole seconds): the wait is 1-2 s,
     # far above the 10 ms backoff this agent would use without the header.

@@ -677,6 +677,7 @@ def test_deadline_stops_the_run_and_fails_what_is_unfinished(
     assert "Failed:  3\n" in out
 
 
+@pytest.mark.slow
 def test_parallel_runs_conversations_at_the_same_time(
     demo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

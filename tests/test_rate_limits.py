@@ -46,6 +46,7 @@ def server() -> Iterator[AgentServer]:
         yield agent
 
 
+@pytest.mark.slow
 def test_requests_per_second_hold_in_process(server: AgentServer) -> None:
     server.always(PATH, Reply(body=completion("ok")))
     client = _client(server, "limited-local", requests_per_second=4)
@@ -111,6 +112,7 @@ def test_a_429_pauses_every_caller_of_the_agent(server: AgentServer) -> None:
     assert requests[2].at - requests[0].at >= 0.95
 
 
+@pytest.mark.slow
 def test_redis_limits_are_shared_between_limiters(redis_db: str) -> None:
     """Two limiters (as in two worker processes) on one Redis share the budget."""
     limits = Limits(requests=3, request_window=1.0 + WINDOW_SLACK)
