@@ -8,7 +8,7 @@ report; then it prints the report, writes -o, and exits 0/1. With --interactive 
 terminal, conversations parked for a person are answered from here and resumed on any
 worker. While it waits, it also re-enqueues its run's conversations if the broker lost
 their messages, and builds the reports if the aggregation was lost (the workers'
-sweepers do the same for every run; see agenttest_worker.fleet.tasks, "Recovering lost
+sweepers do the same for every run; see agenttest_worker.fleet.sweeper, "Recovering lost
 messages"), and it keeps watching through a database restart.
 """
 
@@ -157,7 +157,7 @@ def wait_for_run(
     """Progress from the database until the run's reports exist."""
     # Celery: see the note at the top.
     from agenttest_worker.fleet.app import sweep_interval
-    from agenttest_worker.fleet.tasks import recover
+    from agenttest_worker.fleet.sweeper import recover
 
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)

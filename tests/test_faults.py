@@ -4,7 +4,7 @@ runs it, the broker restarting (and forgetting everything) mid-run, a lost aggre
 In each, the run still completes with exactly one `turns` row per (case, turn): the
 broker redelivers a dead worker's message (acks_late + visibility timeout), the store's
 turn guard makes every second delivery a no-op, and what the broker lost is re-enqueued
-from the store by the sweeper (agenttest_worker.fleet.tasks, "Recovering lost messages").
+from the store by the sweeper (agenttest_worker.fleet.sweeper, "Recovering lost messages").
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from agenttest_worker.agents.transport import close_session
+
 T = TypeVar("T")
 
 _local = threading.local()
@@ -48,8 +50,6 @@ def shutdown() -> None:
     A loop can only run on its own thread: loops of other threads are closed only when
     idle, which is the case once the pool has stopped.
     """
-    from agenttest_worker.agents.transport import close_session
-
     with _all_lock:
         loops, _all[:] = list(_all), []
     for loop in loops:

@@ -21,6 +21,7 @@ from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.budget import budget_spent, turns_spend
+from agenttest_worker.driver.event_loops import run_sync
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
     ConversationState,
@@ -30,6 +31,7 @@ from agenttest_worker.engine import (
     run_turn,
     start_conversation,
 )
+from agenttest_worker.errors import ConfigError
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
 from agenttest_worker.store.base import ConversationStore
@@ -403,8 +405,6 @@ def run_step_sync(
     redelivered: bool = False,
 ) -> Advance:
     """One step from a worker thread: database here, agent calls on the process's loop."""
-    from agenttest_worker.driver.event_loops import run_sync
-
     prepared = prepare(store, run_id, case_id, turn, max_deliveries, redelivered)
     if isinstance(prepared, Advance):
         return prepared
@@ -438,8 +438,6 @@ def _pool_or_failure(pools: PoolCache, prepared: Prepared) -> AgentPool | Conver
     """The run's agents, or the conversation ended failed when this process cannot read
     the run's agenttest.yaml (a ${VAR} set where the run was submitted but not here): as
     a task failure the turn would be played again for ever and the run never finish."""
-    from agenttest_worker.errors import ConfigError
-
     loaded = prepared.loaded
     try:
         return pools.for_run(loaded.run_id, loaded.run_config)

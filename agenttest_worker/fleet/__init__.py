@@ -16,7 +16,7 @@ _EXPORTS = {
     "build_report": "agenttest_worker.fleet.aggregate",
     "enqueue_start": "agenttest_worker.fleet.tasks",
     "enqueue_turn": "agenttest_worker.fleet.tasks",
-    "recover": "agenttest_worker.fleet.tasks",
+    "recover": "agenttest_worker.fleet.sweeper",
 }
 
 __all__ = sorted(_EXPORTS)

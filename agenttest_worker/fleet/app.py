@@ -8,7 +8,7 @@ visibility timeout longer than the longest turn (AGENTTEST_VISIBILITY_TIMEOUT).
 No result backend: results live in the store, and nothing waits on task results.
 Workers reconnect to a broker that went away for as long as it takes, and a publish
 retries for about 20 s; what the broker lost meanwhile (or a publish that gave up) is
-re-enqueued from the store (tasks.py, "Recovering lost messages").
+re-enqueued from the store (sweeper.py).
 
 Conversations under way go before new ones: a conversation's first turn and the start
 batches that publish first turns are published with priority NEW_CONVERSATION,
@@ -45,7 +45,7 @@ def queue_lists(queue: str) -> list[str]:
 app = Celery(
     "agenttest_worker",
     broker=settings.broker_url or "memory://",
-    include=["agenttest_worker.fleet.tasks"],
+    include=["agenttest_worker.fleet.tasks", "agenttest_worker.fleet.sweeper"],
 )
 if (settings.broker_url or "").startswith(("redis://", "rediss://")):
     # kombu's Redis transport, reusing one client per channel (see broker.py).
@@ -109,7 +109,7 @@ def sweep_interval(stall_seconds: float) -> float:
 
 
 # For fleets that prefer one sweeper to one per worker: `celery -A agenttest_worker beat`
-# sends `agenttest.sweep` on this schedule (tasks.py, "Recovering lost messages").
+# sends `agenttest.sweep` on this schedule (sweeper.py).
 _sweep_every = sweep_interval(settings.stall_seconds)
 app.conf.beat_schedule = {
     "agenttest-sweep": {

@@ -145,7 +145,7 @@ def reconnecting(fn: F) -> F:
     Only for functions safe to run again: the hot path's reads, and writes guarded so
     that a second attempt of a write that did land changes nothing. Gives up (and
     raises) after about 16 s of trying; past that, the stall sweeper brings the
-    conversation back (tasks.py, "Recovering lost messages").
+    conversation back (fleet/sweeper.py).
     """
 
     @functools.wraps(fn)

@@ -1,4 +1,4 @@
-"""Recovering from lost messages: what the sweeper asks the store (fleet/tasks.py,
+"""Recovering from lost messages: what the sweeper asks the store (fleet/sweeper.py,
 "Recovering lost messages").
 
 Runs whose submitter died while storing them are closed, conversations of stalled runs

@@ -1,0 +1,117 @@
+"""The sweeper: recovering conversations whose messages the broker lost.
+
+Recovering lost messages. acks_late + the visibility timeout bring back the message of
+a worker that died, but not a message the broker itself lost: Redis without
+persistence forgets its queues when it restarts, and a publish can fail for good after
+its retries. Nothing in the broker then remembers the conversation; the store does. So
+every worker runs a sweeper thread (`recover`, every `sweep_interval()` seconds; or,
+with AGENTTEST_WORKER_SWEEPER=false, `celery beat` sends `agenttest.sweep` instead) that
+looks for running runs none of whose conversations has moved (no turn started or
+saved) for AGENTTEST_STALL_SECONDS and re-enqueues each waiting conversation's
+`next_turn` (claimed in the store, so one sweeper does it, once per stall period), and
+builds the reports of runs that finished but were never aggregated (the aggregation
+message was lost, or the aggregator died holding the claim). Re-enqueueing is safe
+because a step is idempotent on (run, case, next_turn): a copy of a message that was
+not lost after all finds its turn already recorded and does nothing. The submitter's
+--wait loop runs the same `recover` for its own run, in case no worker sweeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutdown
+from sqlalchemy.exc import DBAPIError
+
+from agenttest_worker.fleet.aggregate import aggregate
+from agenttest_worker.fleet.app import app, sweep_interval
+from agenttest_worker.fleet.tasks import database_url, enqueue_turn
+from agenttest_worker.settings import get_settings
+from agenttest_worker.store import recovery
+from agenttest_worker.store.db import error_reason, is_connection_lost
+
+log = logging.getLogger("agenttest.tasks")  # the name deployments filter on
+
+
+def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[int, int]:
+    """Re-enqueue conversations of stalled runs; build lost aggregations.
+
+    Returns (turns re-enqueued, runs aggregated here). `run_id` limits it to one run.
+    A run its submitter left half stored is closed first (cancelled with the reason),
+    so that this same pass enqueues its conversations or aggregates it.
+    """
+    for closed in recovery.close_abandoned_runs(url, stall_seconds, run_id):
+        log.warning(
+            "run %s: closed, %s",
+            closed.run_id,
+            recovery.ABANDONED_REASON.format(stored=closed.stored),
+        )
+    stalled = recovery.claim_stalled(url, stall_seconds, run_id)
+    if stalled:
+        with app.producer_or_acquire() as producer:
+            for stalled_run, case_id, next_turn in stalled:
+                enqueue_turn(stalled_run, case_id, next_turn, producer)
+        log.warning(
+            "re-enqueued %d conversation(s) not moved for %ss (lost messages): %s",
+            len(stalled),
+            stall_seconds,
+            ", ".join(f"{r}/{c} turn {t}" for r, c, t in stalled[:20]),
+        )
+    aggregated = 0
+    for lost in recovery.unaggregated_runs(url, stall_seconds, run_id):
+        if aggregate(url, lost) is not None:
+            aggregated += 1
+            log.warning("run %s: reports built by the sweeper (its aggregation was lost)", lost)
+    return len(stalled), aggregated
+
+
+@app.task(name="agenttest.sweep")
+def sweep() -> str:
+    """One `recover` pass over every running run (what Celery beat schedules)."""
+    requeued, aggregated = recover(database_url(), get_settings().stall_seconds)
+    return f"re-enqueued {requeued} conversation(s), aggregated {aggregated} run(s)"
+
+
+class Sweeper(threading.Thread):
+    """The worker's background `recover` loop; every worker runs one (claims make it safe)."""
+
+    def __init__(self, stall_seconds: float) -> None:
+        super().__init__(name="agenttest-sweeper", daemon=True)
+        self.stall_seconds = stall_seconds
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(sweep_interval(self.stall_seconds)):
+            try:
+                recover(database_url(), self.stall_seconds)
+            except DBAPIError as exc:
+                # The database is restarting: say so in one line per sweep, not a traceback.
+                lost = is_connection_lost(exc)
+                log.warning(
+                    "sweep for lost messages failed; retrying%s",
+                    f" (database unreachable: {error_reason(exc)})" if lost else "",
+                    exc_info=not lost,
+                )
+            except Exception:  # the broker is down: try again next time
+                log.warning("sweep for lost messages failed; retrying", exc_info=True)
+
+
+_sweeper: Sweeper | None = None
+
+
+@worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    global _sweeper
+    settings = get_settings()
+    if not settings.distributed or not settings.worker_sweeper or _sweeper is not None:
+        return
+    _sweeper = Sweeper(settings.stall_seconds)
+    _sweeper.start()
+
+
+@worker_shutdown.connect
+def _stop_sweeper(**_: Any) -> None:
+    if _sweeper is not None:
+        _sweeper.stopping.set()
