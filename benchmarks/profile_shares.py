@@ -24,7 +24,7 @@ from pathlib import Path
 # (category, markers in a stack's frames); first match wins.
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("Celery: publishing the next turn (apply_async)", ("apply_async", "send_task")),
-    ("kombu: receiving messages, unacked bookkeeping, acks", ("kombu/", "broker.py")),
+    ("kombu: receiving messages, unacked bookkeeping, acks", ("kombu/", "fleet/transport.py")),
     (
         "store: the turn's read and write (psycopg, SQLAlchemy pool)",
         (

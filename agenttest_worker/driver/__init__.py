@@ -5,28 +5,19 @@ conversation, runs one engine step, and saves it with the guarded idempotent sav
 `budget` counts a run's tokens and cost; `rejudge` judges a stored conversation again;
 `event_loops` gives each worker thread its own event loop for agent calls.
 
-Names are exported lazily: importing the package does not import the store.
+Importing it imports no SQLAlchemy: the store it is handed brings its own.
 """
 
-from __future__ import annotations
+from agenttest_worker.driver.budget import budget_spent
+from agenttest_worker.driver.rejudge import reevaluate
+from agenttest_worker.driver.step import Advance, PoolCache, answer_human, run_step, run_step_sync
 
-from importlib import import_module
-from typing import Any
-
-_EXPORTS = {
-    "Advance": "agenttest_worker.driver.step",
-    "PoolCache": "agenttest_worker.driver.step",
-    "answer_human": "agenttest_worker.driver.step",
-    "run_step": "agenttest_worker.driver.step",
-    "run_step_sync": "agenttest_worker.driver.step",
-    "budget_spent": "agenttest_worker.driver.budget",
-    "reevaluate": "agenttest_worker.driver.rejudge",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "Advance",
+    "PoolCache",
+    "answer_human",
+    "budget_spent",
+    "reevaluate",
+    "run_step",
+    "run_step_sync",
+]
