@@ -75,7 +75,22 @@ def case_files_in(path: Path) -> list[Path]:
 
 
 def iter_cases(path: Path) -> Iterator[Case | InputProblem]:
-    """Every case in one file, in order, or the problems found in its place."""
+    """Every case in one file, in order, or the problems found in its place.
+
+    A file with no case at all is a problem of its own, wherever it was named (alone,
+    next to other inputs, in a folder): a truncated or never-filled file must not make
+    a run that passes with fewer tests than meant.
+    """
+    found = False
+    for item in _read_cases(path):
+        found = True
+        yield item
+    if not found:
+        empty = " (it is empty)" if _is_blank(path) else ""
+        yield InputProblem(f"no test cases in this file{empty}", file=str(path))
+
+
+def _read_cases(path: Path) -> Iterator[Case | InputProblem]:
     kind = CASE_SUFFIXES[path.suffix.lower()]
     if kind == "yaml":
         yield from read_yaml(path)
@@ -86,6 +101,20 @@ def iter_cases(path: Path) -> Iterator[Case | InputProblem]:
             yield item
         else:
             yield from validate_case(item)
+
+
+def _is_blank(path: Path) -> bool:
+    """Whether the file holds nothing but white space (and, in YAML, comments)."""
+    comment = b"#" if CASE_SUFFIXES[path.suffix.lower()] == "yaml" else None
+    try:
+        with path.open("rb") as handle:
+            for line in handle:
+                text = line.strip().removeprefix(b"\xef\xbb\xbf").strip()
+                if text and not (comment and text.startswith(comment)):
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def load_cases(path: Path) -> list[Case]:

@@ -155,6 +155,8 @@ def read_json(path: Path) -> Iterator[Located | InputProblem]:
         yield text
         return
     start = _skip_ws(text, 0)
+    if start == len(text):
+        return  # no case at all: files.py says so for every format alike
     try:
         whole, end = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as exc:

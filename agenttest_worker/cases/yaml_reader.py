@@ -38,6 +38,8 @@ def read_yaml(path: Path) -> Iterator[Case | InputProblem]:
     except InputError as exc:
         yield from exc.problems
         return
+    if data is None:
+        return  # only comments, or nothing: files.py says the file holds no cases
     if not isinstance(data, dict) or "tests" not in data:
         yield InputProblem(
             "a YAML case file is a mapping with a `tests:` list (tdx format)", file=name, line=1
