@@ -209,6 +209,9 @@ async def drive(
 
     lanes = min(parallel, max(len(conversations), 1))
     deadline_at = store.run.deadline_at
+    # Written when due even while no conversation moves (a slow agent): killed
+    # outright, the run loses at most its last half second of turns.
+    timer = asyncio.create_task(store.flush_on_timer(write))
     try:
         work = asyncio.gather(*(lane() for _ in range(lanes)))
         if deadline_at is None:
@@ -221,7 +224,10 @@ async def drive(
             except TimeoutError:
                 await past_deadline(deadline_at)
     finally:
+        timer.cancel()
         try:
             write(now=True)
         finally:
             await close_session()
+    if timer.done() and not timer.cancelled() and (failed := timer.exception()) is not None:
+        raise failed  # a write on the timer failed as a conversation's would have

@@ -1,0 +1,62 @@
+"""An embedded run writes its buffer on a timer: killed outright (SIGKILL, OOM), it loses
+at most its last half second of turns, even when no conversation has moved since."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fault_kit import openai_agent, write_config
+from fleet import WatchingAgent, expense_case, turn_rows, wait_until, write_cases
+
+from agenttest_worker.settings import get_settings
+from agenttest_worker.store import runs
+
+AGENT_DELAY = 2.0  # seconds per turn: a quiet stretch after the first turns finish
+KILL_AFTER = 1.0  # past the half second, well before the second turns can finish
+
+
+@pytest.mark.slow
+def test_sigkill_in_a_quiet_stretch_keeps_the_turns_that_finished(
+    demo_url: str, tmp_path: Path
+) -> None:
+    parallel = 4
+    with WatchingAgent(demo_url, delay=AGENT_DELAY) as agent:
+        config = write_config(tmp_path, {"demo": openai_agent(agent.base_url)})
+        case_ids = [f"Q{i}" for i in range(parallel)]
+        cases = write_cases(tmp_path, [expense_case(case_id) for case_id in case_ids])
+        options = ["-n", "demo", "--config", str(config), "--parallel", str(parallel)]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agenttest_submit.cli", "-i", str(cases), *options],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            # A conversation's second turn reaches the agent once its first was saved.
+            wait_until(
+                lambda: {s.case for s in agent.seen() if s.turn == 2} == set(case_ids),
+                60.0,
+                "every conversation's second turn to start",
+                step=0.01,
+            )
+            time.sleep(KILL_AFTER)
+            process.kill()
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert not [s for s in agent.seen() if s.turn == 3], "a second turn finished"
+
+    url = get_settings().effective_database_url()
+    run = runs.latest_run(url)
+    assert run is not None, stderr
+    recorded = set(turn_rows(url, run.id))
+    assert {(case_id, 1) for case_id in case_ids} <= recorded, (sorted(recorded), stderr)
