@@ -135,6 +135,12 @@ class TurnResult(_Record):
     simulator_reasoning: str | None = None
     usage: Usage | None = None
     calls: list[AgentCallRecord] | None = None
+    # The failing assertions' reasons, in order (the spec's error table: a failed
+    # assertion gives `assertion_errors: [...]`); absent when none failed.
+    assertion_errors: list[str] | None = None
+    # What in the agent's reply could not be used as it came, each quoting the raw text
+    # (malformed tool calls); such a turn fails, and the conversation goes on.
+    problems: list[str] | None = None
 
 
 class CaseResult(_Record):
@@ -156,6 +162,10 @@ class CaseResult(_Record):
     simulator: str | None = None
     tags: list[str] | None = None
     usage: Usage | None = None
+    # Where the case is written (the case file as given to -i, and the case's line), so
+    # that CI annotations point at it; absent for cases from a message or a generator.
+    file: str | None = None
+    line: int | None = None
 
     def to_json_line(self) -> str:
         return self.model_dump_json()

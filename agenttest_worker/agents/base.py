@@ -31,6 +31,9 @@ class AgentRequest:
     role: AgentRole
     messages: list[dict[str, Any]]
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The spec's context.Options other than metadata and connector (skip, search, mode),
+    # sent beside `metadata` as `options` when any is set.
+    options: dict[str, Any] = field(default_factory=dict)
     # Identifies the conversation to agents that keep their own state.
     session_id: str | None = None
     case_id: str | None = None
@@ -49,6 +52,9 @@ class AgentReply:
     usage: Usage | None = None
     call: AgentCallRecord | None = None
     raw_tool_calls: list[dict[str, Any]] | None = None
+    # What in the reply could not be used as it came (malformed tool calls), each with
+    # its raw text: the turn records them as problems instead of dropping them.
+    problems: list[str] = field(default_factory=list)
 
     def assistant_message(self) -> dict[str, Any]:
         """The reply as the assistant message that goes into the conversation history."""
@@ -112,28 +118,63 @@ def parse_arguments(arguments: Any) -> Any:
     return arguments if arguments is not None else {}
 
 
-def tool_calls_from(raw: Any) -> list[ToolCall]:
-    """ToolCalls from Chat Completions `tool_calls` (or a simpler [{name, args}] list)."""
-    calls: list[ToolCall] = []
+# A problem quotes the agent's raw text up to this many characters (as a call's `reply`).
+RAW_TEXT_LIMIT = 4096
+
+
+def raw_text(value: Any) -> str:
+    """A JSON value of the reply as the agent wrote it (JSON text, cut)."""
+    return json.dumps(value, ensure_ascii=False, default=str)[:RAW_TEXT_LIMIT]
+
+
+@dataclass
+class ToolCallsRead:
+    """The tool calls of a reply that could be read, the raw items they came from (in
+    the same order, for the conversation history), and what could not be read."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    raw_items: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def read_tool_calls(raw: Any) -> ToolCallsRead:
+    """Read `tool_calls` (Chat Completions items, or simpler {name, args} items).
+
+    Nothing malformed is dropped in silence: a `tool_calls` that is not a list, an item
+    that is not an object or has no name becomes a problem quoting its raw text; a call
+    whose arguments are not a JSON object is kept (arguments as the raw text) and is a
+    problem too.
+    """
+    read = ToolCallsRead()
+    if raw is None:
+        return read
     if not isinstance(raw, list):
-        return calls
-    for item in raw:
+        read.problems.append(f"tool_calls is not a list: {raw_text(raw)}")
+        return read
+    for index, item in enumerate(raw, start=1):
         if not isinstance(item, dict):
+            read.problems.append(f"tool call {index} is not an object: {raw_text(item)}")
             continue
         function = item.get("function") if isinstance(item.get("function"), dict) else None
         name = (function or item).get("name")
-        if not isinstance(name, str):
+        if not isinstance(name, str) or not name.strip():
+            read.problems.append(f"tool call {index} has no name: {raw_text(item)}")
             continue
         args = (
             (function or {}).get("arguments")
             if function
             else item.get("args", item.get("arguments"))
         )
+        parsed = parse_arguments(args)
+        if isinstance(args, str) and args.strip() and not isinstance(parsed, dict):
+            what = "not JSON" if parsed is args else "not a JSON object"
+            # Arguments are JSON text inside the JSON reply: quoted as that text.
+            quoted = args[:RAW_TEXT_LIMIT]
+            read.problems.append(f"tool call {name}: arguments are {what}: {quoted}")
         call_id = item.get("id")
-        calls.append(
-            ToolCall(name=name, args=parse_arguments(args), id=str(call_id) if call_id else None)
-        )
-    return calls
+        read.calls.append(ToolCall(name=name, args=parsed, id=str(call_id) if call_id else None))
+        read.raw_items.append(item)
+    return read
 
 
 def text_of(content: Any) -> str | None:

@@ -27,6 +27,20 @@ class Options(BaseModel):
     mode: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    def for_agent(self) -> dict[str, Any]:
+        """What is sent to the agent as `options`, beside `metadata`: skip, search and
+        mode, those that are set (as the spec's Go struct's `omitempty`). `connector`
+        stays with agenttest, which it tells which registry entry to call; metadata
+        travels as `metadata`."""
+        sent: dict[str, Any] = {}
+        if self.skip is not None:
+            sent["skip"] = self.skip.model_dump(mode="json", exclude_none=True)
+        if self.search is not None:
+            sent["search"] = self.search
+        if self.mode is not None:
+            sent["mode"] = self.mode
+        return sent
+
 
 def merge_options(*layers: Options | None) -> Options:
     """Merge options outer to inner (case < turn): scalars are replaced, metadata is merged."""

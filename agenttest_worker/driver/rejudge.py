@@ -15,7 +15,12 @@ from agenttest_worker.agents.options import merge_options
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.assertions import Assertion, AssertionContext
 from agenttest_worker.cases.model import Case
-from agenttest_worker.engine import ConversationState, final_context, run_assertions
+from agenttest_worker.engine import (
+    ConversationState,
+    final_context,
+    grade_turn,
+    run_assertions,
+)
 from agenttest_worker.engine.documents import turn_document
 from agenttest_worker.results import AgentCallRecord, Usage
 
@@ -54,8 +59,7 @@ async def reevaluate(case: Case, stored: ConversationState, pool: AgentPool) -> 
             metadata=dict(merge_options(case.options, turn_options).metadata),
             roles=pool.session(log),
         )
-        turn.assertions = await run_assertions(assertions, ctx)
-        turn.status = "passed" if all(a.passed for a in turn.assertions) else "failed"
+        grade_turn(turn, await run_assertions(assertions, ctx))
         # The judges' calls of this re-evaluation replace the stored ones (the target's
         # and simulator's stay: they made the conversation), and usage follows them.
         kept = [c for c in (turn.calls or []) if c.role != "validator"]

@@ -20,7 +20,7 @@ assertions read), `assess` (running assertions), `next_input` (what comes next),
 `outcome` (final assertions and the case's record).
 """
 
-from agenttest_worker.engine.assess import run_assertions
+from agenttest_worker.engine.assess import grade_turn, run_assertions
 from agenttest_worker.engine.next_input import apply_missing_input, give_human_input, wants_human
 from agenttest_worker.engine.outcome import case_result, final_context, finish
 from agenttest_worker.engine.state import (
@@ -50,6 +50,7 @@ __all__ = [
     "final_context",
     "finish",
     "give_human_input",
+    "grade_turn",
     "run_assertions",
     "run_turn",
     "start_conversation",

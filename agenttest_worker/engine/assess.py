@@ -7,6 +7,7 @@ import asyncio
 from agenttest_worker.assertions import Assertion, AssertionContext, evaluate
 from agenttest_worker.results import (
     AssertionResult,
+    TurnResult,
 )
 
 
@@ -31,3 +32,15 @@ async def run_assertions(
             )
         )
     return results
+
+
+def grade_turn(turn: TurnResult, results: list[AssertionResult]) -> None:
+    """Record a turn's assertion results: its `assertion_errors` and its status.
+
+    A turn fails when an assertion failed or its reply had problems (malformed tool
+    calls); played and re-judged turns are graded the same way.
+    """
+    turn.assertions = results
+    errors = [a.reason or a.error or "failed" for a in results if not a.passed]
+    turn.assertion_errors = errors or None
+    turn.status = "failed" if errors or turn.problems else "passed"

@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
-from agenttest_worker.agents.options import merge_options
+from agenttest_worker.agents.options import Options, merge_options
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.assertions import Assertion, AssertionContext
 from agenttest_worker.cases.model import Attachment, Case
 from agenttest_worker.durations import format_duration
-from agenttest_worker.engine.assess import run_assertions
+from agenttest_worker.engine.assess import grade_turn, run_assertions
 from agenttest_worker.engine.awaiting import detect_awaiting
 from agenttest_worker.engine.documents import turn_document
 from agenttest_worker.engine.next_input import choose_next
@@ -86,29 +87,50 @@ def _not_executed(name: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _TargetCall:
+    """What the turn sends the target besides the history: who, with what metadata and
+    options (the case's merged with the turn's), and which tool calls are mocked."""
+
+    agent: str
+    metadata: dict[str, Any]
+    options: dict[str, Any]
+    mocks: dict[str, Any]
+
+
+@dataclass
+class _TargetWork:
+    """What the target did in the turn, kept as it happens so that a turn that ends in
+    an error still records it: the tool calls, the mocked results given, and what in
+    its replies could not be used (malformed tool calls)."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    answered: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def record_on(self, turn: TurnResult) -> None:
+        turn.tool_calls = self.calls
+        turn.tool_results = self.answered or None
+        turn.problems = self.problems or None
+
+
 async def _call_target(
     case: Case,
     state: ConversationState,
     roles: RoleSession,
-    agent: str,
-    metadata: dict[str, Any],
-    mocks: dict[str, Any],
+    target: _TargetCall,
     turn_no: int,
-    client_calls: list[ToolCall],
-    answered: dict[str, Any],
+    work: _TargetWork,
 ) -> AgentReply:
-    """Call the target, answering mocked tool calls within the turn (bounded).
-
-    The calls made and the mocked results given are added to `client_calls` and
-    `answered` as they happen, so that a turn that ends in an error still records them.
-    """
+    """Call the target, answering mocked tool calls within the turn (bounded)."""
     for round_no in range(MAX_TOOL_ROUNDS):
         reply = await roles.call(
-            agent,
+            target.agent,
             AgentRequest(
                 role="target",
                 messages=state.messages,
-                metadata=metadata,
+                metadata=target.metadata,
+                options=target.options,
                 session_id=state.session_id,
                 case_id=case.id,
                 turn=turn_no,
@@ -118,7 +140,8 @@ async def _call_target(
         state.messages.append(assistant)
         if reply.state is not None:
             state.agent_state = reply.state
-        client_calls.extend(reply.tool_calls)
+        work.calls.extend(reply.tool_calls)
+        work.problems.extend(reply.problems)
         if not reply.tool_calls:
             return reply
         any_mocked = False
@@ -130,10 +153,10 @@ async def _call_target(
             # answers an id of the assistant message (strict APIs check this).
             if index < len(history_calls) and isinstance(history_calls[index], dict):
                 history_calls[index] = {**history_calls[index], "id": call_id}
-            if call.name in mocks:
+            if call.name in target.mocks:
                 any_mocked = True
-                result = mocks[call.name]
-                answered[call.name] = result
+                result = target.mocks[call.name]
+                work.answered[call.name] = result
                 state.tool_results[call.name] = result
                 content = _tool_content(result)
             else:
@@ -154,11 +177,12 @@ def _turn_spec(case: Case, pending: PendingInput) -> tuple[list[Assertion], list
     return list(turn.assertions), list(turn.attachments)
 
 
-def _metadata(case: Case, pending: PendingInput) -> dict[str, Any]:
+def _options(case: Case, pending: PendingInput) -> Options:
+    """The case's options merged with the static turn's (case < turn)."""
     turn_options = (
         case.turns[pending.static_index].options if pending.static_index is not None else None
     )
-    return dict(merge_options(case.options, turn_options).metadata)
+    return merge_options(case.options, turn_options)
 
 
 def _mocks(case: Case, pending: PendingInput) -> dict[str, Any]:
@@ -247,31 +271,25 @@ async def _turn_body(
     started: float,
     log: list[AgentCallRecord],
 ) -> ConversationState:
-    calls: list[ToolCall] = []
-    answered: dict[str, Any] = {}
+    work = _TargetWork()
+    sent = _options(case, pending)
     try:
-        agent = target_for(case, options, pool, pending.static_index)
-        reply = await _call_target(
-            case,
-            state,
-            roles,
-            agent,
-            _metadata(case, pending),
-            _mocks(case, pending),
-            turn.turn,
-            calls,
-            answered,
+        target = _TargetCall(
+            agent=target_for(case, options, pool, pending.static_index),
+            metadata=dict(sent.metadata),
+            options=sent.for_agent(),
+            mocks=_mocks(case, pending),
         )
+        reply = await _call_target(case, state, roles, target, turn.turn, work)
     except AgentError as exc:
         turn.error = exc.message
         # What the agent did before the error is part of the turn's record.
-        turn.tool_calls = calls
-        turn.tool_results = answered or None
+        work.record_on(turn)
         return _end_turn_with_error(state, turn, started, pending, log)
 
     turn.output = reply.content if reply.content is not None else ""
-    turn.tool_calls = calls
-    turn.tool_results = answered or None
+    work.record_on(turn)
+    calls = work.calls
     turn.input_hint = reply.input_hint
     # Only the final reply's tool calls say whether the agent now waits: a mocked
     # request_confirmation earlier in the turn was answered by the mock.
@@ -288,11 +306,10 @@ async def _turn_body(
         messages=state.messages,
         final=False,
         case_id=case.id,
-        metadata=_metadata(case, pending),
+        metadata=dict(sent.metadata),
         roles=roles,
     )
-    turn.assertions = await run_assertions(assertions, ctx)
-    turn.status = "passed" if all(a.passed for a in turn.assertions) else "failed"
+    grade_turn(turn, await run_assertions(assertions, ctx))
     _close_turn(state, turn, started, pending, log)
     await choose_next(case, state, pool, options, awaiting.awaiting, pending)
     return state

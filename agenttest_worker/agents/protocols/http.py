@@ -22,8 +22,8 @@ from agenttest_worker.agents.base import (
     AgentReply,
     AgentRequest,
     protocol,
+    read_tool_calls,
     text_of,
-    tool_calls_from,
 )
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
@@ -106,9 +106,11 @@ def parse_http_reply(data: Any, mapping: ResponseMapping) -> AgentReply:
     if content is not None and not isinstance(content, str):
         content = _content_text(content)
     hint = _first(mapping.input_hint, data)
+    calls = read_tool_calls(_first(mapping.tool_calls, data))
     return AgentReply(
         content=content,
-        tool_calls=tool_calls_from(_first(mapping.tool_calls, data)),
+        tool_calls=calls.calls,
+        problems=calls.problems,
         awaiting_input=as_bool(_first(mapping.awaiting_input, data)),
         input_hint=hint if isinstance(hint, str) else None,
         state=_first(mapping.state, data),

@@ -17,8 +17,8 @@ from agenttest_worker.agents.base import (
     AgentReply,
     AgentRequest,
     protocol,
+    read_tool_calls,
     text_of,
-    tool_calls_from,
 )
 from agenttest_worker.agents.config import AgentConfig, MetadataMode
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
@@ -108,10 +108,13 @@ def parse_completion(data: Any, agent: str) -> AgentReply:
 
     hint = declared("input_hint")
     finish_reason = choice.get("finish_reason")
+    calls = read_tool_calls(raw_calls)
     return AgentReply(
         content=text_of(message.get("content")),
-        tool_calls=tool_calls_from(raw_calls),
-        raw_tool_calls=raw_calls if isinstance(raw_calls, list) and raw_calls else None,
+        tool_calls=calls.calls,
+        # The history keeps the calls as the agent wrote them, those that could be read.
+        raw_tool_calls=calls.raw_items or None,
+        problems=calls.problems,
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         awaiting_input=as_bool(declared("awaiting_input")),
         input_hint=hint if isinstance(hint, str) else None,
