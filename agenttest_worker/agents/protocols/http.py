@@ -3,9 +3,10 @@
 The request body is `request` from agenttest.yaml with placeholders filled in. A string
 that is exactly "{{name}}" becomes the value itself (a list, an object); inside longer
 strings a placeholder becomes text. Placeholders: input (the last user message),
-messages (the Chat Completions history), metadata, session_id, case_id, turn, role,
-attachments ([{type, source, name}]). Without a template the body is
-{"input", "messages", "metadata", "session_id", "attachments"}.
+messages (the Chat Completions history), metadata, options (the case's skip, search and
+mode; {} when none is set), session_id, case_id, turn, role, attachments ([{type,
+source, name}]). Without a template the body is {"input", "messages", "metadata",
+"session_id", "attachments"}, and "options" beside "metadata" when any is set.
 
 Reply fields are read with the JSONPaths under `response` (content, tool_calls,
 awaiting_input, input_hint, state). An agent that answers in the spec's explicit
@@ -149,13 +150,19 @@ class HttpAgentClient(JsonAgentClient):
             "input": last_user_text(request.messages),
             "messages": request.messages,
             "metadata": metadata,
+            "options": request.options,
             "session_id": request.session_id,
             "case_id": request.case_id,
             "turn": request.turn,
             "role": request.role,
             "attachments": attachments_of(request.messages),
         }
-        return render(self.template, values)
+        body = render(self.template, values)
+        if self.template is DEFAULT_TEMPLATE and request.options:
+            # Left out when empty, so the default body stays as it was for cases that
+            # set no options (the spec's Go struct writes them `omitempty`).
+            body["options"] = request.options
+        return body
 
     def parse(self, data: Any) -> AgentReply:
         return parse_http_reply(data, self.config.response)

@@ -2,7 +2,8 @@
 
 Metadata travels in the body as `metadata`. Hosted APIs accept only a few short string
 values there, so an agent may say `metadata: strings` (values JSON-encoded, at most 16
-keys of 64 characters and values of 512, as OpenAI allows) or `metadata: none`.
+keys of 64 characters and values of 512, as OpenAI allows) or `metadata: none`. The
+case's other options (skip, search, mode) travel beside it as an extra `options` field.
 Replies may carry non-standard `awaiting_input`, `input_hint` and `state` fields, at
 the top level or on the message; agents that declare their state that way are believed.
 """
@@ -76,6 +77,10 @@ class OpenAIClient(JsonAgentClient):
         metadata = encode_metadata(request.metadata, self.config.metadata)
         if metadata is not None:
             body["metadata"] = metadata
+        if request.options:
+            # Not a Chat Completions field: an extra body field for agents that read the
+            # spec's context.Options (skip, search, mode), sent only when a case sets one.
+            body["options"] = request.options
         if self.config.tools and request.role == "target":
             body["tools"] = tool_definitions(self.config.tools)
         return body
