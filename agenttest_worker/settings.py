@@ -56,7 +56,10 @@ class Settings(BaseModel):
         default=64, ge=1, description="Turn tasks one worker process runs at a time (threads)"
     )
     max_redeliveries: int = Field(
-        default=3, ge=1, description="Deliveries of one turn before the case fails"
+        default=3,
+        ge=1,
+        description="Deaths of the worker running a turn alone (a redelivered turn runs "
+        "alone, fleet/isolation.py) before its case fails",
     )
     stall_seconds: float = Field(
         default=600,

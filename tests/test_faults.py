@@ -84,9 +84,10 @@ def test_a_worker_killed_mid_turn_loses_nothing(
 def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
-    """X1's agent call kills whichever worker makes it; after AGENTTEST_MAX_REDELIVERIES
-    deliveries the case fails with the reason, and the rest of the run completes."""
-    max_deliveries = 2
+    """X1's agent call kills whichever worker makes it; after its first delivery and
+    AGENTTEST_MAX_REDELIVERIES more (each run alone in its worker) the case fails with
+    the reason, and the rest of the run completes."""
+    max_deliveries = 1
     # Replies wait half a second: the kill (sent as the request arrives, from a thread of
     # its own) must land before the worker could get X1's reply and save its turn.
     with WatchingAgent(demo_url, delay=0.5) as agent:
@@ -114,8 +115,8 @@ def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
         fleet.wait_done(run_id, timeout=60)
 
     # Each delivery but the last ran the turn (and died); the last one called nobody.
-    assert len(agent.seen("X1")) == max_deliveries
-    assert len({s.worker for s in agent.seen("X1")}) == max_deliveries
+    assert len(agent.seen("X1")) == max_deliveries + 1
+    assert len({s.worker for s in agent.seen("X1")}) == max_deliveries + 1
     records = {r.id: r for r in results.iter_results(fleet.database_url, run_id)}
     assert {case: r.status for case, r in records.items()} == {
         "X1": "failed",
@@ -123,8 +124,9 @@ def test_a_turn_that_keeps_killing_its_worker_fails_its_case(
         "OK2": "passed",
     }
     reason = (
-        f"turn 1 was delivered {max_deliveries + 1} times without finishing "
-        "(the worker running it died each time)"
+        f"turn 1 was delivered {max_deliveries + 2} times without finishing "
+        f"(the worker running it died each time, {max_deliveries} of them with this turn "
+        "running alone)"
     )
     assert records["X1"].error == reason, records["X1"]
     _all_turns_once(fleet.database_url, run_id, {"OK1": 1, "OK2": 1})
@@ -274,3 +276,89 @@ def test_stalled_conversations_are_claimed_by_one_sweeper(
     assert claimed == [f"S{i}" for i in range(5)]  # each once, by one of the two
     assert all(turn == 1 for batch in claims for _, _, turn in batch)
     assert recovery.claim_stalled(url, 0.5, run_id) == []  # and not again right away
+
+
+CRASHING_SCRIPT = """
+import os
+import signal
+import time
+
+
+def respond(messages, metadata):
+    # A native crash (a segfault, the out-of-memory killer) takes the whole worker
+    # process down with it, whatever else it was running.
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.fleet
+def test_only_the_turn_that_keeps_killing_its_worker_is_blamed(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    """X1's agent is a script that kills the worker process running it (from inside the
+    turn, as a segfault would), while three other conversations are in flight on the
+    same worker. Workers are replaced as they die (as a supervisor would). Only X1 fails
+    after AGENTTEST_MAX_REDELIVERIES; the conversations that happened to share its
+    worker are redelivered too but never blamed: a redelivered turn runs alone in its
+    worker, and only a death while it ran alone counts against it."""
+    max_deliveries = 1
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "crash.py").write_text(CRASHING_SCRIPT, encoding="utf-8")
+    with WatchingAgent(demo_url, delay=1.0) as agent:
+        config = write_project(tmp_path, agent.base_url)
+        config.write_text(
+            config.read_text(encoding="utf-8")
+            + "  crashing:\n    protocol: script\n    use: scripts:crash\n"
+            + f"scripts_dir: {scripts}\n",
+            encoding="utf-8",
+        )
+        ids = ["OK1", "OK2", "OK3"]
+        cases = write_cases(
+            tmp_path,
+            [{**greeting_case("X1"), "agent": "crashing"}, *(greeting_case(c) for c in ids)],
+        )
+        settings = {
+            "max_redeliveries": str(max_deliveries),
+            "visibility_timeout": "2",
+            "scripts_dir": str(scripts),
+        }
+        started: list[Worker] = [fleet.start("w0", concurrency=4, wait=False, **settings)]
+        stop = threading.Event()
+
+        def replace_dead_workers() -> None:
+            while not stop.wait(0.2):
+                if not any(w.alive() for w in started) and len(started) < 8:
+                    started.append(
+                        fleet.start(f"w{len(started)}", concurrency=4, wait=False, **settings)
+                    )
+
+        supervisor = threading.Thread(target=replace_dead_workers, daemon=True)
+        run_id = fleet.submit_no_wait(
+            ["-i", str(cases), "-n", "slow.expense", "--config", str(config)]
+        )
+        started[0].wait_ready()
+        supervisor.start()
+        try:
+            fleet.wait_done(run_id, timeout=90)
+        finally:
+            stop.set()
+            supervisor.join(5)
+        # X1's worker died with the other conversations in flight beside it.
+        assert len(started) >= 2
+        first_worker = {s.case for s in agent.seen() if s.worker == "w0"}
+        assert first_worker == set(ids), agent.seen()
+
+    records = {r.id: r for r in results.iter_results(fleet.database_url, run_id)}
+    assert {case: r.status for case, r in records.items()} == {
+        "X1": "failed",
+        **dict.fromkeys(ids, "passed"),
+    }, {case: r.error for case, r in records.items()}
+    # Once beside the others (not counted: it was not alone), then once alone (counted),
+    # then failed without running.
+    assert records["X1"].error == (
+        "turn 1 was delivered 3 times without finishing (the worker running it died each "
+        "time, 1 of them with this turn running alone)"
+    ), records["X1"]
+    _all_turns_once(fleet.database_url, run_id, dict.fromkeys(ids, 1))

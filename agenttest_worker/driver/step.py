@@ -60,6 +60,8 @@ class Prepared:
     state: ConversationState
     options: RunOptions
     turn: int
+    # This delivery was counted in the store (a redelivery, run alone: fleet/isolation.py).
+    counted: bool = False
 
 
 class PoolCache:
@@ -166,14 +168,11 @@ def prepare(
 
     Only a redelivery (a message the broker gave back after a worker died) is counted
     in the store: a first delivery costs no write, which keeps the hot path to one read
-    and one write transaction per turn.
+    and one write transaction per turn. The fleet runs a redelivered step alone in its
+    worker (fleet/isolation.py), so a count says the turn ran alone.
     """
-    loaded = store.load_case(
-        run_id,
-        case_id,
-        count_delivery=max_deliveries is not None and redelivered,
-        turn=turn,
-    )
+    count = max_deliveries is not None and redelivered
+    loaded = store.load_case(run_id, case_id, count_delivery=count, turn=turn)
     if loaded is None:
         return Advance(saved=False, gone=True)
     if loaded.phase == "done":
@@ -192,7 +191,7 @@ def prepare(
         # spawning a second copy of the rest of the conversation.
         resend = redelivered and loaded.phase == "ready" and loaded.next_turn == turn + 1
         return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
-    return Prepared(loaded, _case(loaded), _state(loaded), _options(loaded), turn)
+    return Prepared(loaded, _case(loaded), _state(loaded), _options(loaded), turn, count)
 
 
 def _state(loaded: steps.LoadedCase) -> ConversationState:
@@ -213,12 +212,16 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
         return "skip", spent
     if loaded.deadline_at is not None and time.time() > loaded.deadline_at:
         return "fail", "run deadline passed before this case finished"
-    # `deliveries` counts redeliveries of this turn; this delivery is one more.
-    delivered = loaded.deliveries + 1
-    if max_deliveries is not None and delivered > max_deliveries:
+    # `deliveries` counts the deliveries of this turn that ran alone in their worker
+    # (this one included when it was counted): each of those before this one died with
+    # its worker, and only those are this turn's doing (fleet/isolation.py). The first
+    # delivery, which ran beside other turns, died too but is blamed on nobody.
+    alone = loaded.deliveries - (1 if prepared.counted else 0)
+    if max_deliveries is not None and alone >= max_deliveries:
         return "fail", (
-            f"turn {prepared.turn} was delivered {delivered} times without finishing "
-            "(the worker running it died each time)"
+            f"turn {prepared.turn} was delivered {alone + 2} times without finishing "
+            f"(the worker running it died each time, {alone} of them with this turn "
+            "running alone)"
         )
     return None
 

@@ -23,6 +23,7 @@ from agenttest_worker.driver.event_loops import shutdown
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
+from agenttest_worker.fleet.isolation import TURNS
 from agenttest_worker.heap import settle
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
@@ -116,15 +117,18 @@ def start(run_id: str, first: int, last: int) -> str:
 def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
     # Set by the broker on a message it gave back (its worker died or was too slow).
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    advance = run_step_sync(
-        _store(),
-        _pools,
-        run_id,
-        case_id,
-        turn,
-        max_deliveries=get_settings().max_redeliveries,
-        redelivered=redelivered,
-    )
+    # A redelivered turn runs alone in this process, so that a worker's death is blamed
+    # only on a turn that was running alone (isolation.py).
+    with TURNS.alone() if redelivered else TURNS.shared():
+        advance = run_step_sync(
+            _store(),
+            _pools,
+            run_id,
+            case_id,
+            turn,
+            max_deliveries=get_settings().max_redeliveries,
+            redelivered=redelivered,
+        )
     follow_up(run_id, case_id, advance)
     if advance.gone:
         return f"{case_id} turn {turn}: not run, its run is no longer stored"

@@ -1,0 +1,79 @@
+"""Redelivered turns run alone in their worker, so that only a turn that kills its
+worker is ever blamed for it.
+
+A turn whose worker dies (a segfault in an agent's script, the out-of-memory killer)
+comes back from the broker flagged as redelivered, and after AGENTTEST_MAX_REDELIVERIES
+such deaths its case fails: a turn that kills every worker running it must not keep
+the run from finishing. But a worker runs many turns at once (threads), and all of
+them come back when it dies: counted against each, one bad turn failed the innocent
+conversations that happened to share its worker (2-9 per run in a fault campaign).
+
+So a redelivered turn waits until the turns running in its worker process have
+finished, runs with no other turn beside it (new ones wait meanwhile), and only then is
+its delivery counted (driver/step.py, `count_delivery`). A death while a turn ran alone
+is that turn's doing; a death while it ran beside others is nobody's in particular and
+counts against no one. An innocent turn therefore finishes at its first redelivery
+(its save resets the count), while the guilty one is failed after running alone
+AGENTTEST_MAX_REDELIVERIES times (plus its first, shared, delivery).
+
+The price is paid only after a crash: a worker runs the turns it gets back one at a
+time until each has finished once. First deliveries, the hot path, take a shared hold
+here (a lock acquired and released, no I/O).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class Isolation:
+    """A turn either shares the process with other turns or has it to itself.
+
+    A readers-writer lock that prefers the writer: once a redelivered turn waits to run
+    alone, new turns wait behind it, so a busy worker cannot keep it waiting for ever.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._shared = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        """Run beside other turns (a first delivery)."""
+        with self._changed:
+            while self._alone or self._waiting_alone:
+                self._changed.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._shared -= 1
+                if not self._shared and self._waiting_alone:
+                    self._changed.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """Run with no other turn in this process (a redelivered turn)."""
+        with self._changed:
+            self._waiting_alone += 1
+            try:
+                while self._alone or self._shared:
+                    self._changed.wait()
+            finally:
+                self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+
+# The process's turns: Celery's thread pool runs them all in one process.
+TURNS = Isolation()
