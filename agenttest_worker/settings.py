@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agenttest_worker.errors import ConfigError, InputProblem
+from agenttest_worker.errors import ConfigError, InputProblem, redact_url
 
 PREFIX = "AGENTTEST_"
 
@@ -129,13 +129,10 @@ class Settings(BaseModel):
 
 
 def _shown(value: object) -> object:
-    """A rejected value as an error may show it: a URL's password masked.
-
-    Not services.safe_url: SQLAlchemy's URL parser refuses the malformed URLs rejected
-    here, and settings are read before SQLAlchemy is imported."""
-    if isinstance(value, str):
-        return re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", value)
-    return value
+    """A rejected value as an error may show it: a URL's secrets masked (errors.redact_url;
+    not services.safe_url: SQLAlchemy's URL parser refuses the malformed URLs rejected
+    here, and settings are read before SQLAlchemy is imported)."""
+    return redact_url(value) if isinstance(value, str) else value
 
 
 @lru_cache(maxsize=1)

@@ -13,12 +13,14 @@ import json
 import os
 import time
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from agenttest_worker.errors import redact, url_secrets
 from agenttest_worker.results import AgentCallRecord, AgentRole
 
 if TYPE_CHECKING:
@@ -124,6 +126,23 @@ async def _read_body(stream: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def masked(error: AgentError, hidden: Collection[str]) -> AgentError:
+    """`error` with its message, the agent's reply it keeps and its call record redacted
+    (errors.redact): aiohttp's errors, a gateway's error page and a redirect quote the
+    URL, which may hold a password or a key from the environment."""
+    error.message = redact(error.message, hidden)
+    error.args = (error.message,)
+    if error.raw is not None:
+        error.raw = redact(error.raw, hidden)
+    if error.call is not None and error.call.error is not None:
+        error.call.error = redact(error.call.error, hidden)
+    # The aiohttp error it was raised from quotes the URL whole; it is not shown anywhere
+    # (the message says what it said), so it is not kept for a traceback to show either.
+    error.__cause__ = None
+    error.__suppress_context__ = True
+    return error
+
+
 async def post_json(
     *,
     url: str,
@@ -135,12 +154,42 @@ async def post_json(
     agent: str,
     method: str = "POST",
     limits: Limits | None = None,
+    hidden: Collection[str] = (),
 ) -> HttpResult:
     """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent.
 
     With `limits`, every attempt first waits for a slot of the agent's rate limits, and
-    a 429 pauses every caller of the agent (fleet-wide when distributed).
+    a 429 pauses every caller of the agent (fleet-wide when distributed). The error never
+    shows the secrets of `url` (its password, its key-like query values) nor `hidden`.
     """
+    try:
+        return await _post_json(
+            url=url,
+            body=body,
+            headers=headers,
+            timeout=timeout,
+            policy=policy,
+            role=role,
+            agent=agent,
+            method=method,
+            limits=limits,
+        )
+    except AgentError as error:
+        raise masked(error, [*url_secrets(url), *hidden]) from None
+
+
+async def _post_json(
+    *,
+    url: str,
+    body: Any,
+    headers: dict[str, str],
+    timeout: float,
+    policy: RetryPolicy,
+    role: AgentRole,
+    agent: str,
+    method: str,
+    limits: Limits | None,
+) -> HttpResult:
     import aiohttp  # at the first call, not at import (see above)
 
     payload = json.dumps(body, ensure_ascii=False).encode()
@@ -165,6 +214,12 @@ async def post_json(
                 response_headers = {k: v for k, v in response.headers.items()}
         except TimeoutError:
             failure = AgentError("timeout", f"timeout after {timeout:g}s")
+        except aiohttp.TooManyRedirects as exc:
+            # (Its own text is "0, message='', url=...": say what happened.)
+            last = exc.request_info.real_url
+            failure = AgentError(
+                "connection", f"agent error: cannot reach {agent} (too many redirects, to {last})"
+            )
         except aiohttp.ClientError as exc:
             failure = AgentError(
                 "connection", f"agent error: cannot reach {agent} ({describe(exc)})"

@@ -11,7 +11,8 @@ from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.agents.ratelimit import Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy
-from agenttest_worker.agents.transport import post_json
+from agenttest_worker.agents.transport import masked, post_json
+from agenttest_worker.errors import url_secrets
 from agenttest_worker.results import Usage
 
 
@@ -26,6 +27,9 @@ class JsonAgentClient:
         self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
         self.limits = Limits.from_config(config.rate_limit)
         self.url = self.endpoint()
+        # What no error may show of the URL: its password and key-like query values, and
+        # the query values agenttest.yaml takes from ${VAR} (known from the file as written).
+        self.url_secrets = url_secrets(self.url, written_url(name, config, project))
 
     def endpoint(self) -> str:
         """Where requests are posted: `url`, else `base_url`."""
@@ -44,7 +48,19 @@ class JsonAgentClient:
     def parse(self, data: Any) -> AgentReply:
         raise NotImplementedError
 
+    def hidden(self) -> list[str]:
+        """What no error may show: the URL's secrets and the API key."""
+        key = self.config.api_key()
+        return [*self.url_secrets, key] if key else self.url_secrets
+
     async def complete(self, request: AgentRequest) -> AgentReply:
+        try:
+            return await self._complete(request)
+        except AgentError as error:
+            # A reply that cannot be read is kept in the error: it may echo the URL.
+            raise masked(error, self.hidden()) from None
+
+    async def _complete(self, request: AgentRequest) -> AgentReply:
         result = await post_json(
             url=self.url,
             body=self.body(request),
@@ -55,6 +71,7 @@ class JsonAgentClient:
             role=request.role,
             agent=self.name,
             method=self.config.method,
+            hidden=self.hidden(),
         )
         data = result.json(self.name)
         try:
@@ -75,6 +92,19 @@ class JsonAgentClient:
         if self.limits is not None and reply.usage is not None:
             await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
         return reply
+
+
+def written_url(name: str, config: AgentConfig, project: ProjectConfig | None) -> str | None:
+    """The agent's URL as agenttest.yaml writes it, before ${VAR} interpolation."""
+    if project is None:
+        return None
+    raw = project.stored()["raw"]
+    agents = raw.get("agents") if isinstance(raw, dict) else None
+    entry = agents.get(name) if isinstance(agents, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    written = entry.get("url") if config.url else entry.get("base_url")
+    return written if isinstance(written, str) else None
 
 
 def as_bool(value: Any) -> bool | None:
