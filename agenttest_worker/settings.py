@@ -80,6 +80,13 @@ class Settings(BaseModel):
     )
     enqueue_batch: int = Field(default=500, ge=1, description="Cases stored/enqueued per batch")
     http_pool_size: int = Field(default=200, ge=1, description="Connections per agent host")
+    breaker_failures: int = Field(
+        default=3,
+        ge=0,
+        description="Calls in a row that cannot connect to an agent (each after its retries) "
+        "before its other calls fail at once, 'agent X unreachable since <time>', until a "
+        "probe gets an answer (fleet-wide with a Redis broker); 0 turns the breaker off",
+    )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 
     @field_validator("database_url")

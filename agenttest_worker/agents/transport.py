@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.agents.base import AgentError
+from agenttest_worker.agents.breaker import breaker, endpoint_key, unreachable_reason
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
 from agenttest_worker.errors import redact, url_secrets
@@ -196,8 +197,21 @@ async def _post_json(
     all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
     started = time.monotonic()
     attempts = 0
+    key = endpoint_key(agent, url)
+    unreachable: str | None = None  # why the last attempt could not connect
     while True:
         attempts += 1
+        tripped = await breaker().admit(key)
+        if tripped is not None:
+            # The agent is down (agents/breaker.py): fail now, not after every retry.
+            if unreachable is not None:  # this call, too, ended unable to connect
+                await breaker().failed(key, unreachable)
+            made = attempts - 1
+            failure = AgentError("connection", tripped.message(agent))
+            failure.message += f" (after {made} attempts)" if made > 1 else ""
+            failure.call = _record(role, agent, started, made, None, failure.message)
+            raise failure
+        unreachable = None
         retry_after: float | None = None
         status: int | None = None
         lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
@@ -220,11 +234,15 @@ async def _post_json(
             failure = AgentError(
                 "connection", f"agent error: cannot reach {agent} (too many redirects, to {last})"
             )
+        except aiohttp.ClientConnectorError as exc:
+            unreachable = unreachable_reason(exc)  # (aiohttp's own text is noisy)
+            failure = AgentError("connection", f"agent error: cannot reach {agent} ({unreachable})")
         except aiohttp.ClientError as exc:
             failure = AgentError(
                 "connection", f"agent error: cannot reach {agent} ({describe(exc)})"
             )
         else:
+            await breaker().reached(key)
             text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
             record = _record(role, agent, started, attempts, status)
             if 200 <= status < 300:
@@ -252,6 +270,8 @@ async def _post_json(
             if lease is not None:
                 await lease.release(0, status)
         if attempts > policy.max_retries:
+            if unreachable is not None:
+                await breaker().failed(key, unreachable)
             if attempts > 1:
                 failure.message += f" (after {attempts} attempts)"
             # The last attempt's status (a 503, or none for a timeout) is what the call ended on.

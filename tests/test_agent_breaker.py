@@ -1,0 +1,121 @@
+"""A dead agent: after a few calls that could not connect, the rest fail fast.
+
+Each call retries on its own (backoff, jitter); against an agent that is down every case
+used to spend its whole retry schedule before failing. The circuit breaker
+(agents/breaker.py) opens after AGENTTEST_BREAKER_FAILURES calls in a row could not
+connect: later calls fail at once with "agent X unreachable since <time>", one call
+probes now and then, and a call that gets an answer closes it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from agent_servers import refused_url
+from fault_kit import openai_agent, write_config
+
+from agenttest_submit.cli import main
+from agenttest_worker.agents.breaker import LocalBreaker, RedisBreaker, endpoint_key
+
+CASES, PARALLEL = 80, 4
+BASE_DELAY = 0.2  # a retry schedule of 0.7 to 1.4 s per call (3 retries, jitter)
+SLOWEST_WITHOUT_BREAKER = CASES / PARALLEL * 0.7  # every case spends its retries
+
+
+def _errors(results: Path) -> list[str]:
+    records = [json.loads(line) for line in results.read_text().splitlines() if line]
+    assert len(records) == CASES and {r["status"] for r in records} == {"failed"}
+    return [r["turns"][0]["error"] for r in records]
+
+
+def test_a_dead_agent_fails_fast_after_a_few_calls(tmp_path: Path) -> None:
+    # Credentials in the URL: the message names the agent, never its URL.
+    dead = refused_url().replace("http://", "http://bob:s3cret-pw@") + "/v1"
+    config = write_config(tmp_path, {"dead": openai_agent(dead, base_delay=BASE_DELAY)})
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(
+        "".join(json.dumps({"id": f"D{i}", "input": "hi"}) + "\n" for i in range(CASES))
+    )
+    results = tmp_path / "results.jsonl"
+    started = time.monotonic()
+    options = ["-n", "dead", "--config", str(config), "--parallel", str(PARALLEL)]
+    code = main(["-i", str(cases), *options, "-o", str(results)])
+    elapsed = time.monotonic() - started
+    assert code == 1
+    errors = _errors(results)
+    fast = [e for e in errors if "agent error: agent dead unreachable since " in e]
+    # The first calls spend their retries (one lane each, and the ones the breaker found
+    # mid-retry); every later case fails at once.
+    assert len(fast) >= CASES - 2 * PARALLEL, errors
+    assert elapsed < SLOWEST_WITHOUT_BREAKER / 3, elapsed
+    slow = [e for e in errors if e not in fast]
+    assert slow and all(e.startswith("agent error: cannot reach dead (") for e in slow), slow
+    for error in errors:
+        assert "ssl:" not in error and "s3cret" not in error and "bob" not in error, error
+    assert "Connection refused" in slow[0], slow[0]
+
+
+KEY = endpoint_key("judge", "http://127.0.0.1:9/v1")
+
+
+def test_the_breaker_opens_after_calls_in_a_row_closes_on_success_and_probes() -> None:
+    async def scenario() -> None:
+        breaker = LocalBreaker(failures=3, probe_after=0.3)
+        for _ in range(2):
+            await breaker.failed(KEY, "refused")
+        await breaker.reached(KEY)  # an answer in between: not in a row any more
+        for _ in range(2):
+            await breaker.failed(KEY, "refused")
+        assert await breaker.admit(KEY) is None
+        await breaker.failed(KEY, "refused")
+        tripped = await breaker.admit(KEY)
+        assert tripped is not None
+        assert tripped.message("judge").startswith("agent error: agent judge unreachable since ")
+        await asyncio.sleep(0.35)
+        assert await breaker.admit(KEY) is None, "one call probes"
+        assert await breaker.admit(KEY) is not None, "the others wait for the probe"
+        await breaker.reached(KEY)  # the agent is back
+        assert await breaker.admit(KEY) is None
+        assert await breaker.admit(KEY) is None
+
+    asyncio.run(scenario())
+
+
+def test_breaker_failures_zero_turns_it_off() -> None:
+    async def scenario() -> None:
+        breaker = LocalBreaker(failures=0, probe_after=0.3)
+        for _ in range(10):
+            await breaker.failed(KEY, "refused")
+        assert await breaker.admit(KEY) is None
+
+    asyncio.run(scenario())
+
+
+def test_the_breaker_is_shared_through_redis(redis_db: str) -> None:
+    """Two processes' breakers on one Redis: failures seen by one open it for both."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def scenario() -> None:
+        outage = (OSError, RedisConnectionError)
+        one, other = (
+            RedisBreaker(aioredis.Redis.from_url(redis_db), outage, failures=3, probe_after=2.0)
+            for _ in range(2)
+        )
+        assert await other.admit(KEY) is None  # read (and cached) before the failures
+        for _ in range(3):
+            await one.failed(KEY, "cannot connect to 127.0.0.1:9 (Connection refused)")
+        await asyncio.sleep(1.1)  # what other has cached ages out
+        tripped = await other.admit(KEY)
+        assert tripped is not None and "Connection refused" in tripped.message("judge")
+        await asyncio.sleep(1.0)  # past probe_after
+        assert await other.admit(KEY) is None, "one call probes, fleet-wide"
+        assert await one.admit(KEY) is not None
+        await other.reached(KEY)
+        await asyncio.sleep(1.1)
+        assert await one.admit(KEY) is None, "the probe's answer closed it for every worker"
+
+    asyncio.run(scenario())
