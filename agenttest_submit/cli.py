@@ -4,6 +4,7 @@
     agenttest-submit -i "Help me file an expense" -n assistants.expense -v
     agenttest-submit -i "agents:workers.test.generator?count=10" -n assistants.expense --dry-run
     agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | db upgrade
+    agenttest-submit schema [cases|yaml|config]     (JSON Schemas for editors)
 
 Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem
 listed with file, line and field), 3 the database or the broker out of reach, or an
@@ -25,10 +26,12 @@ from typing import Any
 from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
 from agenttest_submit.request import (
     DEFAULT_SIMULATOR,
+    SCHEMA_KINDS,
     DbRequest,
     ReportRequest,
     ResumeRequest,
     RunRequest,
+    SchemaRequest,
     StatusRequest,
     SubcommandRequest,
 )
@@ -46,7 +49,7 @@ from agenttest_worker.heap import starting
 # passes during them are wasted work (see heap.py).
 
 MAX_PROBLEMS_SHOWN = 200
-SUBCOMMANDS = ("status", "report", "resume", "db")
+SUBCOMMANDS = ("status", "report", "resume", "db", "schema")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agenttest-submit",
         description="Run scripted and simulated conversations against agents and check every turn.",
         epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, "
-        "db upgrade.",
+        "db upgrade, schema [cases|yaml|config].",
     )
     p.add_argument(
         "-i",
@@ -230,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_subcommand_parser() -> argparse.ArgumentParser:
-    """The parser of `agenttest-submit status|report|resume|db ...`."""
+    """The parser of `agenttest-submit status|report|resume|db|schema ...`."""
     parser = _Parser(prog="agenttest-submit")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="counts and state of a run")
@@ -245,6 +248,17 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     resume.add_argument("--parallel", type=_positive_int, default=10, metavar="N")
     db = sub.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=("upgrade",))
+    schema = sub.add_parser(
+        "schema", help="print the JSON Schema of case files or agenttest.yaml, for editors"
+    )
+    schema.add_argument(
+        "kind",
+        nargs="?",
+        choices=SCHEMA_KINDS,
+        default="cases",
+        help="cases: a JSON case file or a JSONL line (default); yaml: a tdx YAML case "
+        "file; config: agenttest.yaml",
+    )
     return parser
 
 
@@ -288,6 +302,8 @@ def subcommand_request(args: argparse.Namespace) -> SubcommandRequest:
         )
     if args.command == "resume":
         return ResumeRequest(run=args.run, parallel=args.parallel)
+    if args.command == "schema":
+        return SchemaRequest(kind=args.kind)
     return DbRequest(action=args.action)
 
 
@@ -297,7 +313,7 @@ def parse_run(argv: Sequence[str]) -> RunRequest:
 
 
 def parse_subcommand(argv: Sequence[str]) -> SubcommandRequest:
-    """`agenttest-submit status|report|resume|db ...` as a request; bad usage exits 2."""
+    """`agenttest-submit status|report|resume|db|schema ...` as a request; bad usage exits 2."""
     return subcommand_request(build_subcommand_parser().parse_args(list(argv)))
 
 

@@ -1,4 +1,4 @@
-"""Subcommands: `status RUN`, `report RUN`, `resume RUN`, `db upgrade`.
+"""Subcommands: `status RUN`, `report RUN`, `resume RUN`, `db upgrade`, `schema [KIND]`.
 
 RUN is a run id as printed when the run started, or `last` for the newest run.
 `run_subcommand` carries out the request the command line was parsed into.
@@ -14,11 +14,13 @@ from agenttest_submit.request import (
     DbRequest,
     ReportRequest,
     ResumeRequest,
+    SchemaRequest,
     StatusRequest,
     SubcommandRequest,
 )
 from agenttest_submit.resume import resume_run
 from agenttest_submit.runner import resolve_run
+from agenttest_submit.schema import schema_text
 from agenttest_submit.services import safe_url
 from agenttest_worker.errors import InputError
 from agenttest_worker.fleet.aggregate import build_report
@@ -36,6 +38,10 @@ def _url() -> str:
 
 
 def run_subcommand(request: SubcommandRequest) -> int:
+    if isinstance(request, SchemaRequest):
+        # For editors on any machine: no database, broker or agenttest.yaml involved.
+        sys.stdout.write(schema_text(request.kind))
+        return 0
     if isinstance(request, DbRequest):
         url = get_settings().effective_database_url()
         upgrade(url)

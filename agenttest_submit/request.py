@@ -10,7 +10,7 @@ so that every such problem is reported at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from agenttest_worker.cases.model import OnMissingInput
@@ -104,4 +104,17 @@ class DbRequest:
     action: Literal["upgrade"] = "upgrade"
 
 
-SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest
+# What `agenttest-submit schema KIND` describes: a JSON case file (and one JSONL line), a
+# tdx YAML case file, or agenttest.yaml.
+SchemaKind = Literal["cases", "yaml", "config"]
+SCHEMA_KINDS: tuple[SchemaKind, ...] = get_args(SchemaKind)
+
+
+@dataclass(frozen=True)
+class SchemaRequest:
+    """`agenttest-submit schema [cases|yaml|config]`: print a JSON Schema for editors."""
+
+    kind: SchemaKind = "cases"
+
+
+SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest
