@@ -7,7 +7,7 @@ run on a worker fleet.
 The environment is read by `Settings.from_environment` into a plain pydantic model:
 names are matched case-insensitively, values are converted and checked by the fields
 (`"3600"` -> 3600, `"true"`/`"1"`/`"yes"` -> True), unknown AGENTTEST_ names are left to
-whoever reads them (AGENTTEST_SCRIPTS_DIR). pydantic-settings did the same, but
+whoever reads them (AGENTTEST_DEMO_URL, read by the demo suite). pydantic-settings did the same, but
 importing it cost every process ~80 ms of start-up (the embedded default's whole run
 at 20 at a time is ~4 s), for features (dotenv, secrets dirs, cloud sources) unused here.
 """
@@ -80,6 +80,12 @@ class Settings(BaseModel):
     )
     enqueue_batch: int = Field(default=500, ge=1, description="Cases stored/enqueued per batch")
     http_pool_size: int = Field(default=200, ge=1, description="Connections per agent host")
+    scripts_dir: Path | None = Field(
+        default=None,
+        description="Where `scripts:` names resolve. On a fleet, a run's stored "
+        "`scripts_dir` is chosen by whoever submitted it and never used: workers play "
+        "scripts from this folder only, and without it refuse every script",
+    )
     breaker_failures: int = Field(
         default=3,
         ge=0,
@@ -88,6 +94,11 @@ class Settings(BaseModel):
         "probe gets an answer (fleet-wide with a Redis broker); 0 turns the breaker off",
     )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
+
+    @field_validator("scripts_dir", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("database_url")
     @classmethod

@@ -29,6 +29,7 @@ from agenttest_worker.agents.base import get_protocol, protocol_choices, protoco
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
+from agenttest_worker.settings import get_settings
 from agenttest_worker.yamlfile import LineMap, YamlPath, parse_yaml
 
 CONFIG_FILENAMES = ("agenttest.yaml", "agenttest.yml")
@@ -208,6 +209,9 @@ class ProjectConfig(_Strict):
     # The file as written, before ${ENV} interpolation: what a run stores, so that
     # secrets passed through the environment never reach the database.
     _raw: dict[str, Any] | None = PrivateAttr(default=None)
+    # Rebuilt from a stored run (from_stored): its scripts_dir and path are whoever
+    # submitted the run's choice, not this process's.
+    _from_store: bool = PrivateAttr(default=False)
 
     @field_validator("agents")
     @classmethod
@@ -222,10 +226,16 @@ class ProjectConfig(_Strict):
         return Path(self.path).resolve().parent if self.path else Path.cwd()
 
     @property
-    def scripts_path(self) -> Path:
-        override = os.environ.get("AGENTTEST_SCRIPTS_DIR")
-        if override:
-            return Path(override).resolve()
+    def scripts_path(self) -> Path | None:
+        """Where `scripts:` names resolve: AGENTTEST_SCRIPTS_DIR, else `scripts_dir`
+        (relative to the file). A stored run's scripts_dir is not used on a fleet: it may
+        name any folder, and the workers would import Python from it; there, without
+        AGENTTEST_SCRIPTS_DIR, there is no scripts folder (None: every script is refused)."""
+        settings = get_settings()
+        if settings.scripts_dir is not None:
+            return settings.scripts_dir.resolve()
+        if self._from_store and settings.distributed:
+            return None
         return (self.base_dir / self.scripts_dir).resolve()
 
     def stored(self) -> dict[str, Any]:
@@ -238,7 +248,9 @@ class ProjectConfig(_Strict):
         cls, stored: dict[str, Any], env: dict[str, str] | None = None
     ) -> ProjectConfig:
         """Rebuild a run's config in this process, interpolating with this environment."""
-        return config_from_data(stored.get("raw") or {}, stored.get("path"), env)
+        config = config_from_data(stored.get("raw") or {}, stored.get("path"), env)
+        config._from_store = True
+        return config
 
     def agent(self, name: str) -> AgentConfig:
         """The agent called `name` (with or without `agents:`); LookupError names the options."""

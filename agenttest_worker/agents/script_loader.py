@@ -6,7 +6,8 @@
      `respond` for script agents; `main` otherwise), or
   2. the file `tests.py`, calling its function `validate_expense` ('-' becomes '_').
 A name never leaves the folder: no absolute paths, no `..`, and symlinks pointing
-outside are refused.
+outside are refused. On a fleet the folder is the worker's own AGENTTEST_SCRIPTS_DIR,
+never one a run names (agents/config.py `scripts_path`).
 """
 
 from __future__ import annotations
@@ -46,9 +47,16 @@ class ResolvedScript:
     function: str
 
 
-def resolve_script(scripts_dir: Path, ident: str, role: ScriptRole) -> ResolvedScript:
+def resolve_script(scripts_dir: Path | None, ident: str, role: ScriptRole) -> ResolvedScript:
+    """`ident`'s file and function in `scripts_dir`; None is a worker without a scripts
+    folder of its own (ProjectConfig.scripts_path), where no script runs."""
     if not is_valid_name(ident):
         raise ScriptError(f"scripts:{ident}: not a valid script name")
+    if scripts_dir is None:
+        raise ScriptError(
+            f"scripts:{ident}: this worker has no scripts folder: set AGENTTEST_SCRIPTS_DIR "
+            "on the workers (on a fleet, a run's own scripts_dir is never used)"
+        )
     root = scripts_dir.resolve()
     parts = ident.split(".")
     candidates: list[tuple[Path, str | None]] = [
@@ -101,7 +109,7 @@ def _load_module(file: Path) -> ModuleType:
         return module
 
 
-def load_script(scripts_dir: Path, ident: str, role: ScriptRole) -> Callable[..., Any]:
+def load_script(scripts_dir: Path | None, ident: str, role: ScriptRole) -> Callable[..., Any]:
     resolved = resolve_script(scripts_dir, ident, role)
     module = _load_module(resolved.file)
     fn = getattr(module, resolved.function, None)
