@@ -22,6 +22,10 @@ names, never a busy loop; a worker thread waiting on a slot is idle.
   so an agent still overloaded gets one request, not the whole backlog at once.
 - Redis unreachable (the broker restarting): limiter calls wait for it, and after
   OUTAGE_GRACE seconds calls go ahead unlimited rather than failing their turns.
+- Waiting is not being lost: a turn waiting for a slot, or out a 429's back-off, is
+  listed as waiting while it waits (waiting.py), and a worker marks the turns listed
+  there alive (fleet/liveness.py), so that neither the broker's visibility timeout nor
+  the stall sweeper takes a waiting turn for a lost one and plays it a second time.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agenttest_worker.agents.config import RateLimit
+from agenttest_worker.agents.waiting import Waits
 from agenttest_worker.settings import get_settings
 
 log = logging.getLogger("agenttest.ratelimit")
@@ -194,6 +199,13 @@ class LocalLimiter:
 
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
         state = self._states.setdefault(agent, _LocalState())
+        waits = Waits()
+        try:
+            return await self._acquire(state, limits, waits)
+        finally:
+            waits.done()
+
+    async def _acquire(self, state: _LocalState, limits: Limits, waits: Waits) -> Lease:
         while True:
             now = time.monotonic()
             wait = max(0.0, state.paused_until - now)
@@ -221,7 +233,7 @@ class LocalLimiter:
                 if state.probe == "open":
                     state.probe = lease
                 return lease
-            await asyncio.sleep(wait)
+            await waits.sleep(wait)
 
     async def pause(self, agent: str, seconds: float) -> None:
         state = self._states.setdefault(agent, _LocalState())
@@ -320,6 +332,15 @@ class RedisLimiter:
         return float(seconds) + float(micros) / 1_000_000
 
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
+        waits = Waits()
+        try:
+            return await self._acquire(agent, limits, lease_seconds, waits)
+        finally:
+            waits.done()
+
+    async def _acquire(
+        self, agent: str, limits: Limits, lease_seconds: float, waits: Waits
+    ) -> Lease:
         lease_id = secrets.token_hex(8)
         outage_since: float | None = None
         while True:
@@ -345,12 +366,12 @@ class RedisLimiter:
                 if time.monotonic() - outage_since > self.outage_grace:
                     log.warning("rate limit: Redis unreachable; calling %s without limits", agent)
                     return _NoLease()
-                await asyncio.sleep(1.0)
+                await waits.sleep(1.0)
                 continue
             if int(ok) == 1:
                 probe = wait in (b"probe", "probe")
                 return _RedisLease(self, agent, lease_id, limits, probe)
-            await asyncio.sleep(max(float(wait), 0.005))
+            await waits.sleep(max(float(wait), 0.005))
 
     async def pause(self, agent: str, seconds: float) -> None:
         try:

@@ -21,6 +21,7 @@ from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.breaker import breaker, endpoint_key, unreachable_reason
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from agenttest_worker.agents.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
 from agenttest_worker.results import AgentCallRecord, AgentRole
 
@@ -277,7 +278,8 @@ async def _post_json(
             # The last attempt's status (a 503, or none for a timeout) is what the call ended on.
             failure.call = _record(role, agent, started, attempts, status, failure.message)
             raise failure
-        await asyncio.sleep(policy.delay(attempts, retry_after))
+        with waiting():  # a long back-off must not make the turn look lost (waiting.py)
+            await asyncio.sleep(policy.delay(attempts, retry_after))
 
 
 def describe(exc: BaseException) -> str:

@@ -18,14 +18,16 @@ AGENTTEST_MAX_REDELIVERIES times (plus its first, shared, delivery).
 
 The price is paid only after a crash: a worker runs the turns it gets back one at a
 time until each has finished once. First deliveries, the hot path, take a shared hold
-here (a lock acquired and released, no I/O).
+here (a lock acquired and released, no I/O). A redelivered turn waiting to run alone
+is marked alive meanwhile (liveness.py), so the broker does not hand it to yet another
+worker while it waits.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 
 class Isolation:
@@ -57,9 +59,10 @@ class Isolation:
                     self._changed.notify_all()
 
     @contextmanager
-    def alone(self) -> Iterator[None]:
-        """Run with no other turn in this process (a redelivered turn)."""
-        with self._changed:
+    def alone(self, while_waiting: AbstractContextManager[object] | None = None) -> Iterator[None]:
+        """Run with no other turn in this process (a redelivered turn); `while_waiting`
+        is entered for as long as it waits for that."""
+        with while_waiting or nullcontext(), self._changed:
             self._waiting_alone += 1
             try:
                 while self._alone or self._shared:

@@ -19,11 +19,13 @@ from celery.signals import (
     worker_ready,
 )
 
+from agenttest_worker.agents.waiting import WAITING, current_turn
 from agenttest_worker.driver.event_loops import shutdown
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
 from agenttest_worker.fleet.isolation import TURNS
+from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.heap import settle
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
@@ -91,11 +93,21 @@ def enqueue_start(run_id: str, first: int, last: int, producer: Any = None) -> N
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
-    """Enqueue what the step asked for: the next turn, the aggregation."""
+    """Enqueue what the step asked for: the next turn, the conversations it claimed to
+    start (a run capped by --parallel), the aggregation."""
     if advance.next_turn is not None:
         enqueue_turn(run_id, case_id, advance.next_turn)
+    if advance.starts is not None:
+        enqueue_starts(run_id, *advance.starts)
     if advance.run_finished:
         aggregate_run.apply_async((run_id,))
+
+
+def enqueue_starts(run_id: str, first: int, last: int) -> None:
+    """`agenttest.start` for the claimed conversations first..last, a batch per message."""
+    size = get_settings().enqueue_batch
+    for low in range(first, last + 1, size):
+        enqueue_start(run_id, low, min(low + size - 1, last))
 
 
 @app.task(name="agenttest.start")
@@ -117,9 +129,13 @@ def start(run_id: str, first: int, last: int) -> str:
 def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
     # Set by the broker on a message it gave back (its worker died or was too slow).
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+    properties = self.request.properties or {}
+    in_flight = TurnInFlight(run_id, case_id, turn, properties.get("delivery_tag"))
     # A redelivered turn runs alone in this process, so that a worker's death is blamed
-    # only on a turn that was running alone (isolation.py).
-    with TURNS.alone() if redelivered else TURNS.shared():
+    # only on a turn that was running alone (isolation.py); waiting for that, and for
+    # agents (rate limits, back-offs), it is marked alive (liveness.py).
+    alone = TURNS.alone(WAITING.holding(in_flight)) if redelivered else TURNS.shared()
+    with current_turn(in_flight), alone:
         advance = run_step_sync(
             _store(),
             _pools,

@@ -181,3 +181,28 @@ def pending_case_ids(url: str, run_id: str, first: int, last: int) -> list[str]:
                 .order_by(CaseRow.seq)
             )
         )
+
+
+def mark_alive(url: str, turns: list[tuple[str, str, int]]) -> None:
+    """Touch the conversations whose turn (run, case, turn) is waiting, so that they count
+    as moving (fleet/liveness.py): only while still at that turn and running."""
+    if not turns:
+        return
+    with session_scope(url) as session:
+        session.execute(
+            update(CaseRow)
+            .where(
+                or_(
+                    *(
+                        and_(
+                            CaseRow.run_id == run,
+                            CaseRow.case_id == case_id,
+                            CaseRow.next_turn == turn,
+                        )
+                        for run, case_id, turn in turns
+                    )
+                ),
+                CaseRow.phase.in_(("pending", "ready")),
+            )
+            .values(updated_at=func.now())
+        )
