@@ -149,9 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--parallel",
         type=_positive_int,
-        default=10,
+        default=None,
         metavar="N",
-        help="conversations run at a time (default: 10)",
+        help="conversations run at a time (default: 10; on a fleet: no cap)",
     )
     p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
     p.add_argument(
@@ -283,7 +283,8 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         deadline=args.deadline,
         max_tokens=args.max_tokens,
         max_cost=args.max_cost,
-        parallel=args.parallel,
+        parallel=args.parallel or 10,
+        parallel_given=args.parallel is not None,
         fail_fast=args.fail_fast,
         dry_run=args.dry_run,
         wait=args.wait,

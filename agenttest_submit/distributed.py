@@ -97,18 +97,34 @@ class FleetStarter:
     One `agenttest.start` per stored batch (as `enqueue_run` publishes for a run stored
     beforehand): on a large run the fleet works on the first conversations while the
     rest are written, instead of waiting for all of them.
+
+    With `parallel` (--parallel given), at most that many conversations of the run are
+    under way at once across the fleet: none starts while the run is stored; once it is
+    running, the first `parallel` are claimed and started here, and each conversation
+    that ends claims the next in the write that ends it (runs.claim_starts).
     """
 
+    def __init__(self, url: str, parallel: int | None = None) -> None:
+        self.url = url
+        self.parallel = parallel
+
     def stored(self, run_id: str, first: int, last: int) -> None:
+        if self.parallel is not None:
+            return  # started once the run is running, `parallel` at a time
         from agenttest_worker.fleet.tasks import enqueue_start  # Celery: see the top
 
         enqueue_start(run_id, first, last)
 
     def started(self, run_id: str, every_case_ended: bool) -> None:
-        if every_case_ended:  # they ended before the run was running: nobody else will
-            from agenttest_worker.fleet.tasks import aggregate_run  # Celery: see the top
+        # Celery: see the note at the top.
+        from agenttest_worker.fleet.tasks import aggregate_run, enqueue_starts
 
+        if every_case_ended:  # they ended before the run was running: nobody else will
             aggregate_run.apply_async((run_id,))
+        elif self.parallel is not None:
+            starts = runs.claim_starts(self.url, run_id, self.parallel)
+            if starts is not None:
+                enqueue_starts(run_id, *starts)
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:

@@ -58,8 +58,10 @@ class RunRequest:
     # --max-tokens, --max-cost: no new turn starts once the run used this much.
     max_tokens: int | None = None
     max_cost: float | None = None
-    # --parallel: conversations run at a time in this process.
+    # --parallel: conversations run at a time (embedded: in this process, 10 unless
+    # given; on a fleet: in flight across the fleet, no cap unless given).
     parallel: int = 10
+    parallel_given: bool = False
     # --fail-fast: stop on the first failure.
     fail_fast: bool = False
     # --dry-run: load, generate and check the cases, print them, call no target.

@@ -143,7 +143,7 @@ def run_cases(
             target=target,
             label=label,
             deadline=request.deadline,
-            starter=FleetStarter(),
+            starter=FleetStarter(url, request.parallel if request.parallel_given else None),
         )
 
     return run_distributed(request, url, run_id, total, config, options)

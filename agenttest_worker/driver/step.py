@@ -51,6 +51,9 @@ class Advance:
     status: str | None = None
     # The conversation is not in the store: its run was removed (or never stored).
     gone: bool = False
+    # Conversations (seq first..last) to start now: this step ended one of a run capped
+    # by --parallel on a fleet, and claimed the next (steps.Saved.starts).
+    starts: tuple[int, int] | None = None
 
 
 @dataclass
@@ -267,6 +270,7 @@ def commit(
             result=result,
             expected_phase=expected_phase,
             spend=_spend(prepared.options, loaded, new_turns),
+            stop_run=_fail_fast_reason(prepared, result.status if result else None),
         )
     )
     if not saved.saved:
@@ -278,7 +282,15 @@ def commit(
         awaiting_human=state.phase == "awaiting_human",
         case_done=result is not None,
         status=result.status if result else None,
+        starts=saved.starts,
     )
+
+
+def _fail_fast_reason(prepared: Prepared, status: str | None) -> str | None:
+    """Why the run stops as this step ends its case with `status`, under --fail-fast."""
+    if status != "failed" or not prepared.options.fail_fast:
+        return None
+    return f"not run: --fail-fast stopped the run after {prepared.case.id} failed"
 
 
 def commit_or_fail(
@@ -375,6 +387,7 @@ async def answer_human(
             run_finished=saved.run_finished,
             case_done=result is not None,
             status=result.status if result else None,
+            starts=saved.starts,
         )
 
     return _saved_or_refused(store, run_id, case_id, loaded.next_turn, save)
@@ -390,11 +403,10 @@ def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationStat
 
 
 def _after_commit(store: ConversationStore, prepared: Prepared, advance: Advance) -> Advance:
-    if advance.status == "failed" and prepared.options.fail_fast:
-        store.cancel_run(
-            prepared.loaded.run_id,
-            f"not run: --fail-fast stopped the run after {prepared.case.id} failed",
-        )
+    # A SqlStore cancelled the run in the step's own write (Step.stop_run); the embedded
+    # store is cancelled here, before its event loop runs anything else.
+    if reason := _fail_fast_reason(prepared, advance.status):
+        store.cancel_run(prepared.loaded.run_id, reason)
     return advance
 
 

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import app, sweep_interval
-from agenttest_worker.fleet.tasks import database_url, enqueue_turn
+from agenttest_worker.fleet.tasks import database_url, enqueue_starts, enqueue_turn
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
 from agenttest_worker.store.db import error_reason, is_connection_lost
@@ -59,6 +59,9 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
             stall_seconds,
             ", ".join(f"{r}/{c} turn {t}" for r, c, t in stalled[:20]),
         )
+    for capped_run, first, last in recovery.claim_stalled_starts(url, stall_seconds, run_id):
+        enqueue_starts(capped_run, first, last)
+        log.warning("run %s: started conversations %d-%d left unstarted", capped_run, first, last)
     aggregated = 0
     for lost in recovery.unaggregated_runs(url, stall_seconds, run_id):
         if aggregate(url, lost) is not None:

@@ -9,6 +9,9 @@ from typing import Any, overload
 from agenttest_worker.results import CaseResult
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
+# How the skip reason of a case its run stopped before it started begins
+# (driver/step.py: --fail-fast, cancellations; driver/budget.py: budgets).
+NOT_RUN = "not run: "
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,16 @@ class Summary:
     total_turns: int
     avg_turns: float
     duration_s: float
+    # Skipped cases that never played a turn because the run stopped first (--fail-fast,
+    # a budget, a cancellation), and the first one's reason ("not run: " left off).
+    not_run: int = 0
+    not_run_reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        counts = asdict(self)
+        if not self.not_run:  # (the spec's summary, unchanged when every case ran)
+            del counts["not_run"], counts["not_run_reason"]
+        return counts
 
 
 class StoredResults(Sequence[CaseResult]):
@@ -96,13 +106,18 @@ class Tally:
     the cases it has just read (so that it reads them once)."""
 
     def __init__(self) -> None:
-        self.total = self.total_turns = 0
+        self.total = self.total_turns = self.not_run = 0
         self.statuses = {"passed": 0, "failed": 0, "skipped": 0}
+        self.not_run_reason: str | None = None
 
     def add(self, case: CaseResult) -> None:
         self.total += 1
         self.total_turns += case.total_turns
         self.statuses[case.status] = self.statuses.get(case.status, 0) + 1
+        reason = case.skip_reason or ""
+        if case.status == "skipped" and not case.total_turns and reason.startswith(NOT_RUN):
+            self.not_run += 1
+            self.not_run_reason = self.not_run_reason or reason.removeprefix(NOT_RUN)
 
     def summary(self, duration_s: float) -> Summary:
         return Summary(
@@ -113,4 +128,6 @@ class Tally:
             total_turns=self.total_turns,
             avg_turns=round(self.total_turns / self.total, 2) if self.total else 0.0,
             duration_s=duration_s,
+            not_run=self.not_run,
+            not_run_reason=self.not_run_reason,
         )

@@ -69,6 +69,12 @@ class RunRow(Base):
     cancelled: Mapped[bool] = mapped_column(Boolean, default=False)
     cancel_reason: Mapped[str | None] = mapped_column(Text)
     deadline_at: Mapped[float | None] = mapped_column(Float)
+    # --parallel on a fleet: conversations in flight at most (None: no cap). They start
+    # in `seq` order; the first `started_cases` have started. `claimed_from` is what the
+    # last claim moved `started_cases` from (migration 0006, turn_statements.CASE_ENDED).
+    parallel: Mapped[int | None] = mapped_column(Integer)
+    started_cases: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    claimed_from: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class CaseRow(Base):

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from agenttest_worker.store import runs
 from agenttest_worker.store._sql import ago
 from agenttest_worker.store.db import reconnecting, session_scope
 from agenttest_worker.store.models import CaseRow, RunRow
@@ -121,7 +122,12 @@ def claim_stalled(
         candidates = session.execute(
             select(CaseRow.run_id, CaseRow.case_id, CaseRow.next_turn)
             .join(stalled, stalled.c.run_id == CaseRow.run_id)
-            .where(CaseRow.phase.in_(("pending", "ready")))
+            .join(RunRow, RunRow.id == CaseRow.run_id)
+            .where(
+                CaseRow.phase.in_(("pending", "ready")),
+                # A run capped by --parallel: only the conversations it started.
+                or_(RunRow.parallel.is_(None), CaseRow.seq < RunRow.started_cases),
+            )
             .order_by(CaseRow.run_id, CaseRow.seq)
             .limit(limit)
         ).all()
@@ -142,6 +148,32 @@ def claim_stalled(
             if touched.rowcount:  # type: ignore[attr-defined]
                 claimed.append((run, case_id, next_turn))
     return claimed
+
+
+def claim_stalled_starts(
+    url: str, stall_seconds: float, run_id: str | None = None
+) -> list[tuple[str, int, int]]:
+    """(run, first, last): conversations of stalled runs capped by --parallel to start.
+
+    The step that ends a conversation claims the next in the same statement, so a capped
+    run has free slots only when it was stopped while none of its conversations was
+    under way (cancelled from outside): the rest, claimed here, end skipped.
+    """
+    with session_scope(url) as session:
+        stalled = _stalled_runs(session, stall_seconds, run_id).subquery()
+        capped = list(
+            session.scalars(
+                select(RunRow.id)
+                .join(stalled, stalled.c.run_id == RunRow.id)
+                .where(RunRow.parallel.is_not(None), RunRow.started_cases < RunRow.total_cases)
+            )
+        )
+    found: list[tuple[str, int, int]] = []
+    for run in capped:
+        starts = runs.claim_starts(url, run)
+        if starts is not None:
+            found.append((run, *starts))
+    return found
 
 
 def unaggregated_runs(url: str, stall_seconds: float, run_id: str | None = None) -> list[str]:

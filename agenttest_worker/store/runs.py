@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, false, select, update
 
-from agenttest_worker.store._sql import insert_ignoring
+from agenttest_worker.store._sql import RUNS, insert_ignoring
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
+from agenttest_worker.store.steps import claimed
+from agenttest_worker.store.turn_statements import started_after_claim
 
 
 def submitted_by() -> str:
@@ -105,6 +107,31 @@ def start_run(url: str, run_id: str, total: int, started_at: datetime | None = N
             .returning(RunRow.finished_cases)
         ).scalar_one()
     return bool(finished >= total)
+
+
+def claim_starts(url: str, run_id: str, parallel: int | None = None) -> tuple[int, int] | None:
+    """Claim the free slots of a run capped by --parallel (setting the cap when given):
+    the seq range first..last of the conversations to start now, or None.
+
+    The submitter claims the first `parallel` once the run is running; after that the
+    step that ends a conversation claims the next in the statement that counts the end
+    (turn_statements.CASE_ENDED), and a sweeper claims what a stopped run left (a run
+    cancelled while none of its conversations was under way). Each claim moves
+    `started_cases` under the run row's lock, so no conversation is claimed twice.
+    """
+    with session_scope(url) as session:
+        if parallel is not None:
+            session.execute(update(RunRow).where(RunRow.id == run_id).values(parallel=parallel))
+        row = session.execute(
+            update(RunRow)
+            .where(RunRow.id == run_id)
+            .values(
+                started_cases=started_after_claim(RUNS.c.finished_cases, false()),
+                claimed_from=RunRow.started_cases,
+            )
+            .returning(RunRow.claimed_from, RunRow.started_cases)
+        ).one_or_none()
+    return None if row is None else claimed(row[0], row[1])
 
 
 def get_run(url: str, run_id: str) -> RunRow | None:

@@ -99,12 +99,25 @@ class Step:
     # (tokens, cost) to add to the run's totals with this step (runs with a budget
     # account per turn); None: the case's tokens are added once, when it ends.
     spend: tuple[int, float] | None = None
+    # When the step ends the case: cancel the run with this reason in the same write
+    # (--fail-fast after a failed case), so that the write starts nothing new.
+    stop_run: str | None = None
 
 
 @dataclass(frozen=True)
 class Saved:
     saved: bool
     run_finished: bool = False
+    # Conversations (by `seq`, first..last) this step claimed to start: a run capped by
+    # --parallel on a fleet starts the next ones as others end. None: none to start.
+    starts: tuple[int, int] | None = None
+
+
+def claimed(claimed_from: int | None, started: int | None) -> tuple[int, int] | None:
+    """The seq range first..last a claim moved `started_cases` over, or None."""
+    if claimed_from is None or started is None or started <= claimed_from:
+        return None
+    return claimed_from, started - 1
 
 
 def turn_rows(run_id: str, case_id: str, turns: Iterable[TurnResult]) -> list[dict[str, Any]]:

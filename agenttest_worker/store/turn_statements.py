@@ -12,7 +12,20 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from sqlalchemy import Table, Text, bindparam, cast, column, func, or_, select, true, update
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    Text,
+    bindparam,
+    case,
+    cast,
+    column,
+    func,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.sql import Select
@@ -124,6 +137,35 @@ SPEND = (
         total_cost=RUNS.c.total_cost + bindparam("b_cost"),
     )
 )
+
+
+def _least(a: ColumnElement[int], b: ColumnElement[int]) -> ColumnElement[int]:
+    return case((a < b, a), else_=b)  # (SQLite has no LEAST)
+
+
+def started_after_claim(
+    finished: ColumnElement[int], stopping: ColumnElement[bool]
+) -> ColumnElement[int]:
+    """`started_cases` once the run's free slots are claimed (--parallel on a fleet).
+
+    Conversations start in `seq` order, at most `parallel` of them unfinished at once;
+    `finished` is the run's finished count as it will be. A run being stopped (cancelled,
+    or `stopping`: --fail-fast as its first case fails) claims all the rest at once: they
+    end skipped without calling any agent. A run without a cap, or not running yet, claims
+    nothing (its conversations were all started as they were stored).
+    """
+    fill = _least(RUNS.c.total_cases, finished + RUNS.c.parallel)
+    return case(
+        (or_(RUNS.c.parallel.is_(None), RUNS.c.status != "running"), RUNS.c.started_cases),
+        (or_(RUNS.c.cancelled, stopping), RUNS.c.total_cases),
+        (RUNS.c.started_cases < fill, fill),
+        else_=RUNS.c.started_cases,
+    )
+
+
+# --fail-fast: the reason the run stops, set by the step that ends its first failed case
+# (NULL otherwise), so that this same statement starts nothing new.
+_STOP = cast(bindparam("b_stop", type_=Text), Text)
 CASE_ENDED = (
     update(RUNS)
     .where(RUNS.c.id == bindparam("b_run"))
@@ -135,8 +177,20 @@ CASE_ENDED = (
         passed=RUNS.c.passed + bindparam("b_passed"),
         failed=RUNS.c.failed + bindparam("b_failed"),
         skipped=RUNS.c.skipped + bindparam("b_skipped"),
+        cancelled=or_(RUNS.c.cancelled, _STOP.is_not(None)),
+        cancel_reason=case((RUNS.c.cancelled, RUNS.c.cancel_reason), else_=_STOP),
+        # The conversation that ends starts the next ones in the same statement: none is
+        # started twice, none lost (the range is claimed_from..started_cases).
+        started_cases=started_after_claim(RUNS.c.finished_cases + 1, _STOP.is_not(None)),
+        claimed_from=RUNS.c.started_cases,
     )
-    .returning(RUNS.c.finished_cases, RUNS.c.total_cases, RUNS.c.status)
+    .returning(
+        RUNS.c.finished_cases,
+        RUNS.c.total_cases,
+        RUNS.c.status,
+        RUNS.c.claimed_from,
+        RUNS.c.started_cases,
+    )
 )
 
 
@@ -255,7 +309,12 @@ def pg_step(
     if ended:
         counts = CASE_ENDED.where(if_moved).cte("ended")
         statement = select(
-            moved.c.case_id, counts.c.finished_cases, counts.c.total_cases, counts.c.status
+            moved.c.case_id,
+            counts.c.finished_cases,
+            counts.c.total_cases,
+            counts.c.status,
+            counts.c.claimed_from,
+            counts.c.started_cases,
         ).select_from(moved.outerjoin(counts, true()))
     else:
         if spent:

@@ -37,6 +37,7 @@ from agenttest_worker.store.steps import (
     Saved,
     Step,
     as_object,
+    claimed,
     step_rows,
     step_spend,
 )
@@ -189,6 +190,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
     tokens, cost = step_spend(step.spend, result)
     if result is not None:
         params.update(
+            b_stop=step.stop_run,
             b_turns=result.total_turns,
             b_passed=int(result.status == "passed"),
             b_failed=int(result.status == "failed"),
@@ -212,8 +214,12 @@ def save_step(engine: Engine, step: Step) -> Saved:
                 return _not_moved(connection, key, result)
         if result is None:
             return Saved(True)
-        _, finished, total, status = row
-        return Saved(True, run_finished=status == "running" and finished >= total)
+        _, finished, total, status, claimed_from, started = row
+        return Saved(
+            True,
+            run_finished=status == "running" and finished >= total,
+            starts=claimed(claimed_from, started),
+        )
 
     with engine.begin() as connection:
         guard = sql.SAVE_RUNNING if step.expected_phase is None else sql.SAVE_PARKED
@@ -224,8 +230,14 @@ def save_step(engine: Engine, step: Step) -> Saved:
             if tokens or cost:
                 connection.execute(sql.SPEND, params)
             return Saved(True)
-        finished, total, status = connection.execute(sql.CASE_ENDED, params).one()
-        return Saved(True, run_finished=status == "running" and finished >= total)
+        finished, total, status, claimed_from, started = connection.execute(
+            sql.CASE_ENDED, params
+        ).one()
+        return Saved(
+            True,
+            run_finished=status == "running" and finished >= total,
+            starts=claimed(claimed_from, started),
+        )
 
 
 def _json_text(document: JsonDocument) -> JsonText:

@@ -1,0 +1,166 @@
+"""The run-wide limits keep the same promise embedded and on a fleet.
+
+--parallel caps the conversations in flight, --fail-fast starts nothing after the first
+failure (and the summary says how many were not run). Each test runs the same submission on
+the embedded default and on a one-worker fleet (marked `fleet`), against a scripted
+agent over HTTP that notes when each request arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet import Fleet, fleet_on
+from scripted_agent import Body, Reply, ScriptedAgent, say
+
+from agenttest_submit.cli import main
+
+PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]
+# Threads of the fleet's one worker: more than any cap the tests set.
+WORKER_THREADS = 4
+
+
+@pytest.fixture
+def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+class Arrivals:
+    """A scripted model's rule that answers after `delay` and notes each arrival."""
+
+    def __init__(self, reply: str, delay: float = 0.0) -> None:
+        self.reply, self.delay = reply, delay
+        self.times: list[float] = []
+        self.cases: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, body: Body) -> Reply:
+        first = next(m for m in body["messages"] if m["role"] == "user")
+        with self._lock:
+            self.times.append(time.monotonic())
+            self.cases.append(str(first["content"]).split("#")[-1])
+        return say(self.reply, delay=self.delay)
+
+    def most_at_once(self) -> int:
+        """The most requests in flight at one moment (each is answered after `delay`)."""
+        return max(
+            (sum(1 for s in self.times if s <= t < s + self.delay) for t in self.times),
+            default=0,
+        )
+
+
+class Place:
+    """Where a submission runs: in this process (embedded) or on a one-worker fleet."""
+
+    def __init__(self, where: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        self.where = where
+        self.tmp_path = tmp_path
+        self._capsys: pytest.CaptureFixture[str] = request.getfixturevalue("capsys")
+        self.fleet: Fleet | None = None
+        if where == "fleet":
+            self.fleet = request.getfixturevalue("fleet")
+            self.fleet.start("limits", concurrency=WORKER_THREADS)
+
+    def submit(self, args: list[str]) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) of `agenttest-submit ARGS`."""
+        if self.fleet is not None:
+            done = self.fleet.submit(args)
+            return done.returncode, done.stdout, done.stderr
+        self._capsys.readouterr()
+        code = main(args)
+        out, err = self._capsys.readouterr()
+        return code, out, err
+
+
+@pytest.fixture(params=PLACES)
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
+    return Place(request.param, request, tmp_path)
+
+
+def _project(tmp_path: Path, agent: ScriptedAgent, **models: dict[str, Any]) -> Path:
+    agents = {
+        name: agent.entry(name, max_retries=0, timeout=30, **settings)
+        for name, settings in models.items()
+    }
+    path = tmp_path / "agenttest.yaml"
+    path.write_text(json.dumps({"agents": agents}), encoding="utf-8")
+    return path
+
+
+def _cases(tmp_path: Path, cases: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "cases.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in cases), encoding="utf-8")
+    return path
+
+
+def _greeting(case_id: str, agent: str | None = None, expect: str = "Hello") -> dict[str, Any]:
+    case: dict[str, Any] = {
+        "id": case_id,
+        "input": f"Hi #{case_id}",
+        "assertions": [{"type": "contains", "value": expect}],
+    }
+    if agent is not None:
+        case["agent"] = agent
+    return case
+
+
+def _run(cases: Path, target: str, config: Path, out: Path | None = None) -> list[str]:
+    """The arguments that run `cases` against `target` (writing the records to `out`)."""
+    written = ["-o", str(out)] if out is not None else []
+    return ["-i", str(cases), "-n", target, "--config", str(config), *written]
+
+
+def _records(path: Path) -> dict[str, dict[str, Any]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return {r["id"]: r for r in map(json.loads, lines)}
+
+
+# -- --parallel ---------------------------------------------------------------------------
+
+
+def test_parallel_caps_the_conversations_in_flight(place: Place, tmp_path: Path) -> None:
+    """--parallel 2: never more than two conversations at once, though the fleet's worker
+    could take four; each one that ends starts the next."""
+    rule = Arrivals("Hello there.", delay=0.4)
+    with ScriptedAgent() as agent:
+        agent.script("slow", rule)
+        config = _project(tmp_path, agent, slow={})
+        cases = _cases(tmp_path, [_greeting(f"P{i}") for i in range(6)])
+        out = tmp_path / "out.jsonl"
+        code, _, err = place.submit([*_run(cases, "slow", config, out), "--parallel", "2"])
+    assert code == 0, err
+    assert [r["status"] for r in _records(out).values()] == ["passed"] * 6
+    assert len(rule.times) == 6
+    assert rule.most_at_once() == 2, rule.times
+
+
+# -- --fail-fast --------------------------------------------------------------------------
+
+
+def test_fail_fast_starts_nothing_after_the_first_failure(place: Place, tmp_path: Path) -> None:
+    """F1 fails at once while S1 is still talking to a slow agent: S1 finishes its turn,
+    S2..S4 never start, and the summary says that 3 were not run, and why."""
+    slow = Arrivals("Hello there.", delay=0.8)
+    with ScriptedAgent() as agent:
+        agent.script("slow", slow)
+        agent.script("fast", lambda _: say("Goodbye."))
+        config = _project(tmp_path, agent, slow={}, fast={})
+        cases = [_greeting("F1", agent="fast"), *(_greeting(f"S{i}") for i in range(1, 5))]
+        out = tmp_path / "out.jsonl"
+        code, stdout, err = place.submit(
+            [*_run(_cases(tmp_path, cases), "slow", config, out), "--parallel", "2", "--fail-fast"]
+        )
+    assert code == 1, err
+    records = _records(out)
+    assert records["F1"]["status"] == "failed"
+    assert slow.cases == ["S1"]  # in flight when F1 failed; nothing started after it
+    for case in ("S2", "S3", "S4"):
+        assert records[case]["status"] == "skipped"
+        assert records[case]["total_turns"] == 0
+    assert "  Not run: 3 (--fail-fast stopped the run after F1 failed)" in stdout.splitlines()
