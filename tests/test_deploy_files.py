@@ -818,6 +818,55 @@ def test_k8s_flower_service_reaches_flower() -> None:
         assert container[probe]["httpGet"]["path"] == "/healthcheck"
 
 
+def _flower_commands() -> list[tuple[str, list[str]]]:
+    """(where, command as written) of everything in the deploy files that starts Flower."""
+    found = [
+        (f"compose {name}", _words(service["command"]))
+        for name, service in _services().items()
+        if "flower" in _words(service.get("command") or [])
+    ]
+    for kind in ("Deployment", "Job"):
+        for workload in _k8s(kind):
+            for container in _containers(workload):
+                if "flower" in container["command"]:
+                    found.append((f"k8s {workload['metadata']['name']}", container["command"]))
+    return found
+
+
+def test_flower_never_starts_without_a_login() -> None:
+    """Unauthenticated, Flower refuses its /api/* but its pages list every task with its
+    arguments and results: each Flower the deploy files start has --basic-auth from a
+    value that must be set, or it does not start."""
+    assert {where for where, _ in _flower_commands()} == {
+        "compose flower",
+        "k8s agenttest-flower",
+    }
+    for where, command in _flower_commands():
+        logins = [word for word in command if word.startswith("--basic-auth=")]
+        assert len(logins) == 1, f"{where}: Flower without --basic-auth"
+    # compose: FLOWER_PASSWORD unset or empty is an error of `docker compose` itself.
+    flower = _services()["flower"]
+    for env in ({}, {"FLOWER_PASSWORD": ""}):
+        with pytest.raises(KeyError, match="FLOWER_PASSWORD"):
+            _argv(flower["command"], env)
+    argv = _argv(flower["command"], {"FLOWER_PASSWORD": "pw"})
+    assert "--basic-auth=admin:pw" in argv
+    assert "--basic-auth=ops:pw" in _argv(flower["command"], {"FLOWER_PASSWORD": "pw",
+                                                              "FLOWER_USER": "ops"})  # fmt: skip
+    assert not any(name.startswith("FLOWER_") for name in flower.get("environment") or {})
+    # k8s: $(FLOWER_BASIC_AUTH), which Kubernetes expands from a required Secret key.
+    (container,) = _containers(_one("Deployment", "agenttest-flower"))
+    assert "--basic-auth=$(FLOWER_BASIC_AUTH)" in container["command"]
+    env = {item["name"]: item for item in container["env"]}
+    assert "FLOWER_UNAUTHENTICATED_API" not in env
+    ref = env["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]
+    assert ref.get("optional", False) is False  # a missing Secret keeps the pod from starting
+    user, colon, password = _one("Secret", ref["name"])["stringData"][ref["key"]].partition(":")
+    assert user and colon and password
+    readme = (ROOT / "README.md").read_text()
+    assert "Flower never runs without a login" in readme
+
+
 def test_k8s_keda_scales_the_workers_on_the_queue() -> None:
     (path,) = [p for p, doc in _k8s_documents() if doc["kind"] == "ScaledObject"]
     header = path.read_text().split("apiVersion", 1)[0]
