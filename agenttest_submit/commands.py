@@ -22,7 +22,6 @@ from agenttest_submit.resume import resume_run
 from agenttest_submit.runner import resolve_run
 from agenttest_submit.schema import schema_text
 from agenttest_submit.services import safe_url
-from agenttest_submit.terminal import color_wanted
 from agenttest_worker.errors import InputError
 from agenttest_worker.fleet.aggregate import build_report
 from agenttest_worker.report import render
@@ -100,7 +99,7 @@ def status_text(run: RunRow, played: int | None = None) -> str:
 
 
 def _report(url: str, run_id: str, request: ReportRequest) -> int:
-    report = build_report(url, run_id, verbose=request.verbose, color=color_wanted(sys.stdout))
+    report = build_report(url, run_id, verbose=request.verbose, color=sys.stdout.isatty())
     if request.output:
         report.color = False
         text = render(request.format or "jsonl", report)
