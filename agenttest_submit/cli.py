@@ -66,6 +66,15 @@ def _formats() -> list[str]:
     return list(REPORTERS)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # only when parsing
+
+    try:
+        return version("agenttest")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def _duration_arg(text: str) -> float:
     try:
         return parse_duration(text)
@@ -123,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="call this registry agent instead of the target's own entry",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show every turn")
+    p.add_argument(
+        "--only-failures",
+        action="store_true",
+        help="console report: show only failed and skipped cases (the summary counts all)",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     p.add_argument(
         "--interactive", action="store_true", help="ask at the terminal when an agent awaits input"
     )
@@ -272,6 +287,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         output=args.output,
         format=args.format,
         verbose=args.verbose,
+        only_failures=args.only_failures,
         interactive=args.interactive,
         skip_interactive=args.skip_interactive,
         simulator=args.simulator,
@@ -336,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 return run_subcommand(command)
             request = parse_run(args_list)
+            warn_about_flags(request)
             from agenttest_submit.submit import submit  # after heap.starting(): see the top
 
             return submit(request)
@@ -361,6 +378,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def warn_about_flags(request: RunRequest) -> None:
+    """Flags that cannot do what they say here: said on stderr, the run goes on."""
+    if request.interactive and not request.skip_interactive and not _stdin_is_terminal():
+        print(
+            "warning: --interactive: stdin is not a terminal, so nobody can be asked; "
+            "each case's on_missing_input decides when an agent awaits input",
+            file=sys.stderr,
+        )
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # closed, or no stdin at all
+        return False
+
+
 def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> None:
     count = len(problems)
     noun = "problem" if count == 1 else "problems"
@@ -368,8 +402,11 @@ def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> No
     print(f"agenttest-submit: {count} input {noun}{tail}:", file=sys.stderr)
     # A file that is wrong throughout would bury the terminal; the first ones show the
     # pattern, and the count says how many there are.
+    # A problem quotes the file (ids, values): escaped, so it cannot command the terminal.
+    from agenttest_worker.report.common import printable  # after heap.starting()
+
     for problem in problems[:MAX_PROBLEMS_SHOWN]:
-        print(f"  {problem}", file=sys.stderr)
+        print(f"  {printable(str(problem), keep_lines=True)}", file=sys.stderr)
     if count > MAX_PROBLEMS_SHOWN:
         print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
 

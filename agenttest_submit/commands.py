@@ -22,6 +22,7 @@ from agenttest_submit.resume import resume_run
 from agenttest_submit.runner import resolve_run
 from agenttest_submit.schema import schema_text
 from agenttest_submit.services import safe_url
+from agenttest_submit.terminal import color_wanted
 from agenttest_worker.errors import InputError
 from agenttest_worker.fleet.aggregate import build_report
 from agenttest_worker.report import render
@@ -99,7 +100,7 @@ def status_text(run: RunRow, played: int | None = None) -> str:
 
 
 def _report(url: str, run_id: str, request: ReportRequest) -> int:
-    report = build_report(url, run_id, verbose=request.verbose, color=sys.stdout.isatty())
+    report = build_report(url, run_id, verbose=request.verbose, color=color_wanted(sys.stdout))
     if request.output:
         report.color = False
         text = render(request.format or "jsonl", report)

@@ -154,12 +154,14 @@ class Spool:
     runs anything, without holding a 100,000-case file in memory.
     """
 
-    def __init__(self, stream: CaseStream, target: str | None) -> None:
+    def __init__(self, stream: CaseStream, target: str | None, *, sources: bool = True) -> None:
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
         self.handle = tempfile.TemporaryFile("w+b")  # noqa: SIM115
         self.ids: list[str] = []
         for case in stream:
-            record = case.to_record()
+            # A run keeps where each case is written (for its reports); --dry-run prints
+            # the cases alone.
+            record = case.to_run_record() if sources else case.to_record()
             line = [case.id, case.agent or target, record]
             self.handle.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
             self.ids.append(case.id)

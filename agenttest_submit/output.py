@@ -14,10 +14,12 @@ from pathlib import Path
 from agenttest_submit.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.reporter_agent import run_reporter
 from agenttest_submit.request import RunRequest
+from agenttest_submit.terminal import color_wanted
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.errors import InputProblem
 from agenttest_worker.report import RunReport, render
+from agenttest_worker.report.common import printable
 
 
 def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
@@ -47,18 +49,22 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
     """Print the report (console unless --format says otherwise), write -o, exit code.
 
     `built` is the aggregator's report when this process just built it: the results
-    are not read from the store a second time.
+    are not read from the store a second time. An embedded run (`built`) and a fleet's
+    (read here) get the same options: --only-failures means the same on both.
     """
-    color = sys.stdout.isatty()
+    color = color_wanted(sys.stdout)
     if built is not None:
         report = built
-        if (report.verbose, report.color) != (request.verbose, color):
-            report.verbose, report.color, report.rendered = request.verbose, color, {}
     else:
         # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
         from agenttest_worker.fleet.aggregate import build_report
 
-        report = build_report(url, run_id, verbose=request.verbose, color=color)
+        report = build_report(url, run_id)
+    chosen = (request.verbose, color, request.only_failures)
+    if (report.verbose, report.color, report.only_failures) != chosen:
+        # What the aggregator rendered was for the stored defaults, not these options.
+        report.verbose, report.color, report.only_failures = chosen
+        report.rendered = {}
     stdout_format = request.format if request.format and not request.output else "console"
     sys.stdout.write(_rendered(stdout_format, report))
     sys.stdout.flush()
@@ -93,8 +99,10 @@ def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
         text = run_reporter(use, report, config)
     except AgentError as exc:
         # The run's own results stand; only the extra report is missing.
-        print(f"warning: reporter {use} failed: {exc.message}", file=sys.stderr)
+        print(f"warning: reporter {use} failed: {printable(exc.message)}", file=sys.stderr)
         return
     results.store_report(url, run_id, "reporter", text)
-    sys.stdout.write(f"\n── Report by {use} ──\n{text.rstrip()}\n")
+    # The reporter agent's words are data: printed with their lines, escapes made visible.
+    shown = printable(text.rstrip(), keep_lines=True)
+    sys.stdout.write(f"\n── Report by {use} ──\n{shown}\n")
     sys.stdout.flush()

@@ -1,10 +1,20 @@
-"""Progress of a run on stderr: a live line on a terminal, a line per tenth in CI logs."""
+"""Progress of a run on stderr: a live line on a terminal, a line per tenth in CI logs.
+
+While a question is put to the person at the terminal (`held`), nothing is drawn: the
+live line would be written over the prompt they are reading and typing after. Counts
+still change meanwhile; the line comes back, up to date, once the prompt is answered.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
+
+from agenttest_submit.terminal import redraws_in_place
 
 
 class Progress:
@@ -12,11 +22,16 @@ class Progress:
         self.total = total
         self.stream = stream or sys.stderr
         self.label = label
-        self.live = self.stream.isatty()
+        # TERM=dumb knows neither "\r" nor erase-line: it gets the CI log's lines.
+        self.live = redraws_in_place(self.stream)
         self.counts = {"passed": 0, "failed": 0, "skipped": 0}
         self.started = time.monotonic()
         self._last_draw = 0.0
         self._last_tenth = 0
+        # Conversations finish on the event loop while a prompt waits on another thread:
+        # the lock keeps a draw from starting once the prompt has the terminal.
+        self._lock = threading.RLock()
+        self._held = 0
 
     @property
     def done(self) -> int:
@@ -48,6 +63,11 @@ class Progress:
         )
 
     def draw(self, force: bool = False) -> None:
+        with self._lock:
+            if not self._held:
+                self._draw(force)
+
+    def _draw(self, force: bool) -> None:
         now = time.monotonic()
         if self.live:
             if force or now - self._last_draw >= 0.1 or self.done == self.total:
@@ -62,12 +82,28 @@ class Progress:
             self.stream.flush()
 
     def close(self) -> None:
-        if self.live:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+        with self._lock:
+            self._clear()
 
     def pause(self) -> None:
-        """Clear the live line before something else is written (a prompt)."""
+        """Clear the live line before something else is written (a message)."""
+        with self._lock:
+            self._clear()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Clear the live line and draw nothing until the block ends (a prompt is up)."""
+        with self._lock:
+            self._clear()
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held -= 1
+            self.draw(force=True)
+
+    def _clear(self) -> None:
         if self.live:
             self.stream.write("\r\033[K")
             self.stream.flush()

@@ -38,6 +38,9 @@ class RunRequest:
     format: str | None = None
     # -v: show every turn in the console report.
     verbose: bool = False
+    # --only-failures: the console report shows only failed and skipped cases (the
+    # summary still counts every case; other formats keep every case).
+    only_failures: bool = False
     # --interactive / --skip-interactive: ask at the terminal when an agent awaits input,
     # or never (both false: each case's `interactive.enabled` decides).
     interactive: bool = False

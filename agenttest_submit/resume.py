@@ -7,16 +7,19 @@ A run whose conversations all finished but whose aggregation was lost (or died h
 way) is aggregated. A run its submitter left half stored (killed while storing it) is
 closed first: cancelled with the reason, its unfinished conversations end as skipped.
 Embedded, resume then prints the console report and exits like a run: 0 when nothing
-failed, 1 when a case failed.
+failed, 1 when a case failed. A run still moving is not resumed (`still_moving`): resume
+says why and exits 0, as for a run still being stored.
 """
 
 from __future__ import annotations
 
 import sys
 
+from agenttest_submit.driving import driven_by
 from agenttest_submit.embedded import drive
 from agenttest_submit.progress import Progress
 from agenttest_submit.stopping import run_async
+from agenttest_submit.terminal import color_wanted
 from agenttest_worker.fleet.aggregate import aggregate, build_report
 from agenttest_worker.report import render
 from agenttest_worker.settings import get_settings
@@ -34,6 +37,31 @@ def unfinished(url: str, run_id: str) -> list[tuple[str, int]]:
 
 def waiting_for_a_person(url: str, run_id: str) -> list[tuple[str, int]]:
     return list(results.iter_case_ids(url, run_id, "awaiting_human"))
+
+
+def still_moving(url: str, run_id: str) -> str | None:
+    """Why the run must not be resumed now, if something is still running it.
+
+    Resuming a run that is still moving plays its conversations a second time at once,
+    calling their agents twice (the turn guard keeps one of each result, but both calls
+    were made). Embedded, the process running the run holds its lock (driving.py): an
+    answer that is exact and immediate, so a run stopped a moment ago resumes at once.
+    On a fleet, workers move the run: it is moving while any conversation moved within
+    AGENTTEST_STALL_SECONDS, the sweeper's rule (a turn waiting on an agent counts as
+    moving, fleet/liveness.py); once nothing has, its messages are presumably lost and
+    the sweeper would re-enqueue them itself.
+    """
+    pid = driven_by(run_id)
+    if pid is not None:
+        return f"process {pid if pid > 0 else '?'} on this machine is running it"
+    stall = get_settings().stall_seconds
+    if get_settings().distributed and recovery.moved_within(url, run_id, stall):
+        return (
+            f"a conversation moved in the last {stall:g} s (AGENTTEST_STALL_SECONDS), so "
+            "workers are running it; once nothing has moved for that long, workers' "
+            "sweepers re-enqueue what is left, or resume it then"
+        )
+    return None
 
 
 def resume_run(url: str, run: RunRow, parallel: int) -> int:
@@ -57,6 +85,9 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
         assert closed is not None
         run = closed
         print(f"run {run.id}: closed, {run.cancel_reason}", file=sys.stderr)
+    if (moving := still_moving(url, run.id)) is not None:
+        print(f"run {run.id} is still moving: {moving}; nothing resumed", file=sys.stderr)
+        return 0
     pending = unfinished(url, run.id)
     parked = waiting_for_a_person(url, run.id)
     count = len(pending) + len(parked)
@@ -92,6 +123,6 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
         return 0
     # Whoever claimed the aggregation before is gone: that is why we are resuming.
     aggregate(url, run.id, lease_seconds=0)
-    report = build_report(url, run.id, color=sys.stdout.isatty())
+    report = build_report(url, run.id, color=color_wanted(sys.stdout))
     sys.stdout.write(render("console", report))
     return 1 if report.summary().failed else 0

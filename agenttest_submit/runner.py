@@ -79,7 +79,7 @@ def store_run(
     parent_run_id: str | None = None,
 ) -> tuple[str, int]:
     """Create the run and its cases; returns (run id, number of cases)."""
-    records = ((c.id, c.agent or target, c.to_record()) for c in cases)
+    records = ((c.id, c.agent or target, c.to_run_record()) for c in cases)
     return store_records(
         url,
         records,

@@ -95,7 +95,7 @@ def submit(request: RunRequest) -> int:
 
 def _dry_run(stream: CaseStream, output: str | None) -> int:
     """Print (or write) the normalized cases, only once all of them proved valid."""
-    with Spool(stream, None) as spool:
+    with Spool(stream, None, sources=False) as spool:
         print_warnings(stream.warnings)
         lines = (json.dumps(record, ensure_ascii=False) + "\n" for _, _, record in spool.records())
         if output:

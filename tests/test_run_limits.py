@@ -1,7 +1,8 @@
 """The run-wide limits keep the same promise embedded and on a fleet.
 
 --parallel caps the conversations in flight, --fail-fast starts nothing after the first
-failure (and the summary says how many were not run). Each test runs the same submission on
+failure (and the summary says how many were not run), --deadline cancels the turns still
+running. Each test runs the same submission on
 the embedded default and on a one-worker fleet (marked `fleet`), against a scripted
 agent over HTTP that notes when each request arrived.
 """
@@ -164,3 +165,26 @@ def test_fail_fast_starts_nothing_after_the_first_failure(place: Place, tmp_path
         assert records[case]["status"] == "skipped"
         assert records[case]["total_turns"] == 0
     assert "  Not run: 3 (--fail-fast stopped the run after F1 failed)" in stdout.splitlines()
+
+
+# -- --deadline ---------------------------------------------------------------------------
+
+
+def test_deadline_cancels_the_turns_still_running(place: Place, tmp_path: Path) -> None:
+    """--deadline 1.5s with 6 s turns: the run ends at its deadline, not when the turns
+    would have ended; each case fails with the deadline as its reason."""
+    rule = Arrivals("Hello there.", delay=6.0)
+    with ScriptedAgent() as agent:
+        agent.script("slow", rule)
+        config = _project(tmp_path, agent, slow={})
+        cases = _cases(tmp_path, [_greeting(f"D{i}") for i in range(2)])
+        code, stdout, err = place.submit(
+            [*_run(cases, "slow", config), "--deadline", "1.5s", "--format", "json"]
+        )
+        assert code == 1, err
+        assert len(rule.times) == 2  # both turns were running when the deadline came
+    report = json.loads(stdout)
+    assert report["summary"]["duration_s"] < 3.0, report["summary"]
+    for record in report["results"]:
+        assert record["status"] == "failed"
+        assert "deadline" in record["error"], record

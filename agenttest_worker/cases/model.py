@@ -25,6 +25,7 @@ Decisions where the specs are open (also in the README):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -317,6 +318,26 @@ class Case(_Strict):
         data = self.model_dump(mode="json", exclude_unset=True)
         data["turns"] = [_without_defaults(t, Turn) for t in data.get("turns", [])]
         return _without_defaults(data, Case)
+
+    def to_run_record(self) -> dict[str, Any]:
+        """What a run stores of the case: its record, and where it is written
+        (`source_file`, `source_line`), which the case's result reports so that CI
+        annotations point at the case. Not in to_record: a case written out with -o
+        and read back is written elsewhere."""
+        record = self.to_record()
+        # Generated cases name their generator here ("agents:gen?count=3"): not a place
+        # a CI annotation can point at.
+        if self.source_file is not None and _is_file(self.source_file):
+            record["source_file"] = self.source_file
+            if self.source_line is not None:
+                record["source_line"] = self.source_line
+        return record
+
+
+@cache
+def _is_file(name: str) -> bool:
+    # Cached: every case of a 100,000-line file asks about the same name.
+    return os.path.isfile(name)
 
 
 def _without_defaults(record: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:

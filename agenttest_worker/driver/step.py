@@ -8,6 +8,8 @@ event loop and its connection pool).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -214,7 +216,7 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
     ):
         return "skip", spent
     if loaded.deadline_at is not None and time.time() > loaded.deadline_at:
-        return "fail", "run deadline passed before this case finished"
+        return "fail", DEADLINE_PASSED
     # `deliveries` counts the deliveries of this turn that ran alone in their worker
     # (this one included when it was counted): each of those before this one died with
     # its worker, and only those are this turn's doing (fleet/isolation.py). The first
@@ -229,9 +231,29 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
     return None
 
 
+DEADLINE_PASSED = "run deadline passed before this case finished"
+
+
 async def execute(prepared: Prepared, pool: AgentPool) -> ConversationState:
     # The state was loaded for this step alone: the engine may update it in place.
     return await run_turn(prepared.case, prepared.state, pool, prepared.options, in_place=True)
+
+
+async def execute_until_deadline(prepared: Prepared, pool: AgentPool) -> ConversationState:
+    """`execute`, cancelled at the run's --deadline: then the conversation as stored
+    before this turn ends failed with the deadline as its reason (the embedded runner
+    cancels its turns in flight at the deadline the same way, embedded.drive)."""
+    deadline_at = prepared.loaded.deadline_at
+    if deadline_at is None:
+        return await execute(prepared, pool)
+    try:
+        return await asyncio.wait_for(execute(prepared, pool), max(deadline_at - time.time(), 0))
+    except TimeoutError:
+        if time.time() < deadline_at:
+            raise  # not the deadline's
+    # The engine updated the loaded state in place, partway: start again from the stored.
+    before = dataclasses.replace(prepared, state=_state(prepared.loaded))
+    return end_without_running(before, "fail", DEADLINE_PASSED)
 
 
 def end_without_running(prepared: Prepared, kind: str, message: str) -> ConversationState:
@@ -426,7 +448,10 @@ def run_step_sync(
     state = _stopped(prepared, max_deliveries)
     if state is None:
         pool = _pool_or_failure(pools, prepared)
-        state = pool if isinstance(pool, ConversationState) else run_sync(execute(prepared, pool))
+        if isinstance(pool, ConversationState):
+            state = pool
+        else:
+            state = run_sync(execute_until_deadline(prepared, pool))
     return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
 
 

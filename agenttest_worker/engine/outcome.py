@@ -91,4 +91,6 @@ def case_result(case: Case, state: ConversationState, agent: str | None) -> Case
         simulator=case.simulator.use if case.simulator else None,
         tags=case.tags or None,
         usage=sum(usage, Usage()) if usage else None,
+        file=case.source_file,
+        line=case.source_line,
     )

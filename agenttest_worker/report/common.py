@@ -3,18 +3,49 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from pydantic import BaseModel
 
+from agenttest_worker.agents.config import DEFAULT_AWAITING_TOOLS
 from agenttest_worker.assertions.text import preview
+from agenttest_worker.engine.awaiting import TOOL_REQUIRES_INPUT, looks_like_question, sentences
 from agenttest_worker.results import AssertionResult, CaseResult, ToolCall, TurnResult
 
 # Values inside an assertion label are cut here: the label names the check, the
 # JSONL record keeps the full value.
 _VALUE_LIMIT = 60
 _REASON_LIMIT = 300
+
+# What a terminal would act on instead of showing: C0 and C1 controls (ESC starts a
+# sequence that can set the title or erase the screen; 0x9b is CSI on its own), DEL,
+# and the bidirectional overrides and isolates that make text read other than it is.
+_FORMAT_CONTROLS = "\\u061c\\u200e\\u200f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069"
+_UNSAFE = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_FORMAT_CONTROLS}]")
+_UNSAFE_KEEPING_LINES = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_FORMAT_CONTROLS}]")
+# The arguments an awaiting tool call (ask_user, ...) asks its question in.
+_QUESTION_ARGS = ("question", "prompt", "message", "text", "query")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, *, keep_lines: bool = False) -> str:
+    """`text` safe to print on a terminal: every control character written out as an
+    escape ("\\x1b", "\\u202e") that the reader sees instead of the terminal obeying it.
+    Agent replies, case ids and names, judge reasons are data, never terminal commands.
+    `keep_lines` leaves line breaks and tabs alone (a multi-line text shown as such)."""
+    pattern = _UNSAFE_KEEPING_LINES if keep_lines else _UNSAFE
+    return pattern.sub(_escaped, text)
+
+
+def quoted(text: str | None, limit: int | None = None) -> str:
+    """A reply or input as the console quotes it (`preview`), safe to print."""
+    return printable(preview(text) if limit is None else preview(text, limit))
 
 
 def format_seconds(seconds: float) -> str:
@@ -35,15 +66,16 @@ def format_ms(duration_ms: int) -> str:
 
 
 def one_line(text: str, limit: int = _REASON_LIMIT) -> str:
-    """Collapse whitespace so multi-line reasons (judges write paragraphs) fit one line."""
+    """Collapse whitespace so multi-line reasons (judges write paragraphs) fit one line,
+    with control characters escaped (see `printable`): reasons and errors quote agents."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return printable(flat if len(flat) <= limit else flat[: limit - 1] + "…")
 
 
 def quote(value: Any, limit: int = _VALUE_LIMIT) -> str:
     """A value as it would be written in the case file: strings quoted, the rest as JSON."""
     if isinstance(value, str):
-        return preview(value, limit)
+        return quoted(value, limit)
     return one_line(json.dumps(value, ensure_ascii=False, default=str), limit)
 
 
@@ -91,7 +123,7 @@ def _ignore_case(extras: dict[str, Any]) -> str:
 
 def describe_assertion(assertion: AssertionResult) -> str:
     """The check as the spec's console writes it: `contains "x"`, `$.path = "v"`, ..."""
-    label = _label(assertion.type, _extras(assertion))
+    label = printable(_label(assertion.type, _extras(assertion)))
     description = _extras(assertion).get("description")
     return f"{label} — {one_line(str(description), 80)}" if description else label
 
@@ -167,3 +199,37 @@ def problems(case: CaseResult) -> Iterator[str]:
 
 def first_problem(case: CaseResult) -> str:
     return next(problems(case), "")
+
+
+def asked_question(
+    turn: TurnResult, awaiting_tools: Collection[str] = DEFAULT_AWAITING_TOOLS
+) -> str | None:
+    """The question the agent asked in `turn`, in its own words, or None when it asked
+    none: the question argument of an awaiting tool call (ask_user(question=...)), else
+    the reply's last sentence that asks (the awaiting heuristics' notion of asking).
+
+    A reply declared awaiting that asks nothing ("Noted") gives None: showing its last
+    sentence as what the agent asked would put words in its mouth. The run's own
+    awaiting tools are not in a stored result: a turn detected through a tool call
+    (`awaiting_reason`) has its calls' questions read whatever the tools are named.
+    """
+    by_tool = turn.awaiting_reason == TOOL_REQUIRES_INPUT
+    for call in reversed(turn.tool_calls):
+        if call.name in awaiting_tools or by_tool:
+            question = _tool_question(call)
+            if question:
+                return question
+    asking = [s for s in sentences(turn.output or "") if looks_like_question(s)]
+    return asking[-1].removesuffix(".") if asking else None
+
+
+def _tool_question(call: ToolCall) -> str | None:
+    args = call.args
+    if not isinstance(args, dict):
+        return None
+    for name in _QUESTION_ARGS:
+        value = args.get(name)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    texts = [v for v in args.values() if isinstance(v, str) and v.strip()]
+    return texts[0].strip() if len(texts) == 1 else None

@@ -13,12 +13,11 @@ Where the spec's example leaves a rule implicit, these hold:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from agenttest_worker.assertions.text import preview
 from agenttest_worker.report.common import (
+    asked_question,
     describe_assertion,
     describe_tool_call,
     executed_turns,
@@ -26,6 +25,8 @@ from agenttest_worker.report.common import (
     format_ms,
     format_seconds,
     one_line,
+    printable,
+    quoted,
 )
 from agenttest_worker.report.model import RunReport, Summary, Tally
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
@@ -42,7 +43,6 @@ _STATUS_COLORS = {"passed": _GREEN, "failed": _RED, "skipped": _YELLOW}
 # hybrid case's later scripted turns are "[Static]").
 _MARKERS = {"static": "[Static] ", "simulator": "[Simulated] ", "interactive": "[Interactive] "}
 _FIRST_STATIC = "[Initial] "
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,17 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     style = Style(run.color)
     yield _text([*_header(run), "", *_section("Running Tests"), ""])
     tally = Tally()
+    hidden = 0
     for case in run.results:
         tally.add(case)
+        if run.only_failures and case.status == "passed":
+            hidden += 1
+            continue
         yield _text([*case_lines(case, run, style, full=run.verbose), ""])
     if not tally.total:
         yield _text(["  No test cases ran.", ""])
+    elif hidden:
+        yield _text([f"  {_plural(hidden, 'passed case')} not shown (--only-failures)", ""])
     yield _text([*_section("Summary"), *_summary_lines(tally.summary(run.duration_s), style)])
 
 
@@ -101,12 +107,14 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _header(run: RunReport) -> list[str]:
-    lines = [_HEAVY_RULE, f"  {run.title}", _HEAVY_RULE]
+    # The input label quotes -i, which may be a message: printed escaped like all data.
+    lines = [_HEAVY_RULE, f"  {printable(run.title)}", _HEAVY_RULE]
     if run.agent:
-        lines.append(f"ℹ Agent: {run.agent}")
-    lines.append(f"ℹ Input: {run.input_label} ({_plural(run.total_cases, 'test case')})")
+        lines.append(f"ℹ Agent: {printable(run.agent)}")
+    label = printable(run.input_label)
+    lines.append(f"ℹ Input: {label} ({_plural(run.total_cases, 'test case')})")
     if run.run_id:
-        lines.append(f"ℹ Run: {run.run_id}")
+        lines.append(f"ℹ Run: {printable(run.run_id)}")
     return lines
 
 
@@ -138,13 +146,13 @@ def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) ->
 
 
 def _case_title(case: CaseResult, run: RunReport) -> str:
-    parts = [f"► [{case.id}]"]
+    parts = [f"► [{printable(case.id)}]"]
     if case.name and case.name != case.id:  # a YAML test's name is its id: said once
-        parts.append(case.name)
+        parts.append(printable(case.name))
     # "agents:workers.test.user-sim" is shown as the spec does: by name.
     simulator = run.simulators.get(case.id) or (case.simulator or "").removeprefix("agents:")
     if simulator:
-        parts.append(f"(simulator: {simulator})")
+        parts.append(f"(simulator: {printable(simulator)})")
     elif case.status != "skipped":
         parts.append(f"({_plural(case.total_turns, 'turn')})")
     return " ".join(parts)
@@ -170,20 +178,9 @@ def assertion_lines(assertion: AssertionResult, style: Style) -> list[str]:
 
 
 def _reply(turn: TurnResult) -> str:
-    parts = [preview(turn.output)] if turn.output and turn.output.strip() else []
+    parts = [quoted(turn.output)] if turn.output and turn.output.strip() else []
     parts += [f"[tool: {describe_tool_call(call)}]" for call in turn.tool_calls]
     return " ".join(parts) or "(empty reply)"
-
-
-def _question(output: str | None) -> str | None:
-    """The sentence the agent asked with: "…approval. Please provide PO number." gives
-    "Please provide PO number", as the spec's T002 shows it."""
-    if not output or not output.strip():
-        return None
-    sentences = _SENTENCE_BREAK.split(" ".join(output.split()))
-    questions = [s for s in sentences if s.endswith("?")]
-    asked = questions[-1] if questions else sentences[-1]
-    return preview(asked.removesuffix("."))
 
 
 class _CaseTree:
@@ -234,7 +231,7 @@ class _CaseTree:
                 first = turn.turn == 1 and turn.input_source == "static"
                 marker = _FIRST_STATIC if first else _MARKERS.get(turn.input_source or "", "")
             took = format_ms(turn.duration_ms)
-            head = f"Turn {turn.turn}: {marker}{preview(turn.input)} → {word} ({took})"
+            head = f"Turn {turn.turn}: {marker}{quoted(turn.input)} → {word} ({took})"
         branch = _Branch(head, _TURN_INDENT)
         if self._shows_reply(turn, status):
             branch.details.append(f"Agent: {_reply(turn)}")
@@ -262,9 +259,11 @@ class _CaseTree:
         branch = _Branch(f"Turn {number}: {self.style.status('skipped')}", _TURN_INDENT)
         branch.details.append(f"Reason: {one_line(reason or 'no input available')}")
         if previous is not None and previous.awaiting_input:
-            asked = _question(previous.output)
+            # What it asked ("…approval. Please provide PO number." gives "Please provide
+            # PO number", as the spec's T002 shows it), or nothing when it asked nothing.
+            asked = asked_question(previous)
             if asked:
-                branch.details.append(f"Agent asked: {asked}")
+                branch.details.append(f"Agent asked: {quoted(asked)}")
             if previous.input_hint:
                 branch.details.append(f"Input hint: {one_line(previous.input_hint)}")
             # A simulator case that skips had a simulator failure: more turns are not the fix.

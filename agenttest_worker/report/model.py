@@ -89,6 +89,9 @@ class RunReport:
     # case id -> simulator name, for the "(simulator: NAME)" case header
     simulators: dict[str, str] = field(default_factory=dict)
     color: bool = False
+    # The console shows only failed and skipped cases (--only-failures); the summary
+    # still counts every case.
+    only_failures: bool = False
     # Reports already rendered from this report as it stands (format -> text), kept by
     # the aggregator so that a submitter printing the same thing does not render twice.
     rendered: dict[str, str] = field(default_factory=dict)
