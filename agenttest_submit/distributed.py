@@ -178,6 +178,7 @@ def wait_for_run(
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)
     progress = Progress(total)
+    ConsumerWatch(run_id, progress).start()
     asker = TerminalAsker(progress)
     pool = AgentPool(config)
     unreachable = False
@@ -219,6 +220,60 @@ def wait_for_run(
             time.sleep(POLL_SECONDS)
     finally:
         progress.close()
+
+
+# How long the submitter waits before it looks for a worker consuming the queue, and
+# between looks while it finds none: a worker started with the run is ready by then.
+NO_WORKER_AFTER = 3.0
+NO_WORKER_AGAIN = 10.0
+
+
+class ConsumerWatch(threading.Thread):
+    """Says on stderr when no worker consumes the run's queue (and again once one does).
+
+    A run enqueued where no worker listens would otherwise wait in silence for ever. It
+    asks the workers over the broker which queues they consume (Celery's remote control,
+    which answers within a second), on a thread, so that watching the run goes on.
+    """
+
+    def __init__(self, run_id: str, progress: Progress) -> None:
+        super().__init__(name="agenttest-consumers", daemon=True)
+        self.run_id, self.progress = run_id, progress
+
+    def run(self) -> None:
+        queue = get_settings().queue
+        time.sleep(NO_WORKER_AFTER)
+        warned = False
+        while True:
+            try:
+                consumed = _consumed_queues()
+            except Exception:  # the broker is out of reach: the run's own watch says so
+                consumed = None
+            if consumed is not None and queue in consumed:
+                if warned:
+                    self._say(f"a worker is consuming `{queue}` now")
+                return
+            if not warned:
+                self._say(
+                    f"no worker is consuming `{queue}`: run {self.run_id} waits until one "
+                    "does. Start one with the same AGENTTEST_BROKER_URL and "
+                    "AGENTTEST_DATABASE_URL: celery -A agenttest_worker worker "
+                    "(still waiting)"
+                )
+                warned = True
+            time.sleep(NO_WORKER_AGAIN)
+
+    def _say(self, text: str) -> None:
+        self.progress.pause()
+        print(text, file=sys.stderr, flush=True)
+
+
+def _consumed_queues() -> set[str]:
+    """The queues the workers that answer within a second consume."""
+    from agenttest_worker.fleet.app import app  # Celery: see the note at the top
+
+    replies = app.control.inspect(timeout=1.0).active_queues() or {}
+    return {q["name"] for queues in replies.values() for q in queues or []}
 
 
 def _answer_waiting(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet import Fleet, fleet_on
+from fleet import Fleet, fleet_on, wait_until
 from scripted_agent import Body, Reply, ScriptedAgent, say
 
 from agenttest_submit.cli import main
@@ -188,3 +188,32 @@ def test_deadline_cancels_the_turns_still_running(place: Place, tmp_path: Path) 
     for record in report["results"]:
         assert record["status"] == "failed"
         assert "deadline" in record["error"], record
+
+
+# -- --wait without workers ---------------------------------------------------------------
+
+
+@pytest.mark.fleet
+def test_waiting_with_no_worker_says_so_and_keeps_waiting(fleet: Fleet, tmp_path: Path) -> None:
+    """Nobody consumes the queue: within a few seconds the submitter says so on stderr and
+    how to start a worker, and goes on waiting; once one starts, the run finishes."""
+    with ScriptedAgent() as agent:
+        agent.script("target", lambda _: say("Hello there."))
+        config = _project(tmp_path, agent, target={})
+        submitter = fleet.submit_background(
+            _run(_cases(tmp_path, [_greeting("W1")]), "target", config)
+        )
+        stderr = submitter.stderr
+        assert stderr is not None
+        said: list[str] = []
+        threading.Thread(target=lambda: said.extend(iter(stderr.readline, "")), daemon=True).start()
+        warning = wait_until(
+            lambda: next((line for line in said if "no worker" in line), None),
+            10,
+            "the submitter to say that no worker consumes the queue",
+        )
+        assert "no worker is consuming `agenttest`" in warning, warning
+        assert "celery -A agenttest_worker worker" in "".join(said)
+        assert submitter.poll() is None  # still waiting
+        fleet.start("late", concurrency=1)
+        assert submitter.wait(30) == 0, "".join(said)
