@@ -14,6 +14,7 @@ import time
 from collections.abc import Collection
 from datetime import UTC, datetime
 
+from agenttest_submit.driving import driving
 from agenttest_submit.human import TerminalAsker, human_question
 from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
@@ -134,6 +135,23 @@ async def drive(
     steps and guards as on a worker, written to the store in batches. `store` is the
     run's, when the caller made it; otherwise it is read from the database.
     """
+    with driving(run_id):  # `resume` elsewhere refuses while this runs (driving.py)
+        await _drive(
+            url, run_id, conversations, parallel, progress, human_timeouts, parked, ask, store
+        )
+
+
+async def _drive(
+    url: str,
+    run_id: str,
+    conversations: list[tuple[str, int]],
+    parallel: int,
+    progress: Progress,
+    human_timeouts: dict[str, float] | None,
+    parked: Collection[str],
+    ask: bool,
+    store: BufferedStore | None,
+) -> None:
     if store is None:
         store = BufferedStore.from_database(url, run_id)
     pools = PoolCache()

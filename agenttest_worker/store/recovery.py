@@ -238,3 +238,15 @@ def mark_alive(url: str, turns: list[tuple[str, str, int]]) -> None:
             )
             .values(updated_at=func.now())
         )
+
+
+def moved_within(url: str, run_id: str, seconds: float) -> bool:
+    """Whether any conversation of the run was stored or moved (a turn started, saved, or
+    marked alive while it waits) in the last `seconds`: the rule of `claim_stalled`."""
+    with session_scope(url) as session:
+        latest = session.scalar(
+            select(func.max(CaseRow.updated_at) >= ago(session, seconds)).where(
+                CaseRow.run_id == run_id
+            )
+        )
+    return bool(latest)
