@@ -561,10 +561,10 @@ def test_a_turns_error_copied_onto_its_case_is_said_once() -> None:
     case.error = "turn 2: timeout after 30s"
     cell = render("tsv", spec_run(results=[case])).splitlines()[1].split("\t")[7]
     assert cell.count("timeout after 30s") == 1
-    failure = ET.fromstring(render("junit", spec_run(results=[case]))).find(
-        "testsuite/testcase/failure"
+    error = ET.fromstring(render("junit", spec_run(results=[case]))).find(
+        "testsuite/testcase/error"
     )
-    assert failure is not None and (failure.text or "").count("timeout after 30s") == 1
+    assert error is not None and (error.text or "").count("timeout after 30s") == 1
 
 
 def test_table_is_fixed_width() -> None:
@@ -589,9 +589,11 @@ def test_junit_parses_with_counts() -> None:
     (suite,) = root.findall("testsuite")
     for element in (root, suite):
         assert element.get("tests") == "4"
-        assert element.get("failures") == "1"
-        assert element.get("skipped") == "1"
+        # T004's timeout makes it an error (the run broke), not a failure.
+        assert (element.get("failures"), element.get("errors")) == ("0", "1")
         assert element.get("time") == "18.100"
+    # junit-10.xsd allows `skipped` on a testsuite only (tests/test_junit_schema.py).
+    assert suite.get("skipped") == "1" and root.get("skipped") is None
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props == {"run_id": "r-9", "agent": "assistants.expense"}
     cases = suite.findall("testcase")
@@ -605,11 +607,11 @@ def test_junit_parses_with_counts() -> None:
     skipped = cases[1].find("skipped")
     assert skipped is not None
     assert skipped.get("message") == "Agent awaiting input, no next turn defined"
-    failure = cases[3].find("failure")
-    assert failure is not None and failure.text is not None
-    assert failure.get("message", "").startswith('turn 1: contains "receipt"')
-    assert failure.get("type") == "error"
-    assert "turn 2: timeout after 30s" in failure.text
+    error = cases[3].find("error")
+    assert error is not None and error.text is not None
+    assert error.get("message", "").startswith('turn 1: contains "receipt"')
+    assert error.get("type") == "error"
+    assert "turn 2: timeout after 30s" in error.text
     system_out = cases[3].findtext("system-out") or ""
     assert "► [T004] Receipt Upload (2 turns)" in system_out
 
@@ -618,8 +620,8 @@ def test_junit_survives_control_characters() -> None:
     case = t004()
     case.turns[0].assertions[0].reason = "reply was \x1b[31mred\x1b[0m\x00"
     root = ET.fromstring(render("junit", spec_run(results=[case])))
-    failure = root.find("testsuite/testcase/failure")
-    assert failure is not None and "\x1b" not in failure.get("message", "")
+    error = root.find("testsuite/testcase/error")
+    assert error is not None and "\x1b" not in error.get("message", "")
 
 
 # --- registry --------------------------------------------------------------------------
