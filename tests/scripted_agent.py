@@ -166,7 +166,11 @@ class ScriptedAgent(ServedOnThread):
         self._used: dict[str, int] = {}
         self._requests: dict[str, list[Body]] = {}
         self._lock = threading.Lock()
-        self._server = ThreadedServer(self._app, name="scripted-agent", shutdown_timeout=0.2)
+        # A handler whose client gave up (a timed-out call) is cancelled, so that a long
+        # `delay` does not hold up `stop()`.
+        self._server = ThreadedServer(
+            self._app, name="scripted-agent", shutdown_timeout=0.2, handler_cancellation=True
+        )
 
     # -- what the tests use ------------------------------------------------------------
 

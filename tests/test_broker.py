@@ -70,17 +70,28 @@ def test_the_app_uses_it_for_redis_brokers_only(redis_db: str) -> None:
         "print(type(app.connection_for_write().transport).__module__)"
     )
 
-    def transport_module(broker: str) -> str:
+    def started(broker: str) -> subprocess.Popen[str]:
         env = {"AGENTTEST_BROKER_URL": broker, "PATH": ""}
-        done = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        return subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
         )
-        return done.stdout.strip()
 
-    assert transport_module(redis_db) == "agenttest_worker.fleet.transport"
+    def transport_module(process: subprocess.Popen[str]) -> str:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        return out.strip()
+
+    # One process per broker URL, all started at once (each pays Celery's import).
     tls = "rediss://127.0.0.1:6379/0?ssl_cert_reqs=required"  # (nothing is connected)
-    assert transport_module(tls) == "agenttest_worker.fleet.transport"
-    assert transport_module("memory://") == "kombu.transport.memory"
+    plain, secure, memory = (started(url) for url in (redis_db, tls, "memory://"))
+    assert transport_module(plain) == "agenttest_worker.fleet.transport"
+    assert transport_module(secure) == "agenttest_worker.fleet.transport"
+    assert transport_module(memory) == "kombu.transport.memory"
 
 
 def test_a_channel_closed_after_its_connection_leaves_its_unacked_messages(

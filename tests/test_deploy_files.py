@@ -581,7 +581,6 @@ def _calls(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-@pytest.mark.slow
 def test_start_worker_waits_for_the_database_migrates_and_execs_celery(tmp_path: Path) -> None:
     import psycopg
 
@@ -668,7 +667,6 @@ def test_start_worker_stops_when_the_migration_fails(tmp_path: Path) -> None:
     assert [c["cmd"] for c in _calls(log)] == ["agenttest-submit"]
 
 
-@pytest.mark.slow
 def test_start_worker_gives_up_on_an_unreachable_database(tmp_path: Path) -> None:
     bin_dir, log = _stubs(tmp_path)
     env = _script_env(

@@ -9,18 +9,16 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from fault_kit import openai_agent, write_config
 from fleet import WatchingAgent, expense_case, turn_rows, wait_until, write_cases
 
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import runs
 
-AGENT_DELAY = 2.0  # seconds per turn: a quiet stretch after the first turns finish
+AGENT_DELAY = 1.5  # seconds per turn: a quiet stretch after the first turns finish
 KILL_AFTER = 1.0  # past the half second, well before the second turns can finish
 
 
-@pytest.mark.slow
 def test_sigkill_in_a_quiet_stretch_keeps_the_turns_that_finished(
     demo_url: str, tmp_path: Path
 ) -> None:

@@ -861,10 +861,10 @@ def test_agent_timeout_fails_the_turn(agent: ScriptedAgent) -> None:
     agent.script("target", [say("late", delay=1.0)])
     result, _ = run_case(
         {"id": "TO", "turns": [{"input": "one"}, {"input": "two"}]},
-        config_for(agent, timeout=0.3, max_retries=0),
+        config_for(agent, timeout=0.15, max_retries=0),
     )
     [turn] = result.turns
-    assert turn.error == "timeout after 0.3s"
+    assert turn.error == "timeout after 0.15s"
     assert result.status == "failed" and result.total_turns == 1
 
 

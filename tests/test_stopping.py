@@ -35,11 +35,11 @@ def test_sigterm_cancels_the_run_and_raises_terminated_once(
 
     async def main() -> None:
         try:
-            await _busy_then_wait(0.6)
+            await _busy_then_wait(0.3)
         finally:
             cleaned.append("finally ran")
 
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
     with sigterm_as_interrupt():
         handler = signal.getsignal(signal.SIGTERM)
         timer.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,21 @@ class _Pooled:
     def close(self) -> None:
         self.pooled.close()
         self.on_close()
+
+
+@pytest.fixture(scope="module")
+def _private_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    with PostgresServer(tmp_path_factory.mktemp("pg")) as pg:
+        yield pg
+
+
+@pytest.fixture
+def pg(_private_cluster: PostgresServer) -> PostgresServer:
+    """A Postgres server of this module's own, running, for tests that stop and start it
+    (one initdb for the module; each test makes its own database on it)."""
+    if _private_cluster.process is None or _private_cluster.process.poll() is not None:
+        _private_cluster.start()  # left stopped by a test that failed midway
+    return _private_cluster
 
 
 def _store_on(url: str, faulty: _FaultyEngine) -> SqlStore:
@@ -166,36 +182,36 @@ def test_a_concurrent_duplicate_is_not_mistaken_for_a_landed_retry(
     assert results.count_turn_rows(pg_database, run_id) == [("C0", 1, 1)]
 
 
-@pytest.mark.slow
-def test_reconnecting_waits_for_a_server_that_is_still_starting(tmp_path: Path) -> None:
+def test_reconnecting_waits_for_a_server_that_is_still_starting(pg: PostgresServer) -> None:
     """Down, then refusing connections for a while: the hot path's reads keep trying
     (they used to give up at the first refused connection, after one dropped one)."""
-    with PostgresServer(tmp_path / "pg") as pg:
-        url = pg.create_database("agenttest")
-        upgrade(url)
-        assert recovery.pending_case_ids(url, "no-run", 0, 10) == []  # a pooled connection
-        pg.stop()
-        outcome: list[object] = []
+    url = pg.create_database("starting")
+    upgrade(url)
+    assert recovery.pending_case_ids(url, "no-run", 0, 10) == []  # a pooled connection
+    pg.stop()
+    outcome: list[object] = []
 
-        def read() -> None:
-            try:
-                outcome.append(recovery.pending_case_ids(url, "no-run", 0, 10))
-            except Exception as exc:
-                outcome.append(exc)
-
-        # (The server is started from this thread: its death signal follows the thread
-        # that started it.)
-        reader = threading.Thread(target=read)
-        reader.start()
+    def read() -> None:
         try:
-            time.sleep(1.5)
-            assert reader.is_alive()  # still trying
-            pg.start()
-            reader.join(20)
-            assert outcome == [[]]
-        finally:
-            reader.join(20)
-            get_engine(url).dispose()
+            outcome.append(recovery.pending_case_ids(url, "no-run", 0, 10))
+        except Exception as exc:
+            outcome.append(exc)
+
+    # (The server is started from this thread: its death signal follows the thread
+    # that started it.)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        # Past the read's first two attempts (at once: the dropped connection; 0.2 s
+        # later: refused), before its third (0.7 s, store/db.py RECONNECT_DELAYS).
+        time.sleep(0.4)
+        assert reader.is_alive()  # still trying
+        pg.start()
+        reader.join(20)
+        assert outcome == [[]]
+    finally:
+        reader.join(20)
+        get_engine(url).dispose()
 
 
 def test_only_a_lost_connection_counts_as_one(tmp_path: Path) -> None:
@@ -211,32 +227,30 @@ def test_only_a_lost_connection_counts_as_one(tmp_path: Path) -> None:
     assert not is_connection_lost(wrong.value)
 
 
-@pytest.mark.slow
 def test_the_turn_statements_replace_a_connection_lost_to_a_restart(
-    tmp_path: Path, demo_url: str
+    pg: PostgresServer, tmp_path: Path, demo_url: str
 ) -> None:
     """The turn's reads and writes run on pooled driver connections (hot_path.py): one
     the server dropped while it sat in the pool is thrown away and the statement
     retried on a new one, and every connection goes back to the pool ready for
     transactions again."""
-    with PostgresServer(tmp_path / "pg") as pg:
-        url = pg.create_database("agenttest")
-        upgrade(url)
-        try:
-            run_id = _stored_run(url, demo_url, tmp_path)
-            store = SqlStore(url)
-            assert store.load_case(run_id, "C0") is not None  # now pooled
-            pg.stop()
-            pg.start()
-            loaded = store.load_case(run_id, "C0")
-            assert loaded is not None and loaded.next_turn == 1
-            assert get_engine(url).pool.checkedout() == 0
-            with get_engine(url).connect() as connection:
-                driver: Any = connection.connection.driver_connection
-                assert driver.autocommit is False
-                assert connection.execute(text("SELECT count(*) FROM cases")).scalar() == 1
-        finally:
-            get_engine(url).dispose()
+    url = pg.create_database("restart")
+    upgrade(url)
+    try:
+        run_id = _stored_run(url, demo_url, tmp_path)
+        store = SqlStore(url)
+        assert store.load_case(run_id, "C0") is not None  # now pooled
+        pg.stop()
+        pg.start()
+        loaded = store.load_case(run_id, "C0")
+        assert loaded is not None and loaded.next_turn == 1
+        assert get_engine(url).pool.checkedout() == 0
+        with get_engine(url).connect() as connection:
+            driver: Any = connection.connection.driver_connection
+            assert driver.autocommit is False
+            assert connection.execute(text("SELECT count(*) FROM cases")).scalar() == 1
+    finally:
+        get_engine(url).dispose()
 
 
 def test_removing_a_run_waits_for_a_step_being_saved_and_keeps_none_of_its_rows(
@@ -255,7 +269,7 @@ def test_removing_a_run_waits_for_a_step_being_saved_and_keeps_none_of_its_rows(
     )
     removing = threading.Thread(target=runs.delete_run, args=(pg_database, run_id))
     removing.start()
-    time.sleep(0.5)
+    time.sleep(0.3)
     assert removing.is_alive(), "the removal waits for the step being saved"
     saving.commit()
     removing.join(10)

@@ -111,21 +111,20 @@ def test_sigterm_while_waiting_leaves_the_run_to_the_workers(
     assert [status for _, _, status in case_rows(pg_database, run_id)] == ["passed"] * 3
 
 
-@pytest.mark.slow
 def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
     demo_url: str, tmp_path: Path
 ) -> None:
     """An embedded run keeps its conversations in memory and writes them every half
     second; terminated, it writes what it has first, so `resume` plays only the turns
     that had not been played (killed outright, the last half second is played again)."""
-    parallel = 4
+    parallel, total = 4, 20
     with WatchingAgent(demo_url, delay=0.03) as agent:
 
         def turns_seen(since: int = 0) -> set[tuple[str | None, int]]:
             return {(seen.case, seen.turn) for seen in agent.seen()[since:]}
 
         config = write_config(tmp_path, {"demo": openai_agent(agent.base_url)})
-        cases = write_cases(tmp_path, [expense_case(f"E{i}") for i in range(60)])
+        cases = write_cases(tmp_path, [expense_case(f"E{i}") for i in range(total)])
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         command = [sys.executable, "-m", "agenttest_submit.cli"]
         options = ["-n", "demo", "--config", str(config), "--parallel", str(parallel)]
@@ -172,8 +171,8 @@ def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
         replayed = turns_seen(before_resume) & recorded
     assert not replayed, f"turns recorded before SIGTERM were played again: {sorted(replayed)}"
     rows = turn_rows(url, run.id)
-    assert len(rows) == 60 * 3 and set(rows.values()) == {1}, "every turn recorded once"
-    assert [status for _, _, status in case_rows(url, run.id)] == ["passed"] * 60
+    assert len(rows) == total * 3 and set(rows.values()) == {1}, "every turn recorded once"
+    assert [status for _, _, status in case_rows(url, run.id)] == ["passed"] * total
 
 
 def _half_stored_run(fleet: Fleet, database_url: str, config: Path, tmp_path: Path) -> str:
