@@ -2,9 +2,9 @@
 
 --parallel caps the conversations in flight, --fail-fast starts nothing after the first
 failure (and the summary says how many were not run), --deadline cancels the turns still
-running. Each test runs the same submission on
-the embedded default and on a one-worker fleet (marked `fleet`), against a scripted
-agent over HTTP that notes when each request arrived.
+running: each test runs the same submission on the embedded default and on a one-worker
+fleet (marked `fleet`), against a scripted agent over HTTP that notes when each request
+arrived. And a submitter waiting on a fleet where no worker listens says so.
 """
 
 from __future__ import annotations
