@@ -127,7 +127,12 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
         f"  Passed:  {count(summary.passed, 'passed')}",
         f"  Failed:  {count(summary.failed, 'failed')}",
         f"  Skipped: {count(summary.skipped, 'skipped')}",
-        *([f"  Not run: {summary.not_run} ({summary.not_run_reason})"] if summary.not_run else []),
+        # (The reason names a case: data, escaped like the rest.)
+        *(
+            [f"  Not run: {summary.not_run} ({printable(summary.not_run_reason or '')})"]
+            if summary.not_run
+            else []
+        ),
         "",
         f"  Total turns: {summary.total_turns}",
         f"  Avg turns/test: {summary.avg_turns:.1f}",
