@@ -5,6 +5,7 @@ assertions (`assertion_errors`, the spec's error table), over real HTTP."""
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from agent_servers import AgentServer, completion
 from agent_servers import Reply as ServerReply
 from scripted_agent import Reply, ScriptedAgent, project, run_case, say
 
+from agenttest_worker.report import RunReport, render
 from agenttest_worker.results import CaseResult
 
 
@@ -144,3 +146,20 @@ def test_a_failed_turn_carries_its_failing_assertions_reasons(agent: ScriptedAge
     record = json.loads(result.to_json_line())
     assert record["turns"][0]["assertion_errors"] == failing
     assert "assertion_errors" not in record["turns"][1]
+
+
+def test_every_report_format_says_what_was_malformed(agent: ScriptedAgent) -> None:
+    """A turn failed by a malformed call says why, not just FAILED, wherever it is shown."""
+    calls = [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}]
+    result = _two_turns(agent, _raw({"content": "Filed.", "tool_calls": calls}))
+    run = RunReport(
+        results=[result], agent="target", input_label="cases", total_cases=1, duration_s=1.0
+    )
+    console = render("console", run)
+    assert "Problem: tool call 1 has no name:" in console
+    first_row = render("table", run).splitlines()[1]
+    assert "turn 1: tool call 1 has no name" in first_row
+    assert "turn 1: tool call 1 has no name" in render("tsv", run)
+    failure = ET.fromstring(render("junit", run)).find("testsuite/testcase/failure")
+    assert failure is not None
+    assert failure.get("message", "").startswith("turn 1: tool call 1 has no name")

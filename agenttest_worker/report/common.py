@@ -180,6 +180,8 @@ def problems(case: CaseResult) -> Iterator[str]:
     for turn in case.turns:
         if turn.error:
             yield f"turn {turn.turn}: {one_line(turn.error)}"
+        for problem in turn.problems or ():
+            yield f"turn {turn.turn}: {one_line(problem)}"
         for assertion in turn.assertions:
             if not assertion.passed:
                 label = describe_assertion(assertion)

@@ -242,6 +242,8 @@ class _CaseTree:
             branch.details.append(f"Agent: {_reply(turn)}")
         for assertion in turn.assertions:
             branch.details += assertion_lines(assertion, self.style)
+        # Malformed tool calls, quoting what the agent sent (escaped by one_line).
+        branch.details += [f"Problem: {one_line(problem)}" for problem in turn.problems or ()]
         if turn.error:
             self.shown_errors.add(turn.error)
             branch.details.append(f"Error: {one_line(turn.error)}")
