@@ -44,11 +44,14 @@ class Isolation:
         self._waiting_alone = 0
 
     @contextmanager
-    def shared(self) -> Iterator[None]:
-        """Run beside other turns (a first delivery)."""
+    def shared(self, while_waiting: AbstractContextManager[object] | None = None) -> Iterator[None]:
+        """Run beside other turns (a first delivery); `while_waiting` is entered only if
+        it has to wait (a redelivered turn runs alone), for as long as it waits."""
         with self._changed:
-            while self._alone or self._waiting_alone:
-                self._changed.wait()
+            if self._alone or self._waiting_alone:
+                with while_waiting or nullcontext():
+                    while self._alone or self._waiting_alone:
+                        self._changed.wait()
             self._shared += 1
         try:
             yield

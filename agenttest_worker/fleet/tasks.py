@@ -134,8 +134,8 @@ def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
     # A redelivered turn runs alone in this process, so that a worker's death is blamed
     # only on a turn that was running alone (isolation.py); waiting for that, and for
     # agents (rate limits, back-offs), it is marked alive (liveness.py).
-    alone = TURNS.alone(WAITING.holding(in_flight)) if redelivered else TURNS.shared()
-    with current_turn(in_flight), alone:
+    waits = WAITING.holding(in_flight)
+    with current_turn(in_flight), TURNS.alone(waits) if redelivered else TURNS.shared(waits):
         advance = run_step_sync(
             _store(),
             _pools,
