@@ -102,20 +102,22 @@ def test_the_breaker_is_shared_through_redis(redis_db: str) -> None:
     async def scenario() -> None:
         outage = (OSError, RedisConnectionError)
         one, other = (
-            RedisBreaker(aioredis.Redis.from_url(redis_db), outage, failures=3, probe_after=2.0)
+            RedisBreaker(
+                aioredis.Redis.from_url(redis_db), outage, failures=3, probe_after=1.0, refresh=0.2
+            )
             for _ in range(2)
         )
         assert await other.admit(KEY) is None  # read (and cached) before the failures
         for _ in range(3):
             await one.failed(KEY, "cannot connect to 127.0.0.1:9 (Connection refused)")
-        await asyncio.sleep(1.1)  # what other has cached ages out
+        await asyncio.sleep(0.25)  # what other has cached ages out
         tripped = await other.admit(KEY)
         assert tripped is not None and "Connection refused" in tripped.message("judge")
-        await asyncio.sleep(1.0)  # past probe_after
+        await asyncio.sleep(0.8)  # past probe_after
         assert await other.admit(KEY) is None, "one call probes, fleet-wide"
         assert await one.admit(KEY) is not None
         await other.reached(KEY)
-        await asyncio.sleep(1.1)
+        await asyncio.sleep(0.25)
         assert await one.admit(KEY) is None, "the probe's answer closed it for every worker"
 
     asyncio.run(scenario())

@@ -182,12 +182,14 @@ class RedisBreaker:
         outage: tuple[type[BaseException], ...],
         failures: int,
         probe_after: float = PROBE_AFTER,
+        refresh: float = REFRESH,
         prefix: str = "agenttest:breaker",
     ) -> None:
         self.client = client
         self.outage = outage
         self.failures = failures
         self.probe_after = probe_after
+        self.refresh = refresh
         self.prefix = prefix
         self._read: Any = client.register_script(_READ)
         self._failed: Any = client.register_script(_FAILED)
@@ -196,9 +198,9 @@ class RedisBreaker:
 
     async def admit(self, key: str) -> Tripped | None:
         now = time.monotonic()
-        read_at, streak = self._known.get(key, (-REFRESH, None))
+        read_at, streak = self._known.get(key, (-self.refresh, None))
         probe_due = streak is not None and 0 < streak.open_until <= now
-        if now - read_at >= REFRESH or probe_due:
+        if now - read_at >= self.refresh or probe_due:
             try:
                 found = await self._read(keys=[f"{self.prefix}:{key}"], args=[self.probe_after])
             except self.outage:
