@@ -91,6 +91,9 @@ def records(path: Path) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in map(json.loads, lines)}
 
 
+END_MARK = b"<end of what the run wrote>"
+
+
 class Terminal:
     """A pseudo-terminal standing in for sys.stdout (and sys.stderr) of an in-process
     run: what is written is collected by a thread, so a long report never blocks."""
@@ -116,12 +119,18 @@ class Terminal:
 
     def close(self) -> str:
         self.stream.flush()
-        time.sleep(0.2)  # let the reader drain what is in flight
+        # The terminal keeps order: once this mark has been read, so has all before it.
+        os.write(self.slave, END_MARK)
+        deadline = time.monotonic() + 10
+        while not b"".join(self.chunks).endswith(END_MARK):
+            assert time.monotonic() < deadline, "the terminal's output was not all read"
+            time.sleep(0.005)
         self.stream.close()
         os.close(self.slave)
         self.reader.join(timeout=5)
         os.close(self.master)
-        return b"".join(self.chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+        written = b"".join(self.chunks)[: -len(END_MARK)]
+        return written.decode("utf-8", "replace").replace("\r\n", "\n")
 
 
 def on_terminal(
@@ -318,17 +327,38 @@ def test_the_prompt_shows_the_question_of_an_ask_user_tool_call(
 # -- 20: prompts and the progress line ------------------------------------------------------
 
 
-def parked_then_slow(body: Body) -> Reply | str:
-    text = json.dumps(body.get("messages"))
-    if "PO-" in text:
-        return say("Recorded. Done.", delay=0.8)  # ends while the next prompt is up
-    if "[SLOW]" in text:
-        return say("Done.", delay=1.5)  # ends while the first prompt is up
-    return say("Which PO number?", awaiting_input=True)
+# A reply ends this long after it was sent (the end of a delayed reply) before the prompt
+# that was up meanwhile is answered: time enough for a draw over it to reach the screen.
+SETTLE = 0.4
+
+
+class ParkedThenSlow:
+    """A and B ask for a PO number; SLOW answers late. Notes when each delayed reply is
+    sent: SLOW's while the first prompt is up, a PO reply's while the next one is."""
+
+    def __init__(self) -> None:
+        self.slow_sent: list[float] = []
+        self.po_sent: list[float] = []
+
+    def __call__(self, body: Body) -> Reply | str:
+        text = json.dumps(body.get("messages"))
+        if "PO-" in text:
+            self.po_sent.append(time.monotonic() + 0.4)
+            return say("Recorded. Done.", delay=0.4)  # ends while the next prompt is up
+        if "[SLOW]" in text:
+            self.slow_sent.append(time.monotonic() + 0.8)
+            return say("Done.", delay=0.8)  # ends while the first prompt is up
+        return say("Which PO number?", awaiting_input=True)
+
+    def ended_while_up(self, prompt: int) -> float | None:
+        """When the reply that ends while prompt `prompt` (0, 1) is up was sent."""
+        sent = self.slow_sent if prompt == 0 else self.po_sent
+        return sent[0] if sent else None
 
 
 def test_the_progress_line_never_overwrites_a_prompt(agent: ScriptedAgent, tmp_path: Path) -> None:
-    agent.script("target", parked_then_slow)
+    rule = ParkedThenSlow()
+    agent.script("target", rule)
     config = write_project(tmp_path, agent, "target")
     cases = write_cases(
         tmp_path / "parked.jsonl",
@@ -336,20 +366,26 @@ def test_the_progress_line_never_overwrites_a_prompt(agent: ScriptedAgent, tmp_p
     )
     seen: list[tuple[float, int]] = []  # (when the prompt was first seen, its offset)
     while_up: list[str] = []
+    ended: list[float] = []  # when the reply that ended while each prompt was up was sent
 
     def answer(text: str, fd: int) -> None:
         prompts = [m.end() for m in re.finditer(r"Your reply \([^)]*\): ", text)]
         if len(prompts) > len(seen):
             seen.append((time.monotonic(), prompts[-1]))
-        if len(seen) > len(while_up) and time.monotonic() - seen[-1][0] > 2.5:
-            while_up.append(text[seen[-1][1] :])  # what was written while it waited
-            os.write(fd, b"PO-1\n")
+        if len(seen) > len(while_up):
+            sent = rule.ended_while_up(len(while_up))
+            if sent is not None and time.monotonic() > sent + SETTLE:
+                ended.append(sent)
+                while_up.append(text[seen[-1][1] :])  # what was written while it waited
+                os.write(fd, b"PO-1\n")
 
     argv = ["-i", cases, "-n", "target", "--config", str(config), "--interactive"]
     argv += ["--parallel", "3", "-o", "out.jsonl"]
     code, text = under_pty(argv, child_env(tmp_path / "home"), tmp_path, answer)
     assert code == 0, text
     assert len(while_up) == 2, text
+    for (shown, _), sent in zip(seen, ended, strict=True):
+        assert shown < sent, "a reply meant to end while a prompt was up ended before it"
     for written in while_up:
         assert written == "", f"written over the prompt: {written!r}"
     out = records(tmp_path / "out.jsonl")
