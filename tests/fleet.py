@@ -445,7 +445,8 @@ def describe_request(body: dict[str, Any]) -> tuple[str | None, int]:
 class WatchingAgent(ServedOnThread):
     """An HTTP agent in front of the demo agents: forwards, delays, reports, synchronizes.
 
-    - `delay`: seconds to wait before forwarding each request (a slow agent);
+    - `delay`: seconds to wait before forwarding each request (a slow agent), or a
+      function of the request (`Seen`) that says how long;
     - `on_request(seen)`: called (on a thread, not awaited) as each request arrives;
     - `together(predicate, n)`: requests matching `predicate` are held until `n` of
       them have arrived, then all are answered at the same moment.
@@ -453,7 +454,7 @@ class WatchingAgent(ServedOnThread):
 
     path = "/v1"
 
-    def __init__(self, upstream: str, delay: float = 0.0) -> None:
+    def __init__(self, upstream: str, delay: float | Callable[[Seen], float] = 0.0) -> None:
         self.upstream = upstream.rstrip("/")
         self.delay = delay
         self.on_request: Callable[[Seen], None] | None = None
@@ -496,8 +497,9 @@ class WatchingAgent(ServedOnThread):
                 if count[0] >= n:
                     event.set()
                 await event.wait()
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        delay = self.delay(seen) if callable(self.delay) else self.delay
+        if delay:
+            await asyncio.sleep(delay)
         headers = {k: v for k, v in request.headers.items() if k.lower() == "content-type"}
         async with (
             aiohttp.ClientSession() as session,

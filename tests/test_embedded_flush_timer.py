@@ -10,20 +10,26 @@ import time
 from pathlib import Path
 
 from fault_kit import openai_agent, write_config
-from fleet import WatchingAgent, expense_case, turn_rows, wait_until, write_cases
+from fleet import Seen, WatchingAgent, expense_case, turn_rows, wait_until, write_cases
 
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import runs
 
-AGENT_DELAY = 1.5  # seconds per turn: a quiet stretch after the first turns finish
+# First turns answer at once; each second turn waits: a quiet stretch after the first
+# turns finish, with nothing to save that would write them.
+SECOND_TURN_DELAY = 1.5
 KILL_AFTER = 1.0  # past the half second, well before the second turns can finish
+
+
+def second_turns_wait(seen: Seen) -> float:
+    return 0.0 if seen.turn == 1 else SECOND_TURN_DELAY
 
 
 def test_sigkill_in_a_quiet_stretch_keeps_the_turns_that_finished(
     demo_url: str, tmp_path: Path
 ) -> None:
     parallel = 4
-    with WatchingAgent(demo_url, delay=AGENT_DELAY) as agent:
+    with WatchingAgent(demo_url, delay=second_turns_wait) as agent:
         config = write_config(tmp_path, {"demo": openai_agent(agent.base_url)})
         case_ids = [f"Q{i}" for i in range(parallel)]
         cases = write_cases(tmp_path, [expense_case(case_id) for case_id in case_ids])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +18,16 @@ import pytest
 from fault_kit import openai_agent, write_config
 from fleet import (
     Fleet,
+    Seen,
     WatchingAgent,
     expense_case,
     fleet_on,
     turn_rows,
+    wait_until,
     write_cases,
     write_project,
 )
+from sqlalchemy.exc import OperationalError
 
 from agenttest_worker.store import runs
 
@@ -63,7 +67,14 @@ def test_resume_refuses_a_run_the_fleet_is_still_moving(
 def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
     demo_url: str, tmp_path: Path
 ) -> None:
-    with WatchingAgent(demo_url, delay=1.0) as agent:
+    # The first turns answer at once; later calls wait a second each until `resume` has
+    # answered, so the run is still moving while it looks, then go on at once.
+    resumed_yet = threading.Event()
+
+    def until_resumed(seen: Seen) -> float:
+        return 0.0 if seen.turn == 1 or resumed_yet.is_set() else 1.0
+
+    with WatchingAgent(demo_url, delay=until_resumed) as agent:
         config = write_config(tmp_path, {"demo": openai_agent(agent.base_url)})
         cases = write_cases(tmp_path, [expense_case(c) for c in IDS])
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -78,10 +89,20 @@ def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
             text=True,
         )
         try:
-            agent.wait_for(lambda s: s.turn == 2)  # under way, and stored
+            agent.wait_for(lambda s: s.turn == 2)  # under way
             url = f"sqlite:///{(tmp_path / '.agenttest' / 'agenttest.db').resolve()}"
-            run = runs.latest_run(url)
-            assert run is not None
+            first_turns = {(c, 1) for c in IDS}
+
+            def stored() -> runs.RunRow | None:
+                try:
+                    found = runs.latest_run(url)
+                    if found is not None and first_turns <= set(turn_rows(url, found.id)):
+                        return found
+                except OperationalError:  # the database is still being created
+                    pass
+                return None
+
+            run = wait_until(stored, 30, "the run and its first turns to be stored", step=0.02)
             resumed = subprocess.run(
                 [*command, "resume", run.id],
                 env=env,
@@ -90,6 +111,7 @@ def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
                 text=True,
                 timeout=60,
             )
+            resumed_yet.set()
             _, err = running.communicate(timeout=60)
         finally:
             if running.poll() is None:
@@ -100,4 +122,3 @@ def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
     assert f"run {run.id} is still moving" in resumed.stderr, resumed.stderr
     assert f"process {running.pid}" in resumed.stderr and "nothing resumed" in resumed.stderr
     assert calls == ONCE_EACH, calls
-
