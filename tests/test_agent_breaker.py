@@ -21,8 +21,8 @@ from agenttest_submit.cli import main
 from agenttest_worker.agents.breaker import LocalBreaker, RedisBreaker, endpoint_key
 
 CASES, PARALLEL = 80, 4
-BASE_DELAY = 0.2  # a retry schedule of 0.7 to 1.4 s per call (3 retries, jitter)
-SLOWEST_WITHOUT_BREAKER = CASES / PARALLEL * 0.7  # every case spends its retries
+BASE_DELAY = 0.1  # a retry schedule of 0.35 to 0.7 s per call (3 retries, jitter)
+SLOWEST_WITHOUT_BREAKER = CASES / PARALLEL * 0.35  # every case spends its retries
 
 
 def _errors(results: Path) -> list[str]:
@@ -63,7 +63,7 @@ KEY = endpoint_key("judge", "http://127.0.0.1:9/v1")
 
 def test_the_breaker_opens_after_calls_in_a_row_closes_on_success_and_probes() -> None:
     async def scenario() -> None:
-        breaker = LocalBreaker(failures=3, probe_after=0.3)
+        breaker = LocalBreaker(failures=3, probe_after=0.2)
         for _ in range(2):
             await breaker.failed(KEY, "refused")
         await breaker.reached(KEY)  # an answer in between: not in a row any more
@@ -74,7 +74,7 @@ def test_the_breaker_opens_after_calls_in_a_row_closes_on_success_and_probes() -
         tripped = await breaker.admit(KEY)
         assert tripped is not None
         assert tripped.message("judge").startswith("agent error: agent judge unreachable since ")
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.25)
         assert await breaker.admit(KEY) is None, "one call probes"
         assert await breaker.admit(KEY) is not None, "the others wait for the probe"
         await breaker.reached(KEY)  # the agent is back
@@ -103,21 +103,21 @@ def test_the_breaker_is_shared_through_redis(redis_db: str) -> None:
         outage = (OSError, RedisConnectionError)
         one, other = (
             RedisBreaker(
-                aioredis.Redis.from_url(redis_db), outage, failures=3, probe_after=1.0, refresh=0.2
+                aioredis.Redis.from_url(redis_db), outage, failures=3, probe_after=0.6, refresh=0.1
             )
             for _ in range(2)
         )
         assert await other.admit(KEY) is None  # read (and cached) before the failures
         for _ in range(3):
             await one.failed(KEY, "cannot connect to 127.0.0.1:9 (Connection refused)")
-        await asyncio.sleep(0.25)  # what other has cached ages out
+        await asyncio.sleep(0.15)  # what other has cached ages out
         tripped = await other.admit(KEY)
         assert tripped is not None and "Connection refused" in tripped.message("judge")
-        await asyncio.sleep(0.8)  # past probe_after
+        await asyncio.sleep(0.55)  # past probe_after
         assert await other.admit(KEY) is None, "one call probes, fleet-wide"
         assert await one.admit(KEY) is not None
         await other.reached(KEY)
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.15)
         assert await one.admit(KEY) is None, "the probe's answer closed it for every worker"
 
     asyncio.run(scenario())

@@ -128,16 +128,16 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 def test_parallel_caps_the_conversations_in_flight(place: Place, tmp_path: Path) -> None:
     """--parallel 2: never more than two conversations at once, though the fleet's worker
     could take four; each one that ends starts the next."""
-    rule = Arrivals("Hello there.", delay=0.4)
+    rule = Arrivals("Hello there.", delay=0.25)
     with ScriptedAgent() as agent:
         agent.script("slow", rule)
         config = _project(tmp_path, agent, slow={})
-        cases = _cases(tmp_path, [_greeting(f"P{i}") for i in range(6)])
+        cases = _cases(tmp_path, [_greeting(f"P{i}") for i in range(4)])
         out = tmp_path / "out.jsonl"
         code, _, err = place.submit([*_run(cases, "slow", config, out), "--parallel", "2"])
     assert code == 0, err
-    assert [r["status"] for r in _records(out).values()] == ["passed"] * 6
-    assert len(rule.times) == 6
+    assert [r["status"] for r in _records(out).values()] == ["passed"] * 4
+    assert len(rule.times) == 4
     assert rule.most_at_once() == 2, rule.times
 
 
@@ -171,15 +171,17 @@ def test_fail_fast_starts_nothing_after_the_first_failure(place: Place, tmp_path
 
 
 def test_deadline_cancels_the_turns_still_running(place: Place, tmp_path: Path) -> None:
-    """--deadline 1.5s with 6 s turns: the run ends at its deadline, not when the turns
-    would have ended; each case fails with the deadline as its reason."""
+    """--deadline (0.8 s embedded, 1.5 s on a fleet, which takes longer to start both
+    turns) with 6 s turns: the run ends at its deadline, not when the turns would have
+    ended; each case fails with the deadline as its reason."""
+    deadline = "0.8s" if place.where == "embedded" else "1.5s"
     rule = Arrivals("Hello there.", delay=6.0)
     with ScriptedAgent() as agent:
         agent.script("slow", rule)
         config = _project(tmp_path, agent, slow={})
         cases = _cases(tmp_path, [_greeting(f"D{i}") for i in range(2)])
         code, stdout, err = place.submit(
-            [*_run(cases, "slow", config), "--deadline", "1.5s", "--format", "json"]
+            [*_run(cases, "slow", config), "--deadline", deadline, "--format", "json"]
         )
         assert code == 1, err
         assert len(rule.times) == 2  # both turns were running when the deadline came
