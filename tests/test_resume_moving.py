@@ -30,6 +30,7 @@ from fleet import (
 from sqlalchemy.exc import OperationalError
 
 from agenttest_worker.store import runs
+from agenttest_worker.store.models import RunRow
 
 IDS = ["M1", "M2"]
 # Turn 2 of an expense case calls the agent twice (again with the tool's result).
@@ -93,7 +94,7 @@ def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
             url = f"sqlite:///{(tmp_path / '.agenttest' / 'agenttest.db').resolve()}"
             first_turns = {(c, 1) for c in IDS}
 
-            def stored() -> runs.RunRow | None:
+            def stored() -> RunRow | None:
                 try:
                     found = runs.latest_run(url)
                     if found is not None and first_turns <= set(turn_rows(url, found.id)):
