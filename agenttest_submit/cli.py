@@ -258,6 +258,11 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", metavar="FILE")
     report.add_argument("--format", choices=_formats(), default=None)
     report.add_argument("-v", "--verbose", action="store_true")
+    report.add_argument(
+        "--only-failures",
+        action="store_true",
+        help="console report: show only failed and skipped cases (the summary counts all)",
+    )
     resume = sub.add_parser("resume", help="re-run the unfinished conversations of a run")
     resume.add_argument("run", metavar="RUN")
     resume.add_argument("--parallel", type=_positive_int, default=10, metavar="N")
@@ -315,7 +320,11 @@ def subcommand_request(args: argparse.Namespace) -> SubcommandRequest:
         return StatusRequest(run=args.run)
     if args.command == "report":
         return ReportRequest(
-            run=args.run, output=args.output, format=args.format, verbose=args.verbose
+            run=args.run,
+            output=args.output,
+            format=args.format,
+            verbose=args.verbose,
+            only_failures=args.only_failures,
         )
     if args.command == "resume":
         return ResumeRequest(run=args.run, parallel=args.parallel)
@@ -368,12 +377,15 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         from agenttest_submit.services import unreachable_service  # after heap.starting()
+        from agenttest_worker.report.common import printable  # after heap.starting()
 
+        # An exception's text may quote a case, a reply or a server's answer: escaped.
         unreachable = unreachable_service(exc)
         if unreachable is not None:
-            print(f"agenttest-submit: {unreachable}", file=sys.stderr)
+            print(f"agenttest-submit: {printable(unreachable)}", file=sys.stderr)
             return EXIT_INTERNAL
-        print(f"agenttest-submit: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        said = printable(f"{type(exc).__name__}: {exc}")
+        print(f"agenttest-submit: internal error: {said}", file=sys.stderr)
         print("(set AGENTTEST_DEBUG=1 to see the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 

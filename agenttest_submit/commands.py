@@ -26,6 +26,7 @@ from agenttest_submit.terminal import color_wanted
 from agenttest_worker.errors import InputError
 from agenttest_worker.fleet.aggregate import build_report
 from agenttest_worker.report import render
+from agenttest_worker.report.common import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import results
 from agenttest_worker.store.db import upgrade
@@ -78,13 +79,15 @@ def _cases_total(run: RunRow) -> str:
 
 def status_text(run: RunRow, played: int | None = None) -> str:
     """What `status` prints; `played`: the turns recorded so far, finished cases or not."""
-    cancelled = f" (cancelled: {run.cancel_reason or ''})" if run.cancelled else ""
+    # The label quotes the inputs (a message given with -i), the reason may quote an
+    # error: escaped, like everything else from the run that reaches the terminal.
+    cancelled = f" (cancelled: {printable(run.cancel_reason or '')})" if run.cancelled else ""
     lines = [
         f"run       {run.id}",
         f"status    {run.status}{cancelled}",
-        f"agent     {run.agent or '-'}",
-        f"input     {run.input_label or '-'}",
-        f"by        {run.submitted_by or '-'} at {run.created_at:%Y-%m-%d %H:%M:%S}",
+        f"agent     {printable(run.agent or '-')}",
+        f"input     {printable(run.input_label or '-')}",
+        f"by        {printable(run.submitted_by or '-')} at {run.created_at:%Y-%m-%d %H:%M:%S}",
         f"cases     {run.finished_cases}/{_cases_total(run)} finished: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",
         f"turns     {run.total_turns}"
@@ -101,6 +104,8 @@ def status_text(run: RunRow, played: int | None = None) -> str:
 
 def _report(url: str, run_id: str, request: ReportRequest) -> int:
     report = build_report(url, run_id, verbose=request.verbose, color=color_wanted(sys.stdout))
+    # Only the console reads it; -o and other formats keep every case, as on a run.
+    report.only_failures = request.only_failures
     if request.output:
         report.color = False
         text = render(request.format or "jsonl", report)

@@ -32,6 +32,7 @@ from agenttest_worker.agents.transport import close_session
 from agenttest_worker.driver.step import Advance, answer_human
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.report.common import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import results, runs
 from agenttest_worker.store.base import ConversationStore, SqlStore
@@ -195,8 +196,8 @@ def wait_for_run(
                     raise
                 if not unreachable:
                     print(
-                        f"the database is unreachable ({error_reason(exc)}); still waiting for "
-                        f"run {run_id}",
+                        f"the database is unreachable ({printable(error_reason(exc))}); "
+                        f"still waiting for run {run_id}",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -215,7 +216,10 @@ def wait_for_run(
                 try:
                     recover(url, stall, run_id)
                 except Exception as exc:  # e.g. the broker is still down: try again later
-                    print(f"recovering lost messages failed: {exc}", file=sys.stderr)
+                    # An exception's text may quote what it failed on: escaped.
+                    print(
+                        f"recovering lost messages failed: {printable(str(exc))}", file=sys.stderr
+                    )
                 next_sweep = time.monotonic() + sweep_interval(stall)
             time.sleep(POLL_SECONDS)
     finally:

@@ -18,6 +18,7 @@ from agenttest_worker.cases.checks import check_case_refs
 from agenttest_worker.cases.files import case_files_in, iter_cases
 from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.report.common import printable
 from agenttest_worker.store.steps import CaseRecord
 
 
@@ -219,8 +220,10 @@ def _case_warnings(case: Case, config: ProjectConfig) -> Iterator[str]:
 
 
 def print_warnings(warnings: list[str]) -> None:
+    # A warning quotes the cases (ids, connector names): escaped, so it cannot command
+    # the terminal.
     for warning in dict.fromkeys(warnings):
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"warning: {printable(warning)}", file=sys.stderr)
 
 
 def resolve_path(text: str) -> Path:

@@ -26,6 +26,7 @@ from agenttest_worker.cases.checks import check_case_refs
 from agenttest_worker.cases.files import Located, validate_case
 from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.report.common import printable
 from agenttest_worker.results import AgentCallRecord
 
 # Only plain decimal numerals become numbers: "007" (an id), "1e3", "nan" or "inf" (not
@@ -79,7 +80,10 @@ def _warn(index: int, case_id: str | None, problems: list[InputProblem]) -> None
     which = f"generated case {index}" + (f" ({case_id})" if case_id else "")
     for problem in problems:
         where = f"{problem.field}: " if problem.field else ""
-        print(f"warning: {which} left out: {where}{problem.message}", file=sys.stderr)
+        # The id and the message quote what the generator (an agent) wrote: escaped.
+        print(
+            f"warning: {printable(f'{which} left out: {where}{problem.message}')}", file=sys.stderr
+        )
 
 
 def generate_cases(

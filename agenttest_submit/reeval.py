@@ -41,6 +41,7 @@ from agenttest_worker.driver.rejudge import reevaluate
 from agenttest_worker.engine import ConversationState, RunOptions, case_result
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.fleet.aggregate import aggregate
+from agenttest_worker.report.common import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import runs
 from agenttest_worker.store.base import SqlStore
@@ -132,8 +133,8 @@ def reeval_cases(request: RunRequest, config: ProjectConfig, cases: list[Case]) 
             stored[case.id] = found[case.id]
         else:
             print(
-                f"{case.id}: its stored conversation (run {found[case.id].run_id}) is not "
-                f"re-judged, {why}; the case runs again",
+                f"{printable(case.id)}: its stored conversation (run {found[case.id].run_id}) "
+                f"is not re-judged, {why}; the case runs again",
                 file=sys.stderr,
             )
     label = f"re-evaluation of {len(stored)} stored conversation(s)"

@@ -86,12 +86,13 @@ class StatusRequest:
 
 @dataclass(frozen=True)
 class ReportRequest:
-    """`agenttest-submit report RUN [-o FILE] [--format F] [-v]`."""
+    """`agenttest-submit report RUN [-o FILE] [--format F] [-v] [--only-failures]`."""
 
     run: str  # a run id, or "last" for the newest run
     output: str | None = None  # None: stdout
     format: str | None = None  # None: console on stdout, jsonl in `output`
     verbose: bool = False
+    only_failures: bool = False  # as on a run: the console alone leaves passed cases out
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from agenttest_submit.stopping import run_async
 from agenttest_submit.terminal import color_wanted
 from agenttest_worker.fleet.aggregate import aggregate, build_report
 from agenttest_worker.report import render
+from agenttest_worker.report.common import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery, results, runs
 from agenttest_worker.store.models import RunRow
@@ -84,7 +85,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
         closed = runs.get_run(url, run.id)
         assert closed is not None
         run = closed
-        print(f"run {run.id}: closed, {run.cancel_reason}", file=sys.stderr)
+        print(f"run {run.id}: closed, {printable(run.cancel_reason or '')}", file=sys.stderr)
     if (moving := still_moving(url, run.id)) is not None:
         print(f"run {run.id} is still moving: {moving}; nothing resumed", file=sys.stderr)
         return 0

@@ -11,6 +11,7 @@ checked cases, and hands them to the dry run, the re-evaluation (reeval.py), or
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -93,11 +94,23 @@ def submit(request: RunRequest) -> int:
     return run_cases(request, config, stream, sources, target)
 
 
+# What json.dumps(ensure_ascii=False) leaves raw and a terminal would obey: DEL, the C1
+# controls (0x9b is CSI on its own) and the bidirectional marks, overrides and isolates.
+# Written as \uXXXX always, on a terminal or in a file someone may `cat`: the JSON
+# decodes to the same strings.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _json_line(record: object) -> str:
+    text = json.dumps(record, ensure_ascii=False)
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
+
+
 def _dry_run(stream: CaseStream, output: str | None) -> int:
     """Print (or write) the normalized cases, only once all of them proved valid."""
     with Spool(stream, None, sources=False) as spool:
         print_warnings(stream.warnings)
-        lines = (json.dumps(record, ensure_ascii=False) + "\n" for _, _, record in spool.records())
+        lines = (_json_line(record) for _, _, record in spool.records())
         if output:
             with Path(output).open("w", encoding="utf-8") as handle:
                 handle.writelines(lines)
