@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.model import Case
+from agenttest_worker.driver import budget
 from agenttest_worker.driver.budget import budget_spent, turns_spend
 from agenttest_worker.driver.event_loops import run_sync
 from agenttest_worker.durations import format_duration
@@ -292,6 +293,8 @@ def commit(
             result=result,
             expected_phase=expected_phase,
             spend=_spend(prepared.options, loaded, new_turns),
+            budgeted=prepared.options.budgeted,
+            budget_turns=len(new_turns) if prepared.options.budgeted else 0,
             stop_run=_fail_fast_reason(prepared, result.status if result else None),
         )
     )
@@ -446,6 +449,8 @@ def run_step_sync(
     if isinstance(prepared, Advance):
         return prepared
     state = _stopped(prepared, max_deliveries)
+    if state is None and (spent := budget.reserve_sync(store, prepared.loaded, prepared.options)):
+        state = end_without_running(prepared, "skip", spent)
     if state is None:
         pool = _pool_or_failure(pools, prepared)
         if isinstance(pool, ConversationState):
@@ -468,6 +473,8 @@ async def run_step(
     if isinstance(prepared, Advance):
         return prepared
     state = _stopped(prepared, max_deliveries)
+    if state is None and (spent := await budget.reserve(store, prepared.loaded, prepared.options)):
+        state = end_without_running(prepared, "skip", spent)
     if state is None:
         pool = _pool_or_failure(pools, prepared)
         state = pool if isinstance(pool, ConversationState) else await execute(prepared, pool)

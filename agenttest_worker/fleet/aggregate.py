@@ -7,9 +7,10 @@ redelivered aggregation task) still produce exactly one aggregation.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from agenttest_worker.report import RunReport, render_chunks
-from agenttest_worker.report.model import StoredResults
+from agenttest_worker.report.model import Budget, StoredResults
 from agenttest_worker.store import results, runs
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
@@ -38,7 +39,17 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         verbose=verbose,
         run_id=run_id,
         color=color,
+        budget=_budget(run.options or {}, run.total_tokens, run.total_cost),
     )
+
+
+def _budget(options: dict[str, Any], tokens: int | None, cost: float | None) -> Budget | None:
+    """The run's budget and what it used, when it had one: a budgeted run's totals are
+    counted per turn (driver/budget.py), so they are its use."""
+    max_tokens, max_cost = options.get("max_tokens"), options.get("max_cost")
+    if max_tokens is None and max_cost is None:
+        return None
+    return Budget(max_tokens, max_cost, tokens or 0, cost or 0.0)
 
 
 def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> RunReport | None:

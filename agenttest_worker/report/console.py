@@ -91,7 +91,9 @@ def render_chunks(run: RunReport) -> Iterator[str]:
         yield _text(["  No test cases ran.", ""])
     elif hidden:
         yield _text([f"  {_plural(hidden, 'passed case')} not shown (--only-failures)", ""])
-    yield _text([*_section("Summary"), *_summary_lines(tally.summary(run.duration_s), style)])
+    yield _text(
+        [*_section("Summary"), *_summary_lines(tally.summary(run.duration_s, run.budget), style)]
+    )
 
 
 def _text(lines: list[str]) -> str:
@@ -133,6 +135,7 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
             if summary.not_run
             else []
         ),
+        *([f"  Budget: {summary.budget.line()}"] if summary.budget else []),
         "",
         f"  Total turns: {summary.total_turns}",
         f"  Avg turns/test: {summary.avg_turns:.1f}",

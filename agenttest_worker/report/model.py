@@ -15,6 +15,57 @@ NOT_RUN = "not run: "
 
 
 @dataclass(frozen=True)
+class Budget:
+    """A run's --max-tokens/--max-cost and what the run used of them: turns already
+    running when a budget ran out still finish, so a run may end past its budget
+    (by at most those turns, store/reservations.py), and the summary says by how much."""
+
+    max_tokens: int | None
+    max_cost: float | None
+    tokens: int
+    cost: float
+
+    def line(self) -> str:
+        """E.g. "45 of 40 tokens used (5 over: turns already running when it ran out)"."""
+        parts = []
+        if self.max_tokens is not None:
+            parts.append(
+                _used(f"{self.tokens:,}", f"{self.max_tokens:,}", "tokens", self.tokens_over)
+            )
+        if self.max_cost is not None:
+            over = f"{self.cost_over:.4f}" if self.cost_over else ""
+            parts.append(_used(f"{self.cost:.4f}", f"{self.max_cost:g}", "cost", over))
+        return "; ".join(parts)
+
+    @property
+    def tokens_over(self) -> int:
+        return max(self.tokens - self.max_tokens, 0) if self.max_tokens is not None else 0
+
+    @property
+    def cost_over(self) -> float:
+        return max(self.cost - self.max_cost, 0.0) if self.max_cost is not None else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        if self.max_tokens is not None:
+            found.update(
+                max_tokens=self.max_tokens, tokens_used=self.tokens, tokens_over=self.tokens_over
+            )
+        if self.max_cost is not None:
+            found.update(
+                max_cost=self.max_cost, cost_used=self.cost, cost_over=round(self.cost_over, 6)
+            )
+        return found
+
+
+def _used(used: str, limit: str, unit: str, over: object) -> str:
+    said = f"{used} of {limit} {unit} used"
+    if over:
+        return f"{said} ({over} over: turns already running when it ran out)"
+    return said
+
+
+@dataclass(frozen=True)
 class Summary:
     """Counts over a run's results, as the console "Summary" section shows them."""
 
@@ -29,11 +80,16 @@ class Summary:
     # a budget, a cancellation), and the first one's reason ("not run: " left off).
     not_run: int = 0
     not_run_reason: str | None = None
+    # The run's budget and its use, when it had one (--max-tokens, --max-cost).
+    budget: Budget | None = None
 
     def as_dict(self) -> dict[str, Any]:
         counts = asdict(self)
         if not self.not_run:  # (the spec's summary, unchanged when every case ran)
             del counts["not_run"], counts["not_run_reason"]
+        del counts["budget"]
+        if self.budget is not None:
+            counts["budget"] = self.budget.as_dict()
         return counts
 
 
@@ -95,13 +151,14 @@ class RunReport:
     # Reports already rendered from this report as it stands (format -> text), kept by
     # the aggregator so that a submitter printing the same thing does not render twice.
     rendered: dict[str, str] = field(default_factory=dict)
+    budget: Budget | None = None
 
     def summary(self) -> Summary:
         # One pass: the results may be parsed as they are read (StoredResults).
         tally = Tally()
         for case in self.results:
             tally.add(case)
-        return tally.summary(self.duration_s)
+        return tally.summary(self.duration_s, self.budget)
 
 
 class Tally:
@@ -122,7 +179,7 @@ class Tally:
             self.not_run += 1
             self.not_run_reason = self.not_run_reason or reason.removeprefix(NOT_RUN)
 
-    def summary(self, duration_s: float) -> Summary:
+    def summary(self, duration_s: float, budget: Budget | None = None) -> Summary:
         return Summary(
             total=self.total,
             passed=self.statuses["passed"],
@@ -133,4 +190,5 @@ class Tally:
             duration_s=duration_s,
             not_run=self.not_run,
             not_run_reason=self.not_run_reason,
+            budget=budget,
         )

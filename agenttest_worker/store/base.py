@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from agenttest_worker.store.reservations import Reservation
 from agenttest_worker.store.steps import LoadedCase, Saved, Step
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class ConversationStore(Protocol):
-    """The three things a step needs from storage."""
+    """The four things a step needs from storage."""
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
@@ -35,6 +36,18 @@ class ConversationStore(Protocol):
 
     def save_step(self, step: Step) -> Saved:
         """Record `step` once, if the conversation is still where it ran (steps.Step)."""
+        ...
+
+    def reserve_turn(
+        self,
+        run_id: str,
+        case_id: str,
+        max_tokens: int | None,
+        max_cost: float | None,
+        expired: bool = False,
+    ) -> Reservation:
+        """Reserve a budgeted run's next turn of this conversation (reservations.py);
+        `expired`: the other turns' reservations count as gone."""
         ...
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
@@ -53,7 +66,7 @@ class SqlStore:
     def __init__(self, url: str, engine: Engine | None = None) -> None:
         # Imported here, not above: SQLAlchemy costs ~0.5 s of start-up that an
         # embedded run's first conversations overlap (buffered.py).
-        from agenttest_worker.store import runs, turns
+        from agenttest_worker.store import budget, runs, turns
         from agenttest_worker.store.db import get_engine
 
         self.url = url
@@ -61,6 +74,7 @@ class SqlStore:
         self._get_engine = get_engine
         self._runs = runs
         self._turns = turns
+        self._budget = budget
 
     @property
     def engine(self) -> Engine:
@@ -73,6 +87,18 @@ class SqlStore:
 
     def save_step(self, step: Step) -> Saved:
         return self._turns.save_step(self.engine, step)
+
+    def reserve_turn(
+        self,
+        run_id: str,
+        case_id: str,
+        max_tokens: int | None,
+        max_cost: float | None,
+        expired: bool = False,
+    ) -> Reservation:
+        return self._budget.reserve_turn(
+            self.engine, run_id, case_id, max_tokens, max_cost, expired
+        )
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
         return self._runs.cancel_run(self.url, run_id, reason)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.store import steps
+from agenttest_worker.store import reservations, steps
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Update
@@ -144,7 +144,7 @@ class StoreSetup:
             raise self._error
 
 
-class BufferedStore:
+class BufferedStore(reservations.MemoryReservations):
     """One run's conversations in memory, written to the database in batches."""
 
     def __init__(
@@ -306,6 +306,7 @@ class BufferedStore:
         run = self.run
         run.total_cost += cost
         run.total_tokens += tokens
+        self.release_reservation(case_id, step.budget_turns)
         if result is None:
             return steps.Saved(True)
         run.finished_cases += 1

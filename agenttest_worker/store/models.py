@@ -75,6 +75,11 @@ class RunRow(Base):
     parallel: Mapped[int | None] = mapped_column(Integer)
     started_cases: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     claimed_from: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Budgets on a fleet: what the turns running now have reserved, and how many turns'
+    # usage is in the totals, whose average is a turn's estimate (store/budget.py).
+    reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    reserved_cost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    budget_turns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class CaseRow(Base):
@@ -97,6 +102,10 @@ class CaseRow(Base):
     # Written with each step: a retry after a lost connection finds its own token there
     # when its first attempt did commit (turns.save_step).
     step_token: Mapped[str | None] = mapped_column(String(32))
+    # This conversation's share of its run's reservation (store/budget.py): a turn run
+    # again after its worker died replaces it, and the saved step releases it.
+    reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    reserved_cost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )

@@ -99,6 +99,11 @@ class Step:
     # (tokens, cost) to add to the run's totals with this step (runs with a budget
     # account per turn); None: the case's tokens are added once, when it ends.
     spend: tuple[int, float] | None = None
+    # The run has a budget: the step releases its conversation's reservation
+    # (store/reservations.py), and its `budget_turns` turns join the run's average
+    # usage per turn, the next turns' estimate.
+    budgeted: bool = False
+    budget_turns: int = 0
     # When the step ends the case: cancel the run with this reason in the same write
     # (--fail-fast after a failed case), so that the write starts nothing new.
     stop_run: str | None = None

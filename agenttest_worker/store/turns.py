@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from agenttest_worker.results import CaseResult
+from agenttest_worker.store import budget
 from agenttest_worker.store import turn_statements as sql
 from agenttest_worker.store.db import reconnecting, retrying
 from agenttest_worker.store.hot_path import (
@@ -155,8 +156,9 @@ def save_step(engine: Engine, step: Step) -> Saved:
     reports the step saved, so that the caller still enqueues the next turn; any other
     write it finds there (a duplicate's) is not saved.
 
-    `step.spend` (tokens, cost) is added to the run's totals with the step: runs with a
-    budget account per turn, so the next turn anywhere in the fleet sees it. Without,
+    `step.spend` (tokens, cost) is added to the run's totals with the step, and the
+    conversation's reservation released (store/budget.py): runs with a budget account
+    per turn, so the next turn anywhere in the fleet sees it. Without,
     tokens are added once per case when it ends (one write to the run row per case).
     """
     key = (step.run_id, step.case_id, step.expected_turn)
@@ -164,7 +166,10 @@ def save_step(engine: Engine, step: Step) -> Saved:
     if not retrying() or known is None or known[:3] != key:
         # A first attempt: nothing of this call was written yet.
         _written.step = known = (*key, secrets.token_hex(16))
-    postgres = engine.dialect.name == "postgresql"
+    # A budgeted step also releases its conversation's reservation (store/budget.py):
+    # that takes the transaction below, and Postgres's one-statement save is kept for
+    # steps without a budget, the hot path.
+    postgres = engine.dialect.name == "postgresql" and not step.budgeted
     result = step.result
     params: dict[str, Any] = {
         "b_run": step.run_id,
@@ -226,6 +231,8 @@ def save_step(engine: Engine, step: Step) -> Saved:
         if not connection.execute(guard, params).rowcount:
             return _not_moved(SqlAlchemyTurnConnection(connection), key, result)
         sql.insert_step_rows(connection, rows)
+        if step.budgeted:
+            budget.release(connection, step.run_id, step.case_id, step.budget_turns)
         if result is None:
             if tokens or cost:
                 connection.execute(sql.SPEND, params)
