@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agent_servers import refused_url
 from fault_kit import openai_agent, write_config
 
 from agenttest_submit.cli import main
-from agenttest_worker.agents.breaker import LocalBreaker, RedisBreaker, endpoint_key
+from agenttest_worker.agents.breaker import LocalBreaker, RedisBreaker, Tripped, endpoint_key
 
 CASES, PARALLEL = 80, 4
 BASE_DELAY = 0.1  # a retry schedule of 0.35 to 0.7 s per call (3 retries, jitter)
@@ -99,25 +100,37 @@ def test_the_breaker_is_shared_through_redis(redis_db: str) -> None:
     import redis.asyncio as aioredis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
+    async def soon(admit: Callable[[], Awaitable[Tripped | None]], tripped: bool) -> Tripped | None:
+        """What `admit` answers once it turns tripped (or admitted): polled, 2 s at most."""
+        deadline = time.monotonic() + 2
+        while ((found := await admit()) is not None) != tripped:
+            assert time.monotonic() < deadline, f"still {found!r}"
+            await asyncio.sleep(0.01)
+        return found
+
     async def scenario() -> None:
         outage = (OSError, RedisConnectionError)
         one, other = (
             RedisBreaker(
-                aioredis.Redis.from_url(redis_db), outage, failures=3, probe_after=0.6, refresh=0.1
+                aioredis.Redis.from_url(redis_db), outage, failures=3, probe_after=0.4, refresh=0.1
             )
             for _ in range(2)
         )
         assert await other.admit(KEY) is None  # read (and cached) before the failures
         for _ in range(3):
+            opened = time.monotonic()
             await one.failed(KEY, "cannot connect to 127.0.0.1:9 (Connection refused)")
-        await asyncio.sleep(0.15)  # what other has cached ages out
-        tripped = await other.admit(KEY)
+        # once what other has cached ages out
+        tripped = await soon(lambda: other.admit(KEY), tripped=True)
         assert tripped is not None and "Connection refused" in tripped.message("judge")
-        await asyncio.sleep(0.55)  # past probe_after
-        assert await other.admit(KEY) is None, "one call probes, fleet-wide"
+        # past probe_after: one call probes, fleet-wide
+        assert await soon(lambda: other.admit(KEY), tripped=False) is None
+        assert time.monotonic() - opened >= 0.4, "admitted before probe_after"
         assert await one.admit(KEY) is not None
         await other.reached(KEY)
-        await asyncio.sleep(0.15)
-        assert await one.admit(KEY) is None, "the probe's answer closed it for every worker"
+        # once what one has cached ages out
+        assert await soon(lambda: one.admit(KEY), tripped=False) is None, (
+            "the probe's answer closed it for every worker"
+        )
 
     asyncio.run(scenario())

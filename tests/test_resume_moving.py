@@ -29,6 +29,7 @@ from fleet import (
 )
 from sqlalchemy.exc import OperationalError
 
+from agenttest_submit.cli import main
 from agenttest_worker.store import runs
 from agenttest_worker.store.models import RunRow
 
@@ -66,7 +67,10 @@ def test_resume_refuses_a_run_the_fleet_is_still_moving(
 
 
 def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
-    demo_url: str, tmp_path: Path
+    demo_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # The first turns answer at once; later calls wait a second each until `resume` has
     # answered, so the run is still moving while it looks, then go on at once.
@@ -104,14 +108,11 @@ def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
                 return None
 
             run = wait_until(stored, 30, "the run and its first turns to be stored", step=0.02)
-            resumed = subprocess.run(
-                [*command, "resume", run.id],
-                env=env,
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            # `resume` runs in this process: what it proves is about the other one.
+            monkeypatch.chdir(tmp_path)
+            capsys.readouterr()
+            resumed_code = main(["resume", run.id])
+            resumed_err = capsys.readouterr().err
             resumed_yet.set()
             _, err = running.communicate(timeout=60)
         finally:
@@ -119,7 +120,7 @@ def test_resume_refuses_a_run_its_embedded_submitter_is_still_running(
                 running.kill()
         calls = Counter((s.case, s.turn) for s in agent.seen())
     assert running.returncode == 0, err
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"run {run.id} is still moving" in resumed.stderr, resumed.stderr
-    assert f"process {running.pid}" in resumed.stderr and "nothing resumed" in resumed.stderr
+    assert resumed_code == 0, resumed_err
+    assert f"run {run.id} is still moving" in resumed_err, resumed_err
+    assert f"process {running.pid}" in resumed_err and "nothing resumed" in resumed_err
     assert calls == ONCE_EACH, calls

@@ -6,6 +6,7 @@ wherever agenttest.yaml is interpolated."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -32,6 +33,7 @@ CASE_FILES = sorted(
 CONFIG_FILES = sorted(ROOT.glob("**/agenttest.yaml"))
 
 
+@functools.cache  # read-only: each kind's schema is built and checked once per module
 def schema(kind: str) -> jsonschema.protocols.Validator:
     loaded = json.loads(schema_text(kind))
     jsonschema.Draft7Validator.check_schema(loaded)
