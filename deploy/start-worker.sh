@@ -11,8 +11,9 @@
 #
 # Settings: AGENTTEST_BROKER_URL and AGENTTEST_DATABASE_URL (required),
 # AGENTTEST_QUEUE (default agenttest), AGENTTEST_WORKER_CONCURRENCY (threads, default
-# 64), LOG_LEVEL (default INFO), DB_WAIT_TIMEOUT (seconds, default 60). Extra arguments
-# are passed to `celery worker`.
+# 64), LOG_LEVEL (default INFO), DB_WAIT_TIMEOUT (seconds, default 60),
+# DB_WAIT_INTERVAL (seconds between connection attempts, default 1; the tests shorten
+# it, deployments keep the default). Extra arguments are passed to `celery worker`.
 set -euo pipefail
 
 log() { echo "start-worker: $*" >&2; }
@@ -30,9 +31,15 @@ if ! [[ "$DB_WAIT_TIMEOUT" =~ ^[0-9]+$ ]]; then
   log "DB_WAIT_TIMEOUT must be a whole number of seconds, not '$DB_WAIT_TIMEOUT'"
   exit 2
 fi
+DB_WAIT_INTERVAL="${DB_WAIT_INTERVAL:-1}"
+if ! [[ "$DB_WAIT_INTERVAL" =~ ^[0-9]+(\.[0-9]+)?$ ]] || [[ "$DB_WAIT_INTERVAL" =~ ^0+(\.0+)?$ ]]; then
+  log "DB_WAIT_INTERVAL must be a positive number of seconds, not '$DB_WAIT_INTERVAL'"
+  exit 2
+fi
 
 # Connect with the project's own URL handling (postgresql:// means psycopg 3), retrying
-# every second until the deadline. Messages never show the password.
+# every DB_WAIT_INTERVAL seconds (default: every second) until the deadline. Messages
+# never show the password.
 wait_for_db='
 import os, sys, time
 from sqlalchemy import create_engine, text
@@ -46,6 +53,7 @@ except Exception as exc:
     sys.exit(f"start-worker: AGENTTEST_DATABASE_URL is not a database URL: {type(exc).__name__}")
 safe = make_url(raw).render_as_string(hide_password=True)
 timeout = int(os.environ["DB_WAIT_TIMEOUT"])
+interval = float(os.environ["DB_WAIT_INTERVAL"])
 start = time.monotonic()
 attempt = 0
 while True:
@@ -69,12 +77,12 @@ while True:
     if attempt == 1 or attempt % 10 == 0:
         print(f"start-worker: waiting for database {safe} ({int(waited)}s of {timeout}s): "
               f"{error}", file=sys.stderr, flush=True)
-    time.sleep(max(0.0, min(1.0, timeout - waited)))
+    time.sleep(max(0.0, min(interval, timeout - waited)))
 print(f"start-worker: database {safe} is reachable", file=sys.stderr, flush=True)
 '
 case "$AGENTTEST_DATABASE_URL" in
   sqlite:*) log "SQLite result store: nothing to wait for (use PostgreSQL for a fleet)" ;;
-  *) DB_WAIT_TIMEOUT="$DB_WAIT_TIMEOUT" python -c "$wait_for_db" ;;
+  *) DB_WAIT_TIMEOUT="$DB_WAIT_TIMEOUT" DB_WAIT_INTERVAL="$DB_WAIT_INTERVAL" python -c "$wait_for_db" ;;
 esac
 
 log "migrating the result store"

@@ -540,6 +540,8 @@ def test_start_worker_script_is_valid_bash() -> None:
     assert text.startswith("#!/usr/bin/env bash\n")
     assert "\nset -euo pipefail\n" in text
     assert "\nexec celery -A agenttest_worker worker " in text
+    # Deployments retry the database once a second unless told otherwise.
+    assert '\nDB_WAIT_INTERVAL="${DB_WAIT_INTERVAL:-1}"\n' in text
     subprocess.run(["bash", "-n", str(START_WORKER)], check=True)
 
 
@@ -592,6 +594,7 @@ def test_start_worker_waits_for_the_database_migrates_and_execs_celery(tmp_path:
         log,
         AGENTTEST_DATABASE_URL=url,
         DB_WAIT_TIMEOUT="20",
+        DB_WAIT_INTERVAL="0.1",  # (the default is 1 s; the retry is the same)
         AGENTTEST_QUEUE="nightly",
         AGENTTEST_WORKER_CONCURRENCY="7",
         LOG_LEVEL="DEBUG",
