@@ -329,7 +329,7 @@ def test_the_prompt_shows_the_question_of_an_ask_user_tool_call(
 
 # A reply ends this long after it was sent (the end of a delayed reply) before the prompt
 # that was up meanwhile is answered: time enough for a draw over it to reach the screen.
-SETTLE = 0.4
+SETTLE = 0.25  # well over the progress line's 0.1 s between draws
 
 
 class ParkedThenSlow:
@@ -343,11 +343,11 @@ class ParkedThenSlow:
     def __call__(self, body: Body) -> Reply | str:
         text = json.dumps(body.get("messages"))
         if "PO-" in text:
-            self.po_sent.append(time.monotonic() + 0.4)
-            return say("Recorded. Done.", delay=0.4)  # ends while the next prompt is up
+            self.po_sent.append(time.monotonic() + 0.3)
+            return say("Recorded. Done.", delay=0.3)  # ends while the next prompt is up
         if "[SLOW]" in text:
-            self.slow_sent.append(time.monotonic() + 0.8)
-            return say("Done.", delay=0.8)  # ends while the first prompt is up
+            self.slow_sent.append(time.monotonic() + 0.5)
+            return say("Done.", delay=0.5)  # ends while the first prompt is up
         return say("Which PO number?", awaiting_input=True)
 
     def ended_while_up(self, prompt: int) -> float | None:
