@@ -269,7 +269,18 @@ def test_removing_a_run_waits_for_a_step_being_saved_and_keeps_none_of_its_rows(
     )
     removing = threading.Thread(target=runs.delete_run, args=(pg_database, run_id))
     removing.start()
-    time.sleep(0.3)
+    # Until the removal is seen waiting on the step's transaction (or is over).
+    deadline = time.monotonic() + 10
+    with psycopg.connect(pg_database, autocommit=True) as watcher:
+        while (
+            removing.is_alive()
+            and not watcher.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (saving.info.backend_pid,),
+            ).fetchone()
+        ):
+            assert time.monotonic() < deadline, "the removal neither waited nor finished"
+            time.sleep(0.01)
     assert removing.is_alive(), "the removal waits for the step being saved"
     saving.commit()
     removing.join(10)
