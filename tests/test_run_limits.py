@@ -128,7 +128,8 @@ def _records(path: Path) -> dict[str, dict[str, Any]]:
 def test_parallel_caps_the_conversations_in_flight(place: Place, tmp_path: Path) -> None:
     """--parallel 2: never more than two conversations at once, though the fleet's worker
     could take four; each one that ends starts the next."""
-    rule = Arrivals("Hello there.", delay=0.25)
+    # Embedded, both conversations start within milliseconds: a shorter turn does.
+    rule = Arrivals("Hello there.", delay=0.15 if place.where == "embedded" else 0.25)
     with ScriptedAgent() as agent:
         agent.script("slow", rule)
         config = _project(tmp_path, agent, slow={})
@@ -147,7 +148,8 @@ def test_parallel_caps_the_conversations_in_flight(place: Place, tmp_path: Path)
 def test_fail_fast_starts_nothing_after_the_first_failure(place: Place, tmp_path: Path) -> None:
     """F1 fails at once while S1 is still talking to a slow agent: S1 finishes its turn,
     S2..S4 never start, and the summary says that 3 were not run, and why."""
-    slow = Arrivals("Hello there.", delay=0.8)
+    # S1's turn outlasts F1's by far either way; a fleet takes longer to start both.
+    slow = Arrivals("Hello there.", delay=0.4 if place.where == "embedded" else 0.8)
     with ScriptedAgent() as agent:
         agent.script("slow", slow)
         agent.script("fast", lambda _: say("Goodbye."))
@@ -171,10 +173,10 @@ def test_fail_fast_starts_nothing_after_the_first_failure(place: Place, tmp_path
 
 
 def test_deadline_cancels_the_turns_still_running(place: Place, tmp_path: Path) -> None:
-    """--deadline (0.8 s embedded, 1.5 s on a fleet, which takes longer to start both
+    """--deadline (0.4 s embedded, 1.5 s on a fleet, which takes longer to start both
     turns) with 6 s turns: the run ends at its deadline, not when the turns would have
     ended; each case fails with the deadline as its reason."""
-    deadline = "0.8s" if place.where == "embedded" else "1.5s"
+    deadline = "0.4s" if place.where == "embedded" else "1.5s"
     rule = Arrivals("Hello there.", delay=6.0)
     with ScriptedAgent() as agent:
         agent.script("slow", rule)
