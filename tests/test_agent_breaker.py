@@ -22,8 +22,8 @@ from agenttest_submit.cli import main
 from agenttest_worker.agents.breaker import LocalBreaker, RedisBreaker, Tripped, endpoint_key
 
 CASES, PARALLEL = 80, 4
-BASE_DELAY = 0.1  # a retry schedule of 0.35 to 0.7 s per call (3 retries, jitter)
-SLOWEST_WITHOUT_BREAKER = CASES / PARALLEL * 0.35  # every case spends its retries
+BASE_DELAY = 0.05  # a retry schedule of 0.175 to 0.35 s per call (3 retries, jitter)
+SLOWEST_WITHOUT_BREAKER = CASES / PARALLEL * 3.5 * BASE_DELAY  # every case spends its retries
 
 
 def _errors(results: Path) -> list[str]:
