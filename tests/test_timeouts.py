@@ -44,9 +44,9 @@ def test_a_slow_judge_is_cut_by_the_turn_timeout() -> None:
         config = project(
             {"target": agent.entry("target"), "judge": agent.entry("judge", timeout=5)}
         )
-        result, _ = run_case(_judged_case(), config, RunOptions(target="target", turn_timeout=0.25))
+        result, _ = run_case(_judged_case(), config, RunOptions(target="target", turn_timeout=0.15))
     assert result.status == "failed"
-    assert result.turns[0].error == "timeout after 250ms (the turn's time limit)"
+    assert result.turns[0].error == "timeout after 150ms (the turn's time limit)"
     assert result.total_turns == 1, "the conversation ends at the turn that ran out of time"
 
 
@@ -57,9 +57,9 @@ def test_the_case_timeout_bounds_the_judge_too() -> None:
         config = project(
             {"target": agent.entry("target"), "judge": agent.entry("judge", timeout=5)}
         )
-        result, _ = run_case(_judged_case(), config, RunOptions(target="target", case_timeout=0.3))
+        result, _ = run_case(_judged_case(), config, RunOptions(target="target", case_timeout=0.15))
     assert result.status == "failed"
-    assert result.turns[0].error == "timeout after 300ms (the case's time limit)"
+    assert result.turns[0].error == "timeout after 150ms (the case's time limit)"
 
 
 def test_a_slow_simulator_after_a_recorded_turn_fails_the_case() -> None:
@@ -72,11 +72,11 @@ def test_a_slow_simulator_after_a_recorded_turn_fails_the_case() -> None:
         agent.script("target", [say("What amount?")])
         agent.script("sim", [say('{"input": "5", "goal_achieved": false}', delay=1.5)])
         config = project({"target": agent.entry("target"), "sim": agent.entry("sim", timeout=5)})
-        result, _ = run_case(case, config, RunOptions(target="target", turn_timeout=0.25))
+        result, _ = run_case(case, config, RunOptions(target="target", turn_timeout=0.15))
     # Turn 1 itself ran and is kept; the time ran out writing the next input.
     assert result.turns[0].error is None and result.turns[0].output == "What amount?"
     assert result.status == "failed"
-    assert result.error == "timeout after 250ms (the turn's time limit)"
+    assert result.error == "timeout after 150ms (the turn's time limit)"
 
 
 def test_turn_timeout_flag_on_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
