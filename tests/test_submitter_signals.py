@@ -118,7 +118,7 @@ def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
     second; terminated, it writes what it has first, so `resume` plays only the turns
     that had not been played (killed outright, the last half second is played again)."""
     parallel, total = 4, 20
-    with WatchingAgent(demo_url, delay=0.03) as agent:
+    with WatchingAgent(demo_url, delay=0.015) as agent:
 
         def turns_seen(since: int = 0) -> set[tuple[str | None, int]]:
             return {(seen.case, seen.turn) for seen in agent.seen()[since:]}
