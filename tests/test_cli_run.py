@@ -667,7 +667,7 @@ def test_deadline_stops_the_run_and_fails_what_is_unfinished(
     code, out, _ = run(
         capsys,
         *("-i", "d.jsonl", "-n", "slow", "--config", str(config)),
-        *("--deadline", "0.3s", "--parallel", "1", "-o", "d.out.jsonl"),
+        *("--deadline", "0.15s", "--parallel", "1", "-o", "d.out.jsonl"),
     )
     assert time.monotonic() - started < 2.5, "a turn in flight does not outlive the deadline"
     assert code == 1
