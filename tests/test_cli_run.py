@@ -15,7 +15,6 @@ import os
 import pty
 import re
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from terminal_kit import reap
 
 from agenttest_submit.cli import main
 from agenttest_worker.results import CaseResult
@@ -1052,19 +1052,11 @@ def test_interactive_at_a_terminal_asks_the_person(demo_url: str, tmp_path: Path
     finally:
         # It closed the terminal as it exited: give it a second to be gone (still
         # running then, it hung: end it, fail below).
-        exit_by = time.monotonic() + 1
-        done, status = os.waitpid(pid, os.WNOHANG)
-        while not done and time.monotonic() < exit_by:
-            time.sleep(0.02)
-            done, status = os.waitpid(pid, os.WNOHANG)
-        if not done:
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-        os.close(fd)
+        code = reap(pid, fd, 1)
     text = output.decode("utf-8", "replace")
     assert answered, text
     assert "Agent: This requires manager approval. Please provide PO number." in text
-    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert code == 0, text
     [rec] = records(tmp_path / "pty.jsonl")
     assert rec["status"] == "passed"
     assert [(t["input_source"], t["input"]) for t in rec["turns"]][1] == ("interactive", "PO-12345")

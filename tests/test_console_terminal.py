@@ -16,7 +16,6 @@ import os
 import pty
 import re
 import select
-import signal
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ import pytest
 import yaml
 from fleet import Fleet, fleet_on
 from scripted_agent import Body, Reply, ScriptedAgent, by_last_user, call, say
+from terminal_kit import reap
 
 from agenttest_submit.cli import main
 
@@ -178,16 +178,8 @@ def under_pty(
                 raw += data
             on_output(raw.decode("utf-8", "replace"), fd)
     finally:
-        exit_by = time.monotonic() + (5 if time.monotonic() < deadline else 0)
-        done, status = os.waitpid(pid, os.WNOHANG)
-        while not done and time.monotonic() < exit_by:
-            time.sleep(0.02)
-            done, status = os.waitpid(pid, os.WNOHANG)
-        if not done:
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-        os.close(fd)
-    return os.waitstatus_to_exitcode(status), raw.decode("utf-8", "replace")
+        code = reap(pid, fd, 5 if time.monotonic() < deadline else 0)
+    return code, raw.decode("utf-8", "replace")
 
 
 def child_env(home: Path) -> dict[str, str]:

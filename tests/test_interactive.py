@@ -16,7 +16,6 @@ import os
 import pty
 import re
 import select
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import pytest
 import yaml
 from fleet import WORKER_ENV, WORKER_HEADER, Fleet, WatchingAgent, fleet_on
 from scripted_agent import Body, Reply, ScriptedAgent, last_user_text, say
+from terminal_kit import reap
 
 QUESTION = "Which PO number should I use?"
 HINT = "e.g. PO-12345"
@@ -102,17 +102,9 @@ def terminal_session(
     finally:
         # It closed the terminal as it exited (or the deadline passed and it hung: then
         # it is killed, and the test fails below).
-        exit_by = time.monotonic() + (5 if time.monotonic() < deadline else 0)
-        done, status = os.waitpid(pid, os.WNOHANG)
-        while not done and time.monotonic() < exit_by:
-            time.sleep(0.02)
-            done, status = os.waitpid(pid, os.WNOHANG)
-        if not done:
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-        os.close(fd)
+        code = reap(pid, fd, 5 if time.monotonic() < deadline else 0)
     text = raw.decode("utf-8", "replace").replace("\r\n", "\n")
-    return Session(os.waitstatus_to_exitcode(status), text, prompts)
+    return Session(code, text, prompts)
 
 
 @pytest.fixture
