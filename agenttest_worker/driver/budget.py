@@ -19,7 +19,7 @@ from agenttest_worker.agents.waiting import waiting
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.results import AgentCallRecord, TurnResult
 from agenttest_worker.store.base import ConversationStore
-from agenttest_worker.store.reservations import FIRST_TURN_WAIT, Reservation
+from agenttest_worker.store.reservations import FIRST_TURN_WAIT, Reservation, TurnReservation
 from agenttest_worker.store.steps import LoadedCase
 
 # How often a turn waiting for the run's first usage asks again (seconds).
@@ -98,10 +98,14 @@ async def reserve(store: ConversationStore, loaded: LoadedCase, options: RunOpti
 def _reserve(
     store: ConversationStore, loaded: LoadedCase, options: RunOptions, give_up: float
 ) -> Reservation:
-    expired = time.monotonic() > give_up
-    return store.reserve_turn(
-        loaded.run_id, loaded.case_id, options.max_tokens, options.max_cost, expired
+    turn = TurnReservation(
+        loaded.run_id,
+        loaded.case_id,
+        options.max_tokens,
+        options.max_cost,
+        expired=time.monotonic() > give_up,
     )
+    return store.reserve_turn(turn)
 
 
 def _refused(options: RunOptions, found: Reservation) -> str | None:

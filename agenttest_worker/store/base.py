@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from agenttest_worker.store.reservations import Reservation
+from agenttest_worker.store.reservations import Reservation, TurnReservation
 from agenttest_worker.store.steps import LoadedCase, Saved, Step
 
 if TYPE_CHECKING:
@@ -38,16 +38,9 @@ class ConversationStore(Protocol):
         """Record `step` once, if the conversation is still where it ran (steps.Step)."""
         ...
 
-    def reserve_turn(
-        self,
-        run_id: str,
-        case_id: str,
-        max_tokens: int | None,
-        max_cost: float | None,
-        expired: bool = False,
-    ) -> Reservation:
-        """Reserve a budgeted run's next turn of this conversation (reservations.py);
-        `expired`: the other turns' reservations count as gone."""
+    def reserve_turn(self, turn: TurnReservation) -> Reservation:
+        """Reserve the usage of a budgeted run's next turn of one conversation, or say
+        why not (reservations.py)."""
         ...
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
@@ -88,17 +81,8 @@ class SqlStore:
     def save_step(self, step: Step) -> Saved:
         return self._turns.save_step(self.engine, step)
 
-    def reserve_turn(
-        self,
-        run_id: str,
-        case_id: str,
-        max_tokens: int | None,
-        max_cost: float | None,
-        expired: bool = False,
-    ) -> Reservation:
-        return self._budget.reserve_turn(
-            self.engine, run_id, case_id, max_tokens, max_cost, expired
-        )
+    def reserve_turn(self, turn: TurnReservation) -> Reservation:
+        return self._budget.reserve_turn(self.engine, turn)
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
         return self._runs.cancel_run(self.url, run_id, reason)

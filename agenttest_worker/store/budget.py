@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from agenttest_worker.store._sql import CASES, RUNS
 from agenttest_worker.store.db import reconnecting
-from agenttest_worker.store.reservations import Reservation, decide
+from agenttest_worker.store.reservations import Reservation, TurnReservation, decide
 
 _CASE = [CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case")]
 _HELD = select(CASES.c.reserved_tokens, CASES.c.reserved_cost).where(*_CASE).with_for_update()
@@ -51,26 +51,19 @@ _MOVE = (
 
 
 @reconnecting
-def reserve_turn(
-    engine: Engine,
-    run_id: str,
-    case_id: str,
-    max_tokens: int | None,
-    max_cost: float | None,
-    expired: bool = False,
-) -> Reservation:
+def reserve_turn(engine: Engine, turn: TurnReservation) -> Reservation:
     """Reserve the next turn's estimate, or say why not (reservations.decide)."""
-    keys: dict[str, Any] = {"b_run": run_id, "b_case": case_id}
+    keys: dict[str, Any] = {"b_run": turn.run_id, "b_case": turn.case_id}
     with engine.begin() as connection:
         own = connection.execute(_HELD, keys).one_or_none()
         if own is None:
             return Reservation("reserved")  # the run was removed: the save finds it gone
         run = connection.execute(_RUN, keys).one()
-        held_tokens = 0 if expired else run.reserved_tokens - own.reserved_tokens
-        held_cost = 0.0 if expired else run.reserved_cost - own.reserved_cost
+        held_tokens = 0 if turn.expired else run.reserved_tokens - own.reserved_tokens
+        held_cost = 0.0 if turn.expired else run.reserved_cost - own.reserved_cost
         found = decide(
-            max_tokens,
-            max_cost,
+            turn.max_tokens,
+            turn.max_cost,
             run.total_tokens,
             run.total_cost,
             held_tokens,

@@ -86,6 +86,20 @@ def decide(
     )
 
 
+@dataclass(frozen=True)
+class TurnReservation:
+    """A budgeted run's next turn of one conversation, asking to reserve its usage
+    (`ConversationStore.reserve_turn`)."""
+
+    run_id: str
+    case_id: str
+    max_tokens: int | None
+    max_cost: float | None
+    # The other turns' reservations count as gone (the wait for the first turn's usage
+    # ran out: its worker may have died).
+    expired: bool = False
+
+
 class MemoryReservations:
     """The embedded store's reservations (BufferedStore): in memory, and atomic because
     every conversation of the run steps on one event loop. (A mixin: the store's `run`
@@ -96,28 +110,21 @@ class MemoryReservations:
         ledger: dict[str, tuple[int, float]] = self.__dict__.setdefault("_reserved", {})
         return ledger
 
-    def reserve_turn(
-        self,
-        run_id: str,
-        case_id: str,
-        max_tokens: int | None,
-        max_cost: float | None,
-        expired: bool = False,
-    ) -> Reservation:
+    def reserve_turn(self, turn: TurnReservation) -> Reservation:
         ledger = self._ledger()
-        ledger.pop(case_id, None)  # this conversation's earlier attempt's, if any
-        held = (0, 0.0) if expired else _sum(ledger.values())
+        ledger.pop(turn.case_id, None)  # this conversation's earlier attempt's, if any
+        held = (0, 0.0) if turn.expired else _sum(ledger.values())
         run = self.__dict__["run"]
         found = decide(
-            max_tokens,
-            max_cost,
+            turn.max_tokens,
+            turn.max_cost,
             run.total_tokens,
             run.total_cost,
             *held,
             self.__dict__.get("_budget_turns", 0),
         )
         if found.outcome == "reserved":
-            ledger[case_id] = (found.estimate_tokens, found.estimate_cost)
+            ledger[turn.case_id] = (found.estimate_tokens, found.estimate_cost)
         return found
 
     def release_reservation(self, case_id: str, turns: int) -> None:
