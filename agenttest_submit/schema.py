@@ -32,7 +32,8 @@ from agenttest_worker.agents.base import protocol_names
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.assertions import ContainsAssertion, RegexAssertion, TypeAssertion
 from agenttest_worker.assertions.structure import _TYPE_ALIASES
-from agenttest_worker.cases.model import Case, InteractiveConfig, YamlTest
+from agenttest_worker.cases.model import Case, InteractiveConfig
+from agenttest_worker.cases.yaml_model import YamlTest
 
 __all__ = ["SCHEMAS", "SCHEMA_KINDS", "SchemaKind", "schema_text"]
 

@@ -417,7 +417,7 @@ def test_yaml_file_with_every_field() -> None:
 
 
 def test_yaml_flat_with_simulator_is_multi_turn() -> None:
-    from agenttest_worker.cases.model import YamlTest
+    from agenttest_worker.cases.yaml_model import YamlTest
 
     data = YamlTest.model_validate(
         {"name": "t", "user_input": "hi", "simulator": {"use": "agents:sim"}}

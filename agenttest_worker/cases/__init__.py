@@ -1,7 +1,7 @@
 """Cases: the one internal model both spec formats are read into, and the readers.
 
-- `model`: the case (turns, simulator, assertions, limits) and the tdx test it may be
-  written as; it knows dictionaries, not files.
+- `model`: the case (turns, simulator, assertions, limits); `yaml_model`: the tdx test
+  it may be written as. Both know dictionaries, not files.
 - `files`: finding case files and reading each by its suffix (`iter_cases`,
   `load_cases`), with one reader per format: `json_reader` (JSONL/JSON, yao format)
   and `yaml_reader` (YAML, tdx format).
@@ -23,9 +23,9 @@ from agenttest_worker.cases.model import (
     OnMissingInput,
     SimulatorConfig,
     Turn,
-    YamlTest,
 )
 from agenttest_worker.cases.validation import Located, validate_case
+from agenttest_worker.cases.yaml_model import YamlTest
 
 __all__ = [
     "CASE_SUFFIXES",

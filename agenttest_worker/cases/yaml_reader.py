@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agenttest_worker.cases.model import Case, YamlTest
+from agenttest_worker.cases.model import Case
 from agenttest_worker.cases.validation import (
     Located,
     Path_,
@@ -23,6 +23,7 @@ from agenttest_worker.cases.validation import (
     read_text,
     validate_case,
 )
+from agenttest_worker.cases.yaml_model import YamlTest
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.yamlfile import parse_yaml
 

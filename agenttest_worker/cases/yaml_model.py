@@ -1,0 +1,157 @@
+"""The tdx YAML test: a `tests:` entry, flat (`user_input` + `criteria`) or `rounds`,
+and how it becomes the one internal `Case` shape (`to_case_data`).
+
+YAML `criteria` become an `agent` assertion on the configured default judge that sees
+the conversation so far; YAML cases default to `on_missing_input: end`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from agenttest_worker.agents.options import Options
+from agenttest_worker.assertions import Assertion, on_change
+from agenttest_worker.cases.model import (
+    Attachment,
+    CaseSource,
+    FieldError,
+    OnMissingInput,
+    SimulatorConfig,
+    StrictModel,
+)
+from agenttest_worker.errors import FieldPath
+
+
+class _Round(StrictModel):
+    user_input: str
+    criteria: str | None = None
+    assertions: list[Assertion] = Field(default_factory=list)
+    attachments: list[Attachment] = Field(default_factory=list)
+    options: Options | None = None
+
+
+class YamlTest(StrictModel):
+    """One entry of a tdx `tests:` list: flat (user_input + criteria) or `rounds`."""
+
+    name: str = Field(min_length=1)
+    id: str | None = None
+    description: str | None = None
+    user_input: str | None = None
+    criteria: str | None = None
+    rounds: list[_Round] | None = None
+    assertions: list[Assertion] = Field(default_factory=list)
+    attachments: list[Attachment] = Field(default_factory=list)
+    agent: str | None = None
+    options: Options | None = None
+    simulator: SimulatorConfig | None = None
+    on_missing_input: OnMissingInput | None = None
+    final_assertions: list[Assertion] = Field(default_factory=list)
+    tool_mocks: dict[str, Any] = Field(default_factory=dict)
+    max_turns: int | None = Field(default=None, ge=1)
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tags_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_form(self) -> YamlTest:
+        if self.user_input is None and not self.rounds:
+            raise FieldError("user_input", "a test needs `user_input` (flat format) or `rounds`")
+        if self.user_input is not None and self.rounds:
+            raise FieldError(
+                "rounds", "a test has either `user_input` (flat format) or `rounds`, not both"
+            )
+        if self.rounds is not None and (self.criteria or self.assertions or self.attachments):
+            field = next(f for f in ("criteria", "assertions", "attachments") if getattr(self, f))
+            raise FieldError(field, "with `rounds`, put criteria and assertions on each round")
+        return self
+
+    def source(self, base: FieldPath, line_of: Callable[[FieldPath], int | None]) -> CaseSource:
+        """How the case of `to_case_data` maps back to this test (`base`: its place in
+        the file): a flat test's one turn is the test itself, each round a turn, and
+        `criteria` the assertion appended after a round's own."""
+        rounds: list[_Round] | None = self.rounds or None
+        criteria = (
+            {i: len(r.assertions) for i, r in enumerate(rounds) if r.criteria}
+            if rounds
+            else ({0: len(self.assertions)} if self.criteria else {})
+        )
+        return CaseSource(
+            single=rounds is None,
+            turns_key="rounds",
+            input_key="user_input",
+            criteria=criteria,
+            base=base,
+            line_of=line_of,
+        )
+
+    def to_case_data(self) -> dict[str, Any]:
+        rounds = self.rounds or [
+            _Round(
+                user_input=self.user_input or "",
+                criteria=self.criteria,
+                assertions=self.assertions,
+                attachments=self.attachments,
+            )
+        ]
+        turns = [
+            {
+                "input": _block_text(r.user_input),
+                "assertions": [
+                    *(a.model_dump(exclude_unset=True) for a in r.assertions),
+                    *([criteria_assertion(r.criteria)] if r.criteria else []),
+                ],
+                "attachments": [a.model_dump(exclude_none=True) for a in r.attachments],
+                **({"options": r.options.model_dump(exclude_none=True)} if r.options else {}),
+            }
+            for r in rounds
+        ]
+        data: dict[str, Any] = {
+            "id": self.id or self.name,
+            "name": self.name,
+            "type": "multi_turn" if self.rounds else "single_turn",
+            "turns": turns,
+            "on_missing_input": self.on_missing_input or "end",
+            "final_assertions": [a.model_dump(exclude_unset=True) for a in self.final_assertions],
+            "tool_mocks": self.tool_mocks,
+            "tags": self.tags,
+        }
+        if self.simulator is not None:
+            data["type"] = "multi_turn"
+        optional = {
+            "description": self.description,
+            "agent": self.agent,
+            "options": self.options.model_dump(exclude_none=True) if self.options else None,
+            "simulator": self.simulator.model_dump(exclude_none=True) if self.simulator else None,
+            "max_turns": self.max_turns,
+        }
+        data.update({k: v for k, v in optional.items() if v is not None})
+        return data
+
+
+def _block_text(text: str) -> str:
+    # YAML `|` blocks end in a newline the author did not mean to send.
+    return text.rstrip("\n")
+
+
+def criteria_assertion(criteria: str) -> dict[str, Any]:
+    """A tdx criterion as an agent assertion on the default judge, over the conversation."""
+    return {
+        "type": "agent",
+        "conversation": True,
+        "options": {"metadata": {"criteria": _block_text(criteria)}},
+    }
+
+
+def _rebuild_with_registered_types() -> None:
+    # As cases/model.py does for its models: a late assertion type reaches these too.
+    for model in (_Round, YamlTest):
+        model.model_rebuild(force=True)
+
+
+on_change(_rebuild_with_registered_types)
