@@ -86,7 +86,7 @@ def _one_or_many(field: str) -> Callable[[JsonSchemaValue], None]:
 
 def _adjust_case(schema: JsonSchemaValue) -> None:
     # Where the case was read from: set by the readers, never written in a file.
-    for internal in ("source_file", "source_line"):
+    for internal in ("source_file", "source_line", "repetition"):
         schema["properties"].pop(internal, None)
     _one_or_many("tags")(schema)
 

@@ -22,13 +22,18 @@ AgentRole = Literal["target", "simulator", "validator", "generator", "reporter"]
 
 @dataclass(frozen=True)
 class AssertionOutcome:
-    """What a checker concluded. `reason` is written for the person reading the report."""
+    """What a checker concluded. `reason` is written for the person reading the report.
+
+    A judge asked more than once, or a panel of judges, gives every vote and the share
+    of them that agrees with the verdict (`agreement`)."""
 
     passed: bool
     reason: str
     score: float | None = None
     suggestions: list[str] | None = None
     error: str | None = None
+    votes: list[JudgeVote] | None = None
+    agreement: float | None = None
 
 
 class _Record(BaseModel):
@@ -96,6 +101,17 @@ class AgentCallRecord(_Record):
     reply: str | None = None
 
 
+class JudgeVote(_Record):
+    """One judge's answer to one asking: who, what it decided, its score and reason
+    (`error` when the call failed: such a vote is not a pass)."""
+
+    judge: str
+    passed: bool
+    score: float | None = None
+    reason: str = ""
+    error: str | None = None
+
+
 class AssertionResult(_Record):
     """An assertion as written in the case, plus its verdict and a reason a person can act on.
 
@@ -111,6 +127,9 @@ class AssertionResult(_Record):
     score: float | None = None
     suggestions: list[str] | None = None
     error: str | None = None
+    # An agent assertion asked with `votes` or a panel of judges (`use: [...]`).
+    votes: list[JudgeVote] | None = None
+    agreement: float | None = None
 
 
 class TurnResult(_Record):
@@ -143,6 +162,21 @@ class TurnResult(_Record):
     problems: list[str] | None = None
 
 
+class RoleUsage(_Record):
+    """What one role's calls cost: calls, tokens and `cost` (from each agent's
+    `pricing` in agenttest.yaml; 0 for agents without one)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost: float = 0.0
+
+
+# The roles usage is split by, as `usage_by_role` names them (a validator is the judge).
+UsageRole = Literal["target", "simulator", "judge", "generator", "reporter"]
+
+
 class CaseResult(_Record):
     # The spec's record always has a name (null for a case that has none).
     _keep_none: ClassVar[frozenset[str]] = frozenset({"name"})
@@ -166,6 +200,12 @@ class CaseResult(_Record):
     # that CI annotations point at it; absent for cases from a message or a generator.
     file: str | None = None
     line: int | None = None
+    # A case played K times (`--repeat K`, a case's `repeat`): which repetition this
+    # record is (1-based) and K; absent for a case played once.
+    repeat: int | None = None
+    repeats: int | None = None
+    # Calls, tokens and cost of this conversation, by role.
+    usage_by_role: dict[UsageRole, RoleUsage] | None = None
 
     def to_json_line(self) -> str:
         return self.model_dump_json()

@@ -191,7 +191,12 @@ class Case(StrictModel):
     tool_mocks: dict[str, Any] = Field(default_factory=dict)
     max_turns: int | None = Field(default=None, ge=1)
     tags: list[str] = Field(default_factory=list)
+    # Play the case this many times, as independent conversations (`--repeat` overrides).
+    repeat: int | None = Field(default=None, ge=1)
 
+    # Which of its `repeat` plays a stored conversation is (1-based), set by the
+    # submitter when it stores each repetition; like source_file, not the author's.
+    repetition: int | None = Field(default=None, exclude=True)
     # Where the case came from, for messages and for resolving file:// attachments.
     source_file: str | None = Field(default=None, exclude=True)
     source_line: int | None = Field(default=None, exclude=True)
@@ -331,6 +336,8 @@ class Case(StrictModel):
             record["source_file"] = self.source_file
             if self.source_line is not None:
                 record["source_line"] = self.source_line
+        if self.repetition is not None:
+            record["repetition"] = self.repetition
         return record
 
 

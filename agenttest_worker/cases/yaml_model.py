@@ -52,6 +52,7 @@ class YamlTest(StrictModel):
     tool_mocks: dict[str, Any] = Field(default_factory=dict)
     max_turns: int | None = Field(default=None, ge=1)
     tags: list[str] = Field(default_factory=list)
+    repeat: int | None = Field(default=None, ge=1)
 
     @field_validator("tags", mode="before")
     @classmethod
@@ -129,6 +130,7 @@ class YamlTest(StrictModel):
             "options": self.options.model_dump(exclude_none=True) if self.options else None,
             "simulator": self.simulator.model_dump(exclude_none=True) if self.simulator else None,
             "max_turns": self.max_turns,
+            "repeat": self.repeat,
         }
         data.update({k: v for k, v in optional.items() if v is not None})
         return data

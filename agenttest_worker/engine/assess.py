@@ -19,6 +19,8 @@ async def run_assertions(
     for spec, outcome in zip(assertions, outcomes, strict=True):
         written = spec.model_dump(mode="json", exclude_unset=True)
         written["type"] = spec.type
+        # An agent assertion's `votes: N` (how often to ask) becomes the votes given.
+        written.pop("votes", None)
         results.append(
             AssertionResult.model_validate(
                 {
@@ -28,6 +30,8 @@ async def run_assertions(
                     "score": outcome.score,
                     "suggestions": outcome.suggestions,
                     "error": outcome.error,
+                    "votes": outcome.votes,
+                    "agreement": outcome.agreement,
                 }
             )
         )

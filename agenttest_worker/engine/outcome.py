@@ -93,4 +93,6 @@ def case_result(case: Case, state: ConversationState, agent: str | None) -> Case
         usage=sum(usage, Usage()) if usage else None,
         file=case.source_file,
         line=case.source_line,
+        repeat=case.repetition,
+        repeats=case.repeat if case.repetition is not None else None,
     )
