@@ -197,6 +197,8 @@ class Defaults(_Strict):
     judge: str | None = None
     simulator: str | None = None
     agent: str | None = None
+    # How often an agent assertion without `votes` asks its judge(s).
+    judge_votes: int = Field(default=1, ge=1)
 
 
 class ProjectConfig(_Strict):

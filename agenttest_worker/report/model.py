@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
-from agenttest_worker.results import CaseResult
+from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
 # How the skip reason of a case its run stopped before it started begins
@@ -152,6 +152,9 @@ class RunReport:
     # the aggregator so that a submitter printing the same thing does not render twice.
     rendered: dict[str, str] = field(default_factory=dict)
     budget: Budget | None = None
+    # What the run used outside any conversation (generating its cases, a reporter
+    # agent), by role: added to the records' usage_by_role in the summary.
+    run_usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
 
     def summary(self) -> Summary:
         # One pass: the results may be parsed as they are read (StoredResults).
