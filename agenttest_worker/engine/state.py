@@ -43,6 +43,11 @@ class RunOptions(BaseModel):
     # Budgets for the whole run: once spent, no new turn starts (--max-tokens/--max-cost).
     max_tokens: int | None = None
     max_cost: float | None = None
+    # Repeats (--repeat, --pass-rule, --pass-k): how often each case is played, and how
+    # the reports turn its repetitions into one verdict (report/verdicts.py).
+    repeat: int | None = None
+    pass_rule: str = "all"
+    pass_k: int | None = None
 
     @property
     def budgeted(self) -> bool:

@@ -155,6 +155,10 @@ class RunReport:
     # What the run used outside any conversation (generating its cases, a reporter
     # agent), by role: added to the records' usage_by_role in the summary.
     run_usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
+    # How a repeated case's repetitions make its verdict (--pass-rule: all, any,
+    # majority, or a share such as 0.8) and the k of pass@k and pass^k (--pass-k).
+    pass_rule: str = "all"
+    pass_k: int | None = None
 
     def summary(self) -> Summary:
         # One pass: the results may be parsed as they are read (StoredResults).
