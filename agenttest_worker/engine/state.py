@@ -48,6 +48,9 @@ class RunOptions(BaseModel):
     repeat: int | None = None
     pass_rule: str = "all"
     pass_k: int | None = None
+    # How many cases the run's conversations play, when some case is played more than
+    # once (the header says "3 test cases × 5 repetitions"); None: one conversation each.
+    distinct_cases: int | None = None
 
     @property
     def budgeted(self) -> bool:

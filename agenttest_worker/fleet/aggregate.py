@@ -42,6 +42,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         budget=_budget(run.options or {}, run.total_tokens, run.total_cost),
         pass_rule=(run.options or {}).get("pass_rule") or "all",
         pass_k=(run.options or {}).get("pass_k"),
+        distinct_cases=(run.options or {}).get("distinct_cases"),
     )
 
 

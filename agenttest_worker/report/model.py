@@ -159,6 +159,8 @@ class RunReport:
     # majority, or a share such as 0.8) and the k of pass@k and pass^k (--pass-k).
     pass_rule: str = "all"
     pass_k: int | None = None
+    # The cases the run's `total_cases` conversations play, when some case repeats.
+    distinct_cases: int | None = None
 
     def summary(self) -> Summary:
         # One pass: the results may be parsed as they are read (StoredResults).
