@@ -92,6 +92,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _pass_rule(text: str) -> str:
+    from agenttest_worker.report.verdicts import pass_rule_problem  # after heap.starting()
+
+    problem = pass_rule_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -169,6 +178,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="conversations run at a time (default: 10; on a fleet: no cap)",
     )
     p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
+    p.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help="play each case K times as independent conversations (overrides a case's repeat)",
+    )
+    p.add_argument(
+        "--pass-rule",
+        type=_pass_rule,
+        default="all",
+        metavar="RULE",
+        help="a repeated case passes when all (default), any, a majority, or a share such as "
+        "0.8 of its repetitions passed",
+    )
+    p.add_argument(
+        "--pass-k",
+        type=_positive_int,
+        default=None,
+        metavar="k",
+        help="the k of the run's pass@k and pass^k (default: each case's repetitions)",
+    )
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -307,6 +338,9 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         parallel=args.parallel or 10,
         parallel_given=args.parallel is not None,
         fail_fast=args.fail_fast,
+        repeat=args.repeat,
+        pass_rule=args.pass_rule,
+        pass_k=args.pass_k,
         dry_run=args.dry_run,
         wait=args.wait,
         reeval=args.reeval,

@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agenttest_submit.generate import generate_cases
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
@@ -16,7 +17,7 @@ from agenttest_worker.assertions import AgentAssertion
 from agenttest_worker.cases.attachments import inline_attachments
 from agenttest_worker.cases.checks import check_case_refs
 from agenttest_worker.cases.files import case_files_in, iter_cases
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.model import Case, repetition_key
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report.common import printable
 from agenttest_worker.store.steps import CaseRecord
@@ -105,6 +106,10 @@ class CaseStream:
             except InputError as exc:
                 self.problems.extend(exc.problems)
 
+    def has_id(self, case_id: str) -> bool:
+        """Whether some case of the input (selected or not) has this id."""
+        return case_id in self._seen
+
     def _check(self, case: Case) -> Case | None:
         where = f"{case.source_file}:{case.source_line}" if case.source_file else "input"
         if case.id in self._seen:
@@ -155,22 +160,71 @@ class Spool:
     runs anything, without holding a 100,000-case file in memory.
     """
 
-    def __init__(self, stream: CaseStream, target: str | None, *, sources: bool = True) -> None:
+    def __init__(
+        self,
+        stream: CaseStream,
+        target: str | None,
+        *,
+        sources: bool = True,
+        repeat: int | None = None,
+    ) -> None:
+        """`sources`: a run's records (where each case is written, and each repetition
+        of a repeated case its own conversation) rather than --dry-run's cases as
+        written. `repeat`: --repeat, over each case's own `repeat`."""
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
         self.handle = tempfile.TemporaryFile("w+b")  # noqa: SIM115
-        self.ids: list[str] = []
+        self.cases = 0
+        self.conversations = 0
+        # (repetition key, its case): checked against every case id once all are read.
+        repeated: list[tuple[str, str]] = []
         for case in stream:
-            # A run keeps where each case is written (for its reports); --dry-run prints
-            # the cases alone.
-            record = case.to_run_record() if sources else case.to_record()
-            line = [case.id, case.agent or target, record]
-            self.handle.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
-            self.ids.append(case.id)
+            self.cases += 1
+            agent = case.agent or target
+            if not sources:
+                self._write([case.id, agent, case.to_record()])
+                continue
+            record = case.to_run_record()
+            times = repeat or case.repeat or 1
+            if times == 1:
+                record.pop("repeat", None)
+                self._write([case.id, agent, record])
+                continue
+            # Each repetition is a conversation of its own (own key, so own session
+            # id, its own chain on a fleet), stored one after the other.
+            record["repeat"] = times
+            for number in range(1, times + 1):
+                key = repetition_key(case.id, number)
+                repeated.append((key, case.id))
+                self._write([key, agent, {**record, "repetition": number}])
         stream.finish()
+        # A case whose id is another's repetition key ("T1#2" beside "T1" played 3
+        # times) would share its conversation: refused before anything runs.
+        clashes = [
+            InputProblem(
+                f"case id {key!r} is also the key of repetition {key.rsplit('#', 1)[1]} of "
+                f"case {case_id!r}: rename it",
+                field="id",
+                test=key,
+            )
+            for key, case_id in repeated
+            if stream.has_id(key)
+        ]
+        if clashes:
+            raise InputError(clashes)
         self.handle.seek(0)
 
+    @property
+    def repeated(self) -> bool:
+        """Whether some case is played more than once."""
+        return self.conversations > self.cases
+
+    def _write(self, line: list[Any]) -> None:
+        self.handle.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+        self.conversations += 1
+
     def records(self) -> Iterator[CaseRecord]:
-        """(case id, agent, normalized record) of every case, in input order."""
+        """(conversation key, agent, normalized record) of every conversation, in input
+        order (a case's key is its id; a repetition's, `repetition_key`)."""
         self.handle.seek(0)
         for line in self.handle:
             case_id, agent, record = json.loads(line)

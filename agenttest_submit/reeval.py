@@ -123,17 +123,19 @@ def reeval_cases(request: RunRequest, config: ProjectConfig, cases: list[Case]) 
     ref = request.reeval
     run_id = None if ref is None or ref == "last" else resolve_run(url, ref).id
     target = request.agent or config.defaults.agent
-    found = stored_conversations(url, [c.id for c in cases], run_id)
+    # A repeated case (its `repeat`, --repeat) is each of its repetitions' conversation.
+    cases = [r for c in cases for r in c.repetitions(request.repeat or c.repeat or 1)]
+    found = stored_conversations(url, [c.key for c in cases], run_id)
     stored: dict[str, StoredConversation] = {}
     for case in cases:
-        if case.id not in found:
+        if case.key not in found:
             continue
-        why = _stale(case, found[case.id], target)
+        why = _stale(case, found[case.key], target)
         if why is None:
-            stored[case.id] = found[case.id]
+            stored[case.key] = found[case.key]
         else:
             print(
-                f"{printable(case.id)}: its stored conversation (run {found[case.id].run_id}) "
+                f"{printable(case.key)}: its stored conversation (run {found[case.key].run_id}) "
                 f"is not re-judged, {why}; the case runs again",
                 file=sys.stderr,
             )
@@ -150,11 +152,13 @@ def _reeval(
     label: str,
     target: str | None,
 ) -> int:
-    cached = [c for c in cases if c.id in stored]
-    fresh = [c for c in cases if c.id not in stored]
-    sources = Counter(stored[c.id].run_id for c in cached)
+    cached = [c for c in cases if c.key in stored]
+    fresh = [c for c in cases if c.key not in stored]
+    sources = Counter(stored[c.key].run_id for c in cached)
     parent = sources.most_common(1)[0][0] if sources else None
     options = run_options(request, config, target)
+    if any(c.repetition is not None for c in cases):
+        options = options.model_copy(update={"distinct_cases": len({c.id for c in cases})})
     run_id, total = store_run(
         url,
         cases,
@@ -199,14 +203,14 @@ async def _rejudge_all(
 
     async def lane() -> None:
         for case in queue:
-            conversation = stored[case.id]
+            conversation = stored[case.key]
             state = ConversationState.model_validate(conversation.state)
             new_state = await reevaluate(case, state, pool)
             result = case_result(case, new_state, conversation.agent)
             store.save_step(
                 Step(
                     run_id=run_id,
-                    case_id=case.id,
+                    case_id=case.key,
                     expected_turn=1,
                     next_turn=new_state.turns_run + 1,
                     phase="done",
@@ -241,4 +245,4 @@ def _run_fresh(
         enqueue_run(run_id, total)
         wait_for_run(url, run_id, total, config, options, {})
         return
-    run_async(drive(url, run_id, [(c.id, 1) for c in fresh], request.parallel, progress))
+    run_async(drive(url, run_id, [(c.key, 1) for c in fresh], request.parallel, progress))

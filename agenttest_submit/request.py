@@ -67,6 +67,11 @@ class RunRequest:
     parallel_given: bool = False
     # --fail-fast: stop on the first failure.
     fail_fast: bool = False
+    # --repeat: play each case this many times (None: each case's `repeat`, else once);
+    # --pass-rule: how its repetitions make its verdict; --pass-k: the k of pass@k.
+    repeat: int | None = None
+    pass_rule: str = "all"
+    pass_k: int | None = None
     # --dry-run: load, generate and check the cases, print them, call no target.
     dry_run: bool = False
     # --wait / --no-wait (distributed): watch the run and report it, or return at once.

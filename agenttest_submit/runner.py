@@ -54,6 +54,9 @@ def run_options(request: RunRequest, config: ProjectConfig, target: str | None) 
         awaiting_tools=list(config.awaiting_tools),
         max_tokens=request.max_tokens,
         max_cost=request.max_cost,
+        repeat=request.repeat,
+        pass_rule=request.pass_rule,
+        pass_k=request.pass_k,
     )
 
 
@@ -79,7 +82,7 @@ def store_run(
     parent_run_id: str | None = None,
 ) -> tuple[str, int]:
     """Create the run and its cases; returns (run id, number of cases)."""
-    records = ((c.id, c.agent or target, c.to_run_record()) for c in cases)
+    records = ((c.key, c.agent or target, c.to_run_record()) for c in cases)
     return store_records(
         url,
         records,

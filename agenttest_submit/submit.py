@@ -142,8 +142,10 @@ def run_cases(
         url = database_url()
         import_celery_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
-    with Spool(stream, target) as spool:
+    with Spool(stream, target, repeat=request.repeat) as spool:
         print_warnings(stream.warnings)
+        if spool.repeated:
+            options = options.model_copy(update={"distinct_cases": spool.cases})
         if not settings.distributed:
             return run_embedded(request, url, list(spool.records()), options, config, target, label)
         from agenttest_submit.distributed import FleetStarter, run_distributed

@@ -307,6 +307,21 @@ class Case(StrictModel):
             return self
         return self.model_copy(update={"simulator": SimulatorConfig(use=use), "type": "multi_turn"})
 
+    @property
+    def key(self) -> str:
+        """The conversation's key in its run: the case id, or `repetition_key` for one
+        repetition of a repeated case."""
+        return self.id if self.repetition is None else repetition_key(self.id, self.repetition)
+
+    def repetitions(self, times: int) -> list[Case]:
+        """The case as `times` conversations (itself when once), each knowing which it is."""
+        if times == 1:
+            return [self]
+        return [
+            self.model_copy(update={"repeat": times, "repetition": number})
+            for number in range(1, times + 1)
+        ]
+
     def iter_assertions(self) -> list[Assertion]:
         found: list[Assertion] = [a for t in self.turns for a in t.assertions]
         return found + list(self.final_assertions)
@@ -339,6 +354,11 @@ class Case(StrictModel):
         if self.repetition is not None:
             record["repetition"] = self.repetition
         return record
+
+
+def repetition_key(case_id: str, number: int) -> str:
+    """The stored key of a repeated case's repetition `number` (1-based): "T1#2"."""
+    return f"{case_id}#{number}"
 
 
 @cache

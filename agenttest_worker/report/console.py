@@ -13,7 +13,7 @@ Where the spec's example leaves a rule implicit, these hold:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from agenttest_worker.report.common import (
@@ -28,7 +28,8 @@ from agenttest_worker.report.common import (
     printable,
     quoted,
 )
-from agenttest_worker.report.model import RunReport, Summary, Tally
+from agenttest_worker.report.model import RunReport, Summary
+from agenttest_worker.report.verdicts import CaseVerdict, case_verdict, grouped
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 
 _HEAVY_RULE = "═" * 63
@@ -79,14 +80,18 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     read once, and a caller storing it need not hold it whole."""
     style = Style(run.color)
     yield _text([*_header(run), "", *_section("Running Tests"), ""])
-    tally = Tally()
+    tally = run.tally()
     hidden = 0
-    for case in run.results:
-        tally.add(case)
-        if run.only_failures and case.status == "passed":
+    for records in grouped(_counted(run.results, tally.add)):
+        found = case_verdict(records, run.pass_rule)
+        if run.only_failures and found.status == "passed":
             hidden += 1
             continue
-        yield _text([*case_lines(case, run, style, full=run.verbose), ""])
+        if found.repeated:
+            lines = repeated_case_lines(found, records, run, style)
+        else:
+            lines = case_lines(records[0], run, style, full=run.verbose)
+        yield _text([*lines, ""])
     if not tally.total:
         yield _text(["  No test cases ran.", ""])
     elif hidden:
@@ -94,6 +99,14 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     yield _text(
         [*_section("Summary"), *_summary_lines(tally.summary(run.duration_s, run.budget), style)]
     )
+
+
+def _counted(
+    records: Iterable[CaseResult], add: Callable[[CaseResult], None]
+) -> Iterator[CaseResult]:
+    for record in records:
+        add(record)
+        yield record
 
 
 def _text(lines: list[str]) -> str:
@@ -114,7 +127,12 @@ def _header(run: RunReport) -> list[str]:
     if run.agent:
         lines.append(f"ℹ Agent: {printable(run.agent)}")
     label = printable(run.input_label)
-    lines.append(f"ℹ Input: {label} ({_plural(run.total_cases, 'test case')})")
+    if run.distinct_cases is not None:
+        # Some case repeats: the run's conversations are its cases' repetitions.
+        counted = f"{_plural(run.distinct_cases, 'test case')}, {run.total_cases} conversations"
+    else:
+        counted = _plural(run.total_cases, "test case")
+    lines.append(f"ℹ Input: {label} ({counted})")
     if run.run_id:
         lines.append(f"ℹ Run: {printable(run.run_id)}")
     return lines
@@ -136,11 +154,45 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
             else []
         ),
         *([f"  Budget: {summary.budget.line()}"] if summary.budget else []),
+        *_repeat_lines(summary),
         "",
         f"  Total turns: {summary.total_turns}",
         f"  Avg turns/test: {summary.avg_turns:.1f}",
         f"  Total time: {format_seconds(summary.duration_s)}",
     ]
+
+
+def _repeat_lines(summary: Summary) -> list[str]:
+    stats = summary.repeats
+    if stats is None:
+        return []
+    lines = ["", *(f"  {line}" for line in stats.lines())]
+    if stats.flaky:
+        # Case ids are data: escaped like the rest.
+        lines.append(
+            f"  Flaky ({len(stats.flaky)}): {', '.join(printable(i) for i in stats.flaky)}"
+        )
+    return lines
+
+
+def repeated_case_lines(
+    found: CaseVerdict, records: list[CaseResult], run: RunReport, style: Style
+) -> list[str]:
+    """A case played several times, shown once: its verdict, then each repetition that
+    did not pass, with its turns (every repetition with -v)."""
+    title = _case_title(records[0], run, counted=False)
+    flaky = f" · {style.paint('FLAKY', _YELLOW)}" if found.flaky else ""
+    lines = [f"{title} ({found.fraction()} repetitions passed){flaky}"]
+    for record in records:
+        if record.status == "passed" and not run.verbose:
+            continue
+        number = f"{record.repeat}/{record.repeats}" if record.repeat else "?"
+        lines.append(f"  Repetition {number}: {style.status(record.status)}")
+        branches = _CaseTree(record, run, style, verbose=run.verbose).branches()
+        lines += [f"  {line}" for line in _tree(branches)]
+    rule = f"pass rule: {run.pass_rule}"
+    lines.append(f"  └─ Result: {style.status(found.status)} ({found.fraction()} passed, {rule})")
+    return lines
 
 
 def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) -> list[str]:
@@ -153,7 +205,7 @@ def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) ->
     return [_case_title(case, run), *_tree(branches)]
 
 
-def _case_title(case: CaseResult, run: RunReport) -> str:
+def _case_title(case: CaseResult, run: RunReport, *, counted: bool = True) -> str:
     parts = [f"► [{printable(case.id)}]"]
     if case.name and case.name != case.id:  # a YAML test's name is its id: said once
         parts.append(printable(case.name))
@@ -161,7 +213,7 @@ def _case_title(case: CaseResult, run: RunReport) -> str:
     simulator = run.simulators.get(case.id) or (case.simulator or "").removeprefix("agents:")
     if simulator:
         parts.append(f"(simulator: {printable(simulator)})")
-    elif case.status != "skipped":
+    elif counted and case.status != "skipped":
         parts.append(f"({_plural(case.total_turns, 'turn')})")
     return " ".join(parts)
 

@@ -1,4 +1,9 @@
-"""JSON: one document with the run's identity, its summary and every case record."""
+"""JSON: one document with the run's identity, its summary and every case record.
+
+When some case was played more than once, `results` holds every repetition's record and
+`cases` each case's verdict (`{id, name, status, passed, repeats, flaky}`), and the
+summary's `repeats` the run's statistics (report/verdicts.py).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,22 @@ from agenttest_worker.report.model import RunReport
 
 
 def document(run: RunReport) -> dict[str, Any]:
-    return {
+    tally = run.tally()
+    results = []
+    for case in run.results:
+        tally.add(case)
+        # mode="json" turns every value into plain JSON (the records are JSONL-identical).
+        results.append(case.model_dump(mode="json"))
+    summary = tally.summary(run.duration_s, run.budget)
+    found: dict[str, Any] = {
         "run_id": run.run_id,
         "agent": run.agent,
-        "summary": run.summary().as_dict(),
-        # mode="json" turns every value into plain JSON (the records are JSONL-identical).
-        "results": [case.model_dump(mode="json") for case in run.results],
+        "summary": summary.as_dict(),
+        "results": results,
     }
+    if summary.repeats is not None:
+        found["cases"] = [case.as_dict() for case in tally.verdicts.cases]
+    return found
 
 
 def render(run: RunReport) -> str:

@@ -8,6 +8,11 @@ could not give a verdict, a run-level stop; a case whose checks said no is a <fa
 on_missing_input: fail). Each testcase carries `file` and `line`, where the case is
 written, so CI annotations point at it. Failed and skipped cases carry their console
 tree in <system-out>, so the conversation is readable in the CI UI.
+
+A case played K times is one testcase with its verdict (report/verdicts.py): the
+message says how many repetitions passed, the body lists each failed repetition's
+problems, and <system-out> the repetitions that did not pass (a flaky case that passed
+under `--pass-rule any` too). It is an <error> only when every failed repetition was.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import re
 import xml.etree.ElementTree as ET
 
 from agenttest_worker.report.common import first_problem, problems
-from agenttest_worker.report.console import Style, case_lines
+from agenttest_worker.report.console import Style, case_lines, repeated_case_lines
 from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.verdicts import case_verdict, grouped
 from agenttest_worker.results import CaseResult
 
 # Characters XML 1.0 forbids even escaped. Agent replies can contain them (ANSI escapes,
@@ -34,7 +40,10 @@ def _seconds(value: float) -> str:
 
 
 def render(run: RunReport) -> str:
-    cases = [_testcase(case, run) for case in run.results]
+    cases = [
+        _testcase(records[0], run) if records[0].repeats is None else _repeated(records, run)
+        for records in grouped(run.results)
+    ]
     outcomes = [outcome for _, outcome in cases]
     counts = {
         "tests": str(len(cases)),
@@ -55,6 +64,19 @@ def render(run: RunReport) -> str:
 
 def _properties(suite: ET.Element, run: RunReport) -> None:
     values = {"run_id": run.run_id, "agent": run.agent}
+    stats = run.summary().repeats if run.distinct_cases is not None else None
+    if stats is not None:
+        # The run's repeat statistics, where CI systems show a suite's properties.
+        low, high = stats.interval
+        values.update(
+            pass_rule=stats.rule,
+            repetitions=str(stats.repetitions),
+            pass_rate=f"{stats.pass_rate:.4f}",
+            pass_rate_ci95=f"{low:.4f}-{high:.4f}",
+            pass_at_k="" if stats.pass_at_k is None else f"{stats.pass_at_k:.4f}",
+            pass_hat_k="" if stats.pass_hat_k is None else f"{stats.pass_hat_k:.4f}",
+            flaky=", ".join(stats.flaky),
+        )
     present = {k: v for k, v in values.items() if v}
     if not present:
         return
@@ -63,19 +85,52 @@ def _properties(suite: ET.Element, run: RunReport) -> None:
         ET.SubElement(properties, "property", name=name, value=_xml_text(value))
 
 
-def _testcase(case: CaseResult, run: RunReport) -> tuple[ET.Element, str | None]:
-    """The case's testcase and its outcome: "failure", "error", "skipped" or None."""
+def _element(case: CaseResult, run: RunReport, duration_ms: int) -> ET.Element:
     name = f"[{case.id}] {case.name}" if case.name else case.id
     element = ET.Element(
         "testcase",
         name=_xml_text(name),
         classname=_xml_text(case.agent or run.agent or "agenttest"),
-        time=_seconds(case.duration_ms / 1000),
+        time=_seconds(duration_ms / 1000),
     )
     if case.file is not None:
         element.set("file", _xml_text(case.file))
     if case.line is not None:
         element.set("line", str(case.line))
+    return element
+
+
+def _repeated(records: list[CaseResult], run: RunReport) -> tuple[ET.Element, str | None]:
+    """A repeated case's one testcase (its verdict) and its outcome."""
+    found = case_verdict(records, run.pass_rule)
+    element = _element(records[0], run, sum(r.duration_ms for r in records))
+    said = f"{found.fraction()} repetitions passed (pass rule: {run.pass_rule})"
+    failed = [r for r in records if r.status == "failed"]
+    outcome: str | None = None
+    if found.status == "failed":
+        outcome = "error" if failed and all(_broken(r) for r in failed) else "failure"
+        first = f": {first_problem(failed[0])}" if failed else ""
+        problem = ET.SubElement(element, outcome, message=_xml_text(said + first))
+        problem.set("type", "error" if outcome == "error" else "assertion")
+        problem.text = _xml_text(
+            "\n".join(
+                f"repetition {r.repeat}/{r.repeats}: {'; '.join(problems(r)) or r.status}"
+                for r in records
+                if r.status != "passed"
+            )
+        )
+    elif found.status == "skipped":
+        outcome = "skipped"
+        ET.SubElement(element, "skipped", message=_xml_text(said))
+    if found.status != "passed" or found.flaky:
+        tree = repeated_case_lines(found, records, run, Style(color=False))
+        ET.SubElement(element, "system-out").text = _xml_text("\n".join(tree))
+    return element, outcome
+
+
+def _testcase(case: CaseResult, run: RunReport) -> tuple[ET.Element, str | None]:
+    """The case's testcase and its outcome: "failure", "error", "skipped" or None."""
+    element = _element(case, run, case.duration_ms)
     outcome: str | None = None
     if case.status == "failed":
         outcome = "error" if _broken(case) else "failure"

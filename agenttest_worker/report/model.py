@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
+from agenttest_worker.report.verdicts import RepeatStats, VerdictTally
 from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
@@ -67,7 +68,10 @@ def _used(used: str, limit: str, unit: str, over: object) -> str:
 
 @dataclass(frozen=True)
 class Summary:
-    """Counts over a run's results, as the console "Summary" section shows them."""
+    """Counts over a run's results, as the console "Summary" section shows them.
+
+    `total`, `passed`, `failed` and `skipped` count cases by their verdict: a case
+    played K times counts once (report/verdicts.py); turns count every repetition's."""
 
     total: int
     passed: int
@@ -82,14 +86,18 @@ class Summary:
     not_run_reason: str | None = None
     # The run's budget and its use, when it had one (--max-tokens, --max-cost).
     budget: Budget | None = None
+    # Repetitions, pass rate, pass@k and pass^k, flaky cases: when some case repeated.
+    repeats: RepeatStats | None = None
 
     def as_dict(self) -> dict[str, Any]:
         counts = asdict(self)
         if not self.not_run:  # (the spec's summary, unchanged when every case ran)
             del counts["not_run"], counts["not_run_reason"]
-        del counts["budget"]
+        del counts["budget"], counts["repeats"]
         if self.budget is not None:
             counts["budget"] = self.budget.as_dict()
+        if self.repeats is not None:
+            counts["repeats"] = self.repeats.as_dict()
         return counts
 
 
@@ -162,9 +170,13 @@ class RunReport:
     # The cases the run's `total_cases` conversations play, when some case repeats.
     distinct_cases: int | None = None
 
+    def tally(self) -> Tally:
+        """A tally under this run's pass rule, for a reporter that reads the records."""
+        return Tally(self.pass_rule, self.pass_k)
+
     def summary(self) -> Summary:
         # One pass: the results may be parsed as they are read (StoredResults).
-        tally = Tally()
+        tally = self.tally()
         for case in self.results:
             tally.add(case)
         return tally.summary(self.duration_s, self.budget)
@@ -172,32 +184,42 @@ class RunReport:
 
 class Tally:
     """Counts a run's results one by one, for a reporter that writes its summary after
-    the cases it has just read (so that it reads them once)."""
+    the cases it has just read (so that it reads them once). Records come in the run's
+    order, a repeated case's repetitions one after the other."""
 
-    def __init__(self) -> None:
-        self.total = self.total_turns = self.not_run = 0
-        self.statuses = {"passed": 0, "failed": 0, "skipped": 0}
+    def __init__(self, rule: str = "all", k: int | None = None) -> None:
+        self.records = self.total_turns = self.not_run = 0
+        self.verdicts = VerdictTally(rule, k)
         self.not_run_reason: str | None = None
 
+    @property
+    def total(self) -> int:
+        """Cases (a repeated one once) added so far, counting the one still open."""
+        return len(self.verdicts.cases) + (1 if self.verdicts.open else 0)
+
     def add(self, case: CaseResult) -> None:
-        self.total += 1
+        self.records += 1
         self.total_turns += case.total_turns
-        self.statuses[case.status] = self.statuses.get(case.status, 0) + 1
+        self.verdicts.add(case)
         reason = case.skip_reason or ""
         if case.status == "skipped" and not case.total_turns and reason.startswith(NOT_RUN):
             self.not_run += 1
             self.not_run_reason = self.not_run_reason or reason.removeprefix(NOT_RUN)
 
     def summary(self, duration_s: float, budget: Budget | None = None) -> Summary:
+        self.verdicts.finish()
+        counts = self.verdicts.counts()
         return Summary(
-            total=self.total,
-            passed=self.statuses["passed"],
-            failed=self.statuses["failed"],
-            skipped=self.statuses["skipped"],
+            total=len(self.verdicts.cases),
+            passed=counts["passed"],
+            failed=counts["failed"],
+            skipped=counts["skipped"],
             total_turns=self.total_turns,
-            avg_turns=round(self.total_turns / self.total, 2) if self.total else 0.0,
+            # Per conversation played: a repeated case's repetitions each count.
+            avg_turns=round(self.total_turns / self.records, 2) if self.records else 0.0,
             duration_s=duration_s,
             not_run=self.not_run,
             not_run_reason=self.not_run_reason,
             budget=budget,
+            repeats=self.verdicts.stats(),
         )

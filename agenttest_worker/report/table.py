@@ -1,17 +1,26 @@
-"""A fixed-width table for terminals: one line per case, the first problem shortened."""
+"""A fixed-width table for terminals: one line per case, the first problem shortened.
+
+When some case was played more than once, a case is one line with its verdict and a
+REPEATS column ("3/5", "3/5 flaky"); TURNS and DURATION add up its repetitions, and the
+reason is the first failed repetition's.
+"""
 
 from __future__ import annotations
 
-from agenttest_worker.report.common import first_problem, format_ms, format_seconds
+from agenttest_worker.report.common import first_problem, format_ms, format_seconds, printable
 from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.verdicts import case_verdict, grouped
 from agenttest_worker.results import CaseResult
 
 HEADERS = ("ID", "STATUS", "TURNS", "DURATION", "REASON")
+REPEAT_HEADERS = ("ID", "STATUS", "REPEATS", "TURNS", "DURATION", "REASON")
 _ID_WIDTH_MAX = 24  # generated ids can be long; the reason column matters more
 _REASON_WIDTH = 60
 
 
 def _cut(text: str, width: int) -> str:
+    # A table is read on a terminal: ids and reasons are data, their controls escaped.
+    text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -25,25 +34,46 @@ def _row(case: CaseResult) -> tuple[str, ...]:
     )
 
 
+def _repeated_row(records: list[CaseResult], rule: str) -> tuple[str, ...]:
+    found = case_verdict(records, rule)
+    failing = next((r for r in records if r.status != "passed"), None)
+    return (
+        _cut(found.id, _ID_WIDTH_MAX),
+        found.status.upper(),
+        found.fraction() + (" flaky" if found.flaky else ""),
+        str(sum(r.total_turns for r in records)),
+        format_ms(sum(r.duration_ms for r in records)),
+        _cut(first_problem(failing) if failing else "", _REASON_WIDTH),
+    )
+
+
 def _line(cells: tuple[str, ...], widths: list[int]) -> str:
     # Numbers are right-aligned so their digits line up; text is left-aligned.
-    ident, status, turns, duration, reason = cells
-    line = (
-        f"{ident:<{widths[0]}}  {status:<{widths[1]}}  {turns:>{widths[2]}}  "
-        f"{duration:>{widths[3]}}  {reason}"
-    )
+    *left, turns, duration, reason = cells
+    line = "".join(f"{cell:<{widths[i]}}  " for i, cell in enumerate(left))
+    line += f"{turns:>{widths[len(left)]}}  {duration:>{widths[len(left) + 1]}}  {reason}"
     return line.rstrip()
 
 
 def render(run: RunReport) -> str:
-    rows = [_row(case) for case in run.results]
-    widths = [max(len(r[i]) for r in [HEADERS, *rows]) for i in range(4)]
-    lines = [_line(HEADERS, widths), *(_line(r, widths) for r in rows)]
+    groups = list(grouped(run.results))
+    if any(records[0].repeats is not None for records in groups):
+        headers: tuple[str, ...] = REPEAT_HEADERS
+        rows = [_repeated_row(records, run.pass_rule) for records in groups]
+    else:
+        headers = HEADERS
+        rows = [_row(records[0]) for records in groups]
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers) - 1)]
+    lines = [_line(headers, widths), *(_line(r, widths) for r in rows)]
     s = run.summary()
     lines.append(
         f"{_plural(s.total)}: {s.passed} passed, {s.failed} failed, {s.skipped} skipped"
         f" in {format_seconds(s.duration_s)}"
     )
+    if s.repeats is not None:
+        lines += s.repeats.lines()
+        if s.repeats.flaky:
+            lines.append(f"Flaky: {', '.join(printable(i) for i in s.repeats.flaky)}")
     return "\n".join(lines) + "\n"
 
 
