@@ -69,7 +69,10 @@ class CoinAgent(ServedOnThread):
             await asyncio.sleep(self.delay)
         answer = "yes" if says_yes(session) else "no"
         return web.json_response(
-            {"content": answer, "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+            {
+                "content": answer,
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+            }
         )
 
     def _app(self) -> web.Application:
@@ -436,3 +439,26 @@ def test_repetitions_spread_across_the_fleets_workers(fleet: Fleet, tmp_path: Pa
         # Each repetition is its own chain of turn tasks: both workers played some.
         assert set(slow.workers) == {"one", "two"}, slow.workers
         assert len(set(slow.sessions)) == 8
+
+
+def test_budgets_and_the_deadline_count_every_repetition(place: Place, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    with CoinAgent() as coin:
+        config = _project(tmp_path, coin)
+        cases = _cases(tmp_path, [_case("budget")])
+        # Each call uses 6 tokens: a 12-token budget lasts at most two repetitions.
+        _, stdout, _ = place.submit(
+            _run(cases, config, "--repeat", "6", "--max-tokens", "12", "-o", str(out))
+        )
+        records = _records(out)
+        assert len(records) == 6
+        assert 1 <= len(coin.sessions) <= 2
+        assert sum(r["total_turns"] for r in records) == len(coin.sessions)
+        assert "Budget:" in stdout
+    with CoinAgent(delay=0.25) as slow:
+        config = _project(tmp_path, slow)
+        code, _, _ = place.submit(
+            _run(cases, config, "--repeat", "10", "--parallel", "1", "--deadline", "0.6s")
+        )
+        assert code == 1
+        assert len(slow.sessions) < 10
