@@ -10,9 +10,10 @@ Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every p
 listed with file, line and field), 3 the database or the broker out of reach, or an
 internal error.
 
-This module only parses the command line: it builds the request (request.py), hands it
-to `submit.submit` (a run) or `commands.run_subcommand`, and prints the input problems
-and the errors they raise as the exit code says.
+This module parses a run's command line (subcommands: subcommand_args.py; argument
+types: arg_types.py): it builds the request (request.py), hands it to `submit.submit` (a
+run) or `commands.run_subcommand`, and prints the input problems and the errors they
+raise as the exit code says.
 """
 
 from __future__ import annotations
@@ -21,26 +22,23 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
-from agenttest_submit.request import (
-    DEFAULT_SIMULATOR,
-    SCHEMA_KINDS,
-    DbRequest,
-    ReportRequest,
-    ResumeRequest,
-    RunRequest,
-    SchemaRequest,
-    StatusRequest,
-    SubcommandRequest,
+from agenttest_submit.arg_types import (
+    Parser,
+    duration_arg,
+    formats,
+    pass_rule,
+    positive_float,
+    positive_int,
 )
+from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
+from agenttest_submit.request import DEFAULT_SIMULATOR, RunRequest
 from agenttest_submit.stopping import (
     interrupted_exit_code,
     interrupted_word,
     sigterm_as_interrupt,
 )
-from agenttest_worker.durations import parse_duration
+from agenttest_submit.subcommand_args import SUBCOMMANDS, parse_subcommand
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import starting
 
@@ -49,21 +47,6 @@ from agenttest_worker.heap import starting
 # passes during them are wasted work (see heap.py).
 
 MAX_PROBLEMS_SHOWN = 200
-SUBCOMMANDS = ("status", "report", "resume", "db", "schema")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse's own exit is 2 too; keep the wording
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_INPUT)
-
-
-def _formats() -> list[str]:
-    """The `--format` choices: every format in the report registry, as registered now."""
-    from agenttest_worker.report import REPORTERS  # after heap.starting(): see the top
-
-    return list(REPORTERS)
 
 
 def _version() -> str:
@@ -75,45 +58,9 @@ def _version() -> str:
         return "unknown"
 
 
-def _duration_arg(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
-    return value
-
-
-def _pass_rule(text: str) -> str:
-    from agenttest_worker.report.verdicts import pass_rule_problem  # after heap.starting()
-
-    problem = pass_rule_problem(text)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return text
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of a run: `agenttest-submit -i ... [options]`."""
-    p = _Parser(
+    p = Parser(
         prog="agenttest-submit",
         description="Run scripted and simulated conversations against agents and check every turn.",
         epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, "
@@ -165,14 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
-        type=_duration_arg,
+        type=duration_arg,
         default=300.0,
         metavar="DURATION",
         help="timeout per test case (default: 5m)",
     )
     p.add_argument(
         "--parallel",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="conversations run at a time (default: 10; on a fleet: no cap)",
@@ -180,14 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
     p.add_argument(
         "--repeat",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="K",
         help="play each case K times as independent conversations (overrides a case's repeat)",
     )
     p.add_argument(
         "--pass-rule",
-        type=_pass_rule,
+        type=pass_rule,
         default="all",
         metavar="RULE",
         help="a repeated case passes when all (default), any, a majority, or a share such as "
@@ -195,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pass-k",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="k",
         help="the k of the run's pass@k and pass^k (default: each case's repetitions)",
@@ -213,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format",
-        choices=_formats(),
+        choices=formats(),
         default=None,
         help="report format on stdout or -o (default: console on stdout, jsonl in -o)",
     )
@@ -250,67 +197,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reporter", metavar="REF", help="send the results to a reporter agent")
     p.add_argument(
         "--turn-timeout",
-        type=_duration_arg,
+        type=duration_arg,
         default=None,
         metavar="DURATION",
         help="timeout per turn: the target, its tool calls, judges and the simulator together",
     )
     p.add_argument(
         "--deadline",
-        type=_duration_arg,
+        type=duration_arg,
         default=None,
         metavar="DURATION",
         help="stop the whole run after this long",
     )
     p.add_argument(
         "--max-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="start no new turn once the run's agent calls used this many tokens",
     )
     p.add_argument(
         "--max-cost",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="AMOUNT",
         help="start no new turn once the run cost this much (agents' `pricing`)",
     )
     return p
-
-
-def build_subcommand_parser() -> argparse.ArgumentParser:
-    """The parser of `agenttest-submit status|report|resume|db|schema ...`."""
-    parser = _Parser(prog="agenttest-submit")
-    sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="counts and state of a run")
-    status.add_argument("run", metavar="RUN")
-    report = sub.add_parser("report", help="print or write a run's report")
-    report.add_argument("run", metavar="RUN")
-    report.add_argument("-o", "--output", metavar="FILE")
-    report.add_argument("--format", choices=_formats(), default=None)
-    report.add_argument("-v", "--verbose", action="store_true")
-    report.add_argument(
-        "--only-failures",
-        action="store_true",
-        help="console report: show only failed and skipped cases (the summary counts all)",
-    )
-    resume = sub.add_parser("resume", help="re-run the unfinished conversations of a run")
-    resume.add_argument("run", metavar="RUN")
-    resume.add_argument("--parallel", type=_positive_int, default=10, metavar="N")
-    db = sub.add_parser("db", help="database maintenance")
-    db.add_argument("action", choices=("upgrade",))
-    schema = sub.add_parser(
-        "schema", help="print the JSON Schema of case files or agenttest.yaml, for editors"
-    )
-    schema.add_argument(
-        "kind",
-        nargs="?",
-        choices=SCHEMA_KINDS,
-        default="cases",
-        help="cases: a JSON case file or a JSONL line (default); yaml: a tdx YAML case "
-        "file; config: agenttest.yaml",
-    )
-    return parser
 
 
 def run_request(args: argparse.Namespace) -> RunRequest:
@@ -348,33 +260,9 @@ def run_request(args: argparse.Namespace) -> RunRequest:
     )
 
 
-def subcommand_request(args: argparse.Namespace) -> SubcommandRequest:
-    """The subcommand `build_subcommand_parser` parsed `args` into."""
-    if args.command == "status":
-        return StatusRequest(run=args.run)
-    if args.command == "report":
-        return ReportRequest(
-            run=args.run,
-            output=args.output,
-            format=args.format,
-            verbose=args.verbose,
-            only_failures=args.only_failures,
-        )
-    if args.command == "resume":
-        return ResumeRequest(run=args.run, parallel=args.parallel)
-    if args.command == "schema":
-        return SchemaRequest(kind=args.kind)
-    return DbRequest(action=args.action)
-
-
 def parse_run(argv: Sequence[str]) -> RunRequest:
     """`agenttest-submit ARGV` (not a subcommand) as a request; bad usage exits 2."""
     return run_request(build_parser().parse_args(list(argv)))
-
-
-def parse_subcommand(argv: Sequence[str]) -> SubcommandRequest:
-    """`agenttest-submit status|report|resume|db|schema ...` as a request; bad usage exits 2."""
-    return subcommand_request(build_subcommand_parser().parse_args(list(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:

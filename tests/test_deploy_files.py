@@ -179,7 +179,8 @@ def _check_command(argv: list[str], where: str) -> None:
     assert (_venv_bin() / program).exists(), f"{where}: {program} is not in {_venv_bin()}"
     if program == "agenttest-submit":
         assert program in _project_scripts()
-        from agenttest_submit.cli import SUBCOMMANDS, build_parser, build_subcommand_parser
+        from agenttest_submit.cli import build_parser
+        from agenttest_submit.subcommand_args import SUBCOMMANDS, build_subcommand_parser
 
         if args and args[0] in SUBCOMMANDS:
             build_subcommand_parser().parse_args(args)
