@@ -8,8 +8,10 @@ assertions see as their `roles`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from agenttest_worker.agents.base import (
@@ -139,6 +141,42 @@ class RoleSession:
         metadata: dict[str, Any],
         connector: str | None,
     ) -> AssertionOutcome:
+        """One judge (None: `defaults.judge`) asked once."""
+        agent = self._judge_agent(use, connector)
+        if isinstance(agent, AssertionOutcome):
+            return agent
+        return await self._ask_judge(agent, messages, metadata)
+
+    async def judge_panel(
+        self,
+        use: str | Sequence[str] | None,
+        votes: int | None,
+        messages: list[dict[str, Any]],
+        metadata: dict[str, Any],
+        connector: str | None,
+    ) -> list[tuple[str, AssertionOutcome]]:
+        """Every judge of `use` (one, a panel, or None: `defaults.judge`) asked `votes`
+        times (None: `defaults.judge_votes`), all at once: each ask's (judge, outcome),
+        judge by judge. Each ask is a call of its own, logged, rate limited and counted
+        against budgets like any other; a failed one is an outcome with `error`."""
+        count = votes if votes is not None else self.pool.config.defaults.judge_votes
+        judges = [use] if use is None or isinstance(use, str) else list(use)
+        asks: list[tuple[str, str | AssertionOutcome]] = []
+        for judge in judges:
+            agent = self._judge_agent(judge, connector)
+            label = f"agents:{agent}" if isinstance(agent, str) else judge or "(no judge)"
+            asks.extend((label, agent) for _ in range(count))
+
+        async def ask(agent: str | AssertionOutcome) -> AssertionOutcome:
+            if isinstance(agent, AssertionOutcome):
+                return agent  # not callable (no judge configured, a malformed name)
+            return await self._ask_judge(agent, messages, metadata)
+
+        outcomes = await asyncio.gather(*(ask(agent) for _, agent in asks))
+        return [(label, outcome) for (label, _), outcome in zip(asks, outcomes, strict=True)]
+
+    def _judge_agent(self, use: str | None, connector: str | None) -> str | AssertionOutcome:
+        """The registry entry a judge's call goes to, or the failed outcome saying why none."""
         agent = use or self.pool.config.defaults.judge
         if agent is None:
             return AssertionOutcome(
@@ -149,7 +187,12 @@ class RoleSession:
         except ValueError as exc:
             return AssertionOutcome(False, f"judge: {exc}", error=str(exc))
         if connector and connector in self.pool.config.agents:
-            name = connector
+            return connector
+        return name
+
+    async def _ask_judge(
+        self, name: str, messages: list[dict[str, Any]], metadata: dict[str, Any]
+    ) -> AssertionOutcome:
         whole = len([m for m in messages if m.get("role") in ("user", "assistant")]) > 2
         request = validator_request(messages, {"test_mode": "validator", **metadata}, whole)
         try:

@@ -22,7 +22,7 @@ registered spec models (built when those models are); the messages for an unknow
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -64,6 +64,18 @@ class RoleCaller(Protocol):
         metadata: dict[str, Any],
         connector: str | None,
     ) -> AssertionOutcome: ...
+
+    async def judge_panel(
+        self,
+        use: str | Sequence[str] | None,
+        votes: int | None,
+        messages: list[dict[str, Any]],
+        metadata: dict[str, Any],
+        connector: str | None,
+    ) -> list[tuple[str, AssertionOutcome]]:
+        """Each judge asked `votes` times (None: the configured default), concurrently:
+        (judge, outcome) per ask."""
+        ...
 
     async def run_script_assertion(
         self, use: str, response: dict[str, Any], metadata: dict[str, Any]

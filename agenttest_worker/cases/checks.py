@@ -61,8 +61,13 @@ def check_case_refs(
                         yield case.problem(
                             "criteria need a judge: set defaults.judge in agenttest.yaml", path
                         )
-                elif msg := check_ref(config, assertion.use, "assertion"):
-                    yield case.problem(msg, path)
+                elif isinstance(assertion.use, str):
+                    if msg := check_ref(config, assertion.use, "assertion"):
+                        yield case.problem(msg, path)
+                else:  # a panel: each judge of it, at its place in the list
+                    for k, judge in enumerate(assertion.use):
+                        if msg := check_ref(config, judge, "assertion"):
+                            yield case.problem(msg, (*path, k))
             elif isinstance(assertion, ScriptAssertion) and (
                 msg := check_ref(config, assertion.use, "assertion")
             ):
