@@ -2,13 +2,15 @@
 and how it becomes the one internal `Case` shape (`to_case_data`).
 
 YAML `criteria` become an `agent` assertion on the configured default judge that sees
-the conversation so far; YAML cases default to `on_missing_input: end`.
+the conversation so far; YAML cases default to `on_missing_input: end`. How that judge
+is asked and what its verdict needs (`votes`, `tie`, `min_agreement`, `min_score`) may
+be given next to `criteria`, on a test or a round (a round's own over its test's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -24,16 +26,41 @@ from agenttest_worker.cases.model import (
 )
 from agenttest_worker.errors import FieldPath
 
+# What a test or a round may say of how its criteria are judged: the agent assertion's
+# fields of the same names (assertions/agent.py).
+JUDGING = ("votes", "tie", "min_agreement", "min_score")
 
-class _Round(StrictModel):
+
+class _Judging(StrictModel):
+    votes: int | None = Field(default=None, ge=1)
+    tie: Literal["fail", "pass"] | None = None
+    min_agreement: float | None = Field(default=None, ge=0, le=1)
+    min_score: float | None = Field(default=None, allow_inf_nan=False)
+
+    def judging(self) -> dict[str, Any]:
+        """The judging fields this test or round gives."""
+        return {k: getattr(self, k) for k in JUDGING if getattr(self, k) is not None}
+
+    def _judging_needs_criteria(self, judged: bool) -> None:
+        # Where no criteria are judged, a judging field is a mistake (a misplaced one).
+        if not judged and (given := next(iter(self.judging()), None)):
+            raise FieldError(given, f"`{given}` says how `criteria` are judged: give criteria")
+
+
+class _Round(_Judging):
     user_input: str
     criteria: str | None = None
     assertions: list[Assertion] = Field(default_factory=list)
     attachments: list[Attachment] = Field(default_factory=list)
     options: Options | None = None
 
+    @model_validator(mode="after")
+    def _judged(self) -> _Round:
+        self._judging_needs_criteria(bool(self.criteria))
+        return self
 
-class YamlTest(StrictModel):
+
+class YamlTest(_Judging):
     """One entry of a tdx `tests:` list: flat (user_input + criteria) or `rounds`."""
 
     name: str = Field(min_length=1)
@@ -70,6 +97,9 @@ class YamlTest(StrictModel):
         if self.rounds is not None and (self.criteria or self.assertions or self.attachments):
             field = next(f for f in ("criteria", "assertions", "attachments") if getattr(self, f))
             raise FieldError(field, "with `rounds`, put criteria and assertions on each round")
+        self._judging_needs_criteria(
+            bool(self.criteria) or any(r.criteria for r in self.rounds or [])
+        )
         return self
 
     def source(self, base: FieldPath, line_of: Callable[[FieldPath], int | None]) -> CaseSource:
@@ -105,7 +135,11 @@ class YamlTest(StrictModel):
                 "input": _block_text(r.user_input),
                 "assertions": [
                     *(a.model_dump(exclude_unset=True) for a in r.assertions),
-                    *([criteria_assertion(r.criteria)] if r.criteria else []),
+                    *(
+                        [criteria_assertion(r.criteria, **{**self.judging(), **r.judging()})]
+                        if r.criteria
+                        else []
+                    ),
                 ],
                 "attachments": [a.model_dump(exclude_none=True) for a in r.attachments],
                 **({"options": r.options.model_dump(exclude_none=True)} if r.options else {}),
@@ -141,12 +175,14 @@ def _block_text(text: str) -> str:
     return text.rstrip("\n")
 
 
-def criteria_assertion(criteria: str) -> dict[str, Any]:
-    """A tdx criterion as an agent assertion on the default judge, over the conversation."""
+def criteria_assertion(criteria: str, **judging: Any) -> dict[str, Any]:
+    """A tdx criterion as an agent assertion on the default judge, over the conversation,
+    judged as `judging` says (votes, tie, min_agreement, min_score)."""
     return {
         "type": "agent",
         "conversation": True,
         "options": {"metadata": {"criteria": _block_text(criteria)}},
+        **judging,
     }
 
 
