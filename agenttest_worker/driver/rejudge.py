@@ -22,7 +22,7 @@ from agenttest_worker.engine import (
     run_assertions,
 )
 from agenttest_worker.engine.documents import turn_document
-from agenttest_worker.results import AgentCallRecord, Usage
+from agenttest_worker.results import AgentCallRecord, TurnResult, Usage
 
 
 def _history_through(messages: list[dict[str, Any]], turn_index: int) -> list[dict[str, Any]]:
@@ -63,10 +63,19 @@ async def reevaluate(case: Case, stored: ConversationState, pool: AgentPool) -> 
         # The judges' calls of this re-evaluation replace the stored ones (the target's
         # and simulator's stay: they made the conversation), and usage follows them.
         kept = [c for c in (turn.calls or []) if c.role != "validator"]
-        turn.calls = [*kept, *log] or None
-        usage = [c.usage for c in turn.calls or [] if c.usage is not None]
-        turn.usage = sum(usage, Usage()) if usage else None
+        _record_calls(turn, [*kept, *log])
     if _completed(state):
-        ctx = final_context(case, state, pool.session([]))
+        log = []
+        ctx = final_context(case, state, pool.session(log))
         state.final_assertions = await run_assertions(list(case.final_assertions), ctx)
+        if log and ran:
+            # As a played conversation keeps them (engine/outcome.py): with the last
+            # turn, every vote of a final judge counted in the case's usage.
+            _record_calls(ran[-1], [*(ran[-1].calls or []), *log])
     return state
+
+
+def _record_calls(turn: TurnResult, calls: list[AgentCallRecord]) -> None:
+    turn.calls = calls or None
+    usage = [c.usage for c in calls if c.usage is not None]
+    turn.usage = sum(usage, Usage()) if usage else None
