@@ -1,6 +1,7 @@
 """The result store's tables (SQLAlchemy 2). Postgres at scale, SQLite when embedded.
 
-- runs: one submission: its options, inputs, who/when, counts and status.
+- runs: one submission: its options, inputs, who/when, counts and status, and what it
+  used outside its conversations.
 - cases: one conversation: the normalized case, its engine state between turns, its
   final record. `next_turn` is the turn the next task must run; saving a turn moves it
   on only if it still holds the expected value, which is what makes a redelivered or
@@ -80,6 +81,9 @@ class RunRow(Base):
     reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     reserved_cost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     budget_turns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # What the run used outside its conversations (generator agents at submission, a
+    # --reporter agent), {role: {calls, ..._tokens, cost}} (migration 0008, store/usage.py).
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
 
 class CaseRow(Base):

@@ -41,7 +41,9 @@ def create_run(
     config: dict[str, Any],
     parent_run_id: str | None = None,
     deadline_at: float | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> None:
+    """`usage`: what the run used before it was stored (its generators; store/usage.py)."""
     with session_scope(url) as session:
         session.add(
             RunRow(
@@ -58,6 +60,7 @@ def create_run(
                 config=config,
                 parent_run_id=parent_run_id,
                 deadline_at=deadline_at,
+                usage=usage,
             )
         )
 

@@ -1,0 +1,92 @@
+"""What a run's agent calls used: grouped from `agent_calls` by role and agent (what
+`status RUN` shows while the run goes on), and what the run used outside its
+conversations (`runs.usage`: generator agents at submission, a --reporter agent)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, get_args
+
+from sqlalchemy import func, select, update
+
+from agenttest_worker.results import RoleUsage, UsageRole
+from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.models import AgentCallRow, RunRow
+
+_ROLES = frozenset(get_args(UsageRole))
+
+
+@dataclass(frozen=True)
+class AgentCalls:
+    """The calls one agent made in one role, as `agent_calls` holds them (`role` as the
+    call was recorded: a judge's is `validator`)."""
+
+    role: str
+    agent: str
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def calls_by_agent(url: str, run_id: str) -> list[AgentCalls]:
+    """Every (role, agent) of the run's recorded calls, finished conversations or not."""
+    with session_scope(url) as session:
+        rows = session.execute(
+            select(
+                AgentCallRow.role,
+                AgentCallRow.agent,
+                func.count(),
+                func.coalesce(func.sum(AgentCallRow.prompt_tokens), 0),
+                func.coalesce(func.sum(AgentCallRow.completion_tokens), 0),
+                func.coalesce(func.sum(AgentCallRow.total_tokens), 0),
+            )
+            .where(AgentCallRow.run_id == run_id)
+            .group_by(AgentCallRow.role, AgentCallRow.agent)
+            .order_by(AgentCallRow.role, AgentCallRow.agent)
+        ).all()
+    return [AgentCalls(r, a, int(n), int(p), int(c), int(t)) for r, a, n, p, c, t in rows]
+
+
+def stored_usage(value: Mapping[str, Any] | None) -> dict[UsageRole, RoleUsage]:
+    """`runs.usage` as read: by role (a role this version does not know is left out)."""
+    return {
+        role: RoleUsage.model_validate(found)
+        for role, found in (value or {}).items()
+        if role in _ROLES and isinstance(found, Mapping)
+    }
+
+
+def usage_document(usage: Mapping[UsageRole, RoleUsage]) -> dict[str, Any] | None:
+    """What `runs.usage` holds for `usage` (None for no calls)."""
+    return {role: found.model_dump(mode="json") for role, found in usage.items()} or None
+
+
+def add_run_usage(url: str, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
+    """Add `usage` to what the run used outside its conversations."""
+    if not usage:
+        return
+    with session_scope(url) as session:
+        # Locked while read and written (Postgres), so two adders cannot lose one's calls.
+        stored = session.execute(
+            select(RunRow.usage).where(RunRow.id == run_id).with_for_update()
+        ).scalar_one_or_none()
+        total = stored_usage(stored)
+        for role, more in usage.items():
+            total[role] = _added(total.get(role), more)
+        session.execute(
+            update(RunRow).where(RunRow.id == run_id).values(usage=usage_document(total))
+        )
+
+
+def _added(found: RoleUsage | None, more: RoleUsage) -> RoleUsage:
+    if found is None:
+        return more
+    return RoleUsage(
+        calls=found.calls + more.calls,
+        prompt_tokens=found.prompt_tokens + more.prompt_tokens,
+        completion_tokens=found.completion_tokens + more.completion_tokens,
+        total_tokens=found.total_tokens + more.total_tokens,
+        cost=round(found.cost + more.cost, 9),
+    )
