@@ -17,6 +17,9 @@ The server runs on a background thread with its own event loop, so the code unde
 can use `asyncio.run` in the test's thread. Handlers are cancelled when the client goes
 away (a timed-out call), so a long `delay` does not hold up `stop()`.
 
+A path may instead answer each request with a function of it (`respond`): see
+`FickleJudges`, judges that disagree with themselves and with each other.
+
 Also here: `run(coro)` runs client code in a fresh event loop and closes that loop's
 shared aiohttp session; `completion()` and `tool_call()` build Chat Completions bodies;
 `refused_url()` is an address where nothing listens.
@@ -27,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import socket
 import threading
 import time
-from collections import defaultdict, deque
-from collections.abc import Awaitable, Mapping
+from collections import Counter, defaultdict, deque
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -135,6 +139,7 @@ class AgentServer(ServedOnThread):
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Reply]] = defaultdict(deque)
         self._always: dict[str, Reply] = {}
+        self._responders: dict[str, Callable[[Received], Reply]] = {}
         self._received: list[Received] = []
         self._server = ThreadedServer(
             self._app,
@@ -157,6 +162,12 @@ class AgentServer(ServedOnThread):
         """Serve `reply` for `path` whenever its queue is empty."""
         with self._lock:
             self._always[path] = reply
+
+    def respond(self, path: str, responder: Callable[[Received], Reply]) -> None:
+        """Answer each request to `path` whose queue is empty with `responder(request)`
+        (called on the server's thread, one request at a time)."""
+        with self._lock:
+            self._responders[path] = responder
 
     def requests(self, path: str | None = None) -> list[Received]:
         with self._lock:
@@ -194,7 +205,13 @@ class AgentServer(ServedOnThread):
         with self._lock:
             self._received.append(received)
             queue = self._queues[request.path]
-            reply = queue.popleft() if queue else self._always.get(request.path)
+            reply: Reply | None
+            if queue:
+                reply = queue.popleft()
+            elif (responder := self._responders.get(request.path)) is not None:
+                reply = responder(received)
+            else:
+                reply = self._always.get(request.path)
         if reply is None:
             return web.json_response(
                 {"error": {"message": f"no scripted reply for {request.method} {request.path}"}},
@@ -212,6 +229,62 @@ class AgentServer(ServedOnThread):
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
+
+
+class FickleJudges:
+    """Judge models behind one Chat Completions path (`model` names the judge) that vote
+    as the criteria they are given say, so that a test case scripts how its judges
+    disagree:
+
+        criteria: 'Be polite. a=pass:0.9,fail:0.2,pass b=fail,error'
+
+    Judge `a` answers an assertion's asks with pass (score 0.9), fail (0.2), pass, and
+    round again; `b` fails, then answers HTTP 500 (a failed call: the agent entry should
+    not retry). `pass` without `:score` sends no score. A judge the criteria do not name
+    passes with score 1. The asks of one assertion are told apart from other cases' by
+    `metadata.test_id` and the criteria, so concurrent cases each get their own turn
+    through the list however their asks interleave, and N asks of a list of N votes
+    give exactly those votes in some order. Requests that are not a judge's (no
+    `test_mode: validator`) are the target's: it answers `target_reply`. Every answer
+    carries usage (10 prompt + 5 completion tokens), so budgets see each call.
+    """
+
+    USAGE: ClassVar[dict[str, int]] = {
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "total_tokens": 15,
+    }
+    # "name=vote,vote,...", a vote being pass, fail or error, and an optional ":score".
+    _VOTE = r"(?:pass|fail|error)(?::[\d.]+)?"
+    _SCRIPT = re.compile(rf"(?<![\w.-])([\w.-]+)=({_VOTE}(?:,{_VOTE})*)")
+
+    def __init__(self, target_reply: str = "Hello there.", delay: float = 0.0) -> None:
+        self.target_reply = target_reply
+        self.delay = delay
+        self._turns: Counter[tuple[str, str, str]] = Counter()
+        self.asked: Counter[str] = Counter()  # judge model -> requests
+        self.targeted = 0  # requests that were the target's
+
+    def __call__(self, request: Received) -> Reply:
+        body = request.json
+        model = str(body.get("model"))
+        metadata = body.get("metadata") or {}
+        if metadata.get("test_mode") != "validator":
+            self.targeted += 1
+            return Reply(body=completion(self.target_reply, usage=self.USAGE), delay=self.delay)
+        self.asked[model] += 1
+        criteria = str(metadata.get("criteria", ""))
+        key = (model, str(metadata.get("test_id")), criteria)
+        votes = dict(self._SCRIPT.findall(criteria)).get(model, "pass:1").split(",")
+        index = self._turns[key]
+        self._turns[key] += 1
+        verdict, _, score = votes[index % len(votes)].partition(":")
+        if verdict == "error":
+            return Reply(500, {"error": {"message": f"{model} is down"}}, delay=self.delay)
+        answer: dict[str, Any] = {"passed": verdict == "pass", "reason": f"{model} says {verdict}"}
+        if score:
+            answer["score"] = float(score)
+        return Reply(body=completion(json.dumps(answer), usage=self.USAGE), delay=self.delay)
 
 
 T = TypeVar("T")
