@@ -32,7 +32,13 @@ from agenttest_submit.arg_types import (
     positive_int,
 )
 from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
-from agenttest_submit.request import DEFAULT_SIMULATOR, RunRequest
+from agenttest_submit.request import (
+    DEFAULT_SIMULATOR,
+    DiffRequest,
+    HistoryRequest,
+    RunRequest,
+    RunsRequest,
+)
 from agenttest_submit.stopping import (
     interrupted_exit_code,
     interrupted_word,
@@ -139,6 +145,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RULE",
         help="a repeated case passes when all (default), any, a majority, or a share such as "
         "0.8 of its repetitions passed",
+    )
+    p.add_argument(
+        "--suite",
+        default=None,
+        metavar="NAME",
+        help="the series of runs this run belongs to (default: from the inputs and the target)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="RUN",
+        help="after the report, the diff against RUN: a run id, last, or suite (the suite's "
+        "previous finished run)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=("any", "regressions"),
+        default="any",
+        help="exit 1 on any failed case (default), or only on regressions against the "
+        "baseline (--baseline, default suite)",
     )
     p.add_argument(
         "--pass-k",
@@ -253,6 +279,9 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         repeat=args.repeat,
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
+        suite=args.suite,
+        baseline=args.baseline or ("suite" if args.fail_on == "regressions" else None),
+        fail_on=args.fail_on,
         dry_run=args.dry_run,
         wait=args.wait,
         reeval=args.reeval,
@@ -278,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_as_interrupt():
             if subcommand:
                 command = parse_subcommand(args_list)
+                if isinstance(command, DiffRequest | HistoryRequest | RunsRequest):
+                    # After heap.starting(): see the note at the top.
+                    from agenttest_submit.run_history import run_history_command
+
+                    return run_history_command(command)
                 # After heap.starting(): see the note at the top.
                 from agenttest_submit.commands import run_subcommand
 

@@ -87,6 +87,7 @@ def status_text(run: RunRow, played: int | None = None) -> str:
         f"status    {run.status}{cancelled}",
         f"agent     {printable(run.agent or '-')}",
         f"input     {printable(run.input_label or '-')}",
+        f"suite     {printable(run.suite or '-')}",
         f"by        {printable(run.submitted_by or '-')} at {run.created_at:%Y-%m-%d %H:%M:%S}",
         f"cases     {run.finished_cases}/{_cases_total(run)} finished: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",

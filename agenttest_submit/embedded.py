@@ -19,7 +19,7 @@ from agenttest_submit.human import TerminalAsker, human_question
 from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
-from agenttest_submit.runner import write_run
+from agenttest_submit.runner import run_suite, write_run
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.transport import close_session
@@ -92,6 +92,7 @@ def run_embedded(
             label=label,
             deadline_at=deadline_at,
             started_at=began,
+            suite=run_suite(request, target),
         )
     )
     store = BufferedStore.fresh(

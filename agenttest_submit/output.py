@@ -85,7 +85,13 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         print(f"results written to {request.output} (run {run_id})", file=sys.stderr)
     if request.reporter:
         _custom_report(url, run_id, request.reporter, report)
-    return EXIT_FAILED if report.summary().failed else EXIT_OK
+    code = EXIT_FAILED if report.summary().failed else EXIT_OK
+    if request.baseline:
+        # After the report: what changed since the baseline, and --fail-on's exit code.
+        from agenttest_submit.run_history import print_baseline_diff  # the store: see above
+
+        code = print_baseline_diff(url, run_id, request.baseline, request.fail_on, code)
+    return code
 
 
 def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
@@ -96,7 +102,7 @@ def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
     run = runs.get_run(url, run_id)
     config = ProjectConfig.from_stored(run.config) if run is not None else ProjectConfig()
     try:
-        text = run_reporter(use, report, config)
+        text = run_reporter(use, report, config, url)
     except AgentError as exc:
         # The run's own results stand; only the extra report is missing.
         print(f"warning: reporter {use} failed: {printable(exc.message)}", file=sys.stderr)

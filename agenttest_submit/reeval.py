@@ -31,7 +31,7 @@ from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
 from agenttest_submit.reporter_agent import reporter_problem
 from agenttest_submit.request import RunRequest
-from agenttest_submit.runner import resolve_run, run_options, store_run
+from agenttest_submit.runner import resolve_run, run_options, run_suite, store_run
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
@@ -84,7 +84,9 @@ def reeval_run(request: RunRequest, config: ProjectConfig) -> int:
         config = ProjectConfig.from_stored(source.config)
     _check_reporter(request, config)
     label = f"re-evaluation of {source.id}"
-    return _reeval(request, config, url, cases, stored, label, source.agent)
+    # A re-judged run stays in its run's suite, unless --suite says otherwise.
+    suite = request.suite or source.suite
+    return _reeval(request, config, url, cases, stored, label, source.agent, suite)
 
 
 def _script(case: Case | dict[str, Any]) -> list[Any]:
@@ -151,6 +153,7 @@ def _reeval(
     stored: dict[str, StoredConversation],
     label: str,
     target: str | None,
+    suite: str | None = None,
 ) -> int:
     cached = [c for c in cases if c.key in stored]
     fresh = [c for c in cases if c.key not in stored]
@@ -167,6 +170,7 @@ def _reeval(
         target=target,
         label=label if not fresh else f"{label} + {len(fresh)} new case(s)",
         parent_run_id=parent,
+        suite=suite or run_suite(request, target),
     )
     print(
         f"run {run_id}: re-judging {len(cached)} stored conversation(s)"
@@ -206,7 +210,7 @@ async def _rejudge_all(
             conversation = stored[case.key]
             state = ConversationState.model_validate(conversation.state)
             new_state = await reevaluate(case, state, pool)
-            result = case_result(case, new_state, conversation.agent)
+            result = case_result(case, new_state, conversation.agent, config)
             store.save_step(
                 Step(
                     run_id=run_id,

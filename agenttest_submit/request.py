@@ -72,6 +72,12 @@ class RunRequest:
     repeat: int | None = None
     pass_rule: str = "all"
     pass_k: int | None = None
+    # --suite: the series of runs this one belongs to (None: derived, runner.run_suite);
+    # --baseline: a run to compare this one with at its end (a run id, "last" or
+    # "suite"); --fail-on: what makes the exit code 1 ("any" failure, or "regressions").
+    suite: str | None = None
+    baseline: str | None = None
+    fail_on: str = "any"
     # --dry-run: load, generate and check the cases, print them, call no target.
     dry_run: bool = False
     # --wait / --no-wait (distributed): watch the run and report it, or return at once.
@@ -128,4 +134,34 @@ class SchemaRequest:
     kind: SchemaKind = "cases"
 
 
+@dataclass(frozen=True)
+class DiffRequest:
+    """`agenttest-submit diff [BASE] [NEW] [--window N] [--format F]`."""
+
+    new: str = "last"  # a run id, or "last"
+    base: str | None = None  # a run id, "last" or "suite"; None: NEW's suite's previous run
+    window: int = 10  # the suite's runs over which a case's verdict changing is flaky
+    format: str = "console"  # console, json, markdown, junit
+
+
+@dataclass(frozen=True)
+class HistoryRequest:
+    """`agenttest-submit history CASE_ID [--suite S] [--last N] [--format F]`."""
+
+    case_id: str
+    suite: str | None = None  # None: every suite
+    last: int = 20
+    format: str = "console"  # console, json
+
+
+@dataclass(frozen=True)
+class RunsRequest:
+    """`agenttest-submit runs [--suite S] [--last N] [--format F]`."""
+
+    suite: str | None = None
+    last: int = 20
+    format: str = "console"
+
+
+HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
 SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest

@@ -9,6 +9,7 @@ and `resolve_run` finds a stored run from a RUN argument (an id, or `last`).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agenttest_submit.generate import take_generation_usage
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.request import RunRequest
 from agenttest_submit.services import safe_url
@@ -60,6 +62,24 @@ def run_options(request: RunRequest, config: ProjectConfig, target: str | None) 
     )
 
 
+# A suite name is a column of 200 characters; a longer derived one keeps its start and
+# a digest of the whole, so that two long input lists still name two suites.
+SUITE_MAX = 200
+
+
+def run_suite(request: RunRequest, target: str | None) -> str:
+    """The suite a run belongs to: --suite, else derived from its inputs (as given to
+    -i, in order) and its target, so that the same command run every night lands in
+    the same suite."""
+    if request.suite:
+        return request.suite
+    name = f"{target or '(case agents)'}: {' '.join(request.inputs)}"
+    if len(name) <= SUITE_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{name[: SUITE_MAX - 14]}… {digest}"
+
+
 def input_label(sources: Iterable[InputSource], count: int) -> str:
     return ", ".join(s.describe() for s in sources) or f"{count} cases"
 
@@ -80,6 +100,7 @@ def store_run(
     label: str,
     deadline: float | None = None,
     parent_run_id: str | None = None,
+    suite: str | None = None,
 ) -> tuple[str, int]:
     """Create the run and its cases; returns (run id, number of cases)."""
     records = ((c.key, c.agent or target, c.to_run_record()) for c in cases)
@@ -92,6 +113,7 @@ def store_run(
         label=label,
         deadline=deadline,
         parent_run_id=parent_run_id,
+        suite=suite,
     )
 
 
@@ -117,6 +139,7 @@ def store_records(
     deadline: float | None = None,
     parent_run_id: str | None = None,
     starter: RunStarter | None = None,
+    suite: str | None = None,
 ) -> tuple[str, int]:
     """Create the run and store (case id, agent, record) rows a batch at a time."""
     run_id = steps.new_run_id()
@@ -131,6 +154,7 @@ def store_records(
         deadline_at=time.time() + deadline if deadline else None,
         parent_run_id=parent_run_id,
         starter=starter,
+        suite=suite,
     )
     return run_id, total
 
@@ -148,6 +172,7 @@ def write_run(
     parent_run_id: str | None = None,
     starter: RunStarter | None = None,
     started_at: datetime | None = None,
+    suite: str | None = None,
 ) -> int:
     """Bring the store up to date, create the run, add its cases, start it.
 
@@ -160,6 +185,7 @@ def write_run(
     # The store: see the note at the top.
     from agenttest_worker.store import runs
     from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.usage import usage_document
 
     upgrade(url)
     runs.create_run(
@@ -171,6 +197,9 @@ def write_run(
         config=config,
         parent_run_id=parent_run_id,
         deadline_at=deadline_at,
+        suite=suite,
+        # The generator agents called for these cases: before the run, in no conversation.
+        usage=usage_document(take_generation_usage()),
     )
     rows = (
         runs.NewCase(seq=i, case_id=case_id, case=record, agent=agent)

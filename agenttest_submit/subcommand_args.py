@@ -5,23 +5,29 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from agenttest_submit.arg_types import Parser, formats, positive_int
 from agenttest_submit.request import (
     SCHEMA_KINDS,
     DbRequest,
+    DiffRequest,
+    HistoryCommandRequest,
+    HistoryRequest,
     ReportRequest,
     ResumeRequest,
+    RunsRequest,
     SchemaRequest,
     StatusRequest,
     SubcommandRequest,
 )
+from agenttest_worker.errors import InputError, InputProblem
 
-SUBCOMMANDS = ("status", "report", "resume", "db", "schema")
+SUBCOMMANDS = ("status", "report", "resume", "db", "schema", "diff", "history", "runs")
 
 
 def build_subcommand_parser() -> argparse.ArgumentParser:
-    """The parser of `agenttest-submit status|report|resume|db|schema ...`."""
+    """The parser of `agenttest-submit status|report|resume|db|schema|diff|history|runs`."""
     parser = Parser(prog="agenttest-submit")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="counts and state of a run")
@@ -52,10 +58,34 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         help="cases: a JSON case file or a JSONL line (default); yaml: a tdx YAML case "
         "file; config: agenttest.yaml",
     )
+    _history_parsers(sub)
     return parser
 
 
-def subcommand_request(args: argparse.Namespace) -> SubcommandRequest:
+def _diff_formats() -> tuple[str, ...]:
+    # After heap.starting(), as the report formats are (see cli.py).
+    from agenttest_worker.report.diff_formats import DIFF_FORMATS
+
+    return DIFF_FORMATS
+
+
+def _history_parsers(sub: Any) -> None:
+    diff = sub.add_parser("diff", help="what changed between two runs, case by case")
+    diff.add_argument("runs", nargs="*", metavar="RUN", help="[BASE] [NEW] (NEW: last)")
+    diff.add_argument("--window", type=positive_int, default=10, metavar="N")
+    diff.add_argument("--format", choices=_diff_formats(), default="console")
+    history = sub.add_parser("history", help="a case's verdict run after run")
+    history.add_argument("case_id", metavar="CASE_ID")
+    history.add_argument("--suite", default=None)
+    history.add_argument("--last", type=positive_int, default=20, metavar="N")
+    history.add_argument("--format", choices=("console", "json"), default="console")
+    runs = sub.add_parser("runs", help="runs, newest first, with their counts")
+    runs.add_argument("--suite", default=None)
+    runs.add_argument("--last", type=positive_int, default=20, metavar="N")
+    runs.add_argument("--format", choices=("console", "json"), default="console")
+
+
+def subcommand_request(args: argparse.Namespace) -> SubcommandRequest | HistoryCommandRequest:
     """The subcommand `build_subcommand_parser` parsed `args` into."""
     if args.command == "status":
         return StatusRequest(run=args.run)
@@ -71,9 +101,23 @@ def subcommand_request(args: argparse.Namespace) -> SubcommandRequest:
         return ResumeRequest(run=args.run, parallel=args.parallel)
     if args.command == "schema":
         return SchemaRequest(kind=args.kind)
+    if args.command == "diff":
+        if len(args.runs) > 2:
+            raise InputError(InputProblem("diff takes at most two runs: BASE NEW", field="RUN"))
+        runs = list(args.runs)
+        new = runs.pop() if runs else "last"
+        return DiffRequest(
+            new=new, base=runs[0] if runs else None, window=args.window, format=args.format
+        )
+    if args.command == "history":
+        return HistoryRequest(
+            case_id=args.case_id, suite=args.suite, last=args.last, format=args.format
+        )
+    if args.command == "runs":
+        return RunsRequest(suite=args.suite, last=args.last, format=args.format)
     return DbRequest(action=args.action)
 
 
-def parse_subcommand(argv: Sequence[str]) -> SubcommandRequest:
+def parse_subcommand(argv: Sequence[str]) -> SubcommandRequest | HistoryCommandRequest:
     """`agenttest-submit status|report|resume|db|schema ...` as a request; bad usage exits 2."""
     return subcommand_request(build_subcommand_parser().parse_args(list(argv)))

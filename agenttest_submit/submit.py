@@ -18,11 +18,12 @@ from pathlib import Path
 from agenttest_submit.embedded import run_embedded
 from agenttest_submit.exits import EXIT_OK
 from agenttest_submit.expand import CaseStream, Selection, Spool, print_warnings
+from agenttest_submit.generate import forget_generation_usage
 from agenttest_submit.inputs import InputSource, MessageInput, parse_inputs
 from agenttest_submit.output import output_problem
 from agenttest_submit.reporter_agent import reporter_problem
 from agenttest_submit.request import DEFAULT_SIMULATOR, RunRequest
-from agenttest_submit.runner import input_label, run_options, store_records
+from agenttest_submit.runner import input_label, run_options, run_suite, store_records
 from agenttest_worker.agents.config import ProjectConfig, load_config
 from agenttest_worker.cases.checks import check_ref
 from agenttest_worker.errors import InputError, InputProblem
@@ -36,6 +37,7 @@ from agenttest_worker.settings import get_settings
 
 def submit(request: RunRequest) -> int:
     """Check the request, then run its cases (or re-judge or print them); the exit code."""
+    forget_generation_usage()  # an earlier submission's generators are not this run's
     if request.interactive and request.skip_interactive:
         raise InputError("--interactive and --skip-interactive contradict each other")
     config = load_config(request.config_file)
@@ -158,6 +160,7 @@ def run_cases(
             target=target,
             label=label,
             deadline=request.deadline,
+            suite=run_suite(request, target),
             starter=FleetStarter(url, request.parallel if request.parallel_given else None),
         )
 

@@ -81,9 +81,14 @@ class RunRow(Base):
     reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     reserved_cost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     budget_turns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The series of runs this one belongs to (--suite, or derived from its inputs and
+    # target), for history and diffs (migration 0009).
+    suite: Mapped[str | None] = mapped_column(String(200))
     # What the run used outside its conversations (generator agents at submission, a
     # --reporter agent), {role: {calls, ..._tokens, cost}} (migration 0008, store/usage.py).
     usage: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+
+    __table_args__ = (Index("ix_runs_suite_created", "suite", "created_at"),)
 
 
 class CaseRow(Base):
@@ -93,6 +98,8 @@ class CaseRow(Base):
         String(40), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
     )
     case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    # A repetition's case id (its case_id is the key "ID#N"); None: case_id is the id.
+    test_id: Mapped[str | None] = mapped_column(String(300))
     seq: Mapped[int] = mapped_column(Integer)
     case: Mapped[dict[str, Any]] = mapped_column(DocumentType)
     agent: Mapped[str | None] = mapped_column(String(200))
@@ -119,6 +126,8 @@ class CaseRow(Base):
         Index("ix_cases_run_phase", "run_id", "phase"),
         # The stall sweeper asks each running run when any of its conversations last moved.
         Index("ix_cases_run_updated", "run_id", "updated_at"),
+        # A case's rows in a run, a repeated case's repetitions among them (history).
+        Index("ix_cases_run_test", "run_id", "test_id"),
     )
 
 

@@ -41,6 +41,7 @@ def create_run(
     config: dict[str, Any],
     parent_run_id: str | None = None,
     deadline_at: float | None = None,
+    suite: str | None = None,
     usage: dict[str, Any] | None = None,
 ) -> None:
     """`usage`: what the run used before it was stored (its generators; store/usage.py)."""
@@ -60,6 +61,7 @@ def create_run(
                 config=config,
                 parent_run_id=parent_run_id,
                 deadline_at=deadline_at,
+                suite=suite,
                 usage=usage,
             )
         )
@@ -78,6 +80,8 @@ def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
         {
             "run_id": run_id,
             "case_id": c.case_id,
+            # A repetition's case (the record says which repetition it is).
+            "test_id": c.case.get("id") if "repetition" in c.case else None,
             "seq": c.seq,
             "case": c.case,
             "agent": c.agent,

@@ -1,0 +1,203 @@
+"""A run diff (report/diff.py) as text: console, json, markdown (a PR or chat comment),
+junit (a CI gate). Case ids, names, replies and reasons are data: escaped for the
+terminal, for Markdown (no HTML, no links, no formatting gets through) and for XML."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+
+from agenttest_worker.report.common import one_line, printable, quoted
+from agenttest_worker.report.diff import CATEGORIES, TITLES, CaseChange, RunDiff, RunInfo
+
+DIFF_FORMATS = ("console", "json", "markdown", "junit")
+# Cases listed per category in console and Markdown (all of them in json and junit);
+# still-passing cases are counted, not listed.
+LISTED = 50
+_MARKS = {"regression": "✗", "fixed": "✓", "flaky": "~", "new": "+", "removed": "-"}
+
+
+def render_diff(diff: RunDiff, fmt: str) -> str:
+    renderers: dict[str, Callable[[RunDiff], str]] = {
+        "console": console,
+        "json": as_json,
+        "markdown": markdown,
+        "junit": junit,
+    }
+    return renderers[fmt](diff)
+
+
+def _when(run: RunInfo) -> str:
+    return run.created_at.strftime("%Y-%m-%d %H:%M") if run.created_at else "?"
+
+
+def _counts_line(diff: RunDiff) -> str:
+    counts = diff.counts()
+    return "   ".join(f"{TITLES[c]}: {counts[c]}" for c in CATEGORIES)
+
+
+def console(diff: RunDiff) -> str:
+    lines = [
+        f"Diff of run {printable(diff.new.id)} ({_when(diff.new)}) against "
+        f"{printable(diff.base.id)} ({_when(diff.base)})",
+        f"Suite: {printable(diff.new.suite or '(none)')}",
+        f"  {_counts_line(diff)}",
+    ]
+    for kind in CATEGORIES:
+        if kind == "still_passing":
+            continue
+        changes = diff.of(kind)
+        if not changes:
+            continue
+        lines += ["", f"{TITLES[kind]} ({len(changes)})"]
+        for change in changes[:LISTED]:
+            lines += _console_case(change)
+        if len(changes) > LISTED:
+            lines.append(f"  ... and {len(changes) - LISTED} more (--format json lists all)")
+    return "\n".join(lines) + "\n"
+
+
+def _console_case(change: CaseChange) -> list[str]:
+    mark = _MARKS.get(change.category, " ")
+    name = f" {printable(change.name)}" if change.name and change.name != change.id else ""
+    was = f" ({change.base or 'absent'} → {change.new or 'absent'})"
+    lines = [f"  {mark} {printable(change.id)}{name}{was}"]
+    if change.flaky_because:
+        lines.append(f"      {printable(change.flaky_because)}")
+    found = change.difference
+    if found is not None:
+        where = f"turn {found.turn}" if found.turn is not None else "final assertions"
+        if found.assertion:
+            lines.append(f"      {where}: {one_line(found.assertion)} passed then, fails now")
+        else:
+            lines.append(f"      {where}")
+        if found.reason:
+            lines.append(f"      now: {one_line(found.reason)}")
+        if found.said_then is not None:
+            lines.append(f"      agent then: {quoted(found.said_then)}")
+        if found.said_now is not None:
+            lines.append(f"      agent now:  {quoted(found.said_now)}")
+    return lines
+
+
+def as_json(diff: RunDiff) -> str:
+    return json.dumps(diff.as_dict(), indent=2, ensure_ascii=False) + "\n"
+
+
+# Characters Markdown (or the HTML it may carry) gives a meaning: escaped with a
+# backslash, or as entities for the HTML ones, so that data shows as written.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def md(text: str) -> str:
+    """`text` as literal Markdown text on one line."""
+    flat = " ".join(printable(text).split())
+    flat = flat.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(r"\\\1", flat)
+
+
+def markdown(diff: RunDiff) -> str:
+    counts = diff.counts()
+    lines = [
+        f"### agenttest: {md(diff.new.suite or 'run')} — "
+        f"{counts['regression']} newly failing, {counts['fixed']} fixed",
+        "",
+        f"Run `{_code(diff.new.id)}` ({_when(diff.new)}) against "
+        f"`{_code(diff.base.id)}` ({_when(diff.base)}).",
+        "",
+        "| " + " | ".join(TITLES[c] for c in CATEGORIES) + " |",
+        "|" + "---:|" * len(CATEGORIES),
+        "| " + " | ".join(str(counts[c]) for c in CATEGORIES) + " |",
+    ]
+    for kind in CATEGORIES:
+        if kind == "still_passing":
+            continue
+        changes = diff.of(kind)
+        if not changes:
+            continue
+        lines += ["", f"#### {TITLES[kind]} ({len(changes)})", ""]
+        for change in changes[:LISTED]:
+            lines += _md_case(change)
+        if len(changes) > LISTED:
+            lines.append(f"- … and {len(changes) - LISTED} more")
+    return "\n".join(lines) + "\n"
+
+
+def _code(text: str) -> str:
+    # Inside a code span only a backquote matters: none can close it.
+    return printable(text).replace("`", "'")
+
+
+def _md_case(change: CaseChange) -> list[str]:
+    name = f" — {md(change.name)}" if change.name and change.name != change.id else ""
+    lines = [f"- **{md(change.id)}**{name} ({change.base or 'absent'} → {change.new or 'absent'})"]
+    if change.flaky_because:
+        lines.append(f"  - {md(change.flaky_because)}")
+    found = change.difference
+    if found is not None:
+        where = f"turn {found.turn}" if found.turn is not None else "final assertions"
+        what = f": {md(found.assertion)} passed then, fails now" if found.assertion else ""
+        lines.append(f"  - {where}{what}")
+        if found.reason:
+            lines.append(f"  - now: {md(found.reason)}")
+        if found.said_then is not None:
+            lines.append(f"  - agent then: {md(found.said_then)}")
+        if found.said_now is not None:
+            lines.append(f"  - agent now: {md(found.said_now)}")
+    return lines
+
+
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml(text: str) -> str:
+    return _NOT_XML.sub("\ufffd", text)
+
+
+def junit(diff: RunDiff) -> str:
+    """One testcase per case of the new run (and per removed case): a regression is a
+    failure; known failures and flaky cases are skipped with the reason; the rest pass."""
+    cases = [c for c in diff.changes if c.category != "removed"]
+    failures = sum(c.category == "regression" for c in cases)
+    skipped = sum(c.category in ("still_failing", "flaky") or c.new == "failed" for c in cases)
+    counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0"}
+    root = ET.Element("testsuites", {"name": "agenttest diff", **counts})
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        {"name": _xml(diff.new.suite or diff.new.id), **counts, "skipped": str(skipped)},
+    )
+    properties = ET.SubElement(suite, "properties")
+    for key, value in (("run_id", diff.new.id), ("baseline_run_id", diff.base.id)):
+        ET.SubElement(properties, "property", name=key, value=_xml(value))
+    for change in cases:
+        element = ET.SubElement(suite, "testcase", name=_xml(change.id), classname="agenttest")
+        if change.category == "regression":
+            found = change.difference
+            message = "passed in the baseline, fails now"
+            failure = ET.SubElement(element, "failure", message=message, type="regression")
+            if found is not None:
+                failure.text = _xml(
+                    "\n".join(
+                        part
+                        for part in (
+                            f"turn {found.turn}" if found.turn is not None else "final assertions",
+                            found.assertion or "",
+                            f"now: {found.reason}" if found.reason else "",
+                            f"agent then: {found.said_then}" if found.said_then else "",
+                            f"agent now: {found.said_now}" if found.said_now else "",
+                        )
+                        if part
+                    )
+                )
+        elif change.category == "flaky" or change.new == "failed":
+            why = change.flaky_because or (
+                "known failure: failed in the baseline too"
+                if change.category == "still_failing"
+                else "new case, failing"
+            )
+            ET.SubElement(element, "skipped", message=_xml(why))
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

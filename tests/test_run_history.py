@@ -1,0 +1,284 @@
+"""Run history: suites, `diff`, `--baseline` with `--fail-on regressions`, `history`, `runs`.
+
+Real histories: the same case file run night after night against a scripted agent
+(served over HTTP) whose answers change between runs, so that one case regresses,
+one is fixed, one keeps failing, one flips every night, one is added and one removed.
+Every run is made embedded and on a one-worker fleet (marked `fleet`), and the history
+commands read the store each one wrote (SQLite, Postgres).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xmlschema
+from fleet import Fleet, fleet_on
+from scripted_agent import ScriptedAgent, by_last_user
+
+from agenttest_submit.cli import main
+
+PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]
+XSD = Path(__file__).parent / "fixtures" / "junit-10.xsd"
+
+
+@pytest.fixture
+def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+class Place:
+    def __init__(self, where: str, request: pytest.FixtureRequest) -> None:
+        self._capsys: pytest.CaptureFixture[str] = request.getfixturevalue("capsys")
+        self.fleet: Fleet | None = None
+        if where == "fleet":
+            self.fleet = request.getfixturevalue("fleet")
+            self.fleet.start("history", concurrency=4)
+
+    def submit(self, args: list[str]) -> tuple[int, str, str]:
+        if self.fleet is not None:
+            done = self.fleet.submit(args)
+            return done.returncode, done.stdout, done.stderr
+        self._capsys.readouterr()
+        code = main(args)
+        out, err = self._capsys.readouterr()
+        return code, out, err
+
+
+@pytest.fixture(params=PLACES)
+def place(request: pytest.FixtureRequest) -> Place:
+    return Place(request.param, request)
+
+
+@pytest.fixture
+def agent() -> Iterator[ScriptedAgent]:
+    with ScriptedAgent() as served:
+        yield served
+
+
+def _case(case_id: str) -> dict[str, Any]:
+    return {
+        "id": case_id,
+        "name": f"The {case_id} case",
+        "input": f"question {case_id}",
+        "assertions": [{"type": "contains", "value": "right"}],
+    }
+
+
+class Nights:
+    """The suite run night after night: each night the agent answers as told."""
+
+    def __init__(self, place: Place, agent: ScriptedAgent, tmp_path: Path) -> None:
+        self.place, self.agent, self.tmp_path = place, agent, tmp_path
+        self.config = tmp_path / "agenttest.yaml"
+        entry = agent.entry("bot", max_retries=0)
+        self.config.write_text(json.dumps({"agents": {"bot": entry}}), encoding="utf-8")
+        self.cases = tmp_path / "nightly.jsonl"
+
+    def args(self, *more: str) -> list[str]:
+        return ["-i", str(self.cases), "-n", "bot", "--config", str(self.config), *more]
+
+    def run(self, right: set[str], ids: list[str], *more: str) -> tuple[int, str, str]:
+        """One night: cases `ids`, the agent right about those in `right`."""
+        self.cases.write_text("".join(json.dumps(_case(i)) + "\n" for i in ids), encoding="utf-8")
+        answers = {f"question {i}": ("right answer" if i in right else "wrong answer") for i in ids}
+        self.agent.script("bot", by_last_user(answers))
+        return self.place.submit(self.args(*more))
+
+    def command(self, *args: str) -> tuple[int, str, str]:
+        return self.place.submit(list(args))
+
+    def suite(self) -> str:
+        """The suite of the newest run: these nights' (none other runs meanwhile)."""
+        newest = json.loads(self.command("runs", "--last", "1", "--format", "json")[1])
+        return str(newest[0]["suite"])
+
+
+@pytest.fixture
+def nights(place: Place, agent: ScriptedAgent, tmp_path: Path) -> Nights:
+    return Nights(place, agent, tmp_path)
+
+
+EVERY = ["steady", "regress", "fixed", "broken", "flaky", "removed"]
+
+
+def _two_nights(nights: Nights) -> None:
+    # Night 1: steady, regress and removed right; fixed and broken wrong; flaky right.
+    nights.run({"steady", "regress", "removed", "flaky"}, EVERY)
+    # Nights 2 and 3 flip "flaky" twice; night 3 is the one compared.
+    later = ["steady", "regress", "fixed", "broken", "flaky", "added"]
+    nights.run({"steady", "regress", "fixed", "added"}, later)
+    nights.run({"steady", "fixed", "flaky", "added"}, later)
+
+
+def test_diff_puts_every_case_in_its_category(nights: Nights) -> None:
+    _two_nights(nights)
+    code, out, _ = nights.command("diff", "--format", "json")
+    document = json.loads(out)
+    assert code == 1  # "regress" passed the night before and fails now
+    category = {c["id"]: c["category"] for c in document["cases"]}
+    assert category == {
+        "steady": "still_passing",
+        "regress": "regression",
+        "fixed": "still_passing",  # fixed on night 2: still passing on night 3
+        "broken": "still_failing",
+        "flaky": "flaky",  # changed on nights 2 and 3
+        "added": "still_passing",
+    }
+    regress = next(c for c in document["cases"] if c["id"] == "regress")
+    assert regress["base"] == "passed" and regress["new"] == "failed"
+    assert regress["name"] == "The regress case"
+    found = regress["difference"]
+    assert found["turn"] == 1
+    assert found["said_then"] == "right answer" and found["said_now"] == "wrong answer"
+    assert 'contains "right"' in found["assertion"]
+    # Night 1 against night 3: fixed, removed and new show.
+    suite = nights.suite()
+    runs = json.loads(nights.command("runs", "--suite", suite, "--format", "json")[1])
+    assert len(runs) == 3
+    first, last = runs[2]["run_id"], runs[0]["run_id"]
+    document = json.loads(nights.command("diff", first, last, "--format", "json")[1])
+    category = {c["id"]: c["category"] for c in document["cases"]}
+    assert category["fixed"] == "fixed"
+    assert category["removed"] == "removed"
+    assert category["added"] == "new"
+    assert category["regress"] == "regression"
+    assert document["base"]["id"] == first and document["new"]["id"] == last
+
+
+def test_diff_formats(nights: Nights) -> None:
+    _two_nights(nights)
+    code, console, _ = nights.command("diff")
+    assert code == 1
+    assert console.index("Newly failing (1)") < console.index("Still failing (1)")
+    assert "✗ regress The regress case (passed → failed)" in console
+    assert 'agent then: "right answer"' in console and 'agent now:  "wrong answer"' in console
+    assert "Flaky (1)" in console
+    _, markdown, _ = nights.command("diff", "--format", "markdown")
+    assert markdown.startswith("### agenttest: ")
+    assert "1 newly failing" in markdown
+    assert "- **regress** — The regress case (passed → failed)" in markdown
+    _, junit, _ = nights.command("diff", "--format", "junit")
+    xmlschema.XMLSchema(str(XSD)).validate(junit)
+    cases = {t.get("name"): t for t in ET.fromstring(junit.encode()).iter("testcase")}
+    assert cases["regress"].find("failure") is not None
+    assert cases["broken"].find("skipped") is not None  # a known failure
+    assert cases["flaky"].find("failure") is None
+    assert cases["steady"].find("failure") is None and cases["steady"].find("skipped") is None
+
+
+def test_baseline_and_fail_on_regressions_gate_only_new_failures(nights: Nights) -> None:
+    nights.run({"steady", "regress"}, ["steady", "regress", "broken"])
+    # A known failure ("broken") does not fail the job; the diff follows the report.
+    code, out, _ = nights.run(
+        {"steady", "regress"}, ["steady", "regress", "broken"], "--fail-on", "regressions"
+    )
+    assert code == 0, out
+    assert "Diff of run" in out and "Still failing (1)" in out
+    # Without --fail-on regressions the same run exits 1, as always.
+    code, out, _ = nights.run(
+        {"steady", "regress"}, ["steady", "regress", "broken"], "--baseline", "suite"
+    )
+    assert code == 1 and "Diff of run" in out
+    # A new failure does.
+    code, out, _ = nights.run(
+        {"steady"}, ["steady", "regress", "broken"], "--fail-on", "regressions"
+    )
+    assert code == 1
+    assert "Newly failing (1)" in out and "regress" in out
+    # --baseline RUN names the run to compare with.
+    runs = json.loads(nights.command("runs", "--format", "json")[1])
+    code, out, _ = nights.run(
+        {"steady", "regress"},
+        ["steady", "regress", "broken"],
+        "--baseline",
+        runs[-1]["run_id"],
+        "--fail-on",
+        "regressions",
+    )
+    assert code == 0 and f"against {runs[-1]['run_id']}" in out
+
+
+def test_history_of_a_case_and_the_runs_of_a_suite(nights: Nights) -> None:
+    ids = ["steady", "flaky"]
+    for right in ({"steady", "flaky"}, {"steady"}, {"steady", "flaky"}, {"steady"}):
+        nights.run(right, ids)
+    # (A fleet's database holds other tests' runs too: this suite's are asked for.)
+    suite = nights.suite()
+    nights.run({"steady"}, ids, "--suite", "elsewhere")
+    code, out, _ = nights.command("history", "flaky", "--suite", suite, "--format", "json")
+    assert code == 0
+    document = json.loads(out)
+    assert [r["status"] for r in document["runs"]] == ["failed", "passed", "failed", "passed"]
+    assert document["changes"] == 3 and document["flake_rate"] == 1.0
+    failed = document["runs"][0]
+    assert failed["reason"] and "right" in failed["reason"]
+    assert failed["duration_ms"] >= 0 and failed["run_id"]
+    # Every suite's runs, without --suite.
+    every = json.loads(nights.command("history", "flaky", "--format", "json")[1])
+    assert every["runs"][0]["suite"] == "elsewhere"
+    # In one suite only, and the last N runs.
+    runs = json.loads(nights.command("runs", "--format", "json")[1])
+    assert runs[0]["suite"] == "elsewhere" and runs[1]["suite"] == suite
+    scoped = json.loads(
+        nights.command("history", "flaky", "--suite", suite, "--last", "3", "--format", "json")[1]
+    )
+    assert [r["status"] for r in scoped["runs"]] == ["failed", "passed", "failed"]
+    code, out, _ = nights.command("history", "flaky", "--suite", suite)
+    assert code == 0 and "flake rate" in out and "FAILED" in out
+    listed = json.loads(nights.command("runs", "--suite", suite, "--format", "json")[1])
+    assert len(listed) == 4 and all(r["suite"] == suite for r in listed)
+    assert [(r["passed"], r["failed"]) for r in listed] == [(1, 1), (2, 0), (1, 1), (2, 0)]
+    _, table, _ = nights.command("runs", "--last", "2")
+    assert len(table.strip().splitlines()) == 3  # a header and two runs
+    # status names the suite.
+    _, status, _ = nights.command("status", "last")
+    assert "suite     elsewhere" in status
+
+
+def test_the_derived_suite_is_stable_and_follows_the_target(
+    nights: Nights, agent: ScriptedAgent
+) -> None:
+    nights.run({"steady"}, ["steady"])
+    nights.run({"steady"}, ["steady"])
+    runs = json.loads(nights.command("runs", "--format", "json")[1])
+    assert runs[0]["suite"] == runs[1]["suite"]
+    assert "bot" in runs[0]["suite"] and "nightly.jsonl" in runs[0]["suite"]
+    # Another target is another suite.
+    entry = agent.entry("bot", max_retries=0)
+    nights.config.write_text(
+        json.dumps({"agents": {"bot": entry, "bot2": entry}}), encoding="utf-8"
+    )
+    args = nights.args()
+    args[args.index("bot")] = "bot2"
+    nights.place.submit(args)
+    runs = json.loads(nights.command("runs", "--format", "json")[1])
+    assert runs[0]["suite"] != runs[1]["suite"]
+
+
+def test_flaky_repetitions_are_flaky_not_regressions(nights: Nights, agent: ScriptedAgent) -> None:
+    nights.run({"coin"}, ["coin"])
+    answers = iter(["right answer", "wrong answer"] * 3)
+    nights.cases.write_text(json.dumps(_case("coin")) + "\n", encoding="utf-8")
+    agent.script("bot", lambda body: next(answers))
+    code, out, _ = nights.place.submit(
+        nights.args("--repeat", "4", "--parallel", "1", "--fail-on", "regressions")
+    )
+    assert code == 0, out  # its repetitions disagree: flaky, listed, not a regression
+    assert "Flaky (1)" in out and "repetitions disagree: 2/4 passed" in out
+
+
+def test_history_commands_refuse_what_they_cannot_find(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["history", "nothing"]) == 2
+    assert "no finished run played case 'nothing'" in capsys.readouterr().err
+    assert main(["diff"]) == 2
+    assert "no runs yet" in capsys.readouterr().err
+    assert main(["runs"]) == 0
+    assert "no runs yet" in capsys.readouterr().out
+    assert main(["diff", "a", "b", "c"]) == 2
