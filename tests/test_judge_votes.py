@@ -461,3 +461,24 @@ def test_a_tie_counts_by_the_assertions_own_tie_rule() -> None:
     assert voted_verdict(case(None).final_assertions[0]) is False
     agreement = judge_agreement([case("pass"), case(None)])
     assert [(j.agreeing, j.votes) for j in agreement.values()] == [(1, 2), (1, 2)]
+
+
+def test_summaries_show_each_judges_agreement_with_the_panel(place: Project) -> None:
+    cases = [
+        judged("panel", "a=pass,pass b=fail,pass", use=["a", "b"], votes=2),
+        judged("split", "a=pass:0.9,fail:0.1,fail:0.2", votes=3),
+    ]
+    records = place.run(cases)
+    expected = judges_json(judge_agreement(CaseResult.model_validate(r) for r in records.values()))
+    assert set(expected) == {"agents:a", "agents:b"}
+    source = place.tmp_path / "cases.jsonl"
+    _, out, _ = place.submit("-i", str(source), "-n", "bot", "--format", "json")
+    document = json.loads(out)
+    assert document["summary"]["judges"] == judges_json(
+        judge_agreement(CaseResult.model_validate(r) for r in document["results"])
+    )
+    _, console, _ = place.submit("-i", str(source), "-n", "bot")
+    line = next(line for line in console.splitlines() if line.strip().startswith("Judges:"))
+    assert "agents:a" in line and "agents:b" in line and "agreement" in line
+    # A failed split assertion lists every vote under its reason.
+    assert "agents:a: pass 0.9" in console and "agents:a: fail 0.1" in console

@@ -28,6 +28,7 @@ from agenttest_worker.report.common import (
     printable,
     quoted,
 )
+from agenttest_worker.report.judges import judges_line
 from agenttest_worker.report.model import RunReport, Summary
 from agenttest_worker.report.verdicts import CaseVerdict, case_verdict, grouped
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
@@ -155,6 +156,8 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
         ),
         *([f"  Budget: {summary.budget.line()}"] if summary.budget else []),
         *_repeat_lines(summary),
+        # (Judge names come from agenttest.yaml; escaped all the same.)
+        *([f"  {printable(line)}"] if (line := judges_line(summary.judges)) else []),
         "",
         f"  Total turns: {summary.total_turns}",
         f"  Avg turns/test: {summary.avg_turns:.1f}",
@@ -234,6 +237,12 @@ def assertion_lines(assertion: AssertionResult, style: Style) -> list[str]:
     lines = [f"{style.mark(assertion.passed)} {describe_assertion(assertion)}"]
     if not assertion.passed:
         lines.append(f"  {failure_reason(assertion)}")
+        # A panel's or repeated judge's every vote: which judge said what, and why.
+        for vote in assertion.votes or ():
+            said = "error" if vote.error else ("pass" if vote.passed else "fail")
+            score = f" {vote.score:g}" if vote.score is not None else ""
+            why = one_line(vote.error or vote.reason or "")
+            lines.append(f"    {printable(vote.judge)}: {said}{score}{': ' + why if why else ''}")
     return lines
 
 

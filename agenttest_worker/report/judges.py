@@ -36,22 +36,38 @@ class JudgeAgreement:
         return self.agreeing / self.votes if self.votes else 0.0
 
 
-def judge_agreement(cases: Iterable[CaseResult]) -> dict[str, JudgeAgreement]:
-    """Per judge (by name, sorted), its votes and agreement over these case records,
-    which are read once (a stream of a large run's records will do)."""
-    found: dict[str, JudgeAgreement] = {}
-    for case in cases:
+class JudgeTally:
+    """Each judge's votes and agreement, from case records added one at a time (the
+    summary's tally reads a run's records once, and this with it)."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, JudgeAgreement] = {}
+
+    def add(self, case: CaseResult) -> None:
         for assertion in _assertions(case):
             votes = assertion.votes or []
+            if not votes:
+                continue
             verdict = voted_verdict(assertion)
             for vote in votes:
-                judge = found.setdefault(vote.judge, JudgeAgreement(vote.judge))
+                judge = self.found.setdefault(vote.judge, JudgeAgreement(vote.judge))
                 judge.votes += 1
                 if vote.error is not None:
                     judge.errors += 1
                 elif vote.passed == verdict:
                     judge.agreeing += 1
-    return dict(sorted(found.items()))
+
+    def agreement(self) -> dict[str, JudgeAgreement]:
+        return dict(sorted(self.found.items()))
+
+
+def judge_agreement(cases: Iterable[CaseResult]) -> dict[str, JudgeAgreement]:
+    """Per judge (by name, sorted), its votes and agreement over these case records,
+    which are read once (a stream of a large run's records will do)."""
+    tally = JudgeTally()
+    for case in cases:
+        tally.add(case)
+    return tally.agreement()
 
 
 def voted_verdict(assertion: AssertionResult) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
+from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.verdicts import RepeatStats, VerdictTally
 from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
 
@@ -88,16 +89,20 @@ class Summary:
     budget: Budget | None = None
     # Repetitions, pass rate, pass@k and pass^k, flaky cases: when some case repeated.
     repeats: RepeatStats | None = None
+    # Each judge asked more than once (votes, panels): its agreement with the verdicts.
+    judges: dict[str, JudgeAgreement] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         counts = asdict(self)
         if not self.not_run:  # (the spec's summary, unchanged when every case ran)
             del counts["not_run"], counts["not_run_reason"]
-        del counts["budget"], counts["repeats"]
+        del counts["budget"], counts["repeats"], counts["judges"]
         if self.budget is not None:
             counts["budget"] = self.budget.as_dict()
         if self.repeats is not None:
             counts["repeats"] = self.repeats.as_dict()
+        if self.judges:
+            counts["judges"] = judges_json(self.judges)
         return counts
 
 
@@ -190,6 +195,7 @@ class Tally:
     def __init__(self, rule: str = "all", k: int | None = None) -> None:
         self.records = self.total_turns = self.not_run = 0
         self.verdicts = VerdictTally(rule, k)
+        self.judges = JudgeTally()
         self.not_run_reason: str | None = None
 
     @property
@@ -201,6 +207,7 @@ class Tally:
         self.records += 1
         self.total_turns += case.total_turns
         self.verdicts.add(case)
+        self.judges.add(case)
         reason = case.skip_reason or ""
         if case.status == "skipped" and not case.total_turns and reason.startswith(NOT_RUN):
             self.not_run += 1
@@ -222,4 +229,5 @@ class Tally:
             not_run_reason=self.not_run_reason,
             budget=budget,
             repeats=self.verdicts.stats(),
+            judges=self.judges.agreement(),
         )
