@@ -58,6 +58,8 @@ EXTRA_CASE_KEYS = {
     "usage",
     "file",
     "line",
+    # Calls, tokens and cost by role (target, judge, simulator, ...).
+    "usage_by_role",
 }
 EXTRA_TURN_KEYS = {
     "error",

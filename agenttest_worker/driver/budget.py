@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.waiting import waiting
 from agenttest_worker.engine import RunOptions
+from agenttest_worker.engine.outcome import call_cost
 from agenttest_worker.results import AgentCallRecord, TurnResult
 from agenttest_worker.store.base import ConversationStore
 from agenttest_worker.store.reservations import FIRST_TURN_WAIT, Reservation, TurnReservation
@@ -27,14 +28,8 @@ WAIT_TICK = 0.05
 
 
 def calls_cost(calls: Iterable[AgentCallRecord], config: ProjectConfig) -> float:
-    cost = 0.0
-    for call in calls:
-        agent = config.agents.get(call.agent)
-        if call.usage is None or agent is None or agent.pricing is None:
-            continue
-        cost += call.usage.prompt_tokens * agent.pricing.prompt_per_million / 1e6
-        cost += call.usage.completion_tokens * agent.pricing.completion_per_million / 1e6
-    return cost
+    # Priced as each case's usage_by_role is (engine/outcome.py), so the two agree.
+    return sum(call_cost(call, config) for call in calls)
 
 
 def turns_spend(turns: Iterable[TurnResult], config: ProjectConfig) -> tuple[int, float]:

@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-from pydantic import BaseModel
-
-from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.model import Case
 from agenttest_worker.driver import budget
 from agenttest_worker.driver.budget import budget_spent, turns_spend
 from agenttest_worker.driver.event_loops import run_sync
+
+# PoolCache is imported from here by the runners (embedded.py, fleet/tasks.py).
+from agenttest_worker.driver.run_cache import PoolCache as PoolCache
+from agenttest_worker.driver.run_cache import (
+    case_of,
+    options_of,
+    pricing_config,
+    run_config,
+    validated,
+)
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
     ConversationState,
@@ -38,8 +42,6 @@ from agenttest_worker.errors import ConfigError
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
 from agenttest_worker.store.base import ConversationStore
-
-M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass
@@ -70,92 +72,13 @@ class Prepared:
     counted: bool = False
 
 
-class PoolCache:
-    """Agent pools by run, so that a worker serving many runs reuses clients."""
-
-    def __init__(self, size: int = 32) -> None:
-        self.size = size
-        self._pools: OrderedDict[str, AgentPool] = OrderedDict()
-
-    def for_run(self, run_id: str, config: dict[str, Any]) -> AgentPool:
-        pool = self._pools.get(run_id)
-        if pool is None:
-            pool = AgentPool(ProjectConfig.from_stored(config))
-            self._pools[run_id] = pool
-            while len(self._pools) > self.size:
-                self._pools.popitem(last=False)
-        else:
-            self._pools.move_to_end(run_id)
-        return pool
-
-
 def _spend(
     options: RunOptions, loaded: steps.LoadedCase, turns: list[TurnResult]
 ) -> tuple[int, float] | None:
     """What the step's turns used, when the run has a budget to count it against."""
     if not options.budgeted or not turns:
         return None
-    return turns_spend(turns, _run_config(loaded.run_id, loaded.run_config))
-
-
-_configs: OrderedDict[str, ProjectConfig] = OrderedDict()
-
-
-def _run_config(run_id: str, stored: dict[str, Any]) -> ProjectConfig:
-    config = _configs.get(run_id)
-    if config is None:
-        config = _configs[run_id] = ProjectConfig.from_stored(stored)
-        while len(_configs) > 32:
-            _configs.popitem(last=False)
-    return config
-
-
-class _Memo:
-    """A small LRU of validated models: a run's cases and options never change, and
-    validating them again on every turn was a measurable share of a turn's CPU."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.items: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: tuple[str, str], make: Any) -> Any:
-        with self.lock:
-            found = self.items.get(key)
-            if found is not None:
-                self.items.move_to_end(key)
-                return found
-        value = make()
-        with self.lock:
-            self.items[key] = value
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-        return value
-
-
-_cases_memo = _Memo(4096)
-_options_memo = _Memo(64)
-
-
-def _case(loaded: steps.LoadedCase) -> Case:
-    made: Case = _cases_memo.get(
-        (loaded.run_id, loaded.case_id), lambda: _validated(Case, loaded.case)
-    )
-    return made
-
-
-def _validated(model: type[M], document: steps.JsonDocument) -> M:
-    """`model` from a stored document: from its text if the store handed over text."""
-    if isinstance(document, str):
-        return model.model_validate_json(document)
-    return model.model_validate(document)
-
-
-def _options(loaded: steps.LoadedCase) -> RunOptions:
-    made: RunOptions = _options_memo.get(
-        (loaded.run_id, ""), lambda: RunOptions.model_validate(loaded.run_options)
-    )
-    return made
+    return turns_spend(turns, run_config(loaded.run_id, loaded.run_config))
 
 
 def session_id(run_id: str, case_id: str) -> str:
@@ -197,14 +120,14 @@ def prepare(
         # spawning a second copy of the rest of the conversation.
         resend = redelivered and loaded.phase == "ready" and loaded.next_turn == turn + 1
         return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
-    return Prepared(loaded, _case(loaded), _state(loaded), _options(loaded), turn, count)
+    return Prepared(loaded, case_of(loaded), _state(loaded), options_of(loaded), turn, count)
 
 
 def _state(loaded: steps.LoadedCase) -> ConversationState:
     """The conversation's state as stored, or a new one before its first turn."""
     if loaded.state is None:
-        return start_conversation(_case(loaded), session_id(loaded.run_id, loaded.case_id))
-    return _validated(ConversationState, loaded.state)
+        return start_conversation(case_of(loaded), session_id(loaded.run_id, loaded.case_id))
+    return validated(ConversationState, loaded.state)
 
 
 def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, str] | None:
@@ -278,7 +201,9 @@ def commit(
     conversation is parked there rather than running, see save_step.)"""
     loaded = prepared.loaded
     new_turns: list[TurnResult] = [t for t in state.turns if t.turn >= prepared.turn]
-    result = case_result(prepared.case, state, loaded.agent) if state.phase == "done" else None
+    result = None
+    if state.phase == "done":
+        result = case_result(prepared.case, state, loaded.agent, pricing_config(loaded))
     next_turn = state.turns_run + 1
     saved = store.save_step(
         steps.Step(
@@ -363,7 +288,7 @@ def end_refused(
     loaded = store.load_case(run_id, case_id)
     if loaded is None or loaded.phase == "done" or loaded.next_turn != turn:
         return Advance(saved=False)  # recorded meanwhile by a copy of this message, or ended
-    before = Prepared(loaded, _case(loaded), _state(loaded), _options(loaded), turn)
+    before = Prepared(loaded, case_of(loaded), _state(loaded), options_of(loaded), turn)
     message = f"turn {turn} could not be stored: {reason}"
     # A person's reply is what was refused when the conversation is still parked for one.
     parked = "awaiting_human" if loaded.phase == "awaiting_human" else None
@@ -382,11 +307,13 @@ async def answer_human(
     loaded = store.load_case(run_id, case_id)
     if loaded is None or loaded.phase != "awaiting_human" or loaded.state is None:
         return Advance(saved=False)
-    case = _case(loaded)
-    options = _options(loaded)
-    state = _validated(ConversationState, loaded.state)
+    case = case_of(loaded)
+    options = options_of(loaded)
+    state = validated(ConversationState, loaded.state)
     new_state = await give_human_input(case, state, text, pool, options, reason)
-    result = case_result(case, new_state, loaded.agent) if new_state.phase == "done" else None
+    result = None
+    if new_state.phase == "done":
+        result = case_result(case, new_state, loaded.agent, pricing_config(loaded))
     skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
 
     def save() -> Advance:

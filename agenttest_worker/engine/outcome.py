@@ -1,10 +1,13 @@
-"""The end of a conversation: final assertions and the case's record."""
+"""The end of a conversation: final assertions and the case's record, with what its
+agent calls cost by role (`usage_by_role`)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Literal
 
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.assertions import AssertionContext
 from agenttest_worker.cases.model import Case
@@ -13,8 +16,11 @@ from agenttest_worker.engine.documents import final_document
 from agenttest_worker.engine.state import ConversationState
 from agenttest_worker.results import (
     AgentCallRecord,
+    AgentRole,
     CaseResult,
+    RoleUsage,
     Usage,
+    UsageRole,
 )
 
 
@@ -57,8 +63,12 @@ async def finish(case: Case, state: ConversationState, pool: AgentPool) -> None:
 # -- the result ----------------------------------------------------------------------------
 
 
-def case_result(case: Case, state: ConversationState, agent: str | None) -> CaseResult:
-    """The case's record: failed if anything failed or errored, else skipped, else passed."""
+def case_result(
+    case: Case, state: ConversationState, agent: str | None, config: ProjectConfig | None = None
+) -> CaseResult:
+    """The case's record: failed if anything failed or errored, else skipped, else passed.
+
+    `config` prices its calls (`usage_by_role`); without it every call costs 0."""
     failed = (
         state.error is not None
         or any(t.error is not None or t.status == "failed" for t in state.turns)
@@ -95,4 +105,64 @@ def case_result(case: Case, state: ConversationState, agent: str | None) -> Case
         line=case.source_line,
         repeat=case.repetition,
         repeats=case.repeat if case.repetition is not None else None,
+        usage_by_role=usage_by_role((c for t in state.turns for c in t.calls or ()), config)
+        or None,
     )
+
+
+# -- usage by role -------------------------------------------------------------------------
+
+# A call's role as usage is reported: the validator is the judge.
+USAGE_ROLE: dict[AgentRole, UsageRole] = {
+    "target": "target",
+    "simulator": "simulator",
+    "validator": "judge",
+    "generator": "generator",
+    "reporter": "reporter",
+}
+
+
+def tokens_cost(
+    config: ProjectConfig | None, agent: str, prompt_tokens: int, completion_tokens: int
+) -> float:
+    """What `agent`'s tokens cost under its `pricing` (per million tokens); 0 without one."""
+    entry = config.agents.get(agent) if config is not None else None
+    if entry is None or entry.pricing is None:
+        return 0.0
+    return (
+        prompt_tokens * entry.pricing.prompt_per_million
+        + completion_tokens * entry.pricing.completion_per_million
+    ) / 1e6
+
+
+def call_cost(call: AgentCallRecord, config: ProjectConfig | None) -> float:
+    if call.usage is None:
+        return 0.0
+    return tokens_cost(config, call.agent, call.usage.prompt_tokens, call.usage.completion_tokens)
+
+
+def usage_by_role(
+    calls: Iterable[AgentCallRecord], config: ProjectConfig | None = None
+) -> dict[UsageRole, RoleUsage]:
+    """Calls, tokens and cost of `calls` by role (only the roles that made one). A call
+    that reported no usage (an agent that does not, a failed call) counts with 0 tokens."""
+    sums: dict[UsageRole, list[float]] = {}
+    for call in calls:
+        found = sums.setdefault(USAGE_ROLE[call.role], [0, 0, 0, 0, 0.0])
+        found[0] += 1
+        if call.usage is not None:
+            found[1] += call.usage.prompt_tokens
+            found[2] += call.usage.completion_tokens
+            found[3] += call.usage.total_tokens
+            found[4] += call_cost(call, config)
+    return {
+        role: RoleUsage(
+            calls=int(n),
+            prompt_tokens=int(prompt),
+            completion_tokens=int(completion),
+            total_tokens=int(total),
+            # Rounded: sums of per-call costs carry float noise (0.30000000000000004).
+            cost=round(cost, 9),
+        )
+        for role, (n, prompt, completion, total, cost) in sums.items()
+    }
