@@ -7,6 +7,10 @@ like a case from a file: a bad one (its schema, an agent or script it names that
 not exist, an id the generator already used) is reported on stderr by position and id
 and left out, and the rest run. A generator that fails, returns nothing, or returns
 nothing valid is an input error: nothing runs.
+
+What the generator calls cost is kept for the run these cases are stored in
+(`take_generation_usage`, called where the run is created: runner.write_run): they
+were made before the run existed and belong to no conversation.
 """
 
 from __future__ import annotations
@@ -25,15 +29,33 @@ from agenttest_worker.agents.transport import close_session
 from agenttest_worker.cases.checks import check_case_refs
 from agenttest_worker.cases.files import Located, validate_case
 from agenttest_worker.cases.model import Case
+from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report.common import printable
-from agenttest_worker.results import AgentCallRecord
+from agenttest_worker.report.usage import add_usage
+from agenttest_worker.results import AgentCallRecord, RoleUsage, UsageRole
 
 # Only plain decimal numerals become numbers: "007" (an id), "1e3", "nan" or "inf" (not
 # JSON) stay text, so no query value is altered or turned into something a JSON
 # endpoint rejects.
 _INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
+
+# The generator calls of this process's submission, until its run takes them.
+_generated: dict[UsageRole, RoleUsage] = {}
+
+
+def take_generation_usage() -> dict[UsageRole, RoleUsage]:
+    """What the generators called since the last take cost, by role; forgotten here."""
+    taken = dict(_generated)
+    _generated.clear()
+    return taken
+
+
+def forget_generation_usage() -> None:
+    """A new submission starts: what an earlier one generated without storing a run
+    (a dry run, an input error) is not the new run's."""
+    _generated.clear()
 
 
 def _typed(value: str) -> Any:
@@ -73,6 +95,8 @@ async def _generate(source: GeneratorInput, config: ProjectConfig, target: str |
             )
         )
     finally:
+        # A failed call counts too (the run is then refused, nothing is stored).
+        add_usage(_generated, usage_by_role(log, config))
         await close_session()
 
 

@@ -3,7 +3,8 @@
 The agent gets a system prompt, then one user message holding the run's summary and
 its case records as JSON, with `metadata` {test_mode: "reporter", run_id, summary}.
 Its reply (any text: a digest, a Slack message, a triage list) is stored with the run
-as the report format "reporter" and printed after the standard report.
+as the report format "reporter" and printed after the standard report; what its call
+cost is added to the run's own usage (store/usage.py), for `status RUN` and `report RUN`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.agents.transport import close_session
+from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import InputProblem
 from agenttest_worker.report import RunReport
 from agenttest_worker.results import AgentCallRecord
@@ -74,19 +76,27 @@ def reporter_problem(config: ProjectConfig, use: str | None) -> InputProblem | N
     return None
 
 
-def run_reporter(use: str, report: RunReport, config: ProjectConfig) -> str:
-    """The reporter agent's reply; AgentError when it fails."""
+def run_reporter(use: str, report: RunReport, config: ProjectConfig, url: str | None = None) -> str:
+    """The reporter agent's reply; AgentError when it fails. With `url`, what the call
+    cost (failed or not) is added to the usage of the run `report` is of."""
     problem = reporter_problem(config, use)
     if problem is not None:
         raise AgentError("config", problem.message)
     ref = parse_ref(use, default_kind="agents")
+    log: list[AgentCallRecord] = []
 
     async def call() -> str:
-        log: list[AgentCallRecord] = []
         try:
             reply = await AgentPool(config).session(log).call(ref.id, reporter_request(report))
         finally:
             await close_session()
         return reply.content or ""
 
-    return run_async(call())
+    try:
+        return run_async(call())
+    finally:
+        if url is not None and report.run_id is not None and log:
+            # The store: imported here, as output.py does (see embedded.run_embedded).
+            from agenttest_worker.store.usage import add_run_usage
+
+            add_run_usage(url, report.run_id, usage_by_role(log, config))

@@ -12,6 +12,7 @@ from typing import Any
 from agenttest_worker.report import RunReport, render_chunks
 from agenttest_worker.report.model import Budget, StoredResults
 from agenttest_worker.store import results, runs
+from agenttest_worker.store.usage import stored_usage
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
 # the stored records when asked for.
@@ -43,6 +44,8 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         pass_rule=(run.options or {}).get("pass_rule") or "all",
         pass_k=(run.options or {}).get("pass_k"),
         distinct_cases=(run.options or {}).get("distinct_cases"),
+        # What the run used outside its conversations (its records hold the rest).
+        run_usage=stored_usage(run.usage),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from sqlalchemy import func, select, update
 
@@ -52,7 +52,7 @@ def calls_by_agent(url: str, run_id: str) -> list[AgentCalls]:
 def stored_usage(value: Mapping[str, Any] | None) -> dict[UsageRole, RoleUsage]:
     """`runs.usage` as read: by role (a role this version does not know is left out)."""
     return {
-        role: RoleUsage.model_validate(found)
+        cast(UsageRole, role): RoleUsage.model_validate(found)
         for role, found in (value or {}).items()
         if role in _ROLES and isinstance(found, Mapping)
     }
