@@ -1,0 +1,91 @@
+"""Calls, tokens and cost by role on a fleet: two Celery workers over Redis and Postgres
+play the suite of usage_kit.py, the generator called at submission and a --reporter
+agent after the run; each record, the run's usage and `status RUN` (while the run goes
+on, and after it) show what the agents counted. The embedded run is
+tests/test_usage_by_role.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fleet import Fleet, fleet_on, run_id_of, wait_until
+from usage_kit import UsageAgents, check_status, same_usage, status_rows, write_suite
+
+from agenttest_worker.fleet.aggregate import build_report
+from agenttest_worker.report.usage import run_usage, usage_dict
+
+pytestmark = pytest.mark.fleet
+
+
+@pytest.fixture
+def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+@pytest.fixture
+def agents() -> Iterator[UsageAgents]:
+    with UsageAgents() as served:
+        yield served
+
+
+def _start(fleet: Fleet) -> None:
+    for name in ("a", "b"):
+        fleet.start(name, concurrency=2, wait=False)
+    for worker in fleet.workers:
+        worker.wait_ready()
+
+
+def _status(fleet: Fleet, run_id: str) -> str:
+    done = fleet.submit(["status", run_id], timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_fleet_records_run_and_status_show_what_the_agents_counted(
+    fleet: Fleet, agents: UsageAgents, tmp_path: Path
+) -> None:
+    _start(fleet)
+    config, cases = write_suite(tmp_path, agents)
+    out = tmp_path / "out.jsonl"
+    args = ["-i", str(cases), "-i", "agents:gen?count=1", "-n", "target", "--config", str(config)]
+    done = fleet.submit([*args, "-o", str(out), "--reporter", "agents:reporter"])
+    assert done.returncode == 0, done.stderr + fleet.logs()[-4000:]
+    run_id = run_id_of(done.stderr)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == ["A", "G1", "S"]
+    for record in records:
+        assert same_usage(record["usage_by_role"], agents.counted(record["id"])), record
+
+    report = build_report(fleet.database_url, run_id)
+    outside = agents.counted(None)
+    assert set(outside) == {"generator", "reporter"}
+    assert same_usage(usage_dict(report.run_usage), outside)
+    total = run_usage(report.results, report.run_usage)
+    assert same_usage(usage_dict(total), agents.counted_all())
+
+    check_status(_status(fleet, run_id), agents.counted_all(), {"generator", "reporter"})
+
+
+def test_fleet_status_shows_the_calls_of_a_run_still_running(
+    fleet: Fleet, agents: UsageAgents, tmp_path: Path
+) -> None:
+    _start(fleet)
+    config, cases = write_suite(tmp_path, agents)
+    agents.delay["S"] = 3.0
+    run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "target", "--config", str(config)])
+
+    def a_recorded() -> str | None:
+        text = _status(fleet, run_id)
+        return text if ("judge", "judge") in status_rows(text) else None
+
+    text = wait_until(a_recorded, 30, "A's calls to be recorded", step=0.2)
+    assert "status    running" in text
+    check_status(text, agents.counted("A"), set())
+    fleet.wait_done(run_id)
+    text = _status(fleet, run_id)
+    assert "status    done" in text
+    check_status(text, agents.counted_all(), set())
