@@ -462,3 +462,37 @@ def test_budgets_and_the_deadline_count_every_repetition(place: Place, tmp_path:
         )
         assert code == 1
         assert len(slow.sessions) < 10
+
+
+def test_a_repeated_run_left_unfinished_is_resumed(
+    coin: CoinAgent, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agenttest_submit.runner import store_run
+    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.cases.model import Case
+    from agenttest_worker.engine import RunOptions
+    from agenttest_worker.settings import get_settings
+
+    # Stored, never played: as if the submitter died as soon as it had written the run.
+    url = get_settings().effective_database_url()
+    case = Case.model_validate(_case("resumed"))
+    run_id, total = store_run(
+        url,
+        case.repetitions(3),
+        options=RunOptions(target="coin"),
+        config=load_config(str(_project(tmp_path, coin))),
+        target="coin",
+        label="resumed",
+    )
+    assert total == 3
+    out = tmp_path / "out.jsonl"
+    main(["resume", run_id])
+    capsys.readouterr()
+    assert main(["report", run_id, "-o", str(out)]) in (0, 1)
+    records = _records(out)
+    assert [(r["id"], r["repeat"], r["repeats"]) for r in records] == [
+        ("resumed", 1, 3),
+        ("resumed", 2, 3),
+        ("resumed", 3, 3),
+    ]
+    assert len(set(coin.sessions)) == 3
