@@ -99,6 +99,12 @@ class AgentCallRecord(_Record):
     # The reply's raw text (its first 4,096 characters) when it could not be used: not
     # JSON, an HTTP error's body, a role reply without what the role must return.
     reply: str | None = None
+    # A streamed reply: milliseconds from the call's start (retries included, as in
+    # latency_ms) to its first piece of content; absent for a reply read whole.
+    first_token_ms: int | None = None
+    # Why the agent stopped, as it said (a stream's finish_reason, Anthropic's
+    # stop_reason: end_turn, tool_use, max_tokens, ...); absent when it said nothing.
+    stop_reason: str | None = None
 
 
 class JudgeVote(_Record):
@@ -160,6 +166,15 @@ class TurnResult(_Record):
     # What in the agent's reply could not be used as it came, each quoting the raw text
     # (malformed tool calls); such a turn fails, and the conversation goes on.
     problems: list[str] | None = None
+    # A streamed turn: milliseconds from the input sent to the target's first piece of
+    # content, and to the end of its final reply (mocked tool rounds included; unlike
+    # duration_ms, no judge or simulator time). Absent for turns read whole.
+    first_token_ms: int | None = None
+    response_ms: int | None = None
+    # A history-based agent (`history:` in agenttest.yaml): everything it emitted after
+    # this turn's input, in order, as its chat history wrote it (several assistant
+    # messages, tool calls and results). Absent for other agents.
+    events: list[Any] | None = None
 
 
 class RoleUsage(_Record):

@@ -1,6 +1,6 @@
 """The agent extension point: a request, a reply, an error, the client, and the registry.
 
-Every protocol (agents/protocols/: openai, http, script) turns an AgentRequest into an
+Every protocol (agents/protocols/: openai, anthropic, http, script) turns an AgentRequest into an
 AgentReply or raises AgentError; retries, timing and token accounting are common to
 all of them. Messages are Chat Completions messages (role, content, tool_calls,
 tool_call_id), the one shape the engine keeps for a conversation.
@@ -79,7 +79,7 @@ class AgentReply:
 class AgentError(Exception):
     """A call that failed after its retries, with a message fit for the report.
 
-    `kind` is one of: timeout, connection, http, parse, config, script.
+    `kind` is one of: timeout, connection, http, parse, config, script, stream.
     """
 
     def __init__(
@@ -89,12 +89,16 @@ class AgentError(Exception):
         *,
         call: AgentCallRecord | None = None,
         raw: str | None = None,
+        partial: AgentReply | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.call = call
         self.raw = raw
+        # A stream that broke after content arrived: what had been assembled by then,
+        # which the turn keeps as its output.
+        self.partial = partial
 
     def __str__(self) -> str:
         return self.message
@@ -106,6 +110,44 @@ class AgentClient(Protocol):
     name: str
 
     async def complete(self, request: AgentRequest) -> AgentReply: ...
+
+
+@dataclass
+class HistoryRound:
+    """What a history-based agent emitted after one input: its events as the history
+    wrote them, and what the runner reads of them (text, tool calls, tool results)."""
+
+    events: list[Any]
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_results: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HistoryRead:
+    """A chat history split into rounds, one per input event, and the call that read it."""
+
+    rounds: list[HistoryRound]
+    call: AgentCallRecord | None = None
+
+
+class HistorySource(Protocol):
+    """A client whose replies are read back from the agent's chat history.
+
+    `history_when` is "turn" (fetched after every turn) or "end" (once, after the last
+    static turn); the engine asks for the history then and gives each turn its round.
+    """
+
+    history_when: str
+
+    async def fetch_history(self, request: AgentRequest) -> HistoryRead: ...
+
+
+def history_source(client: AgentClient) -> HistorySource | None:
+    """The client as a history source, when its agent declares `history:`."""
+    when = getattr(client, "history_when", None)
+    return client if isinstance(when, str) and hasattr(client, "fetch_history") else None  # type: ignore[return-value]
 
 
 def parse_arguments(arguments: Any) -> Any:
@@ -175,6 +217,11 @@ def read_tool_calls(raw: Any) -> ToolCallsRead:
         read.calls.append(ToolCall(name=name, args=parsed, id=str(call_id) if call_id else None))
         read.raw_items.append(item)
     return read
+
+
+def object_of(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (fields of a reply read leniently)."""
+    return value if isinstance(value, dict) else {}
 
 
 def text_of(content: Any) -> str | None:

@@ -80,13 +80,62 @@ class _Strict(BaseModel):
 
 
 class ResponseMapping(_Strict):
-    """JSONPaths that pick a generic http agent's reply fields out of its response body."""
+    """JSONPaths that pick a generic http agent's reply fields out of its response body.
+
+    A streamed reply (`stream: sse|ndjson`) is read event by event: `content_delta`
+    picks the piece of text each event adds, `final` marks the last event (where it
+    finds a value other than false or null), and the other paths read that last event.
+    """
 
     content: str = "$.content"
     tool_calls: str = "$.tool_calls"
     awaiting_input: str = "$.awaiting_input"
     input_hint: str = "$.input_hint"
     state: str = "$.state"
+    content_delta: str = "$.delta"
+    final: str | None = None
+
+
+class HistoryMapping(_Strict):
+    """Where a chat history keeps its events, and how each says who it came from.
+
+    Events whose role is `input_role` are the inputs the history is split at; events
+    with `tool_calls` are tool calls (Chat Completions items or {name, args}); events
+    whose role is `tool_role` are tool results, named by `tool_name` or by the call
+    whose id their `tool_call_id` answers.
+    """
+
+    events: str = "$.messages"
+    role: str = "$.role"
+    content: str = "$.content"
+    tool_calls: str = "$.tool_calls"
+    tool_name: str = "$.name"
+    tool_call_id: str = "$.tool_call_id"
+    input_role: str = "user"
+    assistant_role: str = "assistant"
+    tool_role: str = "tool"
+
+
+class HistoryConfig(_Strict):
+    """An agent whose replies are read back from its chat history (as tdx does): after
+    every turn (`when: turn`) or once after the last static turn (`when: end`), the
+    runner fetches `url` ({{session_id}} and {{case_id}} filled in) and gives each turn
+    what the agent emitted after its input."""
+
+    url: str
+    method: Literal["GET", "POST"] = "GET"
+    when: Literal["turn", "end"] = "turn"
+    headers: dict[str, str] = Field(default_factory=dict)
+    response: HistoryMapping = Field(default_factory=HistoryMapping)
+
+    @field_validator("url")
+    @classmethod
+    def _callable_url(cls, url: str) -> str:
+        # Placeholders are filled in at call time; checked as the URL they will be.
+        problem = url_problem(re.sub(r"\{\{\s*[a-z_]+\s*\}\}", "x", url))
+        if problem:
+            raise ValueError(problem)
+        return url
 
 
 class RateLimit(_Strict):
@@ -112,7 +161,8 @@ class Pricing(_Strict):
 class AgentConfig(_Strict):
     """One named agent. `protocol` decides how it is called: a protocol registered in
     agents/protocols/ (openai, http, script), whose module says which of these fields
-    it reads and checks that the ones it needs are set (base_url, url, use).
+    it reads and checks that the ones it needs are set (base_url, url, use) and that
+    those it does not read are not set (stream, history).
     """
 
     protocol: str = "openai"
@@ -135,6 +185,13 @@ class AgentConfig(_Strict):
     use: str | None = None
     rate_limit: RateLimit | None = None
     pricing: Pricing | None = None
+    # Streamed replies: true for openai and anthropic; sse or ndjson for http.
+    stream: bool | Literal["sse", "ndjson"] = False
+    # anthropic: the API version header, and max_tokens (which the Messages API requires).
+    anthropic_version: str = "2023-06-01"
+    max_tokens: int = Field(default=4096, ge=1)
+    # http: replies read back from the agent's chat history.
+    history: HistoryConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,13 @@ from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.breaker import breaker, endpoint_key, unreachable_reason
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from agenttest_worker.agents.streaming import (
+    Assembler,
+    StreamFailure,
+    StreamSpec,
+    elapsed_ms,
+    read_stream,
+)
 from agenttest_worker.agents.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
 from agenttest_worker.results import AgentCallRecord, AgentRole
@@ -94,6 +101,8 @@ class HttpResult:
     headers: dict[str, str]
     text: str
     record: AgentCallRecord
+    # A streamed reply: the assembler that read it (its reply is complete).
+    stream: Assembler | None = None
 
     def json(self, agent: str) -> Any:
         """The body as JSON; anything else is a parse error naming what came back."""
@@ -157,12 +166,19 @@ async def post_json(
     method: str = "POST",
     limits: Limits | None = None,
     hidden: Collection[str] = (),
+    stream: StreamSpec | None = None,
 ) -> HttpResult:
     """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent.
 
     With `limits`, every attempt first waits for a slot of the agent's rate limits, and
     a 429 pauses every caller of the agent (fleet-wide when distributed). The error never
     shows the secrets of `url` (its password, its key-like query values) nor `hidden`.
+
+    With `stream`, a 2xx body is read as a stream of events, and `timeout` bounds each
+    wait for the next piece (the first included), not the whole reply: a long answer
+    that keeps coming is not cut, one that goes silent is. An attempt that fails before
+    any content arrived is retried as any other; after that the call fails at once,
+    keeping what arrived (`AgentError.partial`).
     """
     try:
         return await _post_json(
@@ -175,6 +191,7 @@ async def post_json(
             agent=agent,
             method=method,
             limits=limits,
+            stream=stream,
         )
     except AgentError as error:
         raise masked(error, [*url_secrets(url), *hidden]) from None
@@ -191,11 +208,24 @@ async def _post_json(
     agent: str,
     method: str,
     limits: Limits | None,
+    stream: StreamSpec | None = None,
 ) -> HttpResult:
     import aiohttp  # at the first call, not at import (see above)
 
-    payload = json.dumps(body, ensure_ascii=False).encode()
-    all_headers = {"Content-Type": "application/json", "Accept": "application/json", **headers}
+    # No body at all for None (a GET of a chat history), not the JSON text "null".
+    payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
+    accept = "text/event-stream" if stream is not None and stream.framing == "sse" else None
+    if stream is not None and stream.framing == "ndjson":
+        accept = "application/x-ndjson"
+    all_headers = {
+        **({"Content-Type": "application/json"} if payload is not None else {}),
+        "Accept": accept or "application/json",
+        **headers,
+    }
+    if stream is None:
+        limit = aiohttp.ClientTimeout(total=timeout)
+    else:
+        limit = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
     started = time.monotonic()
     attempts = 0
     key = endpoint_key(agent, url)
@@ -216,19 +246,34 @@ async def _post_json(
         retry_after: float | None = None
         status: int | None = None
         lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
+        assembler = stream.assembler() if stream is not None else None
+        streamed = False
         try:
             async with session().request(
-                method,
-                url,
-                data=payload,
-                headers=all_headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
+                method, url, data=payload, headers=all_headers, timeout=limit
             ) as response:
-                raw = await _read_body(response.content, MAX_BODY_BYTES + 1)
                 status = response.status
                 response_headers = {k: v for k, v in response.headers.items()}
+                if stream is not None and assembler is not None and 200 <= status < 300:
+                    # An agent asked for events that answers with one JSON body (it does
+                    # not stream) is read as a whole reply: HttpResult.stream stays None.
+                    # (NDJSON is often served as application/json: it is read as events.)
+                    whole = stream.framing == "sse" and response.content_type == "application/json"
+                    streamed = not whole
+                if streamed and stream is not None and assembler is not None:
+                    await read_stream(response.content, stream.framing, assembler)
+                    raw = b""
+                else:
+                    raw = await _read_body(response.content, MAX_BODY_BYTES + 1)
+        except StreamFailure as exc:
+            failure = AgentError("stream", exc.message, raw=exc.raw)
+            if not exc.retryable or _started(assembler):
+                raise _broken(failure, assembler, role, agent, started, attempts, status) from None
         except TimeoutError:
             failure = AgentError("timeout", f"timeout after {timeout:g}s")
+            if streamed and _started(assembler):
+                failure.message = f"timeout: {agent}'s stream went silent for {timeout:g}s"
+                raise _broken(failure, assembler, role, agent, started, attempts, status) from None
         except aiohttp.TooManyRedirects as exc:
             # (Its own text is "0, message='', url=...": say what happened.)
             last = exc.request_info.real_url
@@ -242,6 +287,12 @@ async def _post_json(
             failure = AgentError(
                 "connection", f"agent error: cannot reach {agent} ({describe(exc)})"
             )
+            if streamed:
+                failure.message = f"agent error: {agent}'s stream broke off ({describe(exc)})"
+                if _started(assembler):
+                    raise _broken(
+                        failure, assembler, role, agent, started, attempts, status
+                    ) from None
         else:
             await breaker().reached(key)
             text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
@@ -251,7 +302,11 @@ async def _post_json(
                     raise AgentError(
                         "parse", f"agent error: reply over {MAX_BODY_BYTES >> 20} MB", call=record
                     )
-                return HttpResult(status, response_headers, text, record)
+                if not streamed:
+                    return HttpResult(status, response_headers, text, record)
+                assert assembler is not None
+                record.first_token_ms = elapsed_ms(started, assembler.first_token_at)
+                return HttpResult(status, response_headers, text, record, assembler)
             failure = AgentError(
                 "http", f"agent error: HTTP {status} from {agent}: {snippet(text)}", raw=text[:4096]
             )
@@ -280,6 +335,32 @@ async def _post_json(
             raise failure
         with waiting():  # a long back-off must not make the turn look lost (waiting.py)
             await asyncio.sleep(policy.delay(attempts, retry_after))
+
+
+def _started(assembler: Assembler | None) -> bool:
+    return assembler is not None and assembler.first_token_at is not None
+
+
+def _broken(
+    failure: AgentError,
+    assembler: Assembler | None,
+    role: AgentRole,
+    agent: str,
+    started: float,
+    attempts: int,
+    status: int | None,
+) -> AgentError:
+    """A stream that failed for good: its call record, and what it had sent."""
+    failure.call = _record(role, agent, started, attempts, status, failure.message)
+    if assembler is not None:
+        failure.call.first_token_ms = elapsed_ms(started, assembler.first_token_at)
+        failure.partial = assembler.reply()
+        if failure.partial.usage is not None:
+            failure.call.usage = failure.partial.usage
+    if attempts > 1:
+        failure.message += f" (after {attempts} attempts)"
+        failure.call.error = failure.message
+    return failure
 
 
 def describe(exc: BaseException) -> str:

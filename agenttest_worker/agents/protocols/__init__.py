@@ -1,9 +1,13 @@
 """The agent protocols, one module each, registered where they are defined.
 
 - `openai`: Chat Completions at `{base_url}/chat/completions` with `model`.
+- `anthropic`: the Messages API at `{base_url}/v1/messages` (replies read in
+  `anthropic_reply`).
 - `http`: any JSON endpoint at `url` (or `base_url`): a request template, reply paths.
 - `script`: a Python function from the scripts folder (`use: scripts:NAME`).
-- `json_client`: what openai and http share (one JSON call, retried, rate limited).
+- `json_client`: what openai, anthropic and http share (one JSON call, retried, rate
+  limited, streamed when the agent says `stream:`).
+- `history`: reading an http agent's replies back from its chat history.
 
 Each protocol module registers its client class with `@protocol("name", check=...)`
 (agents/base.py); importing this package registers them all. A new protocol is one
@@ -12,13 +16,20 @@ unknown one and the pool's clients follow from the registry.
 """
 
 # isort: off
-# Imported in the order messages list the protocols ('openai', 'http' or 'script'):
-# that is the order they register in.
+# Imported in the order messages list the protocols ('openai', 'anthropic', 'http' or
+# 'script'): that is the order they register in.
 from agenttest_worker.agents.protocols.openai import OpenAIClient
+from agenttest_worker.agents.protocols.anthropic import AnthropicClient
 from agenttest_worker.agents.protocols.http import HttpAgentClient
 from agenttest_worker.agents.protocols.script import ScriptAgentClient
 
 # isort: on
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient
 
-__all__ = ["HttpAgentClient", "JsonAgentClient", "OpenAIClient", "ScriptAgentClient"]
+__all__ = [
+    "AnthropicClient",
+    "HttpAgentClient",
+    "JsonAgentClient",
+    "OpenAIClient",
+    "ScriptAgentClient",
+]

@@ -11,6 +11,14 @@ source, name}]). Without a template the body is {"input", "messages", "metadata"
 Reply fields are read with the JSONPaths under `response` (content, tool_calls,
 awaiting_input, input_hint, state). An agent that answers in the spec's explicit
 declaration shape {"content", "awaiting_input", "input_hint"} needs no mapping.
+
+`stream: sse` or `stream: ndjson` reads the reply as JSON events: `content_delta` picks
+each event's piece of text, `final` marks the last event, whose other fields the other
+paths read (tool calls, awaiting_input, state, usage). Without `final` the body's end
+ends the reply, and the last event is read for those fields.
+
+`history:` makes the agent history-based (protocols/history.py): its replies are read
+back from its chat history.
 """
 
 from __future__ import annotations
@@ -22,12 +30,21 @@ from typing import Any
 from agenttest_worker.agents.base import (
     AgentReply,
     AgentRequest,
+    HistoryRead,
     protocol,
     read_tool_calls,
     text_of,
 )
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
+from agenttest_worker.agents.protocols.history import fetch_history
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
+from agenttest_worker.agents.streaming import (
+    StreamEvent,
+    StreamFailure,
+    StreamSpec,
+    json_data,
+    mark_content,
+)
 from agenttest_worker.json_values import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {
@@ -133,7 +150,57 @@ def _content_text(content: Any) -> str:
 
 
 def needs_url(config: AgentConfig) -> str | None:
-    return None if config.url or config.base_url else "an http agent needs url"
+    if not (config.url or config.base_url):
+        return "an http agent needs url"
+    if config.stream is True:
+        return "an http agent streams as stream: sse or stream: ndjson"
+    return None
+
+
+class EventAssembler:
+    """An http agent's streamed reply: text pieces joined, the final event read."""
+
+    def __init__(self, agent: str, mapping: ResponseMapping) -> None:
+        self.agent = agent
+        self.mapping = mapping
+        self.first_token_at: float | None = None
+        self.parts: list[str] = []
+        self.last: Any = None
+        self.done = False
+
+    def feed(self, event: StreamEvent) -> bool:
+        if event.data.strip() == "[DONE]":
+            self.done = True
+            return True
+        data = json_data(event, self.agent)
+        self.last = data
+        delta = _first(self.mapping.content_delta, data)
+        if isinstance(delta, str) and delta:
+            self.parts.append(delta)
+            mark_content(self)
+        if self.mapping.final is not None:
+            marker = _first(self.mapping.final, data)
+            if marker is not None and marker is not False:
+                self.done = True
+                return True
+        return False
+
+    def finish(self) -> None:
+        if self.mapping.final is not None and not self.done:
+            raise StreamFailure(
+                f"agent error: {self.agent}'s stream ended before its final event "
+                f"({self.mapping.final})",
+                retryable=True,
+            )
+
+    def reply(self) -> AgentReply:
+        last = self.last if isinstance(self.last, dict) else {}
+        reply = parse_http_reply(last, self.mapping)
+        # The pieces are the content; a final event's own content counts when none came.
+        if self.parts:
+            reply.content = "".join(self.parts)
+        reply.finish_reason = "stop" if self.done else None
+        return reply
 
 
 @protocol("http", check=needs_url)
@@ -143,6 +210,10 @@ class HttpAgentClient(JsonAgentClient):
     ) -> None:
         super().__init__(name, config, project)
         self.template = config.request if config.request is not None else DEFAULT_TEMPLATE
+        if config.history is not None:
+            # Read by the engine (agents/base.py history_source): this agent's replies
+            # come from its chat history.
+            self.history_when = config.history.when
 
     def body(self, request: AgentRequest) -> Any:
         metadata = request.metadata if self.config.metadata != "none" else {}
@@ -166,3 +237,13 @@ class HttpAgentClient(JsonAgentClient):
 
     def parse(self, data: Any) -> AgentReply:
         return parse_http_reply(data, self.config.response)
+
+    def stream_spec(self) -> StreamSpec | None:
+        framing = self.config.stream
+        if framing != "sse" and framing != "ndjson":
+            return None
+        return StreamSpec(framing, lambda: EventAssembler(self.name, self.config.response))
+
+    async def fetch_history(self, request: AgentRequest) -> HistoryRead:
+        assert self.config.history is not None
+        return await fetch_history(self.name, self.config, request, self.hidden())

@@ -11,6 +11,7 @@ from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.agents.ratelimit import Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy
+from agenttest_worker.agents.streaming import StreamSpec
 from agenttest_worker.agents.transport import masked, post_json
 from agenttest_worker.errors import url_secrets
 from agenttest_worker.results import Usage
@@ -48,6 +49,14 @@ class JsonAgentClient:
     def parse(self, data: Any) -> AgentReply:
         raise NotImplementedError
 
+    def stream_spec(self) -> StreamSpec | None:
+        """How a streamed reply is read; None for a protocol (or agent) that does not stream."""
+        return None
+
+    # Whether the call record keeps the reply's stop reason when the reply was read whole
+    # (a streamed reply's is always kept).
+    records_stop_reason = False
+
     def hidden(self) -> list[str]:
         """What no error may show: the URL's secrets and the API key."""
         key = self.config.api_key()
@@ -72,10 +81,16 @@ class JsonAgentClient:
             agent=self.name,
             method=self.config.method,
             hidden=self.hidden(),
+            stream=self.stream_spec(),
         )
-        data = result.json(self.name)
         try:
-            reply = self.parse(data)
+            if result.stream is not None:
+                reply = result.stream.reply()
+                result.record.stop_reason = reply.finish_reason
+            else:
+                reply = self.parse(result.json(self.name))
+                if self.records_stop_reason:
+                    result.record.stop_reason = reply.finish_reason
         except Exception as exc:
             error = (
                 exc

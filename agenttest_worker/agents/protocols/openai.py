@@ -6,6 +6,12 @@ keys of 64 characters and values of 512, as OpenAI allows) or `metadata: none`. 
 case's other options (skip, search, mode) travel beside it as an extra `options` field.
 Replies may carry non-standard `awaiting_input`, `input_hint` and `state` fields, at
 the top level or on the message; agents that declare their state that way are believed.
+
+With `stream: true` the request asks for Server-Sent Events (`stream_options:
+{include_usage: true}`): `chat.completion.chunk` objects whose `delta` carries pieces
+of the content and of the tool calls (each call's id and name in its first piece, its
+arguments in pieces, matched by `index`), `finish_reason` on the last choice chunk,
+`usage` on a final chunk with no choices, then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -23,6 +29,14 @@ from agenttest_worker.agents.base import (
 )
 from agenttest_worker.agents.config import AgentConfig, MetadataMode
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
+from agenttest_worker.agents.streaming import (
+    StreamEvent,
+    StreamFailure,
+    StreamSpec,
+    json_data,
+    mark_content,
+)
+from agenttest_worker.results import Usage
 
 MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY = 64
@@ -58,9 +72,18 @@ def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
 
 
 def needs_base_url(config: AgentConfig) -> str | None:
-    if config.base_url:
-        return None
-    return "an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)"
+    if not config.base_url:
+        return "an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)"
+    return streams_whole(config, "an openai")
+
+
+def streams_whole(config: AgentConfig, agent: str) -> str | None:
+    """What a Chat Completions or Messages agent may not set: a framing, a history."""
+    if not isinstance(config.stream, bool):
+        return f"{agent} agent streams with stream: true (sse and ndjson are for http agents)"
+    if config.history is not None:
+        return "history is for http agents"
+    return None
 
 
 @protocol("openai", check=needs_base_url)
@@ -83,10 +106,118 @@ class OpenAIClient(JsonAgentClient):
             body["options"] = request.options
         if self.config.tools and request.role == "target":
             body["tools"] = tool_definitions(self.config.tools)
+        if self.config.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         return body
 
     def parse(self, data: Any) -> AgentReply:
         return parse_completion(data, self.name)
+
+    def stream_spec(self) -> StreamSpec | None:
+        if not self.config.stream:
+            return None
+        return StreamSpec("sse", lambda: ChunkAssembler(self.name))
+
+
+class ChunkAssembler:
+    """A Chat Completions stream put together: the first choice's deltas, in order."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.first_token_at: float | None = None
+        self.parts: list[str] = []
+        # Tool calls by their `index`: id, name and the argument pieces so far.
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self.declared: dict[str, Any] = {}
+        self.done = False
+
+    def feed(self, event: StreamEvent) -> bool:
+        if event.data.strip() == "[DONE]":
+            self.done = True
+            return True
+        chunk = json_data(event, self.agent)
+        if not isinstance(chunk, dict):
+            raise StreamFailure(
+                f"agent error: {self.agent} sent a stream chunk that is not an object"
+            )
+        error = chunk.get("error")
+        if error:
+            message = error.get("message", error) if isinstance(error, dict) else error
+            raise StreamFailure(f"agent error: {self.agent}: {message}", raw=event.data[:4096])
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = usage_from(chunk["usage"])
+        self._declare(chunk)
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                self._choice(choice)
+        return False
+
+    def _choice(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        delta = delta if isinstance(delta, dict) else {}
+        self._declare(delta)
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            self.parts.append(content)
+            mark_content(self)
+        pieces = delta.get("tool_calls")
+        for piece in pieces if isinstance(pieces, list) else []:
+            if not isinstance(piece, dict):
+                continue
+            index = piece.get("index")
+            index = index if isinstance(index, int) else len(self.calls)
+            call = self.calls.setdefault(index, {"id": None, "name": "", "arguments": []})
+            if piece.get("id"):
+                call["id"] = piece["id"]
+            function = piece.get("function")
+            function = function if isinstance(function, dict) else {}
+            if isinstance(function.get("name"), str):
+                call["name"] += function["name"]
+            if isinstance(function.get("arguments"), str):
+                call["arguments"].append(function["arguments"])
+            mark_content(self)
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish_reason = choice["finish_reason"]
+
+    def _declare(self, where: dict[str, Any]) -> None:
+        for key in ("awaiting_input", "input_hint", "state"):
+            if where.get(key) is not None:
+                self.declared[key] = where[key]
+
+    def finish(self) -> None:
+        # A stream that said why it stopped is complete even without [DONE] (some
+        # servers leave it out); one that did not was cut off.
+        if not self.done and self.finish_reason is None:
+            raise StreamFailure(
+                f"agent error: {self.agent}'s stream ended before data: [DONE]", retryable=True
+            )
+
+    def reply(self) -> AgentReply:
+        raw_calls = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": "".join(call["arguments"])},
+            }
+            for _, call in sorted(self.calls.items())
+        ]
+        calls = read_tool_calls(raw_calls or None)
+        hint = self.declared.get("input_hint")
+        return AgentReply(
+            content="".join(self.parts) if self.parts or not raw_calls else None,
+            tool_calls=calls.calls,
+            raw_tool_calls=calls.raw_items or None,
+            problems=calls.problems,
+            finish_reason=self.finish_reason,
+            awaiting_input=as_bool(self.declared.get("awaiting_input")),
+            input_hint=hint if isinstance(hint, str) else None,
+            state=self.declared.get("state"),
+            usage=self.usage,
+        )
 
 
 def parse_completion(data: Any, agent: str) -> AgentReply:

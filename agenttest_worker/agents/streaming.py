@@ -1,0 +1,161 @@
+"""Streamed replies: framing (Server-Sent Events, NDJSON) and the assembler protocol.
+
+A streaming protocol gives the transport an `Assembler` per attempt; the transport reads
+the response body as events and feeds them to it. The assembler turns the events into
+one AgentReply (text deltas joined, tool-call deltas put together) and notes when the
+first piece of content came: from then on a failed stream is not retried (the agent
+has begun to answer; a second attempt would be another answer), and what arrived is
+kept on the error (`AgentError.partial`).
+
+SSE follows the WHATWG event-stream rules the providers use: `field: value` lines, an
+event dispatched at a blank line, `data` lines of one event joined with newlines, lines
+starting with `:` are comments (keep-alives). Lines end in LF or CRLF.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from agenttest_worker.agents.base import AgentReply
+
+Framing = Literal["sse", "ndjson"]
+
+# A whole stream may be this large; one line of it too (a base64 image in one event).
+MAX_STREAM_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event: its SSE `event:` name (None for NDJSON and unnamed events), its data."""
+
+    name: str | None
+    data: str
+
+
+class StreamFailure(Exception):
+    """The stream said something that ends it badly: garbage, an error event, an end
+    before its last event. `retryable`: worth another attempt if no content came yet
+    (an overloaded agent's error event, a stream closed before it began)."""
+
+    def __init__(self, message: str, *, retryable: bool = False, raw: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.raw = raw
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """How to read a streamed reply: its framing, and a fresh assembler per attempt."""
+
+    framing: Framing
+    assembler: Callable[[], Assembler]
+
+
+class Assembler(Protocol):
+    """Puts one streamed reply together from its events."""
+
+    # When the first piece of content arrived (time.monotonic()); None until then.
+    first_token_at: float | None
+
+    def feed(self, event: StreamEvent) -> bool:
+        """Take one event; True when it was the last (the reply is complete).
+        Raises StreamFailure for garbage or an error event."""
+        ...
+
+    def finish(self) -> None:
+        """The body ended: raise StreamFailure if the reply is not complete."""
+        ...
+
+    def reply(self) -> AgentReply:
+        """The reply as assembled so far (the whole of it once the stream completed)."""
+        ...
+
+
+def mark_content(assembler: Assembler) -> None:
+    """Note that content has arrived (the first time only)."""
+    if assembler.first_token_at is None:
+        assembler.first_token_at = time.monotonic()
+
+
+def json_data(event: StreamEvent, agent: str) -> Any:
+    """An event's data as JSON; anything else is garbage that fails the stream."""
+    try:
+        return json.loads(event.data)
+    except ValueError:
+        shown = event.data if len(event.data) <= 200 else event.data[:200] + "…"
+        raise StreamFailure(
+            f"agent error: {agent} sent a stream event that is not JSON: "
+            f"{json.dumps(shown, ensure_ascii=False)}",
+            raw=event.data[:4096],
+        ) from None
+
+
+async def _lines(content: Any) -> AsyncGenerator[str, None]:
+    """The body's lines (LF or CRLF), decoded as UTF-8, as they arrive.
+
+    Read in chunks and split here rather than with aiohttp's readline, whose line limit
+    (64 KB) a single event holding an image exceeds.
+    """
+    buffer = b""
+    total = 0
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > MAX_STREAM_BYTES:
+            raise StreamFailure(f"agent error: stream over {MAX_STREAM_BYTES >> 20} MB")
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+    if buffer:
+        yield buffer.removesuffix(b"\r").decode("utf-8", errors="replace")
+
+
+async def sse_events(content: Any) -> AsyncGenerator[StreamEvent, None]:
+    name: str | None = None
+    data: list[str] = []
+    async for line in _lines(content):
+        if not line:
+            if data:
+                yield StreamEvent(name, "\n".join(data))
+            name, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "data":
+            data.append(value)
+        elif field == "event":
+            name = value
+    # An event not closed by a blank line is dropped, as the SSE rules say: the body
+    # ended in the middle of it.
+
+
+async def ndjson_events(content: Any) -> AsyncGenerator[StreamEvent, None]:
+    async for line in _lines(content):
+        if line.strip():
+            yield StreamEvent(None, line)
+
+
+async def read_stream(content: Any, framing: Framing, assembler: Assembler) -> None:
+    """Feed the body's events to `assembler` until its last event or the body's end."""
+    events = sse_events(content) if framing == "sse" else ndjson_events(content)
+    # Closed at once when the last event comes before the body's end.
+    async with aclosing(events):
+        async for event in events:
+            if assembler.feed(event):
+                return
+    assembler.finish()
+
+
+def elapsed_ms(since: float, at: float | None) -> int | None:
+    return None if at is None else max(0, int((at - since) * 1000))
