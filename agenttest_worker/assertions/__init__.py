@@ -6,7 +6,8 @@
   `evaluate`.
 - `text`: contains, equals, regex. `structure`: json_path, type (on the JSON document).
   `tools`: tool_called. `agent`: a judge agent decides. `script`: a Python callable
-  from the scripts folder decides.
+  from the scripts folder decides. `latency`: how fast the target answered (its time
+  to first token and to the end of its reply; the engine gives it a TimedContext).
 
 `Assertion` is what the case model validates assertions against: the discriminated
 union of the registered spec models, so an unknown `type` or a misspelt field is a
@@ -34,6 +35,7 @@ from agenttest_worker.assertions.structure import JsonPathAssertion, TypeAsserti
 from agenttest_worker.assertions.tools import ToolCalledAssertion
 from agenttest_worker.assertions.agent import AgentAssertion
 from agenttest_worker.assertions.script import ScriptAssertion
+from agenttest_worker.assertions.latency import LatencyAssertion, TimedContext
 
 # isort: on
 
@@ -50,9 +52,11 @@ __all__ = [
     "ContainsAssertion",
     "EqualsAssertion",
     "JsonPathAssertion",
+    "LatencyAssertion",
     "RegexAssertion",
     "RoleCaller",
     "ScriptAssertion",
+    "TimedContext",
     "ToolCalledAssertion",
     "TypeAssertion",
     "assertion_types",

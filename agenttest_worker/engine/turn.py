@@ -1,5 +1,10 @@
 """One turn: send the pending input to the target, answer mocked tool calls, detect
-whether the agent awaits input, run the turn's assertions and choose the next input."""
+whether the agent awaits input, run the turn's assertions and choose the next input.
+
+A streamed reply's time to first token and the target's whole reply time are kept on
+the turn (and given to latency assertions); a stream that broke after content arrived
+leaves that content as the turn's output. A history-based agent's reply is read from
+its chat history (engine/history.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +14,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest, history_source
 from agenttest_worker.agents.options import Options, merge_options
 from agenttest_worker.agents.pool import AgentPool, RoleSession
-from agenttest_worker.assertions import Assertion, AssertionContext
+from agenttest_worker.assertions import Assertion, TimedContext
 from agenttest_worker.cases.model import Attachment, Case
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine.assess import grade_turn, run_assertions
 from agenttest_worker.engine.awaiting import detect_awaiting
 from agenttest_worker.engine.documents import turn_document
+from agenttest_worker.engine.history import more_static, read_rounds
 from agenttest_worker.engine.next_input import choose_next
 from agenttest_worker.engine.state import (
     MAX_TOOL_ROUNDS,
@@ -107,11 +113,27 @@ class _TargetWork:
     calls: list[ToolCall] = field(default_factory=list)
     answered: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # Milliseconds from the input sent to the first piece of streamed content, and to
+    # the end of the target's final reply (or its failure).
+    first_token_ms: int | None = None
+    response_ms: int | None = None
+    # What a stream that broke had sent: the turn's output.
+    partial: str | None = None
 
     def record_on(self, turn: TurnResult) -> None:
         turn.tool_calls = self.calls
         turn.tool_results = self.answered or None
         turn.problems = self.problems or None
+        if self.first_token_ms is not None:  # a streamed turn: both times are kept
+            turn.first_token_ms = self.first_token_ms
+            turn.response_ms = self.response_ms
+        if self.partial is not None:
+            turn.output = self.partial
+
+    def timed(self, sent: float, call_started: float, call: AgentCallRecord | None) -> None:
+        if self.first_token_ms is None and call is not None and call.first_token_ms is not None:
+            self.first_token_ms = int((call_started - sent) * 1000) + call.first_token_ms
+        self.response_ms = int((time.monotonic() - sent) * 1000)
 
 
 async def _call_target(
@@ -123,19 +145,20 @@ async def _call_target(
     work: _TargetWork,
 ) -> AgentReply:
     """Call the target, answering mocked tool calls within the turn (bounded)."""
+    sent = time.monotonic()
     for round_no in range(MAX_TOOL_ROUNDS):
-        reply = await roles.call(
-            target.agent,
-            AgentRequest(
-                role="target",
-                messages=state.messages,
-                metadata=target.metadata,
-                options=target.options,
-                session_id=state.session_id,
-                case_id=case.id,
-                turn=turn_no,
-            ),
-        )
+        call_started = time.monotonic()
+        try:
+            reply = await roles.call(target.agent, _target_request(case, state, target, turn_no))
+        except AgentError as exc:
+            work.timed(sent, call_started, exc.call)
+            if exc.partial is not None:
+                # The stream broke after content came: what came is the turn's output.
+                work.partial = exc.partial.content or ""
+                work.calls.extend(exc.partial.tool_calls)
+                work.problems.extend(exc.partial.problems)
+            raise
+        work.timed(sent, call_started, reply.call)
         assistant = reply.assistant_message()
         state.messages.append(assistant)
         if reply.state is not None:
@@ -167,6 +190,20 @@ async def _call_target(
     raise AgentError(
         "tool_loop",
         f"agent error: the agent kept calling tools after {MAX_TOOL_ROUNDS} mocked results",
+    )
+
+
+def _target_request(
+    case: Case, state: ConversationState, target: _TargetCall, turn_no: int
+) -> AgentRequest:
+    return AgentRequest(
+        role="target",
+        messages=state.messages,
+        metadata=target.metadata,
+        options=target.options,
+        session_id=state.session_id,
+        case_id=case.id,
+        turn=turn_no,
     )
 
 
@@ -289,30 +326,83 @@ async def _turn_body(
 
     turn.output = reply.content if reply.content is not None else ""
     work.record_on(turn)
-    calls = work.calls
     turn.input_hint = reply.input_hint
+    content, final_calls = reply.content, reply.tool_calls
+    # (target_for and the first call resolved the client: this cannot fail here.)
+    source = history_source(pool.client(target.agent))
+    held = source is not None and source.history_when == "end"
+    held = held and more_static(case, pending.static_index)
+    read = []
+    if source is not None and not held:
+        request = _target_request(case, state, target, turn.turn)
+        try:
+            read = await read_rounds(case, state, source, request, turn, log)
+        except AgentError as exc:
+            turn.error = exc.message
+            return _end_turn_with_error(state, turn, started, pending, log)
+        content, final_calls = turn.output, turn.tool_calls
     # Only the final reply's tool calls say whether the agent now waits: a mocked
     # request_confirmation earlier in the turn was answered by the mock.
-    awaiting = detect_awaiting(
-        reply.content, reply.tool_calls, reply.awaiting_input, options.awaiting_tools
-    )
+    awaiting = detect_awaiting(content, final_calls, reply.awaiting_input, options.awaiting_tools)
     turn.awaiting_input, turn.awaiting_reason = awaiting.awaiting, awaiting.reason
 
-    ctx = AssertionContext(
-        output=turn.output,
-        document=turn_document(turn.output, calls),
-        tool_calls=calls,
-        input=pending.text,
-        messages=state.messages,
-        final=False,
-        case_id=case.id,
-        metadata=dict(sent.metadata),
-        roles=roles,
-    )
-    grade_turn(turn, await run_assertions(assertions, ctx))
+    metadata = dict(sent.metadata)
+    if held:
+        # Its reply is read from the history after the last static turn; its assertions
+        # are run then.
+        grade_turn(turn, [])
+    elif not read:
+        ctx = _context(case, turn, state.messages, metadata, roles, work.response_ms)
+        grade_turn(turn, await run_assertions(assertions, ctx))
+    for done in read:
+        if done.turn is turn:
+            ctx = _context(case, turn, done.messages, metadata, roles, work.response_ms)
+            grade_turn(turn, await run_assertions(assertions, ctx))
+            continue
+        index = done.static_index
+        specs = list(case.turns[index].assertions) if index is not None else []
+        ctx = _context(case, done.turn, done.messages, metadata, roles, None)
+        grade_turn(done.turn, await run_assertions(specs, ctx))
     _close_turn(state, turn, started, pending, log)
     await choose_next(case, state, pool, options, awaiting.awaiting, pending)
     return state
+
+
+def _context(
+    case: Case,
+    turn: TurnResult,
+    messages: list[dict[str, Any]],
+    metadata: dict[str, Any],
+    roles: RoleSession,
+    response_ms: int | None,
+) -> TimedContext:
+    """What the turn's assertions see; a history-based turn's events are in its document.
+
+    `response_ms`: the target's time in the turn; None for an earlier turn judged late
+    (`history: {when: end}`), whose own record says it.
+    """
+    output = turn.output if turn.output is not None else ""
+    document = turn_document(output, turn.tool_calls)
+    if turn.events is not None and isinstance(document, dict) and "events" not in document:
+        document = {**document, "events": turn.events}
+    if response_ms is None:
+        response_ms = turn.response_ms
+    if response_ms is None:
+        targets = [c.latency_ms for c in turn.calls or [] if c.role == "target"]
+        response_ms = sum(targets) if targets else None
+    return TimedContext(
+        output=output,
+        document=document,
+        tool_calls=turn.tool_calls,
+        input=turn.input,
+        messages=messages,
+        final=False,
+        case_id=case.id,
+        metadata=metadata,
+        roles=roles,
+        first_token_ms=turn.first_token_ms,
+        response_ms=response_ms,
+    )
 
 
 def _close_turn(
