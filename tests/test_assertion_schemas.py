@@ -27,7 +27,7 @@ from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputProblem
 
 SPEC = Path(__file__).parent / "fixtures" / "spec"
-KNOWN = "contains, equals, regex, json_path, type, tool_called, agent, script"
+KNOWN = "contains, equals, regex, json_path, type, tool_called, agent, script, latency"
 JSON_TYPES = "'string', 'number', 'integer', 'boolean', 'array', 'object' or 'null'"
 
 

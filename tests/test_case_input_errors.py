@@ -29,7 +29,7 @@ agents:
 defaults:
   judge: workers.test.validator
 """
-KNOWN_TYPES = "contains, equals, regex, json_path, type, tool_called, agent, script"
+KNOWN_TYPES = "contains, equals, regex, json_path, type, tool_called, agent, script, latency"
 HEADER_1 = "agenttest-submit: 1 input problem; nothing was run:\n"
 
 

@@ -35,7 +35,7 @@ from agenttest_worker.assertions.base import unregister
 from agenttest_worker.cases.files import iter_cases, load_cases
 from agenttest_worker.errors import ConfigError, InputProblem
 
-BUILT_IN_TYPES = "contains, equals, regex, json_path, type, tool_called, agent, script"
+BUILT_IN_TYPES = "contains, equals, regex, json_path, type, tool_called, agent, script, latency"
 
 
 # -- a new assertion type ------------------------------------------------------------------
@@ -176,14 +176,18 @@ def config_problems(path: Path) -> list[tuple[int | None, str | None, str]]:
 def test_an_unknown_protocol_lists_the_registered_ones(tmp_path: Path) -> None:
     path = tmp_path / "agenttest.yaml"
     path.write_text("agents:\n  b:\n    protocol: grpc\n", encoding="utf-8")
-    assert protocol_names() == ("openai", "http", "script")
+    assert protocol_names() == ("openai", "anthropic", "http", "script")
     assert config_problems(path) == [
-        (3, "agents.b.protocol", "Input should be 'openai', 'http' or 'script'")
+        (3, "agents.b.protocol", "Input should be 'openai', 'anthropic', 'http' or 'script'")
     ]
     protocol("echo", check=needs_model)(EchoClient)
     try:
         assert config_problems(path) == [
-            (3, "agents.b.protocol", "Input should be 'openai', 'http', 'script' or 'echo'")
+            (
+                3,
+                "agents.b.protocol",
+                "Input should be 'openai', 'anthropic', 'http', 'script' or 'echo'",
+            )
         ]
     finally:
         unregister_protocol("echo")
