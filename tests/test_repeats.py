@@ -496,3 +496,32 @@ def test_a_repeated_run_left_unfinished_is_resumed(
         ("resumed", 3, 3),
     ]
     assert len(set(coin.sessions)) == 3
+
+
+def test_repeats_multiply_the_calls_and_the_usage_and_nothing_else(
+    place: Place, coin: CoinAgent, tmp_path: Path
+) -> None:
+    config = _project(tmp_path, coin)
+    cases = _cases(tmp_path, [_case("u1"), _case("u2")])
+    out = tmp_path / "out.json"
+    place.submit(_run(cases, config, "--format", "json", "-o", str(out)))
+    once = json.loads(out.read_text(encoding="utf-8"))["usage_by_role"]
+    _, console, _ = place.submit(_run(cases, config, "--repeat", "4"))
+    place.submit(_run(cases, config, "--repeat", "4", "--format", "json", "-o", str(out)))
+    document = json.loads(out.read_text(encoding="utf-8"))
+    four = document["usage_by_role"]
+    assert once == {
+        "target": {
+            "calls": 2,
+            "prompt_tokens": 10,
+            "completion_tokens": 2,
+            "total_tokens": 12,
+            "cost": 0.0,
+        }
+    }
+    assert four["target"] == {k: v * 4 for k, v in once["target"].items()}
+    assert set(four) == {"target"}  # no judge, simulator or anything else appeared
+    assert "Usage: target 8 calls, 48 tokens" in console
+    per_record = [r["usage_by_role"]["target"]["calls"] for r in document["results"]]
+    assert per_record == [1] * 8
+    assert len(coin.sessions) == 2 + 8 + 8

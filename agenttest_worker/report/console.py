@@ -30,6 +30,7 @@ from agenttest_worker.report.common import (
 )
 from agenttest_worker.report.judges import judges_line
 from agenttest_worker.report.model import RunReport, Summary
+from agenttest_worker.report.usage import usage_line
 from agenttest_worker.report.verdicts import CaseVerdict, case_verdict, grouped
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 
@@ -157,11 +158,13 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
         *([f"  Budget: {summary.budget.line()}"] if summary.budget else []),
         *_repeat_lines(summary),
         # (Judge names come from agenttest.yaml; escaped all the same.)
-        *([f"  {printable(line)}"] if (line := judges_line(summary.judges)) else []),
+        *([f"  {printable(judged)}"] if (judged := judges_line(summary.judges)) else []),
         "",
         f"  Total turns: {summary.total_turns}",
         f"  Avg turns/test: {summary.avg_turns:.1f}",
         f"  Total time: {format_seconds(summary.duration_s)}",
+        # After the spec's summary, which stays as the spec lays it out.
+        *([f"  {used}"] if (used := usage_line(summary.usage)) else []),
     ]
 
 

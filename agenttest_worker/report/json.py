@@ -2,7 +2,8 @@
 
 When some case was played more than once, `results` holds every repetition's record and
 `cases` each case's verdict (`{id, name, status, passed, repeats, flaky}`), and the
-summary's `repeats` the run's statistics (report/verdicts.py).
+summary's `repeats` the run's statistics (report/verdicts.py). `usage_by_role` is the
+run's calls, tokens and cost by role, its generators' included.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from typing import Any
 
 from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.usage import usage_dict
 
 
 def document(run: RunReport) -> dict[str, Any]:
@@ -25,6 +27,7 @@ def document(run: RunReport) -> dict[str, Any]:
         "run_id": run.run_id,
         "agent": run.agent,
         "summary": summary.as_dict(),
+        "usage_by_role": usage_dict(summary.usage),
         "results": results,
     }
     if summary.repeats is not None:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
+from agenttest_worker.report.usage import UsageTally
 from agenttest_worker.report.verdicts import RepeatStats, VerdictTally
 from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
 
@@ -91,12 +92,15 @@ class Summary:
     repeats: RepeatStats | None = None
     # Each judge asked more than once (votes, panels): its agreement with the verdicts.
     judges: dict[str, JudgeAgreement] = field(default_factory=dict)
+    # Calls, tokens and cost by role: the records' and the run's own (its generators).
+    usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         counts = asdict(self)
         if not self.not_run:  # (the spec's summary, unchanged when every case ran)
             del counts["not_run"], counts["not_run_reason"]
-        del counts["budget"], counts["repeats"], counts["judges"]
+        # (The usage by role is the JSON report's own `usage_by_role`, beside the summary.)
+        del counts["budget"], counts["repeats"], counts["judges"], counts["usage"]
         if self.budget is not None:
             counts["budget"] = self.budget.as_dict()
         if self.repeats is not None:
@@ -177,7 +181,7 @@ class RunReport:
 
     def tally(self) -> Tally:
         """A tally under this run's pass rule, for a reporter that reads the records."""
-        return Tally(self.pass_rule, self.pass_k)
+        return Tally(self.pass_rule, self.pass_k, self.run_usage)
 
     def summary(self) -> Summary:
         # One pass: the results may be parsed as they are read (StoredResults).
@@ -192,10 +196,16 @@ class Tally:
     the cases it has just read (so that it reads them once). Records come in the run's
     order, a repeated case's repetitions one after the other."""
 
-    def __init__(self, rule: str = "all", k: int | None = None) -> None:
+    def __init__(
+        self,
+        rule: str = "all",
+        k: int | None = None,
+        run_usage: dict[UsageRole, RoleUsage] | None = None,
+    ) -> None:
         self.records = self.total_turns = self.not_run = 0
         self.verdicts = VerdictTally(rule, k)
         self.judges = JudgeTally()
+        self.usage = UsageTally(run_usage)
         self.not_run_reason: str | None = None
 
     @property
@@ -208,6 +218,7 @@ class Tally:
         self.total_turns += case.total_turns
         self.verdicts.add(case)
         self.judges.add(case)
+        self.usage.add(case)
         reason = case.skip_reason or ""
         if case.status == "skipped" and not case.total_turns and reason.startswith(NOT_RUN):
             self.not_run += 1
@@ -230,4 +241,5 @@ class Tally:
             budget=budget,
             repeats=self.verdicts.stats(),
             judges=self.judges.agreement(),
+            usage=self.usage.usage,
         )
