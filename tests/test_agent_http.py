@@ -184,6 +184,18 @@ def test_explicit_shape_needs_no_mapping(server: AgentServer) -> None:
     assert reply.call.usage == reply.usage and reply.call.status_code == 200
 
 
+def test_usage_without_a_total_counts_the_sum(server: AgentServer) -> None:
+    reply = reply_to(
+        server, {"content": "ok", "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+    )
+    assert reply.usage == Usage(prompt_tokens=5, completion_tokens=2, total_tokens=7)
+    given = reply_to(
+        server,
+        {"content": "ok", "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 9}},
+    )
+    assert given.usage == Usage(prompt_tokens=5, completion_tokens=2, total_tokens=9)
+
+
 @pytest.mark.parametrize("flag", [True, "true", "TRUE", False, "false"])
 def test_response_mapping_with_jsonpaths(server: AgentServer, flag: Any) -> None:
     mapping = {

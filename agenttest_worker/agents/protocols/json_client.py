@@ -141,8 +141,8 @@ def usage_from(usage: Any) -> Usage | None:
             return value
         return int(value) if isinstance(value, float) and math.isfinite(value) else 0
 
-    return Usage(
-        prompt_tokens=count("prompt_tokens"),
-        completion_tokens=count("completion_tokens"),
-        total_tokens=count("total_tokens"),
-    )
+    prompt, completion = count("prompt_tokens"), count("completion_tokens")
+    # An agent that gives the two counts and no total used their sum: counted so, or its
+    # tokens would escape --max-tokens and the usage figures.
+    total = count("total_tokens") if "total_tokens" in usage else prompt + completion
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
