@@ -9,6 +9,7 @@ the run it is looked for in the store, the JSONL output and what the processes p
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import sqlite3
 from collections.abc import Iterator
@@ -131,6 +132,11 @@ def test_streamed_turns_are_timed_in_the_records_and_the_key_is_never_kept(
         assert call["stop_reason"] == reason
         assert call["first_token_ms"] >= 100
     assert "first token after" in records["C1"]["turns"][0]["assertions"][1]["reason"]
+    # The console's turn line says when the first token came.
+    shown = re.findall(
+        r"Turn 1: .* → PASSED \(\d+(?:\.\d+)?m?s, first token \d+(?:\.\d+)?m?s\)", printed
+    )
+    assert len(shown) == 2, printed
     for place, text in {"store": stored, "output": out.read_text(), "printed": printed}.items():
         assert key not in text, f"the API key reached the {place}"
     assert stored, "nothing was stored"

@@ -303,6 +303,9 @@ class _CaseTree:
                 first = turn.turn == 1 and turn.input_source == "static"
                 marker = _FIRST_STATIC if first else _MARKERS.get(turn.input_source or "", "")
             took = format_ms(turn.duration_ms)
+            if turn.first_token_ms is not None:
+                # A streamed reply: how long until its first token came.
+                took += f", first token {format_ms(turn.first_token_ms)}"
             head = f"Turn {turn.turn}: {marker}{quoted(turn.input)} → {word} ({took})"
         branch = _Branch(head, _TURN_INDENT)
         if self._shows_reply(turn, status):
