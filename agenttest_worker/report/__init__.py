@@ -1,6 +1,6 @@
 """Reports over a run's results: one module per format, chosen by the name users write.
 
-`--format console|json|jsonl|table|tsv|junit` looks the reporter up in REPORTERS.
+`--format console|json|jsonl|table|tsv|junit|html` looks the reporter up in REPORTERS.
 Reporters are pure: a RunReport in, text out; writing it to stdout or `-o` is the
 caller's business, which keeps every format testable without files or terminals.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from agenttest_worker.report import console, jsonl, junit, table, tsv
+from agenttest_worker.report import console, html, jsonl, junit, table, tsv
 from agenttest_worker.report import json as json_report
 from agenttest_worker.report.model import DEFAULT_TITLE, RunReport, Summary
 
@@ -36,6 +36,7 @@ REPORTERS: dict[str, Reporter] = {
     "table": table,
     "tsv": tsv,
     "junit": junit,
+    "html": html,
 }
 
 

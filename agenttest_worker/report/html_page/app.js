@@ -1,0 +1,363 @@
+// The pages: the HTML report (its data in the page) and the viewer's (data from /api/).
+
+// -- where the data comes from -----------------------------------------------------
+
+const readData = (id) => {
+  const node = document.getElementById(id);
+  return node ? JSON.parse(node.textContent) : null;
+};
+
+// The report: everything is in the page; the records are parsed when first needed.
+const reportSource = () => {
+  const data = readData("agenttest-run");
+  let records = null;
+  let haystacks = null;
+  const all = () => {
+    if (records === null) records = readData("agenttest-records");
+    return records;
+  };
+  return {
+    live: false,
+    header: async () => data.run,
+    rows: async () => data.rows,
+    pairs: async (row) => all().slice(row.first, row.first + row.count),
+    // The same text the viewer searches (html_page/data.py search_text).
+    search: async (query, rows) => {
+      if (haystacks === null) {
+        const pairs = all();
+        haystacks = new Map(
+          rows.map((r) => [r.id, pairs.slice(r.first, r.first + r.count).map(([rec]) => searchText(rec)).join("\n")]),
+        );
+      }
+      const q = query.toLowerCase();
+      return new Set(rows.filter((r) => haystacks.get(r.id).includes(q)).map((r) => r.id));
+    },
+    caseHref: (id) => `#case=${encodeURIComponent(id)}`,
+    runHref: () => "#",
+  };
+};
+
+const searchText = (rec) => {
+  const parts = [rec.id, rec.name, ...(rec.tags || []), rec.error, rec.skip_reason];
+  for (const turn of rec.turns || []) {
+    parts.push(turn.input, turn.output, turn.error, turn.skip_reason);
+    for (const call of turn.tool_calls || []) parts.push(call.name, JSON.stringify(call.args));
+    for (const a of turn.assertions || []) parts.push(a.reason);
+  }
+  for (const a of rec.final_assertions || []) parts.push(a.reason);
+  return parts.map((p) => (p === null || p === undefined ? "" : String(p))).join("\n").toLowerCase();
+};
+
+// A 404 of the case API still says something worth showing (no such case, or not yet).
+const getJSON = async (url, allowMissing = false) => {
+  const response = await fetch(url, { headers: { Accept: "application/json" } });
+  if (!response.ok && !(allowMissing && response.status === 404)) throw new Error(`${url}: HTTP ${response.status}`);
+  return response.json();
+};
+
+// The viewer: the same pages over /api/.
+const viewerSource = (runId) => {
+  const api = `/api/runs/${encodeURIComponent(runId)}`;
+  return {
+    live: true,
+    header: async () => getJSON(api),
+    rows: async () => (await getJSON(`${api}/cases`)).rows,
+    caseData: async (id) => getJSON(`${api}/case?id=${encodeURIComponent(id)}`, true),
+    pairs: async (row) => (await getJSON(`${api}/case?id=${encodeURIComponent(row.id)}`)).records,
+    search: async (query) => new Set((await getJSON(`${api}/cases?q=${encodeURIComponent(query)}`)).ids),
+    caseHref: (id) => `/runs/${encodeURIComponent(runId)}/case?id=${encodeURIComponent(id)}`,
+    runHref: () => `/runs/${encodeURIComponent(runId)}`,
+  };
+};
+
+// -- the run: header, summary, the case table --------------------------------------
+
+const headerSection = (run) => {
+  const facts = [];
+  if (run.agent) facts.push(field("Agent", run.agent));
+  facts.push(field("Input", run.input_label || "–"));
+  if (run.run_id) facts.push(field("Run", run.run_id));
+  if (run.status) facts.push(field("Status", run.status + (run.cancelled ? " (cancelled)" : "")));
+  if (run.generated) facts.push(field("Generated", run.generated));
+  return el("header", "run-header", el("h1", null, run.title || "agenttest"), el("div", "facts", facts));
+};
+
+const summarySection = (run) => {
+  const s = run.summary || {};
+  const cost = Object.values(run.usage || {}).reduce((sum, u) => sum + (u.cost || 0), 0);
+  const card = (label, value, cls) => el("div", `card ${cls || ""}`, el("div", "value", value), el("div", "label", label));
+  const cards = el(
+    "div",
+    "cards",
+    card("cases", number(s.total)),
+    card("passed", number(s.passed), "passed"),
+    card("failed", number(s.failed), "failed"),
+    card("skipped", number(s.skipped), "skipped"),
+    card("pass rate", percent(s.pass_rate)),
+    card("duration", seconds(s.duration_s || 0)),
+    card("turns", `${number(s.total_turns)} (${(s.avg_turns || 0).toFixed(1)}/case)`),
+    card("tokens", number(run.tokens)),
+    cost ? card("cost", money(cost)) : null,
+  );
+  const notes = [];
+  if (s.not_run) notes.push(el("p", "note", `Not run: ${s.not_run} (${s.not_run_reason || ""})`));
+  if (run.budget) notes.push(el("p", "note", `Budget: ${run.budget}`));
+  for (const line of run.repeat_lines || []) notes.push(el("p", "note", line));
+  if ((run.flaky || []).length) notes.push(el("p", "note", `Flaky (${run.flaky.length}): ${run.flaky.join(", ")}`));
+  return el("section", "summary", cards, usageTable(run.usage), notes);
+};
+
+const usageTable = (usage) => {
+  const roles = Object.keys(usage || {});
+  if (!roles.length) return null;
+  const head = el("tr", null, ["role", "calls", "prompt", "completion", "tokens", "cost"].map((h) => el("th", null, h)));
+  const rows = roles.map((role) => {
+    const u = usage[role];
+    return el("tr", null, el("td", null, role), [u.calls, u.prompt_tokens, u.completion_tokens, u.total_tokens].map((v) => el("td", "num", number(v))), el("td", "num", money(u.cost)));
+  });
+  return el("table", "usage", el("thead", null, head), el("tbody", null, rows));
+};
+
+const progressSection = () => {
+  const bar = el("progress", null);
+  const text = el("span", "progress-text");
+  const section = el("section", "progress", bar, text);
+  section.id = "progress";
+  return {
+    section,
+    update(run) {
+      const p = run.progress || {};
+      const total = p.total || 0;
+      bar.max = Math.max(total, 1);
+      bar.value = p.finished || 0;
+      const counts = `${p.passed || 0} passed, ${p.failed || 0} failed, ${p.skipped || 0} skipped`;
+      const turns = p.played_turns !== undefined ? `, ${number(p.played_turns)} turns played` : "";
+      text.textContent = shown(`${run.status}: ${p.finished || 0}/${total || "?"} cases finished (${counts}${turns})`);
+      section.hidden = run.status === "done" && !run.cancelled;
+      document.body.dataset.runStatus = run.status;
+    },
+  };
+};
+
+class CaseTable {
+  constructor(source, rows, statuses, tags) {
+    this.source = source;
+    this.rows = rows;
+    this.filter = { status: "all", tag: "", query: "" };
+    this.matches = null;
+    this.shown = 0;
+    this.filtered = rows;
+    this.body = el("tbody");
+    this.count = el("span", "count");
+    this.count.id = "case-count";
+    this.more = el("button", "more", "Show more");
+    this.more.type = "button";
+    this.more.addEventListener("click", () => this.page());
+    this.statusButtons = el("div", "status-filter");
+    this.tagSelect = el("select", "tag-filter");
+    this.tagSelect.id = "tag-filter";
+    this.tagSelect.addEventListener("change", () => this.set({ tag: this.tagSelect.value }));
+    this.searchBox = el("input", "search");
+    this.searchBox.id = "search";
+    this.searchBox.type = "search";
+    this.searchBox.placeholder = "Search ids, names, messages, reasons…";
+    let timer = 0;
+    this.searchBox.addEventListener("input", () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => this.set({ query: this.searchBox.value.trim() }), 200);
+    });
+    this.setChoices(statuses, tags);
+    const head = el("tr", null, ["status", "id", "name", "tags", "turns", "time", "what went wrong"].map((h) => el("th", null, h)));
+    this.section = el(
+      "section",
+      "cases",
+      el("div", "controls", this.statusButtons, this.tagSelect, this.searchBox, this.count),
+      el("table", "case-table", el("thead", null, head), this.body),
+      this.more,
+    );
+    // Rows are added as the reader scrolls near the end, never all at once.
+    this.sentinel = el("div", "sentinel");
+    this.section.appendChild(this.sentinel);
+    if ("IntersectionObserver" in window) {
+      new IntersectionObserver((entries) => {
+        if (entries.some((e) => e.isIntersecting) && this.shown < this.filtered.length) this.page();
+      }).observe(this.sentinel);
+    }
+  }
+
+  setChoices(statuses, tags) {
+    this.statusButtons.replaceChildren();
+    const total = Object.values(statuses || {}).reduce((a, b) => a + b, 0);
+    for (const status of ["all", ...STATUS_ORDER]) {
+      const count = status === "all" ? total : (statuses || {})[status] || 0;
+      const button = el("button", `status ${status}`, `${status} (${count})`);
+      button.type = "button";
+      button.dataset.status = status;
+      button.setAttribute("aria-pressed", String(this.filter.status === status));
+      button.addEventListener("click", () => this.set({ status }));
+      this.statusButtons.appendChild(button);
+    }
+    const chosen = this.filter.tag;
+    this.tagSelect.replaceChildren(el("option", null, "all tags"));
+    this.tagSelect.firstChild.value = "";
+    for (const tag of tags || []) {
+      const option = el("option", null, tag);
+      option.value = tag;
+      this.tagSelect.appendChild(option);
+    }
+    this.tagSelect.value = chosen;
+    this.tagSelect.hidden = !(tags || []).length;
+  }
+
+  async set(change) {
+    Object.assign(this.filter, change);
+    for (const b of this.statusButtons.children) b.setAttribute("aria-pressed", String(b.dataset.status === this.filter.status));
+    if ("query" in change) this.matches = this.filter.query ? await this.source.search(this.filter.query, this.rows) : null;
+    this.apply();
+  }
+
+  replace(rows, statuses, tags) {
+    this.rows = rows;
+    this.setChoices(statuses, tags);
+    this.set({ query: this.filter.query });
+  }
+
+  apply() {
+    const { status, tag } = this.filter;
+    this.filtered = this.rows.filter(
+      (r) =>
+        (status === "all" || r.status === status) &&
+        (!tag || r.tags.includes(tag)) &&
+        (this.matches === null || this.matches.has(r.id)),
+    );
+    this.body.replaceChildren();
+    this.shown = 0;
+    this.page();
+  }
+
+  page() {
+    const end = Math.min(this.shown + PAGE_ROWS, this.filtered.length);
+    const fragment = document.createDocumentFragment();
+    for (let i = this.shown; i < end; i++) fragment.appendChild(this.row(this.filtered[i]));
+    this.body.appendChild(fragment);
+    this.shown = end;
+    this.more.hidden = this.shown >= this.filtered.length;
+    this.count.textContent = `${this.shown} shown of ${this.filtered.length} matching (${this.rows.length} cases)`;
+  }
+
+  row(r) {
+    const href = this.source.caseHref(r.id);
+    const status = [badge(r.status)];
+    if (r.repeated) status.push(" ", el("span", "fraction", `${r.passed}/${r.played}`));
+    if (r.flaky) status.push(" ", el("span", "flaky", "flaky"));
+    const tr = el(
+      "tr",
+      `case-row ${statusClass(r.status)}`,
+      el("td", null, status),
+      el("td", "id", link(href, null, r.id)),
+      el("td", null, r.name || ""),
+      el("td", "tags", r.tags.map((t) => el("span", "tag", t))),
+      el("td", "num", String(r.turns)),
+      el("td", "num", ms(r.ms)),
+      el("td", "problem", r.problem || ""),
+    );
+    tr.dataset.caseId = r.id;
+    tr.addEventListener("click", (event) => {
+      if (event.target.closest("a")) return;
+      window.location.assign(href);
+    });
+    return tr;
+  }
+}
+
+// -- pages -------------------------------------------------------------------------
+
+const runPage = async (app, source) => {
+  const run = await source.header();
+  const rows = await source.rows();
+  const view = el("div", "run-view");
+  const header = headerSection(run);
+  let summary = summarySection(run);
+  const progress = source.live ? progressSection() : null;
+  const table = new CaseTable(source, rows, run.statuses, run.tags);
+  view.append(header, ...(progress ? [progress.section] : []), summary, table.section);
+  const caseView = el("div", "case-view");
+  app.replaceChildren(view, caseView);
+  table.apply();
+  if (progress) {
+    progress.update(run);
+    let finished = (run.progress || {}).finished;
+    const poll = async () => {
+      const now = await source.header();
+      progress.update(now);
+      if ((now.progress || {}).finished !== finished || now.status === "done") {
+        finished = (now.progress || {}).finished;
+        const fresh = summarySection(now);
+        summary.replaceWith(fresh);
+        summary = fresh;
+        table.replace(await source.rows(), now.statuses, now.tags);
+      }
+      if (now.status !== "done" && !now.cancelled) setTimeout(poll, POLL_MS);
+    };
+    if (run.status !== "done" && !run.cancelled) setTimeout(poll, POLL_MS);
+  }
+  if (!source.live) {
+    // The report opens a conversation in place (#case=ID), keeping the table's filters.
+    const route = async () => {
+      const hash = window.location.hash;
+      const id = hash.startsWith("#case=") ? decodeURIComponent(hash.slice(6)) : null;
+      const row = id === null ? null : table.rows.find((r) => r.id === id);
+      view.hidden = row !== null && row !== undefined;
+      caseView.replaceChildren();
+      if (row) {
+        caseView.appendChild(caseSection(source, row, await source.pairs(row)));
+        window.scrollTo(0, 0);
+      }
+    };
+    window.addEventListener("hashchange", route);
+    await route();
+  }
+  document.title = `agenttest · ${run.run_id ? `run ${run.run_id}` : "report"}`;
+};
+
+const casePage = async (app, source, caseId) => {
+  const run = await source.header();
+  const found = await source.caseData(caseId);
+  const parts = [headerSection(run)];
+  if (found.row) parts.push(caseSection(source, found.row, found.records));
+  else parts.push(el("section", "case", link(source.runHref(), "back", "← all cases"), el("p", "note", found.message || "This case has not finished yet.")));
+  app.replaceChildren(...parts);
+  document.title = "agenttest · case";
+  if (!found.row && found.exists) setTimeout(() => casePage(app, source, caseId), POLL_MS);
+};
+
+const runsPage = async (app) => {
+  const { groups } = await getJSON("/api/runs");
+  const sections = groups.map((group) => {
+    const head = el("tr", null, ["run", "status", "created", "agent", "cases", "passed", "failed", "skipped"].map((h) => el("th", null, h)));
+    const rows = group.runs.map((r) =>
+      el("tr", `run-row ${r.status}`, el("td", "id", link(`/runs/${encodeURIComponent(r.id)}`, null, r.id)), el("td", null, r.status + (r.cancelled ? " (cancelled)" : "")), el("td", null, r.created_at || ""), el("td", null, r.agent || ""), el("td", "num", `${r.finished_cases}/${r.total_cases}`), el("td", "num passed", String(r.passed)), el("td", "num failed", String(r.failed)), el("td", "num skipped", String(r.skipped))),
+    );
+    return el("section", "suite", el("h2", null, group.name || "(no suite)"), el("table", "runs", el("thead", null, head), el("tbody", null, rows)));
+  });
+  app.replaceChildren(el("header", "run-header", el("h1", null, "agenttest runs")), ...(sections.length ? sections : [el("p", "note", "No runs yet.")]));
+  document.title = "agenttest · runs";
+  if (groups.some((g) => g.runs.some((r) => r.status !== "done" && !r.cancelled))) setTimeout(() => runsPage(app), POLL_MS * 2);
+};
+
+const start = async () => {
+  const app = document.getElementById("app");
+  const config = readData("agenttest-config") || { page: "report" };
+  try {
+    if (config.page === "report") await runPage(app, reportSource());
+    else if (config.page === "runs") await runsPage(app);
+    else if (config.page === "run") await runPage(app, viewerSource(config.run));
+    else if (config.page === "case") await casePage(app, viewerSource(config.run), config.case);
+    app.dataset.ready = "true";
+  } catch (error) {
+    failure(app, error);
+    app.dataset.ready = "error";
+  }
+};
+
+start();

@@ -1,0 +1,148 @@
+// A case's conversations: each record's turns as a chat, with assertions, votes, calls.
+
+// Turn fields rendered in their own places; any other (added later) is listed generically.
+const TURN_FIELDS = new Set([
+  "turn", "input", "input_source", "output", "tool_calls", "tool_results", "awaiting_input",
+  "awaiting_reason", "input_hint", "assertions", "status", "duration_ms", "error",
+  "skip_reason", "simulator_reasoning", "usage", "calls", "assertion_errors", "problems",
+  "attachments",
+]);
+const CASE_FIELDS = new Set([
+  "version", "id", "name", "status", "agent", "turns", "final_assertions", "total_turns",
+  "duration_ms", "error", "skip_reason", "goal_achieved", "simulator", "tags", "usage",
+  "file", "line", "repeat", "repeats", "usage_by_role",
+]);
+
+// -- a case: its records' conversations ----------------------------------------------
+
+const caseSection = (source, row, pairs) => {
+  const first = pairs.length ? pairs[0][0] : { id: row.id, name: row.name };
+  const title = el("h2", null, badge(row.status), " ", el("span", "case-id", first.id), first.name && first.name !== first.id ? el("span", "case-name", ` ${first.name}`) : null);
+  const section = el("section", "case", link(source.runHref(), "back", "← all cases"), title);
+  section.id = "conversation";
+  if (row.repeated) {
+    const flaky = row.flaky ? el("span", "flaky", "flaky") : null;
+    section.appendChild(el("p", "verdict", `${row.passed}/${row.played} repetitions passed `, flaky));
+  }
+  for (const [rec, notes] of pairs) {
+    if (pairs.length > 1 || rec.repeat) section.appendChild(el("h3", null, `Repetition ${rec.repeat || "?"}/${rec.repeats || pairs.length} `, badge(rec.status)));
+    section.appendChild(recordView(rec, notes || {}));
+  }
+  return section;
+};
+
+const recordView = (rec, notes) => {
+  const facts = [];
+  if (rec.agent) facts.push(field("Agent", rec.agent));
+  if (rec.simulator) facts.push(field("Simulator", rec.simulator));
+  if (rec.file) facts.push(field("File", rec.line ? `${rec.file}:${rec.line}` : rec.file));
+  if ((rec.tags || []).length) facts.push(field("Tags", rec.tags.join(", ")));
+  facts.push(field("Turns", String(rec.total_turns)), field("Time", ms(rec.duration_ms)));
+  if (rec.usage) facts.push(field("Tokens", number(rec.usage.total_tokens)));
+  if (rec.goal_achieved !== undefined && rec.goal_achieved !== null) facts.push(field("Goal achieved", rec.goal_achieved ? "yes" : "no"));
+  for (const [key, value] of Object.entries(rec)) if (!CASE_FIELDS.has(key)) facts.push(field(key, json(value)));
+  const chat = el("div", "chat");
+  (rec.turns || []).forEach((turn, index) => {
+    const skip = (notes.skips || {})[String(index)];
+    chat.appendChild(skip ? skipNotice(skip) : turnView(turn, index, notes));
+  });
+  if (notes.end_skip) chat.appendChild(skipNotice(notes.end_skip));
+  const parts = [el("div", "facts", facts), usageTable(rec.usage_by_role), chat];
+  if ((rec.final_assertions || []).length) {
+    parts.push(el("h4", null, "Final assertions"), assertionList(rec.final_assertions, notes.final_labels || []));
+  }
+  const result = [el("span", "label", "Result "), badge(rec.status)];
+  if (rec.error) result.push(pre("error", rec.error));
+  if (rec.skip_reason && !notes.end_skip && !Object.keys(notes.skips || {}).length) result.push(el("div", "reason", `Reason: ${rec.skip_reason}`));
+  parts.push(el("div", `result ${statusClass(rec.status)}`, result));
+  return el("div", "record", parts);
+};
+
+const skipNotice = (skip) =>
+  el(
+    "div",
+    "skip",
+    el("div", "turn-head", `Turn ${skip.turn} `, badge("skipped")),
+    el("div", null, `Reason: ${skip.reason}`),
+    skip.asked ? el("div", null, "Agent asked: ", el("q", null, skip.asked)) : null,
+    skip.hint ? el("div", null, `Input hint: ${skip.hint}`) : null,
+    skip.advice ? el("div", "advice", skip.advice) : null,
+  );
+
+const turnView = (turn, index, notes) => {
+  const marker = ((notes.markers || [])[index]) || "";
+  const status = turn.error ? "failed" : turn.status;
+  const head = [el("span", "turn-no", `Turn ${turn.turn}`), " "];
+  if (marker) head.push(el("span", "marker", marker), " ");
+  head.push(badge(status), " ", el("span", "dim", ms(turn.duration_ms)));
+  if (turn.usage) head.push(" ", el("span", "dim", `${number(turn.usage.total_tokens)} tokens`));
+  for (const [key, value] of Object.entries(turn)) {
+    if (!TURN_FIELDS.has(key) && value !== null && value !== undefined) head.push(" ", el("span", "extra", `${key}: ${json(value)}`));
+  }
+  const box = el("div", `turn ${statusClass(status)}`, el("div", "turn-head", head));
+  box.dataset.turn = String(turn.turn);
+  if (turn.input !== null && turn.input !== undefined) {
+    const names = (turn.attachments || []).map((a) => (typeof a === "string" ? a : a.name || a.source || "attachment"));
+    const attached = [...names, ...(((notes.attachments || [])[index]) || [])];
+    box.appendChild(message("user", marker ? `User ${marker}` : "User", pre("text", turn.input), attached.length ? el("div", "attachments", "Attachments: ", attached.join(", ")) : null));
+  }
+  const calls = (notes.calls || [])[index] || [];
+  if (turn.output !== null || (turn.tool_calls || []).length) {
+    const body = [];
+    if (turn.output) body.push(pre("text", turn.output));
+    else if (!(turn.tool_calls || []).length) body.push(el("div", "dim", "(empty reply)"));
+    (turn.tool_calls || []).forEach((call, n) => {
+      body.push(el("div", "tool-call", el("span", "label", "calls "), el("code", null, calls[n] || call.name), el("details", null, el("summary", null, "arguments"), pre("args", json(call.args)))));
+    });
+    box.appendChild(message("assistant", "Assistant", body));
+  }
+  for (const [name, result] of Object.entries(turn.tool_results || {})) {
+    box.appendChild(message("tool", `Tool ${name} (mocked result)`, pre("text", json(result))));
+  }
+  if (turn.awaiting_input) box.appendChild(el("div", "note", `Awaiting input${turn.awaiting_reason ? ` (${turn.awaiting_reason})` : ""}`));
+  if (turn.input_hint) box.appendChild(el("div", "note", `Input hint: ${turn.input_hint}`));
+  if (turn.simulator_reasoning) box.appendChild(el("div", "note", `Simulator: ${turn.simulator_reasoning}`));
+  for (const problem of turn.problems || []) box.appendChild(pre("error", `Problem: ${problem}`));
+  if (turn.error) box.appendChild(pre("error", `Error: ${turn.error}`));
+  if ((turn.assertions || []).length) box.appendChild(assertionList(turn.assertions, (notes.labels || [])[index] || []));
+  if ((turn.calls || []).length) box.appendChild(callsView(turn.calls));
+  return box;
+};
+
+const message = (role, label, ...body) => el("div", `msg ${role}`, el("div", "who", label), body);
+
+const assertionList = (assertions, labels) =>
+  el(
+    "ul",
+    "assertions",
+    assertions.map((a, i) => {
+      const item = el("li", a.passed ? "pass" : "fail", el("span", "mark", a.passed ? "✓" : "✗"), " ", el("span", "check", labels[i] || a.type));
+      if (a.reason) item.appendChild(el("div", "reason", a.reason));
+      if (a.score !== null && a.score !== undefined) item.appendChild(el("span", "dim", `score ${a.score}`));
+      if (a.agreement !== null && a.agreement !== undefined) item.appendChild(el("span", "dim", ` · agreement ${percent(a.agreement)}`));
+      if (a.error) item.appendChild(pre("error", a.error));
+      if ((a.suggestions || []).length) item.appendChild(el("ul", "suggestions", a.suggestions.map((s) => el("li", null, s))));
+      if ((a.votes || []).length) item.appendChild(votesTable(a.votes));
+      return item;
+    }),
+  );
+
+const votesTable = (votes) => {
+  const head = el("tr", null, ["judge", "vote", "score", "reason"].map((h) => el("th", null, h)));
+  const rows = votes.map((v) =>
+    el("tr", null, el("td", null, v.judge), el("td", null, v.error ? "error" : v.passed ? "pass" : "fail"), el("td", "num", v.score === null || v.score === undefined ? "" : String(v.score)), el("td", null, v.error || v.reason || "")),
+  );
+  return el("table", "votes", el("thead", null, head), el("tbody", null, rows));
+};
+
+const callsView = (calls) => {
+  const head = el("tr", null, ["role", "agent", "latency", "attempts", "status", "tokens", "error"].map((h) => el("th", null, h)));
+  const rows = calls.map((c) =>
+    el("tr", null, el("td", null, c.role), el("td", null, c.agent), el("td", "num", `${c.latency_ms}ms`), el("td", "num", String(c.attempts || 1)), el("td", "num", c.status_code ? String(c.status_code) : ""), el("td", "num", c.usage ? number(c.usage.total_tokens) : ""), el("td", null, c.error || "", c.reply ? pre("reply", c.reply) : null)),
+  );
+  return el("details", "calls", el("summary", null, `Agent calls (${calls.length})`), el("table", null, el("thead", null, head), el("tbody", null, rows)));
+};
+
+const failure = (app, error) => {
+  app.replaceChildren(el("p", "error", `Could not load: ${error.message || error}`));
+};
