@@ -5,6 +5,7 @@
     agenttest-submit -i "agents:workers.test.generator?count=10" -n assistants.expense --dry-run
     agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | db upgrade
     agenttest-submit schema [cases|yaml|config]     (JSON Schemas for editors)
+    agenttest-submit view [RUN] [--host H --port P --token T]   (read-only web viewer)
 
 Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem
 listed with file, line and field), 3 the database or the broker out of reach, or an
@@ -38,6 +39,7 @@ from agenttest_submit.request import (
     HistoryRequest,
     RunRequest,
     RunsRequest,
+    ViewRequest,
 )
 from agenttest_submit.stopping import (
     interrupted_exit_code,
@@ -70,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agenttest-submit",
         description="Run scripted and simulated conversations against agents and check every turn.",
         epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, "
-        "db upgrade, schema [cases|yaml|config].",
+        "db upgrade, schema [cases|yaml|config], view [RUN].",
     )
     p.add_argument(
         "-i",
@@ -307,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_as_interrupt():
             if subcommand:
                 command = parse_subcommand(args_list)
+                if isinstance(command, ViewRequest):
+                    # After heap.starting(); aiohttp's server only for this command.
+                    from agenttest_submit.viewer.serve import run_view
+
+                    return run_view(command)
                 if isinstance(command, DiffRequest | HistoryRequest | RunsRequest):
                     # After heap.starting(): see the note at the top.
                     from agenttest_submit.run_history import run_history_command

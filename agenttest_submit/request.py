@@ -163,5 +163,15 @@ class RunsRequest:
     format: str = "console"
 
 
+@dataclass(frozen=True)
+class ViewRequest:
+    """`agenttest-submit view [RUN] [--host H] [--port P] [--token T]`: the read-only viewer."""
+
+    run: str | None = None  # a run id or "last" to open at; None: the runs page
+    host: str = "127.0.0.1"  # another address than loopback needs `token`
+    port: int = 8750  # 0: any free port (printed)
+    token: str | None = None  # None: AGENTTEST_VIEW_TOKEN, if set
+
+
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
 SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest

@@ -20,10 +20,11 @@ from agenttest_submit.request import (
     SchemaRequest,
     StatusRequest,
     SubcommandRequest,
+    ViewRequest,
 )
 from agenttest_worker.errors import InputError, InputProblem
 
-SUBCOMMANDS = ("status", "report", "resume", "db", "schema", "diff", "history", "runs")
+SUBCOMMANDS = ("status", "report", "resume", "db", "schema", "diff", "history", "runs", "view")
 
 
 def build_subcommand_parser() -> argparse.ArgumentParser:
@@ -59,6 +60,13 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         "file; config: agenttest.yaml",
     )
     _history_parsers(sub)
+    view = sub.add_parser("view", help="a local read-only web viewer of the stored runs")
+    view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
+    view.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
+    view.add_argument("--port", type=int, default=8750, help="port (default: 8750; 0: any)")
+    view.add_argument(
+        "--token", default=None, help="required on a non-loopback --host (or AGENTTEST_VIEW_TOKEN)"
+    )
     return parser
 
 
@@ -85,7 +93,9 @@ def _history_parsers(sub: Any) -> None:
     runs.add_argument("--format", choices=("console", "json"), default="console")
 
 
-def subcommand_request(args: argparse.Namespace) -> SubcommandRequest | HistoryCommandRequest:
+def subcommand_request(
+    args: argparse.Namespace,
+) -> SubcommandRequest | HistoryCommandRequest | ViewRequest:
     """The subcommand `build_subcommand_parser` parsed `args` into."""
     if args.command == "status":
         return StatusRequest(run=args.run)
@@ -115,9 +125,13 @@ def subcommand_request(args: argparse.Namespace) -> SubcommandRequest | HistoryC
         )
     if args.command == "runs":
         return RunsRequest(suite=args.suite, last=args.last, format=args.format)
+    if args.command == "view":
+        return ViewRequest(run=args.run, host=args.host, port=args.port, token=args.token)
     return DbRequest(action=args.action)
 
 
-def parse_subcommand(argv: Sequence[str]) -> SubcommandRequest | HistoryCommandRequest:
+def parse_subcommand(
+    argv: Sequence[str],
+) -> SubcommandRequest | HistoryCommandRequest | ViewRequest:
     """`agenttest-submit status|report|resume|db|schema ...` as a request; bad usage exits 2."""
     return subcommand_request(build_subcommand_parser().parse_args(list(argv)))
