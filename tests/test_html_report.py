@@ -1,0 +1,206 @@
+"""`--format html`: one self-contained page, checked in headless Chromium.
+
+A real run (the CLI in a child process) against a scripted agent over HTTP whose
+replies, tool calls, mocked tool results, judge reasons and the case names carry XSS
+payloads; the page is opened from disk: it lists the cases sorted by status then id,
+filters by status and tag, searches, opens a conversation, shows every payload as text,
+runs none of them, and asks for nothing but its own file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import (
+    IMG,
+    LINK,
+    LISTED,
+    PAYLOADS,
+    SCRIPT,
+    SCRIPT_END,
+    TEXTAREA,
+    chromium,
+    environment,
+    not_pwned,
+    open_page,
+    screenshot,
+    submit,
+    xss_project,
+)
+from scripted_agent import ScriptedAgent
+
+
+class Run:
+    def __init__(self, folder: Path, report: Path, jsonl: Path, run_id: str) -> None:
+        self.folder, self.report, self.jsonl, self.run_id = folder, report, jsonl, run_id
+
+    @property
+    def title(self) -> str:
+        return f"agenttest · run {self.run_id}"
+
+    @property
+    def url(self) -> str:
+        return self.report.as_uri()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """The XSS run, reported as HTML by the run itself (`-o report.html --format html`)."""
+    folder = tmp_path_factory.mktemp("html-report")
+    with ScriptedAgent() as agent:
+        cases, config = xss_project(folder, agent)
+        report = folder / "report.html"
+        env = environment(folder / ".agenttest")
+        args = ["-i", str(cases), "-n", "target", "--config", str(config)]
+        done = submit([*args, "--format", "html", "-o", str(report)], env, folder)
+        assert done.returncode == 1, done.stderr  # two cases fail
+        run_id = re.search(r"\(run (\S+)\)", done.stderr)
+        assert run_id, done.stderr
+        jsonl = folder / "run.jsonl"
+        again = submit(["report", "last", "--format", "jsonl", "-o", str(jsonl)], env, folder)
+        assert again.returncode == 1, again.stderr
+        yield Run(folder, report, jsonl, run_id.group(1))
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as launched:
+        yield launched
+
+
+def _listed(page: Any) -> list[tuple[str, str]]:
+    rows = page.query_selector_all("tr.case-row")
+    return [
+        (row.get_attribute("data-case-id"), row.query_selector(".badge").inner_text().lower())
+        for row in rows
+    ]
+
+
+def test_the_file_holds_its_script_style_and_data_and_nothing_from_elsewhere(run: Run) -> None:
+    text = run.report.read_text(encoding="utf-8")
+    # No external anything: no src=, no stylesheet link, no URL but in the data.
+    assert not re.search(r"<(script|img|iframe|link)[^>]*\s(src|href)=", text)
+    assert "@import" not in text and "url(" not in text
+    # One policy, allowing only the page's own script and style by hash.
+    policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)"', text)
+    assert policy, "no Content-Security-Policy"
+    assert "default-src 'none'" in policy.group(1)
+    assert re.search(r"script-src 'sha256-[A-Za-z0-9+/=]+'(;|$)", policy.group(1))
+    # The data cannot close its element: no payload's "</script" or "<!--" is in the file.
+    data = text[text.index('id="agenttest-records"') : text.index('id="agenttest-run"')]
+    assert "</script" not in data.split(">", 1)[1].rsplit("</script>", 1)[0]
+    assert "<!--" not in text
+    for payload in PAYLOADS:
+        assert payload not in text
+    # ... and it is the run's records: each JSONL line is in the page, byte for byte
+    # once the "<" escapes are read back.
+    records = json.loads(data.split(">", 1)[1].rsplit("</script>", 1)[0])
+    lines = run.jsonl.read_text(encoding="utf-8").splitlines()
+    assert [record for record, _ in records] == [json.loads(line) for line in lines]
+
+
+def test_the_table_lists_every_case_by_status_then_id(run: Run, browser: Any) -> None:
+    page, seen = open_page(browser, run.url)
+    assert _listed(page) == LISTED
+    assert page.inner_text("#case-count") == "7 shown of 7 matching (7 cases)"
+    cards = page.inner_text(".cards")
+    assert "7\ncases" in cards and "4\npassed" in cards and "2\nfailed" in cards
+    assert "1\nskipped" in cards and "57.1%\npass rate" in cards
+    assert "target" in page.inner_text("table.usage") and "judge" in page.inner_text("table.usage")
+    not_pwned(page, run.title)
+    screenshot(page, run.folder / "artifacts", "html-report.png", docs=True)
+    assert set(seen) == {run.url}, seen
+
+
+def test_it_filters_by_status_and_tag_and_searches(run: Run, browser: Any) -> None:
+    page, seen = open_page(browser, run.url)
+    page.click("button[data-status=failed]")
+    assert _listed(page) == [("plain-fail", "failed"), ("xss-judge", "failed")]
+    page.click("button[data-status=all]")
+    page.select_option("#tag-filter", "tools")
+    assert _listed(page) == [("xss-tool", "passed")]
+    page.select_option("#tag-filter", "plain")
+    page.click("button[data-status=passed]")
+    assert _listed(page) == [("plain-1", "passed"), ("plain-2", "passed")]
+    page.click("button[data-status=all]")
+    page.select_option("#tag-filter", "")
+    # Text search looks in replies and reasons too, not only ids and names.
+    page.fill("#search", "not polite")
+    page.wait_for_function("() => document.querySelectorAll('tr.case-row').length === 1")
+    assert _listed(page) == [("xss-judge", "failed")]
+    page.fill("#search", "</textarea>")
+    page.wait_for_function("() => document.querySelectorAll('tr.case-row').length === 2")
+    assert {case for case, _ in _listed(page)} == {"xss-ask", "xss-tool"}
+    page.fill("#search", "")
+    page.wait_for_function("() => document.querySelectorAll('tr.case-row').length === 7")
+    not_pwned(page, run.title)
+    assert set(seen) == {run.url}, seen
+
+
+def test_a_conversation_shows_every_payload_as_text(run: Run, browser: Any) -> None:
+    page, seen = open_page(browser, run.url)
+    page.click("tr[data-case-id=xss-tool] a")
+    page.wait_for_selector("#conversation")
+    text = page.inner_text("#conversation")
+    assert f"Tool {SCRIPT}" in text  # the case's name
+    assert "lookup(" in text and "[Initial]" not in text  # a static case has no markers
+    assert "Tool lookup (mocked result)" in text
+    page.click("#conversation details:has(summary:text('arguments')) summary")
+    args = page.inner_text("#conversation pre.args")
+    assert json.loads(args) == {"query": SCRIPT_END, "html": IMG}
+    assert TEXTAREA in text and SCRIPT_END in text  # the reply and the mocked result
+    screenshot(page, run.folder / "artifacts", "html-conversation.png", docs=True)
+    not_pwned(page, run.title)
+
+    page.go_back()
+    page.click("tr[data-case-id=xss-reply] a")
+    page.wait_for_selector("#conversation")
+    text = page.inner_text("#conversation")
+    assert f"Reply {IMG}" in text and SCRIPT in text and LINK in text
+    page.goto(f"{run.url}#case=xss-judge")
+    page.wait_for_selector("#conversation .assertions")
+    text = page.inner_text("#conversation")
+    assert f"The reply was not polite: {SCRIPT_END} {IMG}" in text
+    assert f"agent: {LINK}" in text  # the judge's criteria, as the console labels it
+    page.goto(f"{run.url}#case=xss-ask")
+    page.wait_for_selector("#conversation .skip")
+    skip = page.inner_text("#conversation .skip")
+    assert "Agent awaiting input, no next turn defined" in skip
+    assert "Agent asked: " in skip and "Which amount" in skip
+    assert f"Input hint: {IMG}" in skip
+    assert "Hint: Add more turns" in skip
+    not_pwned(page, run.title)
+    assert set(seen) == {run.url}, seen
+
+
+def test_the_policy_stops_a_script_that_got_in_anyway(run: Run, browser: Any) -> None:
+    """Were app.js ever to put data into the page as markup, the policy still would not
+    run it: a script element or handler added to the page is refused."""
+    page, _ = open_page(browser, run.url)
+    page.evaluate(
+        """() => {
+            const s = document.createElement('script');
+            s.textContent = "window.__pwned = 'inline'";
+            document.body.appendChild(s);
+            const d = document.createElement('div');
+            d.innerHTML = "<img src=x onerror=\\"window.__pwned = 'handler'\\">";
+            document.body.appendChild(d);
+        }"""
+    )
+    page.wait_for_timeout(200)
+    assert page.evaluate("() => window.__pwned") is None
+
+
+def test_control_characters_show_as_escapes(run: Run, browser: Any) -> None:
+    """An input's bidirectional override would make text read backwards: shown as an
+    escape, as on the terminal."""
+    page, _ = open_page(browser, f"{run.url}#case=plain-1")
+    page.wait_for_selector("#conversation")
+    text = page.inner_text("#conversation")
+    assert "hello 1 \\u202etxt.exe" in text
+    assert "\u202e" not in text
