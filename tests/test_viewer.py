@@ -371,6 +371,64 @@ def test_a_running_run_shows_its_progress_live(tmp_path: Path, browser: Any) -> 
             viewer.stop()
 
 
+def test_a_diff_page_shows_what_changed_since_the_suites_previous_run(
+    tmp_path: Path, browser: Any
+) -> None:
+    """Two runs of one suite, the second with the agent answering otherwise: the second
+    run's page links to its diff, which lists the regression with what the agent said
+    then and now (a payload, as text), and what still passes."""
+    replies = {"greet": "Hello."}
+
+    def target(body: dict[str, Any]) -> Any:
+        return say(replies["greet"] if "greet" in str(body["messages"]) else "Hello there.")
+
+    with ScriptedAgent() as agent:
+        agent.script("target", target)
+        config = tmp_path / "agenttest.yaml"
+        config.write_text(json.dumps({"agents": {"target": agent.entry("target")}}))
+        cases = tmp_path / "cases.jsonl"
+        lines = [
+            {
+                "id": case,
+                "input": f"{case} me",
+                "assertions": [{"type": "contains", "value": "Hello"}],
+            }
+            for case in ("greet", "other")
+        ]
+        cases.write_text("".join(json.dumps(c) + "\n" for c in lines))
+        env = environment(tmp_path / ".agenttest")
+        args = ["-i", str(cases), "-n", "target", "--config", str(config)]
+        first = submit(args, env, tmp_path)
+        assert first.returncode == 0, first.stderr
+        replies["greet"] = f"Bye. {SCRIPT}"
+        second = submit(args, env, tmp_path)
+        assert second.returncode == 1, second.stderr
+    base, new = _run_id(first.stdout), _run_id(second.stdout)
+    viewer = Viewer(["--port", "0"], env, tmp_path)
+    try:
+        page, seen = open_page(browser, f"{viewer.root()}/runs/{new}")
+        page.click("p.compare a")
+        page.wait_for_url(f"**/runs/{new}/diff")
+        page.wait_for_selector("#app[data-ready=true]")
+        assert base in page.inner_text("header")
+        regression = page.inner_text("section[data-category=regression]")
+        assert "greet" in regression and f"Now: Bye. {SCRIPT}" in regression
+        assert "Then:" in regression and "Hello." in regression
+        assert "other" in page.inner_text("section[data-category=still_passing]")
+        not_pwned(page, "agenttest · diff")
+        screenshot(page, tmp_path / "artifacts", "viewer-diff.png")
+        api = httpx.get(f"{viewer.root()}/api/runs/{new}/diff").json()
+        assert {c["id"]: c["category"] for c in api["cases"]} == {
+            "greet": "regression",
+            "other": "still_passing",
+        }
+        first_run = httpx.get(f"{viewer.root()}/api/runs/{base}/diff")
+        assert first_run.status_code == 404 and "no finished run before" in first_run.text
+        _local(seen, viewer.root())
+    finally:
+        viewer.stop()
+
+
 @pytest.fixture
 def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
     yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)

@@ -5,6 +5,7 @@ stored records once (`RunViews`) and kept while the run stands still; a running 
 are rebuilt when more of its conversations have finished, at most every few seconds, so
 that a page polling a 10,000-case run does not parse every record each time. Its
 progress (finished cases, turns played) is read from the run's row on every request.
+A diff between two runs is the `diff` command's (run_history.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from typing import Any
 
 from sqlalchemy import Text, cast, or_, select
 
+from agenttest_worker.errors import InputError
 from agenttest_worker.fleet.aggregate import build_report
+from agenttest_worker.report.diff import CATEGORIES, TITLES
 from agenttest_worker.report.html_page.data import (
     RunData,
     case_row,
@@ -199,6 +202,23 @@ class RunViews:
             "row": case_row(records, case_verdict(records, rule)),
             "records": pairs,
         }
+
+
+def run_diff(url: str, run_id: str, base: str) -> dict[str, Any] | None:
+    """What changed from a base run to `run_id`, case by case (report/diff.py): `base`
+    is a run id, `last` (the run before) or `suite` (its suite's previous finished run).
+    None: no such run; {"message"} alone: no base to compare with."""
+    from agenttest_submit.run_history import build_diff, resolve_baseline
+
+    new = runs.get_run(url, run_id)
+    if new is None:
+        return None
+    try:
+        found = resolve_baseline(url, base or "suite", new)
+    except InputError as exc:
+        return {"message": "; ".join(p.message for p in exc.problems)}
+    diff = build_diff(url, found, new)
+    return {**diff.as_dict(), "titles": TITLES, "order": list(CATEGORIES)}
 
 
 def _attachments(definition: dict[str, Any], record: CaseResult) -> list[list[str]]:

@@ -3,10 +3,12 @@
     /                       the runs, grouped, newest first
     /runs/RUN               a run: summary, live progress while it runs, the case table
     /runs/RUN/case?id=ID    a case's conversation (every repetition of a repeated case)
+    /runs/RUN/diff?base=B   what changed since B (a run id, last, or suite: the default)
     /api/runs               {"groups": [{"name", "runs": [...]}]}
     /api/runs/RUN           the run's header, summary and progress
     /api/runs/RUN/cases     {"rows": [...]} (?q=TEXT: {"ids": [...]} of the cases matching)
     /api/runs/RUN/case?id=  {"exists", "row", "records": [[record, notes], ...]}
+    /api/runs/RUN/diff?base= the `diff` command's JSON, case by case
 
 Every request passes `guard` first: only GET and HEAD are served (anything else is 405
 before routing, so no handler can be reached by a method that might change something);
@@ -29,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agenttest_submit.viewer.queries import RunViews, runs_page
+from agenttest_submit.viewer.queries import RunViews, run_diff, runs_page
 from agenttest_worker.report.html_page.shell import page_end, page_start, policy
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -48,10 +50,12 @@ def make_app(url: str, *, token: str | None = None) -> web.Application:
     app.router.add_get("/", _page("runs"))
     app.router.add_get(f"/runs/{_RUN}", _page("run"))
     app.router.add_get(f"/runs/{_RUN}/case", _page("case"))
+    app.router.add_get(f"/runs/{_RUN}/diff", _page("diff"))
     app.router.add_get("/api/runs", _api_runs)
     app.router.add_get(f"/api/runs/{_RUN}", _api_run)
     app.router.add_get(f"/api/runs/{_RUN}/cases", _api_cases)
     app.router.add_get(f"/api/runs/{_RUN}/case", _api_case)
+    app.router.add_get(f"/api/runs/{_RUN}/diff", _api_diff)
     return app
 
 
@@ -119,6 +123,8 @@ def _page(kind: str) -> Handler:
             title = f"agenttest · run {config['run']}"
         if kind == "case":
             config["case"] = request.query.get("id", "")
+        if kind == "diff":
+            config["base"] = request.query.get("base", "suite")
         # The page is the same shell as the HTML report's; its data comes from /api/.
         text = page_start(title, config, served=True) + page_end()
         return web.Response(text=text, content_type="text/html", charset="utf-8")
@@ -169,3 +175,11 @@ async def _api_case(request: web.Request) -> web.StreamResponse:
     if found is None:
         return _no_run(request)
     return _json(found, status=200 if found["exists"] else 404)
+
+
+async def _api_diff(request: web.Request) -> web.StreamResponse:
+    base = request.query.get("base", "suite")
+    found = await _read(run_diff, _views(request).url, request.match_info["run"], base)
+    if found is None:
+        return _no_run(request)
+    return _json(found, status=404 if "cases" not in found else 200)

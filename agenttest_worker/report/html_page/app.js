@@ -67,6 +67,7 @@ const viewerSource = (runId) => {
     search: async (query) => new Set((await getJSON(`${api}/cases?q=${encodeURIComponent(query)}`)).ids),
     caseHref: (id) => `/runs/${encodeURIComponent(runId)}/case?id=${encodeURIComponent(id)}`,
     runHref: () => `/runs/${encodeURIComponent(runId)}`,
+    diffHref: () => `/runs/${encodeURIComponent(runId)}/diff`,
   };
 };
 
@@ -280,7 +281,9 @@ const runPage = async (app, source) => {
   let summary = summarySection(run);
   const progress = source.live ? progressSection() : null;
   const table = new CaseTable(source, rows, run.statuses, run.tags);
-  view.append(header, ...(progress ? [progress.section] : []), summary, table.section);
+  // The viewer links to what changed since the suite's previous run (its diff page).
+  const compare = source.diffHref ? el("p", "compare", link(source.diffHref(), null, "What changed since the previous run of its suite")) : null;
+  view.append(header, ...(progress ? [progress.section] : []), ...(compare ? [compare] : []), summary, table.section);
   const caseView = el("div", "case-view");
   app.replaceChildren(view, caseView);
   table.apply();
@@ -345,6 +348,48 @@ const runsPage = async (app) => {
   if (groups.some((g) => g.runs.some((r) => r.status !== "done" && !r.cancelled))) setTimeout(() => runsPage(app), POLL_MS * 2);
 };
 
+// What changed from a base run to this one, by category (report/diff.py): each case's
+// verdicts then and now, and for a regression where its conversations first differ.
+const diffPage = async (app, runId, base) => {
+  const found = await getJSON(`/api/runs/${encodeURIComponent(runId)}/diff?base=${encodeURIComponent(base)}`, true);
+  const runLink = (id) => link(`/runs/${encodeURIComponent(id)}`, null, id);
+  const facts = [field("Run", runLink(runId)), found.base ? field("Compared with", runLink(found.base.id)) : null];
+  const parts = [el("header", "run-header", el("h1", null, "What changed"), el("div", "facts", facts))];
+  if (!found.cases) parts.push(el("p", "note", found.message || "Nothing to compare with."));
+  else {
+    const counts = found.order.filter((c) => found.counts[c]).map((c) => `${found.titles[c]}: ${found.counts[c]}`);
+    parts.push(el("p", "note", counts.join(" · ") || "No cases."));
+    for (const category of found.order) {
+      const cases = found.cases.filter((c) => c.category === category);
+      if (cases.length) parts.push(diffSection(category, found.titles[category], cases, runId, found.base.id));
+    }
+  }
+  app.replaceChildren(...parts);
+  document.title = "agenttest · diff";
+};
+
+const diffSection = (category, title, cases, runId, baseId) => {
+  const rows = cases.map((c) => {
+    const where = c.category === "removed" ? baseId : runId;
+    const d = c.difference;
+    const why = [c.flaky_because || ""];
+    if (d) {
+      why.push(el("div", null, d.turn ? `Turn ${d.turn}: ` : "", d.assertion || "", d.reason ? ` — ${d.reason}` : ""));
+      if (d.said_then !== null && d.said_then !== undefined) why.push(el("div", "dim", "Then: ", el("q", null, d.said_then)));
+      if (d.said_now !== null && d.said_now !== undefined) why.push(el("div", "dim", "Now: ", el("q", null, d.said_now)));
+    }
+    const href = `/runs/${encodeURIComponent(where)}/case?id=${encodeURIComponent(c.id)}`;
+    const verdicts = el("td", null, c.base ? badge(c.base) : "–", " → ", c.new ? badge(c.new) : "–");
+    const tr = el("tr", `diff-row ${category}`, el("td", "id", link(href, null, c.id)), el("td", null, c.name || ""), verdicts, el("td", null, why));
+    tr.dataset.caseId = c.id;
+    return tr;
+  });
+  const head = el("tr", null, ["id", "name", "then → now", "why"].map((h) => el("th", null, h)));
+  const section = el("section", `diff ${category}`, el("h2", null, `${title} (${cases.length})`), el("table", "diff-table", el("thead", null, head), el("tbody", null, rows)));
+  section.dataset.category = category;
+  return section;
+};
+
 const start = async () => {
   const app = document.getElementById("app");
   const config = readData("agenttest-config") || { page: "report" };
@@ -353,6 +398,7 @@ const start = async () => {
     else if (config.page === "runs") await runsPage(app);
     else if (config.page === "run") await runPage(app, viewerSource(config.run));
     else if (config.page === "case") await casePage(app, viewerSource(config.run), config.case);
+    else if (config.page === "diff") await diffPage(app, config.run, config.base);
     app.dataset.ready = "true";
   } catch (error) {
     failure(app, error);
