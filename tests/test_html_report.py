@@ -204,3 +204,60 @@ def test_control_characters_show_as_escapes(run: Run, browser: Any) -> None:
     text = page.inner_text("#conversation")
     assert "hello 1 \\u202etxt.exe" in text
     assert "\u202e" not in text
+
+
+def test_repetitions_votes_markers_and_fields_added_later(tmp_path: Path, browser: Any) -> None:
+    """A repeated case shows its verdict and each repetition; a judge panel its votes; a
+    simulated conversation its markers; a turn field the page does not know, its value."""
+    from agenttest_worker.report import RunReport, render
+    from agenttest_worker.results import AssertionResult, CaseResult, JudgeVote, TurnResult
+
+    votes = [
+        JudgeVote(judge="agents:a", passed=True, score=1.0, reason=f"fine {IMG}"),
+        JudgeVote(judge="agents:b", passed=False, score=0.0, reason="rude"),
+    ]
+
+    def repetition(number: int, status: str) -> CaseResult:
+        judged = AssertionResult(
+            type="agent", passed=status == "passed", reason="panel", votes=votes, agreement=0.5
+        )
+        turns = [
+            TurnResult(turn=1, input="Hi", input_source="static", output="Hello?"),
+            TurnResult(
+                turn=2,
+                input="I need a refund",
+                input_source="simulator",
+                output="Done.",
+                assertions=[judged],
+                status=status,
+                first_token_ms=42,
+            ),
+        ]
+        return CaseResult(
+            id="rep",
+            status=status,
+            turns=turns,
+            total_turns=2,
+            simulator="agents:sim",
+            repeat=number,
+            repeats=3,
+        )
+
+    records = [repetition(1, "passed"), repetition(2, "failed"), repetition(3, "passed")]
+    run = RunReport(records, "target", "suite", 3, 1.0, run_id="r-1", pass_rule="majority")
+    path = tmp_path / "report.html"
+    path.write_text(render("html", run), encoding="utf-8")
+    page, _ = open_page(browser, f"{path.as_uri()}#case=rep")
+    text = page.inner_text("#conversation")
+    assert "2/3 repetitions passed" in text and "flaky" in text
+    assert [h.inner_text() for h in page.query_selector_all("#conversation h3")] == [
+        "Repetition 1/3 PASSED",
+        "Repetition 2/3 FAILED",
+        "Repetition 3/3 PASSED",
+    ]
+    assert "[Initial]" in text and "[Simulated]" in text
+    assert "first_token_ms: 42" in text
+    votes_text = page.inner_text("#conversation table.votes")
+    assert "agents:b\tfail\t0\trude" in votes_text and f"fine {IMG}" in votes_text
+    assert "agreement 50.0%" in text
+    not_pwned(page, "agenttest · run r-1")
