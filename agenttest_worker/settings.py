@@ -93,9 +93,16 @@ class Settings(BaseModel):
         "before its other calls fail at once, 'agent X unreachable since <time>', until a "
         "probe gets an answer (fleet-wide with a Redis broker); 0 turns the breaker off",
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port each worker serves Prometheus metrics on (/metrics); unset: no "
+        "metrics and no port opened",
+    )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 
-    @field_validator("scripts_dir", mode="before")
+    @field_validator("scripts_dir", "metrics_port", mode="before")
     @classmethod
     def _unset_when_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from agenttest_worker.agents.ratelimit import RedisLimiter, limiter
+from agenttest_worker.observe import metrics
 from agenttest_worker.settings import get_settings
 
 log = logging.getLogger("agenttest.breaker")
@@ -158,6 +159,7 @@ class LocalBreaker:
         if now >= streak.open_until:
             streak.open_until = now + self.probe_after  # this call probes; the rest wait
             return None
+        metrics.breaker_seen(key, True)
         return Tripped(streak.since, streak.reason)
 
     async def failed(self, key: str, reason: str) -> None:
@@ -170,7 +172,8 @@ class LocalBreaker:
             streak.open_until = time.monotonic() + self.probe_after
 
     async def reached(self, key: str) -> None:
-        self._streaks.pop(key, None)
+        if self._streaks.pop(key, None) is not None:
+            metrics.breaker_seen(key, False)
 
 
 class RedisBreaker:
@@ -212,6 +215,7 @@ class RedisBreaker:
             if probe:
                 return None
         if streak is not None and now < streak.open_until:
+            metrics.breaker_seen(key, True)
             return Tripped(streak.since, streak.reason)
         return None
 
@@ -233,6 +237,7 @@ class RedisBreaker:
         if streak is None:
             return  # no streak to end, as far as this loop knows (see REFRESH)
         self._known[key] = (time.monotonic(), None)
+        metrics.breaker_seen(key, False)
         try:
             await self.client.delete(f"{self.prefix}:{key}")
         except self.outage:

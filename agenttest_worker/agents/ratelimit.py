@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from agenttest_worker.agents.config import RateLimit
 from agenttest_worker.agents.waiting import Waits
+from agenttest_worker.observe import metrics
 from agenttest_worker.settings import get_settings
 
 log = logging.getLogger("agenttest.ratelimit")
@@ -200,10 +201,12 @@ class LocalLimiter:
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
         state = self._states.setdefault(agent, _LocalState())
         waits = Waits()
+        started = time.monotonic()
         try:
             return await self._acquire(state, limits, waits)
         finally:
             waits.done()
+            metrics.rate_limit_waited(agent, time.monotonic() - started)
 
     async def _acquire(self, state: _LocalState, limits: Limits, waits: Waits) -> Lease:
         while True:
@@ -333,10 +336,12 @@ class RedisLimiter:
 
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
         waits = Waits()
+        started = time.monotonic()
         try:
             return await self._acquire(agent, limits, lease_seconds, waits)
         finally:
             waits.done()
+            metrics.rate_limit_waited(agent, time.monotonic() - started)
 
     async def _acquire(
         self, agent: str, limits: Limits, lease_seconds: float, waits: Waits

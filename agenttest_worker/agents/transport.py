@@ -30,6 +30,7 @@ from agenttest_worker.agents.streaming import (
 )
 from agenttest_worker.agents.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
+from agenttest_worker.observe import metrics
 from agenttest_worker.results import AgentCallRecord, AgentRole
 
 if TYPE_CHECKING:
@@ -333,6 +334,7 @@ async def _post_json(
             # The last attempt's status (a 503, or none for a timeout) is what the call ended on.
             failure.call = _record(role, agent, started, attempts, status, failure.message)
             raise failure
+        metrics.retried(agent, role, failure.kind, status)
         with waiting():  # a long back-off must not make the turn look lost (waiting.py)
             await asyncio.sleep(policy.delay(attempts, retry_after))
 

@@ -29,6 +29,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
+from agenttest_worker.observe import metrics
+
 
 class Isolation:
     """A turn either shares the process with other turns or has it to itself.
@@ -54,7 +56,8 @@ class Isolation:
                         self._changed.wait()
             self._shared += 1
         try:
-            yield
+            with metrics.playing():
+                yield
         finally:
             with self._changed:
                 self._shared -= 1
@@ -65,6 +68,7 @@ class Isolation:
     def alone(self, while_waiting: AbstractContextManager[object] | None = None) -> Iterator[None]:
         """Run with no other turn in this process (a redelivered turn); `while_waiting`
         is entered for as long as it waits for that."""
+        metrics.redelivered()  # only a redelivered turn runs alone
         with while_waiting or nullcontext(), self._changed:
             self._waiting_alone += 1
             try:
@@ -74,7 +78,8 @@ class Isolation:
                 self._waiting_alone -= 1
             self._alone = True
         try:
-            yield
+            with metrics.playing():
+                yield
         finally:
             with self._changed:
                 self._alone = False

@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import app, sweep_interval
 from agenttest_worker.fleet.tasks import database_url, enqueue_starts, enqueue_turn
+from agenttest_worker.observe import metrics
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
 from agenttest_worker.store.db import error_reason, is_connection_lost
@@ -53,6 +54,7 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
         with app.producer_or_acquire() as producer:
             for stalled_run, case_id, next_turn in stalled:
                 enqueue_turn(stalled_run, case_id, next_turn, producer)
+        metrics.recovered("turn", len(stalled))
         log.warning(
             "re-enqueued %d conversation(s) not moved for %ss (lost messages): %s",
             len(stalled),
@@ -61,11 +63,13 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
         )
     for capped_run, first, last in recovery.claim_stalled_starts(url, stall_seconds, run_id):
         enqueue_starts(capped_run, first, last)
+        metrics.recovered("start", last - first + 1)
         log.warning("run %s: started conversations %d-%d left unstarted", capped_run, first, last)
     aggregated = 0
     for lost in recovery.unaggregated_runs(url, stall_seconds, run_id):
         if aggregate(url, lost) is not None:
             aggregated += 1
+            metrics.recovered("aggregation")
             log.warning("run %s: reports built by the sweeper (its aggregation was lost)", lost)
     return len(stalled), aggregated
 

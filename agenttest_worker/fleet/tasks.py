@@ -26,6 +26,7 @@ from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
 from agenttest_worker.fleet.isolation import TURNS
 from agenttest_worker.fleet.liveness import TurnInFlight
+from agenttest_worker.fleet.metered import metered
 from agenttest_worker.heap import settle
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
@@ -50,7 +51,7 @@ def _store() -> SqlStore:
     url = database_url()
     store = _stores.get(url)
     if store is None:
-        store = _stores[url] = SqlStore(url)
+        store = _stores[url] = metered(url)
     return store
 
 
