@@ -37,6 +37,7 @@ from agenttest_submit.request import (
     DEFAULT_SIMULATOR,
     DiffRequest,
     HistoryRequest,
+    MetricsRequest,
     RunRequest,
     RunsRequest,
     ViewRequest,
@@ -314,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
                     from agenttest_submit.viewer.serve import run_view
 
                     return run_view(command)
+                if isinstance(command, MetricsRequest):
+                    # After heap.starting(); prometheus_client only for this command.
+                    from agenttest_submit.metrics_exporter import run_metrics_exporter
+
+                    return run_metrics_exporter(command)
                 if isinstance(command, DiffRequest | HistoryRequest | RunsRequest):
                     # After heap.starting(): see the note at the top.
                     from agenttest_submit.run_history import run_history_command

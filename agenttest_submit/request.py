@@ -173,5 +173,14 @@ class ViewRequest:
     token: str | None = None  # None: AGENTTEST_VIEW_TOKEN, if set
 
 
+@dataclass(frozen=True)
+class MetricsRequest:
+    """`agenttest-submit metrics [--port P] [--host H]`: serve the fleet's progress to
+    Prometheus (metrics_exporter.py)."""
+
+    port: int = 9809
+    host: str = "0.0.0.0"  # scraped from other hosts; 127.0.0.1 to keep it local
+
+
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
 SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest

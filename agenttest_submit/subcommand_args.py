@@ -14,6 +14,7 @@ from agenttest_submit.request import (
     DiffRequest,
     HistoryCommandRequest,
     HistoryRequest,
+    MetricsRequest,
     ReportRequest,
     ResumeRequest,
     RunsRequest,
@@ -24,7 +25,18 @@ from agenttest_submit.request import (
 )
 from agenttest_worker.errors import InputError, InputProblem
 
-SUBCOMMANDS = ("status", "report", "resume", "db", "schema", "diff", "history", "runs", "view")
+SUBCOMMANDS = (
+    "status",
+    "report",
+    "resume",
+    "db",
+    "schema",
+    "diff",
+    "history",
+    "runs",
+    "view",
+    "metrics",
+)
 
 
 def build_subcommand_parser() -> argparse.ArgumentParser:
@@ -59,6 +71,11 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         help="cases: a JSON case file or a JSONL line (default); yaml: a tdx YAML case "
         "file; config: agenttest.yaml",
     )
+    metrics = sub.add_parser(
+        "metrics", help="serve the fleet's run progress and queue lengths to Prometheus"
+    )
+    metrics.add_argument("--port", type=positive_int, default=9809, help="port (default: 9809)")
+    metrics.add_argument("--host", default="0.0.0.0", help="address (default: every address)")
     _history_parsers(sub)
     view = sub.add_parser("view", help="a local read-only web viewer of the stored runs")
     view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
@@ -95,7 +112,7 @@ def _history_parsers(sub: Any) -> None:
 
 def subcommand_request(
     args: argparse.Namespace,
-) -> SubcommandRequest | HistoryCommandRequest | ViewRequest:
+) -> SubcommandRequest | HistoryCommandRequest | ViewRequest | MetricsRequest:
     """The subcommand `build_subcommand_parser` parsed `args` into."""
     if args.command == "status":
         return StatusRequest(run=args.run)
@@ -111,6 +128,8 @@ def subcommand_request(
         return ResumeRequest(run=args.run, parallel=args.parallel)
     if args.command == "schema":
         return SchemaRequest(kind=args.kind)
+    if args.command == "metrics":
+        return MetricsRequest(port=args.port, host=args.host)
     if args.command == "diff":
         if len(args.runs) > 2:
             raise InputError(InputProblem("diff takes at most two runs: BASE NEW", field="RUN"))
@@ -132,6 +151,6 @@ def subcommand_request(
 
 def parse_subcommand(
     argv: Sequence[str],
-) -> SubcommandRequest | HistoryCommandRequest | ViewRequest:
+) -> SubcommandRequest | HistoryCommandRequest | ViewRequest | MetricsRequest:
     """`agenttest-submit status|report|resume|db|schema ...` as a request; bad usage exits 2."""
     return subcommand_request(build_subcommand_parser().parse_args(list(argv)))
