@@ -38,7 +38,9 @@ K8S = ROOT / "deploy" / "k8s"
 SUITE = ROOT / "agenttest_worker" / "demo" / "suite"
 PG_ADMIN_URL = os.environ.get("AGENTTEST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
-IMAGE_SERVICES = {"migrate", "worker", "flower", "demo", "submitter"}
+IMAGE_SERVICES = {"migrate", "worker", "flower", "demo", "submitter", "exporter"}
+# The monitoring profile's services from public images.
+MONITORING_SERVICES = {"prometheus", "grafana"}
 SETTINGS_VARS = {f"AGENTTEST_{name.upper()}" for name in Settings.model_fields}
 # AGENTTEST_* variables that are not Settings fields, and where they are documented.
 DOCUMENTED_EXTRAS = {
@@ -272,7 +274,7 @@ def _per_case_timeout() -> float:
 
 def test_compose_services_share_one_image_and_environment() -> None:
     services = _services()
-    assert set(services) == {"redis", "postgres", *IMAGE_SERVICES}
+    assert set(services) == {"redis", "postgres", *IMAGE_SERVICES, *MONITORING_SERVICES}
     assert services["redis"]["image"].startswith("redis:7")
     assert services["postgres"]["image"].startswith("postgres:16")
     images = {services[name]["image"] for name in IMAGE_SERVICES}
@@ -324,6 +326,8 @@ def test_compose_dependencies_wait_for_healthy_and_migrated() -> None:
             "worker": "service_started",
             "migrate": "service_completed_successfully",
         },
+        "exporter": {"redis": "service_healthy", "migrate": "service_completed_successfully"},
+        "grafana": {"prometheus": "service_healthy"},
     }
     for name, service in services.items():
         depends = service.get("depends_on", {})
@@ -715,10 +719,11 @@ def test_k8s_manifests_parse_and_are_namespace_agnostic() -> None:
     assert kinds == {
         "ConfigMap": 1,
         "Secret": 2,
-        "Deployment": 2,
+        "Deployment": 3,
         "Job": 1,
-        "Service": 1,
+        "Service": 3,
         "ScaledObject": 1,
+        "ServiceMonitor": 2,
         "Kustomization": 1,
     }
     for path, doc in documents:
@@ -902,3 +907,111 @@ def test_k8s_keda_scales_the_workers_on_the_queue() -> None:
     port, db = match.groups()
     assert meta["address"].rsplit(":", 1)[1] == port
     assert meta.get("databaseIndex", "0") == db
+
+
+# --- metrics: the monitoring profile, Prometheus, Grafana, Kubernetes ----------------------
+
+
+def _metrics_ports() -> tuple[int, int]:
+    """(the workers' AGENTTEST_METRICS_PORT, the exporter's --port) in docker-compose.yml."""
+    services = _services()
+    worker = int(_interpolate(services["worker"]["environment"]["AGENTTEST_METRICS_PORT"]))
+    exporter = _argv(services["exporter"]["command"])
+    _check_command(exporter, "compose exporter")
+    assert exporter[:2] == ["agenttest-submit", "metrics"]
+    return worker, int(exporter[exporter.index("--port") + 1])
+
+
+def test_compose_monitoring_profile_scrapes_the_workers_and_the_exporter() -> None:
+    services = _services()
+    for name in ("exporter", *MONITORING_SERVICES):
+        assert services[name]["profiles"] == ["monitoring"], name
+        assert services[name]["restart"] == "unless-stopped", name
+        assert services[name]["healthcheck"]["test"], name
+    # The exporter reads the store and the broker, and nothing secret of the agents.
+    env = services["exporter"]["environment"]
+    assert (
+        env["AGENTTEST_DATABASE_URL"] == services["worker"]["environment"]["AGENTTEST_DATABASE_URL"]
+    )
+    assert env["AGENTTEST_BROKER_URL"] == "redis://redis:6379/0"
+    assert not any(name.endswith("_API_KEY") for name in env)
+    # Published on the host's loopback only.
+    for name in MONITORING_SERVICES:
+        assert all(str(port).startswith("127.0.0.1:") for port in services[name]["ports"]), name
+    assert "ports" not in services["exporter"] and "ports" not in services["worker"]
+    # Prometheus scrapes every worker replica and the exporter, on their ports.
+    worker_port, exporter_port = _metrics_ports()
+    mounts = {
+        dest: src for src, dest, *_ in (v.split(":") for v in services["prometheus"]["volumes"])
+    }
+    config_file = ROOT / mounts["/etc/prometheus/prometheus.yml"]
+    config = yaml.safe_load(config_file.read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    (workers,) = jobs["agenttest-workers"]["dns_sd_configs"]
+    assert workers["names"] == ["worker"] and workers["port"] == worker_port
+    (fleet,) = jobs["agenttest-fleet"]["static_configs"]
+    assert fleet["targets"] == [f"exporter:{exporter_port}"]
+
+
+def test_compose_grafana_is_provisioned_with_the_dashboard() -> None:
+    grafana = _services()["grafana"]
+    mounts = {dest: ROOT / src for src, dest, *_ in (v.split(":") for v in grafana["volumes"])
+              if src.startswith("./")}  # fmt: skip
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (datasource,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert datasource["type"] == "prometheus"
+    assert datasource["url"] == "http://prometheus:9090"  # the service and its port
+    assert any(str(p).endswith(":9090") for p in _services()["prometheus"]["ports"])
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "agenttest.yml").read_text())[
+        "providers"
+    ]
+    folder = provider["options"]["path"]
+    dashboards = {dest: src for dest, src in mounts.items() if dest.startswith(folder + "/")}
+    assert list(dashboards.values()) == [ROOT / "deploy" / "grafana" / "agenttest.json"]
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "agenttest.json").read_text())
+    assert dashboard["uid"] == "agenttest" and dashboard["panels"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home in dashboards
+    assert grafana["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+
+
+def test_k8s_workers_and_the_exporter_are_scraped() -> None:
+    port = int(_configmap_data()["AGENTTEST_METRICS_PORT"])
+    services = {d["metadata"]["name"]: d for d in _k8s("Service")}
+    for name, expected in (("agenttest-worker", port), ("agenttest-metrics-exporter", 9809)):
+        deployment = _one("Deployment", name)
+        pod = deployment["spec"]["template"]
+        annotations = pod["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", name
+        assert int(annotations["prometheus.io/port"]) == expected, name
+        (container,) = _containers(deployment)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["metrics"] == expected, name
+        # A Service selects these pods by the port's name, and a ServiceMonitor the Service.
+        labels = pod["metadata"]["labels"]
+        (service,) = [
+            s
+            for s in services.values()
+            if s["spec"]["selector"].items() <= labels.items()
+            and any(p.get("targetPort") == "metrics" for p in s["spec"]["ports"])
+        ]
+        service_labels = service["metadata"]["labels"].items()
+        monitors = [
+            m
+            for m in _k8s("ServiceMonitor")
+            if m["spec"]["selector"]["matchLabels"].items() <= service_labels
+        ]
+        assert len(monitors) == 1, name
+        (endpoint,) = monitors[0]["spec"]["endpoints"]
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}, name
+    exporter = _containers(_one("Deployment", "agenttest-metrics-exporter"))[0]
+    assert exporter["command"][:2] == ["agenttest-submit", "metrics"]
+    assert int(exporter["command"][exporter["command"].index("--port") + 1]) == 9809
+    env = {item["name"] for item in exporter["env"]}
+    assert env == {"AGENTTEST_BROKER_URL", "AGENTTEST_DATABASE_URL", "AGENTTEST_QUEUE"}
+    assert "envFrom" not in exporter  # the agents' API keys stay with the workers
+    assert _one("Deployment", "agenttest-metrics-exporter")["spec"]["replicas"] == 1
+    (path,) = {p for p, doc in _k8s_documents() if doc["kind"] == "ServiceMonitor"}
+    assert "Prometheus Operator" in path.read_text().split("apiVersion", 1)[0]
