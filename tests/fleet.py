@@ -97,7 +97,14 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, step: fl
 class Worker:
     """One `celery worker` process, its log in a file."""
 
-    def __init__(self, name: str, env: dict[str, str], log_path: Path, concurrency: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        log_path: Path,
+        concurrency: int,
+        args: Sequence[str] = (),
+    ) -> None:
         self.name = name
         self.log_path = log_path
         command = [
@@ -115,6 +122,7 @@ class Worker:
             # Nothing to sync with: saves a second of startup per worker.
             "--without-mingle",
             "--without-gossip",
+            *args,
         ]
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
@@ -200,11 +208,20 @@ class Fleet:
         base.update(env or {})
         self.env = base
 
-    def start(self, name: str, concurrency: int = 1, wait: bool = True, **env: str) -> Worker:
-        """A worker with this fleet's environment plus `env` (AGENTTEST_<KEY>=value)."""
+    def start(
+        self,
+        name: str,
+        concurrency: int = 1,
+        wait: bool = True,
+        args: Sequence[str] = (),
+        **env: str,
+    ) -> Worker:
+        """A worker with this fleet's environment plus `env` (AGENTTEST_<KEY>=value), and
+        `args` for `celery worker` (--pool ...)."""
         worker_env = {**self.env, **{f"AGENTTEST_{k.upper()}": v for k, v in env.items()}}
         worker_env[WORKER_ENV] = name  # agents written by write_project() send it back
-        worker = Worker(name, worker_env, self.workdir / f"worker-{name}.log", concurrency)
+        log_path = self.workdir / f"worker-{name}.log"
+        worker = Worker(name, worker_env, log_path, concurrency, args)
         self.workers.append(worker)
         if wait:
             worker.wait_ready()
