@@ -2,8 +2,9 @@
 
 When some case was played more than once, `results` holds every repetition's record and
 `cases` each case's verdict (`{id, name, status, passed, repeats, flaky}`), and the
-summary's `repeats` the run's statistics (report/verdicts.py). `usage_by_role` is the
-run's calls, tokens and cost by role, its generators' included.
+summary's `repeats` the run's statistics (report/verdicts.py). `usage_by_role` (when
+an agent was called) is the run's calls, tokens and cost by role, its generators'
+included.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ def document(run: RunReport) -> dict[str, Any]:
         "run_id": run.run_id,
         "agent": run.agent,
         "summary": summary.as_dict(),
-        "usage_by_role": usage_dict(summary.usage),
         "results": results,
     }
+    if summary.usage:
+        found["usage_by_role"] = usage_dict(summary.usage)
     if summary.repeats is not None:
         found["cases"] = [case.as_dict() for case in tally.verdicts.cases]
     return found
