@@ -21,6 +21,14 @@ REDIS_URL = os.environ.get("AGENTTEST_TEST_REDIS", "redis://127.0.0.1:6379")
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Fleet tests start Celery workers (and time what they do): one at a time, in one
+    # test process, while the others run the rest (pyproject.toml's addopts).
+    for item in items:
+        if item.get_closest_marker("fleet") is not None:
+            item.add_marker(pytest.mark.xdist_group("fleet"))
+
+
 @pytest.fixture(scope="session")
 def demo_url() -> Iterator[str]:
     """Base URL (…/v1) of the demo agents, served on a free port for the whole session."""

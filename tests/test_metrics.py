@@ -199,13 +199,18 @@ def test_two_workers_and_the_exporter_count_what_the_run_stored(
             for worker in started:
                 worker.wait_ready()
 
-            # While the last conversation plays, the exporter shows the run as stored.
+            # While the last conversation plays, the exporter shows the run as stored:
+            # a scrape, and the run read just after it, both with 13 cases finished (on
+            # a busy machine the store may move between the two; then it is asked again).
             def nearly_done() -> Any:
+                scraped = samples(scrape(exporter_port))
                 run = runs.get_run(fleet.database_url, run_id)
-                return run if run is not None and run.finished_cases == 13 else None
+                if run is None or run.status != "running" or run.finished_cases != 13:
+                    return None
+                finished = total(scraped, "agenttest_run_cases_finished", run=run_id)
+                return (scraped, run) if finished == 13 else None
 
-            run = wait_until(nearly_done, 60, "all but the last conversation to end")
-            going = samples(scrape(exporter_port))
+            going, run = wait_until(nearly_done, 60, "all but the last conversation to end")
             for status in ("passed", "failed", "skipped"):
                 assert total(
                     going, "agenttest_run_cases_finished", run=run_id, status=status
