@@ -25,6 +25,7 @@ import pytest
 import xmlschema
 from aiohttp import web
 from fleet import WORKER_ENV, WORKER_HEADER, Fleet, fleet_on
+from places import PLACES, Place
 
 from agenttest_submit.cli import main
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
@@ -36,7 +37,6 @@ from agenttest_worker.report.verdicts import (
     wilson_interval,
 )
 
-PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]
 XSD = Path(__file__).parent / "fixtures" / "junit-10.xsd"
 
 
@@ -98,29 +98,9 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
     yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
 
 
-class Place:
-    """Where a submission runs: in this process (embedded) or on a one-worker fleet."""
-
-    def __init__(self, where: str, request: pytest.FixtureRequest) -> None:
-        self._capsys: pytest.CaptureFixture[str] = request.getfixturevalue("capsys")
-        self.fleet: Fleet | None = None
-        if where == "fleet":
-            self.fleet = request.getfixturevalue("fleet")
-            self.fleet.start("repeats", concurrency=4)
-
-    def submit(self, args: list[str]) -> tuple[int, str, str]:
-        if self.fleet is not None:
-            done = self.fleet.submit(args)
-            return done.returncode, done.stdout, done.stderr
-        self._capsys.readouterr()
-        code = main(args)
-        out, err = self._capsys.readouterr()
-        return code, out, err
-
-
 @pytest.fixture(params=PLACES)
 def place(request: pytest.FixtureRequest) -> Place:
-    return Place(request.param, request)
+    return Place(request.param, request, worker="repeats", threads=4)
 
 
 def _project(tmp_path: Path, agent: CoinAgent) -> Path:
@@ -327,18 +307,11 @@ def test_every_format_summarises_a_repeated_case_once(
 
     # The stored run, in the other formats: one row / testcase per case.
     def report(fmt: str) -> str:
-        code = main(["report", run_id, "--format", fmt])
+        code, out, _ = place.submit(["report", run_id, "--format", fmt])
         assert code == (0 if all(p == 10 for p in passed.values()) else 1)
-        return place._capsys.readouterr().out
+        return out
 
-    if place.fleet is not None:
-        # The store is the fleet's Postgres: read it with the fleet's settings.
-        tsv = place.fleet.submit(["report", run_id, "--format", "tsv"]).stdout
-        table = place.fleet.submit(["report", run_id, "--format", "table"]).stdout
-        junit = place.fleet.submit(["report", run_id, "--format", "junit"]).stdout
-    else:
-        place._capsys.readouterr()
-        tsv, table, junit = report("tsv"), report("table"), report("junit")
+    tsv, table, junit = report("tsv"), report("table"), report("junit")
     rows = [line.split("\t") for line in tsv.splitlines()]
     assert rows[0][-3:] == ["repeats", "passed_repeats", "flaky"]
     assert [(r[0], r[-3], r[-2], r[-1]) for r in rows[1:]] == [

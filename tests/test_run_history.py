@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import xmlschema
 from fleet import Fleet, fleet_on
+from places import PLACES, Place
 from scripted_agent import ScriptedAgent, by_last_user
 
 from agenttest_submit.cli import main
 
-PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]
 XSD = Path(__file__).parent / "fixtures" / "junit-10.xsd"
 
 
@@ -31,27 +31,9 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
     yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
 
 
-class Place:
-    def __init__(self, where: str, request: pytest.FixtureRequest) -> None:
-        self._capsys: pytest.CaptureFixture[str] = request.getfixturevalue("capsys")
-        self.fleet: Fleet | None = None
-        if where == "fleet":
-            self.fleet = request.getfixturevalue("fleet")
-            self.fleet.start("history", concurrency=4)
-
-    def submit(self, args: list[str]) -> tuple[int, str, str]:
-        if self.fleet is not None:
-            done = self.fleet.submit(args)
-            return done.returncode, done.stdout, done.stderr
-        self._capsys.readouterr()
-        code = main(args)
-        out, err = self._capsys.readouterr()
-        return code, out, err
-
-
 @pytest.fixture(params=PLACES)
 def place(request: pytest.FixtureRequest) -> Place:
-    return Place(request.param, request)
+    return Place(request.param, request, worker="history", threads=4)
 
 
 @pytest.fixture

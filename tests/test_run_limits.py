@@ -18,11 +18,9 @@ from typing import Any
 
 import pytest
 from fleet import Fleet, fleet_on, wait_until
+from places import PLACES, Place
 from scripted_agent import Body, Reply, ScriptedAgent, say
 
-from agenttest_submit.cli import main
-
-PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]
 # Threads of the fleet's one worker: more than any cap the tests set.
 WORKER_THREADS = 4
 
@@ -56,32 +54,9 @@ class Arrivals:
         )
 
 
-class Place:
-    """Where a submission runs: in this process (embedded) or on a one-worker fleet."""
-
-    def __init__(self, where: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-        self.where = where
-        self.tmp_path = tmp_path
-        self._capsys: pytest.CaptureFixture[str] = request.getfixturevalue("capsys")
-        self.fleet: Fleet | None = None
-        if where == "fleet":
-            self.fleet = request.getfixturevalue("fleet")
-            self.fleet.start("limits", concurrency=WORKER_THREADS)
-
-    def submit(self, args: list[str]) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr) of `agenttest-submit ARGS`."""
-        if self.fleet is not None:
-            done = self.fleet.submit(args)
-            return done.returncode, done.stdout, done.stderr
-        self._capsys.readouterr()
-        code = main(args)
-        out, err = self._capsys.readouterr()
-        return code, out, err
-
-
 @pytest.fixture(params=PLACES)
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> Place:
-    return Place(request.param, request, tmp_path)
+def place(request: pytest.FixtureRequest) -> Place:
+    return Place(request.param, request, worker="limits", threads=WORKER_THREADS)
 
 
 def _project(tmp_path: Path, agent: ScriptedAgent, **models: dict[str, Any]) -> Path:
