@@ -138,7 +138,7 @@ def test_diff_formats(nights: Nights) -> None:
     assert code == 1
     assert console.index("Newly failing (1)") < console.index("Still failing (1)")
     assert "✗ regress The regress case (passed → failed)" in console
-    assert 'agent then: "right answer"' in console and 'agent now:  "wrong answer"' in console
+    assert 'agent then: "right answer"' in console and 'agent now: "wrong answer"' in console
     assert "Flaky (1)" in console
     _, markdown, _ = nights.command("diff", "--format", "markdown")
     assert markdown.startswith("### agenttest: ")

@@ -309,7 +309,9 @@ def test_a_running_run_shows_its_progress_live(tmp_path: Path, browser: Any) -> 
     """The run page of a run still going refreshes itself: its progress moves and its
     cases appear as they finish, without reloading, until it is done."""
     with ScriptedAgent() as agent:
-        agent.script("slow", lambda body: say("Hello.", delay=0.4))
+        # Slow enough (5 cases one at a time: 3.5 s) that a busy machine opens the page
+        # before the run ends.
+        agent.script("slow", lambda body: say("Hello.", delay=0.7))
         config = tmp_path / "agenttest.yaml"
         config.write_text(json.dumps({"agents": {"slow": agent.entry("slow", timeout=10)}}))
         cases = tmp_path / "cases.jsonl"

@@ -59,27 +59,34 @@ def console(diff: RunDiff) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _details(
+    change: CaseChange, text: Callable[[str], str], said: Callable[[str], str]
+) -> list[str]:
+    """What a case's entry says under its line: why it is flaky, where a regression's
+    conversations first differ; `text` and `said` escape the data for the format."""
+    lines = [text(change.flaky_because)] if change.flaky_because else []
+    found = change.difference
+    if found is None:
+        return lines
+    where = f"turn {found.turn}" if found.turn is not None else "final assertions"
+    lines.append(
+        f"{where}: {text(found.assertion)} passed then, fails now" if found.assertion else where
+    )
+    if found.reason:
+        lines.append(f"now: {text(found.reason)}")
+    if found.said_then is not None:
+        lines.append(f"agent then: {said(found.said_then)}")
+    if found.said_now is not None:
+        lines.append(f"agent now: {said(found.said_now)}")
+    return lines
+
+
 def _console_case(change: CaseChange) -> list[str]:
     mark = _MARKS.get(change.category, " ")
     name = f" {printable(change.name)}" if change.name and change.name != change.id else ""
     was = f" ({change.base or 'absent'} → {change.new or 'absent'})"
-    lines = [f"  {mark} {printable(change.id)}{name}{was}"]
-    if change.flaky_because:
-        lines.append(f"      {printable(change.flaky_because)}")
-    found = change.difference
-    if found is not None:
-        where = f"turn {found.turn}" if found.turn is not None else "final assertions"
-        if found.assertion:
-            lines.append(f"      {where}: {one_line(found.assertion)} passed then, fails now")
-        else:
-            lines.append(f"      {where}")
-        if found.reason:
-            lines.append(f"      now: {one_line(found.reason)}")
-        if found.said_then is not None:
-            lines.append(f"      agent then: {quoted(found.said_then)}")
-        if found.said_now is not None:
-            lines.append(f"      agent now:  {quoted(found.said_now)}")
-    return lines
+    details = _details(change, one_line, quoted)
+    return [f"  {mark} {printable(change.id)}{name}{was}", *(f"      {d}" for d in details)]
 
 
 def as_json(diff: RunDiff) -> str:
@@ -132,21 +139,8 @@ def _code(text: str) -> str:
 
 def _md_case(change: CaseChange) -> list[str]:
     name = f" — {md(change.name)}" if change.name and change.name != change.id else ""
-    lines = [f"- **{md(change.id)}**{name} ({change.base or 'absent'} → {change.new or 'absent'})"]
-    if change.flaky_because:
-        lines.append(f"  - {md(change.flaky_because)}")
-    found = change.difference
-    if found is not None:
-        where = f"turn {found.turn}" if found.turn is not None else "final assertions"
-        what = f": {md(found.assertion)} passed then, fails now" if found.assertion else ""
-        lines.append(f"  - {where}{what}")
-        if found.reason:
-            lines.append(f"  - now: {md(found.reason)}")
-        if found.said_then is not None:
-            lines.append(f"  - agent then: {md(found.said_then)}")
-        if found.said_now is not None:
-            lines.append(f"  - agent now: {md(found.said_now)}")
-    return lines
+    head = f"- **{md(change.id)}**{name} ({change.base or 'absent'} → {change.new or 'absent'})"
+    return [head, *(f"  - {d}" for d in _details(change, md, md))]
 
 
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -175,23 +169,9 @@ def junit(diff: RunDiff) -> str:
     for change in cases:
         element = ET.SubElement(suite, "testcase", name=_xml(change.id), classname="agenttest")
         if change.category == "regression":
-            found = change.difference
             message = "passed in the baseline, fails now"
             failure = ET.SubElement(element, "failure", message=message, type="regression")
-            if found is not None:
-                failure.text = _xml(
-                    "\n".join(
-                        part
-                        for part in (
-                            f"turn {found.turn}" if found.turn is not None else "final assertions",
-                            found.assertion or "",
-                            f"now: {found.reason}" if found.reason else "",
-                            f"agent then: {found.said_then}" if found.said_then else "",
-                            f"agent now: {found.said_now}" if found.said_now else "",
-                        )
-                        if part
-                    )
-                )
+            failure.text = _xml("\n".join(_details(change, str, str))) or None
         elif change.category == "flaky" or change.new == "failed":
             why = change.flaky_because or (
                 "known failure: failed in the baseline too"
