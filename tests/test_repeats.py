@@ -312,6 +312,10 @@ def test_every_format_summarises_a_repeated_case_once(
         return out
 
     tsv, table, junit = report("tsv"), report("table"), report("junit")
+    # The HTML report of the stored run (Postgres on a fleet) embeds every repetition.
+    page = report("html")
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.count('"repeats":10') + page.count('"repeats": 10') >= 20
     rows = [line.split("\t") for line in tsv.splitlines()]
     assert rows[0][-3:] == ["repeats", "passed_repeats", "flaky"]
     assert [(r[0], r[-3], r[-2], r[-1]) for r in rows[1:]] == [
