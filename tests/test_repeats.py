@@ -36,6 +36,7 @@ from agenttest_worker.report.verdicts import (
     verdict,
     wilson_interval,
 )
+from agenttest_worker.results import CaseStatus
 
 XSD = Path(__file__).parent / "fixtures" / "junit-10.xsd"
 
@@ -166,17 +167,17 @@ def test_wilson_interval_matches_its_formula() -> None:
 
 
 def test_pass_rules() -> None:
-    five = ["passed", "passed", "passed", "passed", "failed"]
-    assert verdict(five, "all") == "failed"  # type: ignore[arg-type]
-    assert verdict(five, "any") == "passed"  # type: ignore[arg-type]
-    assert verdict(five, "majority") == "passed"  # type: ignore[arg-type]
-    assert verdict(five, "0.8") == "passed"  # type: ignore[arg-type]
-    assert verdict(five, "0.9") == "failed"  # type: ignore[arg-type]
-    half = ["passed", "failed"]
-    assert verdict(half, "majority") == "failed"  # type: ignore[arg-type]
+    five: list[CaseStatus] = ["passed", "passed", "passed", "passed", "failed"]
+    assert verdict(five, "all") == "failed"
+    assert verdict(five, "any") == "passed"
+    assert verdict(five, "majority") == "passed"
+    assert verdict(five, "0.8") == "passed"
+    assert verdict(five, "0.9") == "failed"
+    half: list[CaseStatus] = ["passed", "failed"]
+    assert verdict(half, "majority") == "failed"
     # Skipped repetitions are not passes; all skipped is skipped.
-    assert verdict(["passed", "skipped"], "all") == "failed"  # type: ignore[arg-type]
-    assert verdict(["skipped", "skipped"], "any") == "skipped"  # type: ignore[arg-type]
+    assert verdict(["passed", "skipped"], "all") == "failed"
+    assert verdict(["skipped", "skipped"], "any") == "skipped"
     assert pass_rule_problem("0.8") is None and pass_rule_problem("majority") is None
     assert pass_rule_problem("1.5") and pass_rule_problem("most") and pass_rule_problem("0")
 

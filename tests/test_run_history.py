@@ -19,7 +19,7 @@ import pytest
 import xmlschema
 from fleet import Fleet, fleet_on
 from places import PLACES, Place
-from scripted_agent import ScriptedAgent, by_last_user
+from scripted_agent import Reply, ScriptedAgent, by_last_user
 
 from agenttest_submit.cli import main
 
@@ -67,7 +67,9 @@ class Nights:
     def run(self, right: set[str], ids: list[str], *more: str) -> tuple[int, str, str]:
         """One night: cases `ids`, the agent right about those in `right`."""
         self.cases.write_text("".join(json.dumps(_case(i)) + "\n" for i in ids), encoding="utf-8")
-        answers = {f"question {i}": ("right answer" if i in right else "wrong answer") for i in ids}
+        answers: dict[str, Reply | str] = {
+            f"question {i}": ("right answer" if i in right else "wrong answer") for i in ids
+        }
         self.agent.script("bot", by_last_user(answers))
         return self.place.submit(self.args(*more))
 
