@@ -178,7 +178,8 @@ def wait_for_run(
 
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)
-    progress = Progress(total)
+    # A run of repeated cases counts its conversations (each repetition is one).
+    progress = Progress(total, label="cases" if options.distinct_cases is None else "conversations")
     ConsumerWatch(run_id, progress).start()
     asker = TerminalAsker(progress)
     pool = AgentPool(config)

@@ -104,7 +104,9 @@ def run_embedded(
         deadline_at=deadline_at,
         setup=setup,
     )
-    progress = Progress(len(records))
+    # A run of repeated cases counts its conversations (each repetition is one).
+    label = "cases" if options.distinct_cases is None else "conversations"
+    progress = Progress(len(records), label=label)
     conversations = [(case_id, 1) for case_id, _, _ in records]
     run_async(drive(url, run_id, conversations, request.parallel, progress, store=store))
     progress.close()

@@ -191,9 +191,10 @@ def test_each_repetition_is_its_own_conversation_and_the_case_has_one_verdict(
     config = _project(tmp_path, coin)
     cases = _cases(tmp_path, [_case("coin-1"), _case("coin-2")])
     out = tmp_path / "out.jsonl"
-    code, stdout, _ = place.submit(_run(cases, config, "--repeat", "20", "-o", str(out)))
+    code, stdout, err = place.submit(_run(cases, config, "--repeat", "20", "-o", str(out)))
     records = _records(out)
     assert len(records) == 40
+    assert "40/40 conversations" in err  # the progress counts each repetition
     # Own session per repetition: 40 sessions, none shared.
     assert len(coin.sessions) == 40 and len(set(coin.sessions)) == 40
     for case_id in ("coin-1", "coin-2"):
