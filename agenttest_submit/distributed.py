@@ -150,6 +150,13 @@ def run_distributed(
             f"report with: agenttest-submit report {run_id}",
             file=sys.stderr,
         )
+        if request.baseline:
+            # Nothing is compared before the run ends: the diff is for later.
+            print(
+                f"--baseline/--fail-on: with --no-wait nothing is compared; once the run is "
+                f"done: agenttest-submit diff {run_id}",
+                file=sys.stderr,
+            )
         return 0
     try:
         wait_for_run(url, run_id, total, config, options, {})

@@ -185,6 +185,11 @@ def test_baseline_and_fail_on_regressions_gate_only_new_failures(nights: Nights)
         "regressions",
     )
     assert code == 0 and f"against {runs[-1]['run_id']}" in out
+    if nights.place.fleet is not None:
+        # With --no-wait there is no report yet to compare: it says so, and how to later.
+        code, _, err = nights.run({"steady"}, ["steady"], "--no-wait", "--fail-on", "regressions")
+        assert code == 0 and "with --no-wait nothing is compared" in err
+        assert "agenttest-submit diff " in err
 
 
 def test_history_of_a_case_and_the_runs_of_a_suite(nights: Nights) -> None:
