@@ -20,7 +20,7 @@ from agenttest_worker.cases.files import case_files_in, iter_cases
 from agenttest_worker.cases.model import Case, repetition_key
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report.common import printable
-from agenttest_worker.store.steps import CaseRecord
+from agenttest_worker.store.steps import CaseRecord, CaseText, StoredCase
 
 
 @dataclass
@@ -63,6 +63,10 @@ def iter_source(
         yield from generate_cases(source, config, target)
 
 
+# How many files `CaseStream._place` numbers within an int.
+_FILE_NUMBERS = 1 << 16
+
+
 class CaseStream:
     """The checked cases of the inputs, one at a time, problems collected on the way.
 
@@ -89,7 +93,11 @@ class CaseStream:
         self.problems: list[InputProblem] = []
         self.warnings: list[str] = []
         self.count = 0
-        self._seen: dict[str, str] = {}
+        # Where each id was first defined, for a later duplicate's message, as a number
+        # standing for its file and line (`_place`): the text "file:line" for each id
+        # cost a million-case file ~60 MB more.
+        self._seen: dict[str, int | str] = {}
+        self._files: dict[str, int] = {}
 
     def __iter__(self) -> Iterator[Case]:
         for source in self.sources:
@@ -98,8 +106,7 @@ class CaseStream:
                     if isinstance(item, InputProblem):
                         self.problems.append(item)
                         if item.case_id is not None:  # a bad case still takes its id
-                            where = f"{item.file}:{item.line}" if item.file else "input"
-                            self._seen.setdefault(item.case_id, where)
+                            self._seen.setdefault(item.case_id, self._place(item.file, item.line))
                     elif (case := self._check(item)) is not None:
                         self.count += 1
                         yield case
@@ -110,19 +117,36 @@ class CaseStream:
         """Whether some case of the input (selected or not) has this id."""
         return case_id in self._seen
 
+    def _place(self, file: str | None, line: int | None) -> int | str:
+        """Where a case is, as `_where` reads it back: its line and its file's number in
+        one int (line 0 for none), or "input" for a case that is in no file."""
+        if not file:
+            return "input"
+        number = self._files.setdefault(file, len(self._files))
+        if number >= _FILE_NUMBERS:  # so many files: the place as text
+            return f"{file}:{line}"
+        return (line or 0) * _FILE_NUMBERS + number
+
+    def _where(self, place: int | str) -> str:
+        if isinstance(place, str):
+            return place
+        line, number = divmod(place, _FILE_NUMBERS)
+        file = next(name for name, n in self._files.items() if n == number)
+        return f"{file}:{line or None}"
+
     def _check(self, case: Case) -> Case | None:
-        where = f"{case.source_file}:{case.source_line}" if case.source_file else "input"
         if case.id in self._seen:
+            first = self._where(self._seen[case.id])
             self.problems.append(
                 InputProblem(
-                    f"duplicate id {case.id!r} (first defined at {self._seen[case.id]})",
+                    f"duplicate id {case.id!r} (first defined at {first})",
                     file=case.source_file,
                     line=case.source_line,
                     field="id",
                 )
             )
             return None
-        self._seen[case.id] = where
+        self._seen[case.id] = self._place(case.source_file, case.source_line)
         if not self.selection.wants(case):
             return None
         if self.simulator is not None:
@@ -181,13 +205,13 @@ class Spool:
             self.cases += 1
             agent = case.agent or target
             if not sources:
-                self._write([case.id, agent, case.to_record()])
+                self._write(case.id, agent, None, case.to_record())
                 continue
             record = case.to_run_record()
             times = repeat or case.repeat or 1
             if times == 1:
                 record.pop("repeat", None)
-                self._write([case.id, agent, record])
+                self._write(case.id, agent, None, record)
                 continue
             # Each repetition is a conversation of its own (own key, so own session
             # id, its own chain on a fleet), stored one after the other.
@@ -195,7 +219,7 @@ class Spool:
             for number in range(1, times + 1):
                 key = repetition_key(case.id, number)
                 repeated.append((key, case.id))
-                self._write([key, agent, {**record, "repetition": number}])
+                self._write(key, agent, case.id, {**record, "repetition": number})
         stream.finish()
         # A case whose id is another's repetition key ("T1#2" beside "T1" played 3
         # times) would share its conversation: refused before anything runs.
@@ -218,8 +242,12 @@ class Spool:
         """Whether some case is played more than once."""
         return self.conversations > self.cases
 
-    def _write(self, line: list[Any]) -> None:
-        self.handle.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+    def _write(self, key: str, agent: str | None, test_id: str | None, record: Any) -> None:
+        # One line per conversation: [key, agent, test id], a tab, then the record as
+        # the store writes it (json.dumps), so that a fleet's run stores that text as
+        # it is (`stored_records`). JSON written by json.dumps holds no raw tab.
+        head = json.dumps([key, agent, test_id]).encode("ascii")
+        self.handle.write(head + b"\t" + json.dumps(record).encode("ascii") + b"\n")
         self.conversations += 1
 
     def records(self) -> Iterator[CaseRecord]:
@@ -227,8 +255,17 @@ class Spool:
         order (a case's key is its id; a repetition's, `repetition_key`)."""
         self.handle.seek(0)
         for line in self.handle:
-            case_id, agent, record = json.loads(line)
-            yield case_id, agent, record
+            head, _, record = line.partition(b"\t")
+            case_id, agent, _ = json.loads(head)
+            yield case_id, agent, json.loads(record)
+
+    def stored_records(self) -> Iterator[StoredCase]:
+        """The same as `records`, each record as the text a run stores, not parsed."""
+        self.handle.seek(0)
+        for line in self.handle:
+            head, _, record = line.partition(b"\t")
+            case_id, agent, test_id = json.loads(head)
+            yield case_id, agent, CaseText(record[:-1].decode("ascii"), test_id)
 
     def close(self) -> None:
         self.handle.close()

@@ -130,7 +130,7 @@ class RunStarter(Protocol):
 
 def store_records(
     url: str,
-    records: Iterable[steps.CaseRecord],
+    records: Iterable[steps.StoredCase],
     *,
     options: RunOptions,
     config: ProjectConfig,
@@ -162,7 +162,7 @@ def store_records(
 def write_run(
     url: str,
     run_id: str,
-    records: Iterable[steps.CaseRecord],
+    records: Iterable[steps.StoredCase],
     *,
     options: dict[str, Any],
     config: dict[str, Any],

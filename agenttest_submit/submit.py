@@ -154,7 +154,7 @@ def run_cases(
 
         run_id, total = store_records(
             url,
-            spool.records(),
+            spool.stored_records(),
             options=options,
             config=config,
             target=target,

@@ -81,3 +81,51 @@ def test_the_documents_columns_are_json_on_postgres(pg_database: str) -> None:
             ).all()
         )
     assert types == {"case": "json", "state": "json", "result": "json"}
+
+
+def test_a_case_given_as_text_is_stored_as_its_record_would_be(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """A fleet's submitter hands the store each case's record as the text its spool
+    holds: the rows are those the record itself gives, on Postgres and SQLite alike
+    (the column's text, a NUL made storable, a repetition's case id, a case stored
+    twice kept once)."""
+    from agenttest_worker.store import runs, steps
+    from agenttest_worker.store.storable import dumps_storable
+
+    record = {"id": "T1", "zeta": "é\u0000", "turns": [{"input": "hi", "b": 1, "a": 2}]}
+    repetition = {**record, "repetition": 2}
+    for url in (pg_database, f"sqlite:///{tmp_path / 'store.db'}"):
+        db.upgrade(url)
+        stored: dict[str, list[Any]] = {}
+        for how in ("record", "text"):
+            run_id = steps.new_run_id()
+            runs.create_run(url, run_id=run_id, agent=None, input_label="t", options={}, config={})
+
+            def case(doc: dict[str, Any], test_id: str | None, how: str = how) -> Any:
+                return doc if how == "record" else steps.CaseText(json.dumps(doc), test_id)
+
+            batch = [
+                runs.NewCase(0, "T1", case(record, None), "a"),
+                runs.NewCase(1, "T1#2", case(repetition, "T1"), None),
+                runs.NewCase(2, "T1", case(record, None), "b"),  # already there: ignored
+            ]
+            assert runs.add_cases(url, run_id, batch) == 3
+            with db.get_engine(url).connect() as connection:
+                stored[how] = connection.execute(
+                    text(
+                        'SELECT case_id, test_id, seq, CAST("case" AS text), agent, phase,'
+                        " next_turn, deliveries, reserved_tokens, reserved_cost FROM cases"
+                        " WHERE run_id = :r ORDER BY seq"
+                    ),
+                    {"r": run_id},
+                ).all()
+        assert stored["text"] == stored["record"], url
+        rows = stored["text"]
+        assert [(r[0], r[1], r[2], r[4]) for r in rows] == [
+            ("T1", None, 0, "a"),
+            ("T1#2", "T1", 1, None),
+        ]
+        if url == pg_database:
+            assert rows[0][3] == dumps_storable(record)
+            assert "\\ufffd" in rows[0][3]

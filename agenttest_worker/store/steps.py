@@ -13,13 +13,27 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
 
 # A checked case as a run stores it: (case id, agent or None for the run's target,
 # the case's normalized record).
 CaseRecord = tuple[str, str | None, dict[str, Any]]
+
+
+class CaseText(NamedTuple):
+    """A case's normalized record as the text its run stores (`json.dumps` of it), with
+    `test_id`, a repetition's case id (None for a case played once). The submitter's
+    spool holds that text already: handed to the store as it is, a million-case run is
+    not parsed back into objects only to be written out again."""
+
+    text: str
+    test_id: str | None
+
+
+# A case on its way into the store: its record as objects, or as its text.
+StoredCase = tuple[str, str | None, dict[str, Any] | CaseText]
 
 
 class JsonText(str):
