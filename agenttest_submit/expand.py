@@ -19,6 +19,7 @@ from agenttest_worker.cases.checks import check_case_refs
 from agenttest_worker.cases.files import case_files_in, iter_cases
 from agenttest_worker.cases.model import Case, repetition_key
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.json_values import dumps
 from agenttest_worker.report.common import printable
 from agenttest_worker.store.steps import CaseRecord, CaseText, StoredCase
 
@@ -116,6 +117,10 @@ class CaseStream:
     def has_id(self, case_id: str) -> bool:
         """Whether some case of the input (selected or not) has this id."""
         return case_id in self._seen
+
+    def forget_ids(self) -> None:
+        """Drop the ids kept for duplicates, once iterating and `has_id` are over."""
+        self._seen = {}
 
     def _place(self, file: str | None, line: int | None) -> int | str:
         """Where a case is, as `_where` reads it back: its line and its file's number in
@@ -235,6 +240,9 @@ class Spool:
         ]
         if clashes:
             raise InputError(clashes)
+        # Every id is checked: what the stream kept of them (a million-case file's ids
+        # and places, ~100 MB) is not needed while the run is stored.
+        stream.forget_ids()
         self.handle.seek(0)
 
     @property
@@ -244,10 +252,10 @@ class Spool:
 
     def _write(self, key: str, agent: str | None, test_id: str | None, record: Any) -> None:
         # One line per conversation: [key, agent, test id], a tab, then the record as
-        # the store writes it (json.dumps), so that a fleet's run stores that text as
+        # the store writes it (json.dumps's text), so that a fleet's run stores that text as
         # it is (`stored_records`). JSON written by json.dumps holds no raw tab.
-        head = json.dumps([key, agent, test_id]).encode("ascii")
-        self.handle.write(head + b"\t" + json.dumps(record).encode("ascii") + b"\n")
+        head = dumps([key, agent, test_id]).encode("ascii")
+        self.handle.write(head + b"\t" + dumps(record).encode("ascii") + b"\n")
         self.conversations += 1
 
     def records(self) -> Iterator[CaseRecord]:

@@ -21,6 +21,7 @@ from agenttest_submit.generate import take_generation_usage
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.request import RunRequest
 from agenttest_submit.services import safe_url
+from agenttest_submit.storing import POSTGRES_WRITERS, write_batches
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.model import Case
 from agenttest_worker.engine import RunOptions
@@ -184,7 +185,7 @@ def write_run(
     """
     # The store: see the note at the top.
     from agenttest_worker.store import runs
-    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.db import is_sqlite, upgrade
     from agenttest_worker.store.usage import usage_document
 
     upgrade(url)
@@ -205,14 +206,21 @@ def write_run(
         runs.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
         for i, (case_id, agent, record) in enumerate(records)
     )
-    total = 0
     first_started: datetime | None = None
+
+    def stored(first: int, last: int) -> None:
+        nonlocal first_started
+        if starter is not None:
+            first_started = first_started or datetime.now(UTC)
+            starter.stored(run_id, first, last)
+
     try:
-        for batch in _batches(rows, get_settings().enqueue_batch):
-            total += runs.add_cases(url, run_id, batch)
-            if starter is not None:
-                first_started = first_started or datetime.now(UTC)
-                starter.stored(run_id, total - len(batch), total - 1)
+        total = write_batches(
+            _batches(rows, get_settings().enqueue_batch),
+            lambda batch: runs.add_cases(url, run_id, batch),
+            stored,
+            writers=1 if is_sqlite(url) else POSTGRES_WRITERS,
+        )
     except BaseException:
         # Conversations of the batches already started find their run gone and stop.
         runs.delete_run(url, run_id)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import DBAPIError
 
 from agenttest_submit.cli import main, parse_run
 from agenttest_submit.embedded import drive
@@ -262,10 +263,14 @@ def test_conversations_can_run_while_their_run_is_still_being_stored(
     starter = PlayingStarter(url())
     db, run_id = _store_suite_with(starter)
 
-    assert starter.batches == [
-        (0, 1, ["T001", "T002"], "pending"),
-        (2, 3, ["T001", "T002", "T003", "T004"], "pending"),
+    # In order, each once it is stored (on Postgres the next batch may be stored by then:
+    # two are written at once), the run still pending.
+    assert [(first, last, status) for first, last, _, status in starter.batches] == [
+        (0, 1, "pending"),
+        (2, 3, "pending"),
     ]
+    assert {"T001", "T002"} <= set(starter.batches[0][2])
+    assert starter.batches[1][2] == ["T001", "T002", "T003", "T004"]
     assert starter.ended == [True]
     run = runs.get_run(db, run_id)
     assert run is not None and (run.status, run.finished_cases, run.total_cases) == (
@@ -284,6 +289,34 @@ def test_conversations_can_run_while_their_run_is_still_being_stored(
         assert run.created_at <= run.started_at <= first_turn
     assert aggregate(db, run_id) is not None
     check_store_matches_results(db, run_id)
+
+
+def test_a_batch_the_database_refuses_removes_the_run_with_every_batch_stored(
+    pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches are stored two at a time on Postgres: when one is refused (an agent name
+    longer than its column), the error is raised once no batch is being written any
+    more, the run is gone with every case stored before it (a case cannot outlive its
+    run), and only the batches before it were handed on, in order."""
+    monkeypatch.setenv("AGENTTEST_ENQUEUE_BATCH", "2")
+    get_settings.cache_clear()
+    starter = PlayingStarter(pg_database, play_them=False)
+    config = load_config(SUITE_CONFIG)
+    records = [(f"c{i}", "x" * (300 if i == 9 else 5), {"id": f"c{i}"}) for i in range(40)]
+    with pytest.raises(DBAPIError):
+        store_records(
+            pg_database,
+            iter(records),
+            options=RunOptions(),
+            config=config,
+            target=None,
+            label="refused",
+            starter=starter,
+        )
+    firsts = [first for first, _, _, _ in starter.batches]
+    assert firsts == list(range(0, 2 * len(firsts), 2)) and len(firsts) <= 4
+    with session_scope(pg_database) as session:  # (its cases would go with it)
+        assert session.scalars(select(RunRow).where(RunRow.input_label == "refused")).all() == []
 
 
 def test_a_run_started_before_its_conversations_end_is_finished_by_them(

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import delete, false, select, text, update
 
+from agenttest_worker.json_values import dumps
 from agenttest_worker.store._sql import RUNS, insert_ignoring
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
@@ -69,7 +70,8 @@ def create_run(
         )
 
 
-@dataclass(frozen=True)
+# Not frozen, for the same reason as cases.validation.Located: one per case stored.
+@dataclass(slots=True)
 class NewCase:
     seq: int
     case_id: str
@@ -109,7 +111,7 @@ def _case_element(case: NewCase) -> str:
         record = storable_json(case.case.text)
     else:
         record = dumps_storable(case.case)
-    head = json.dumps([case.case_id, case.test_id, case.seq, case.agent])
+    head = dumps([case.case_id, case.test_id, case.seq, case.agent])
     return f"{head[:-1]}, {record}]"
 
 
