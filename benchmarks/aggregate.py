@@ -6,8 +6,10 @@ For each size, a fresh Postgres database gets a run of N finished 3-turn cases (
 records a real run stores: three turns, a `contains` verdict each), and a new process
 runs `agenttest_worker.fleet.aggregate.aggregate` on it, as the worker that ends a run does.
 Prints the time, the process's peak RSS before and after (the difference is what the
-aggregation held), and the size of the stored reports. The floor is the process's own
-start-up (its RSS before aggregating), measured in the same run.
+aggregation held), and the size of the stored reports. The floors, measured in the same
+run: for memory, the process's own start-up (its RSS before aggregating); for time, a
+fresh process doing the least any aggregator must (FLOOR): read every case record's
+text from Postgres and store it back as one report, streamed with COPY.
 Needs Postgres at 127.0.0.1:5432 (user postgres).
 """
 
@@ -91,6 +93,37 @@ print(json.dumps({"seconds": elapsed, "before_kb": before, "after_kb": after}))
 """
 
 
+FLOOR = r"""
+import sys, time, psycopg
+started = time.monotonic()
+# One connection reads (a server-side cursor), the other writes: a connection in COPY
+# can do nothing else.
+with psycopg.connect(sys.argv[1]) as reader, psycopg.connect(sys.argv[1]) as writer:
+    writer.execute("CREATE TEMPORARY TABLE floor_reports (format text, content text)")
+    with reader.cursor(name="records") as records, writer.cursor().copy(
+        "COPY floor_reports FROM STDIN"
+    ) as copy:
+        records.execute(
+            "SELECT result::text FROM cases WHERE run_id = %s ORDER BY seq", (sys.argv[2],)
+        )
+        copy.write("jsonl\t")
+        for (record,) in records:
+            copy.write(record.replace("\\", "\\\\") + "\\n")
+        copy.write("\n")
+print(time.monotonic() - started)
+"""
+
+
+def floor_seconds(url: str) -> float:
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR, url, RUN_ID],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def measure(url: str) -> dict[str, object]:
     env = {**os.environ, "AGENTTEST_DATABASE_URL": url}
     done = subprocess.run(
@@ -119,12 +152,15 @@ def main() -> None:
     for cases in args.cases:
         with database() as url:
             store_finished_run(url, cases)
+            floor = floor_seconds(url)
             m = measure(url)
         before, after = int(m["before_kb"]) / 1024, int(m["after_kb"]) / 1024  # type: ignore[call-overload]
         sizes = m["sizes"]
         assert isinstance(sizes, dict)
+        seconds = float(m["seconds"])  # type: ignore[arg-type]
         print(
-            f"  {cases:>7,} cases: {float(m['seconds']):5.1f} s"  # type: ignore[arg-type]
+            f"  {cases:>7,} cases: {seconds:5.1f} s (floor {floor:.2f} s:"
+            f" {seconds / floor:.1f}x)"
             f"   peak RSS {before:5.0f} -> {after:5.0f} MB (+{after - before:.0f} MB,"
             f" {(after - before) * 1024 / cases:.1f} KB per case)"
             f"   reports: jsonl {sizes['jsonl'] / 1e6:.1f} MB, console"
