@@ -137,11 +137,15 @@ def test_fail_fast_starts_nothing_after_the_first_failure(place: Place, tmp_path
     assert code == 1, err
     records = _records(out)
     assert records["F1"]["status"] == "failed"
-    assert slow.cases == ["S1"]  # in flight when F1 failed; nothing started after it
-    for case in ("S2", "S3", "S4"):
+    # S1 was in flight when F1 failed (on a busy machine its turn may not have reached
+    # the agent yet, and then it is not run either); nothing started after it.
+    assert slow.cases in (["S1"], []), slow.cases
+    not_run = ["S2", "S3", "S4"] if slow.cases else ["S1", "S2", "S3", "S4"]
+    for case in not_run:
         assert records[case]["status"] == "skipped"
         assert records[case]["total_turns"] == 0
-    assert "  Not run: 3 (--fail-fast stopped the run after F1 failed)" in stdout.splitlines()
+    said = f"  Not run: {len(not_run)} (--fail-fast stopped the run after F1 failed)"
+    assert said in stdout.splitlines(), stdout
 
 
 # -- --deadline ---------------------------------------------------------------------------
