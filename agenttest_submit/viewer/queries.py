@@ -151,7 +151,7 @@ class RunViews:
         texts: dict[str, str] = {}
         index = 0
         for records in grouped(report.results):
-            data.add(records, case_verdict(records, report.pass_rule), index)
+            data.add(records, index)
             index += len(records)
             texts[records[0].id] = search_text(records)
         return _Built(key, time.monotonic(), data.header(), sort_rows(data.rows), texts)

@@ -13,7 +13,7 @@ Where the spec's example leaves a rule implicit, these hold:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from agenttest_worker.report.common import (
@@ -31,7 +31,7 @@ from agenttest_worker.report.common import (
 from agenttest_worker.report.judges import judges_line
 from agenttest_worker.report.model import RunReport, Summary
 from agenttest_worker.report.usage import usage_line
-from agenttest_worker.report.verdicts import CaseVerdict, case_verdict, grouped
+from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 
 _HEAVY_RULE = "═" * 63
@@ -84,8 +84,8 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     yield _text([*_header(run), "", *_section("Running Tests"), ""])
     tally = run.tally()
     hidden = 0
-    for records in grouped(_counted(run.results, tally.add)):
-        found = case_verdict(records, run.pass_rule)
+    for records in grouped(run.results):
+        found = tally.add_case(records)
         if run.only_failures and found.status == "passed":
             hidden += 1
             continue
@@ -101,14 +101,6 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     yield _text(
         [*_section("Summary"), *_summary_lines(tally.summary(run.duration_s, run.budget), style)]
     )
-
-
-def _counted(
-    records: Iterable[CaseResult], add: Callable[[CaseResult], None]
-) -> Iterator[CaseResult]:
-    for record in records:
-        add(record)
-        yield record
 
 
 def _text(lines: list[str]) -> str:

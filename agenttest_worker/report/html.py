@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from agenttest_worker.report.html_page.data import RunData, record_notes, script_text, sort_rows
 from agenttest_worker.report.html_page.shell import data_element, data_open, page_end, page_start
 from agenttest_worker.report.model import RunReport
-from agenttest_worker.report.verdicts import case_verdict, grouped
+from agenttest_worker.report.verdicts import grouped
 from agenttest_worker.results import CaseResult
 
 # Records per chunk: a streamed report is written in pieces of about this many records.
@@ -44,8 +44,7 @@ def _records(run: RunReport, data: RunData) -> Iterable[str]:
     pieces: list[str] = []
     index = 0
     for records in grouped(run.results):
-        found = case_verdict(records, run.pass_rule)
-        data.add(records, found, index)
+        data.add(records, index)
         for record in records:
             pieces.append(_pair(record, run, first=index == 0))
             index += 1

@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from agenttest_worker.report.common import first_problem, problems
 from agenttest_worker.report.console import Style, case_lines, repeated_case_lines
 from agenttest_worker.report.model import RunReport
-from agenttest_worker.report.verdicts import case_verdict, grouped
+from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, grouped
 from agenttest_worker.results import CaseResult
 
 # Characters XML 1.0 forbids even escaped. Agent replies can contain them (ANSI escapes,
@@ -31,7 +31,8 @@ from agenttest_worker.results import CaseResult
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-def _xml_text(text: str) -> str:
+def xml_text(text: str) -> str:
+    """`text` as XML 1.0 can hold it: characters it forbids become U+FFFD."""
     return _NOT_XML.sub("\ufffd", text)
 
 
@@ -40,10 +41,15 @@ def _seconds(value: float) -> str:
 
 
 def render(run: RunReport) -> str:
-    cases = [
-        _testcase(records[0], run) if records[0].repeats is None else _repeated(records, run)
-        for records in grouped(run.results)
-    ]
+    # One pass over the records: the tally gives each case's verdict and, at the end,
+    # the run's repeat statistics for the suite's properties.
+    tally = run.tally()
+    cases = []
+    for records in grouped(run.results):
+        found = tally.add_case(records)
+        cases.append(
+            _testcase(records[0], run) if found.repeats is None else _repeated(records, found, run)
+        )
     outcomes = [outcome for _, outcome in cases]
     counts = {
         "tests": str(len(cases)),
@@ -52,19 +58,18 @@ def render(run: RunReport) -> str:
         "time": _seconds(run.duration_s),
     }
     # junit-10.xsd has no `skipped` on <testsuites>: the count is the testsuite's.
-    root = ET.Element("testsuites", {"name": _xml_text(run.title), **counts})
+    root = ET.Element("testsuites", {"name": xml_text(run.title), **counts})
     suite_counts = {**counts, "skipped": str(outcomes.count("skipped"))}
-    suite = ET.SubElement(root, "testsuite", {"name": _xml_text(run.input_label), **suite_counts})
-    _properties(suite, run)
+    suite = ET.SubElement(root, "testsuite", {"name": xml_text(run.input_label), **suite_counts})
+    _properties(suite, run, tally.verdicts.stats())
     for element, _ in cases:
         suite.append(element)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _properties(suite: ET.Element, run: RunReport) -> None:
+def _properties(suite: ET.Element, run: RunReport, stats: RepeatStats | None) -> None:
     values = {"run_id": run.run_id, "agent": run.agent}
-    stats = run.summary().repeats if run.distinct_cases is not None else None
     if stats is not None:
         # The run's repeat statistics, where CI systems show a suite's properties.
         low, high = stats.interval
@@ -82,27 +87,28 @@ def _properties(suite: ET.Element, run: RunReport) -> None:
         return
     properties = ET.SubElement(suite, "properties")
     for name, value in present.items():
-        ET.SubElement(properties, "property", name=name, value=_xml_text(value))
+        ET.SubElement(properties, "property", name=name, value=xml_text(value))
 
 
 def _element(case: CaseResult, run: RunReport, duration_ms: int) -> ET.Element:
     name = f"[{case.id}] {case.name}" if case.name else case.id
     element = ET.Element(
         "testcase",
-        name=_xml_text(name),
-        classname=_xml_text(case.agent or run.agent or "agenttest"),
+        name=xml_text(name),
+        classname=xml_text(case.agent or run.agent or "agenttest"),
         time=_seconds(duration_ms / 1000),
     )
     if case.file is not None:
-        element.set("file", _xml_text(case.file))
+        element.set("file", xml_text(case.file))
     if case.line is not None:
         element.set("line", str(case.line))
     return element
 
 
-def _repeated(records: list[CaseResult], run: RunReport) -> tuple[ET.Element, str | None]:
+def _repeated(
+    records: list[CaseResult], found: CaseVerdict, run: RunReport
+) -> tuple[ET.Element, str | None]:
     """A repeated case's one testcase (its verdict) and its outcome."""
-    found = case_verdict(records, run.pass_rule)
     element = _element(records[0], run, sum(r.duration_ms for r in records))
     said = f"{found.fraction()} repetitions passed (pass rule: {run.pass_rule})"
     failed = [r for r in records if r.status == "failed"]
@@ -110,9 +116,9 @@ def _repeated(records: list[CaseResult], run: RunReport) -> tuple[ET.Element, st
     if found.status == "failed":
         outcome = "error" if failed and all(_broken(r) for r in failed) else "failure"
         first = f": {first_problem(failed[0])}" if failed else ""
-        problem = ET.SubElement(element, outcome, message=_xml_text(said + first))
+        problem = ET.SubElement(element, outcome, message=xml_text(said + first))
         problem.set("type", "error" if outcome == "error" else "assertion")
-        problem.text = _xml_text(
+        problem.text = xml_text(
             "\n".join(
                 f"repetition {r.repeat}/{r.repeats}: {'; '.join(problems(r)) or r.status}"
                 for r in records
@@ -121,10 +127,10 @@ def _repeated(records: list[CaseResult], run: RunReport) -> tuple[ET.Element, st
         )
     elif found.status == "skipped":
         outcome = "skipped"
-        ET.SubElement(element, "skipped", message=_xml_text(said))
+        ET.SubElement(element, "skipped", message=xml_text(said))
     if found.status != "passed" or found.flaky:
         tree = repeated_case_lines(found, records, run, Style(color=False))
-        ET.SubElement(element, "system-out").text = _xml_text("\n".join(tree))
+        ET.SubElement(element, "system-out").text = xml_text("\n".join(tree))
     return element, outcome
 
 
@@ -134,15 +140,15 @@ def _testcase(case: CaseResult, run: RunReport) -> tuple[ET.Element, str | None]
     outcome: str | None = None
     if case.status == "failed":
         outcome = "error" if _broken(case) else "failure"
-        problem = ET.SubElement(element, outcome, message=_xml_text(first_problem(case)))
+        problem = ET.SubElement(element, outcome, message=xml_text(first_problem(case)))
         problem.set("type", "error" if outcome == "error" else "assertion")
-        problem.text = _xml_text("\n".join(problems(case)))
+        problem.text = xml_text("\n".join(problems(case)))
     elif case.status == "skipped":
         outcome = "skipped"
-        ET.SubElement(element, "skipped", message=_xml_text(first_problem(case)))
+        ET.SubElement(element, "skipped", message=xml_text(first_problem(case)))
     if case.status != "passed":
         tree = case_lines(case, run, Style(color=False), full=True)
-        ET.SubElement(element, "system-out").text = _xml_text("\n".join(tree))
+        ET.SubElement(element, "system-out").text = xml_text("\n".join(tree))
     return element, outcome
 
 

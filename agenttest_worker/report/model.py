@@ -8,7 +8,7 @@ from typing import Any, overload
 
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.usage import UsageTally
-from agenttest_worker.report.verdicts import RepeatStats, VerdictTally
+from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, VerdictTally
 from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
@@ -214,9 +214,18 @@ class Tally:
         return len(self.verdicts.cases) + (1 if self.verdicts.open else 0)
 
     def add(self, case: CaseResult) -> None:
+        self.verdicts.add(case)
+        self._count(case)
+
+    def add_case(self, records: list[CaseResult]) -> CaseVerdict:
+        """Add one case's records (its repetitions, `verdicts.grouped`); its verdict."""
+        for record in records:
+            self._count(record)
+        return self.verdicts.add_group(records)
+
+    def _count(self, case: CaseResult) -> None:
         self.records += 1
         self.total_turns += case.total_turns
-        self.verdicts.add(case)
         self.judges.add(case)
         self.usage.add(case)
         reason = case.skip_reason or ""

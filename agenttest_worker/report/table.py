@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from agenttest_worker.report.common import first_problem, format_ms, format_seconds, printable
 from agenttest_worker.report.model import RunReport
-from agenttest_worker.report.verdicts import case_verdict, grouped
+from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import CaseResult
 
 HEADERS = ("ID", "STATUS", "TURNS", "DURATION", "REASON")
@@ -34,8 +34,7 @@ def _row(case: CaseResult) -> tuple[str, ...]:
     )
 
 
-def _repeated_row(records: list[CaseResult], rule: str) -> tuple[str, ...]:
-    found = case_verdict(records, rule)
+def _repeated_row(records: list[CaseResult], found: CaseVerdict) -> tuple[str, ...]:
     failing = next((r for r in records if r.status != "passed"), None)
     return (
         _cut(found.id, _ID_WIDTH_MAX),
@@ -56,16 +55,20 @@ def _line(cells: tuple[str, ...], widths: list[int]) -> str:
 
 
 def render(run: RunReport) -> str:
-    groups = list(grouped(run.results))
-    if any(records[0].repeats is not None for records in groups):
-        headers: tuple[str, ...] = REPEAT_HEADERS
-        rows = [_repeated_row(records, run.pass_rule) for records in groups]
-    else:
-        headers = HEADERS
-        rows = [_row(records[0]) for records in groups]
+    # One pass, holding rows, not records: whether the table needs its REPEATS column is
+    # known at the end, so each case keeps both of its rows until then.
+    tally = run.tally()
+    both: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+    for records in grouped(run.results):
+        found = tally.add_case(records)
+        both.append((_row(records[0]), _repeated_row(records, found)))
+    headers: tuple[str, ...] = HEADERS
+    rows = [plain for plain, _ in both]
+    if tally.verdicts.repeated:
+        headers, rows = REPEAT_HEADERS, [repeated for _, repeated in both]
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers) - 1)]
     lines = [_line(headers, widths), *(_line(r, widths) for r in rows)]
-    s = run.summary()
+    s = tally.summary(run.duration_s, run.budget)
     lines.append(
         f"{_plural(s.total)}: {s.passed} passed, {s.failed} failed, {s.skipped} skipped"
         f" in {format_seconds(s.duration_s)}"

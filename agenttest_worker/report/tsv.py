@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agenttest_worker.report.common import assertion_counts, problems
 from agenttest_worker.report.model import RunReport
-from agenttest_worker.report.verdicts import case_verdict, grouped
+from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import CaseResult
 
 COLUMNS = (
@@ -50,13 +50,13 @@ def _row(case: CaseResult) -> list[object]:
     ]
 
 
-def _repeated_row(records: list[CaseResult], rule: str) -> list[object]:
-    found = case_verdict(records, rule)
+def _repeated_row(records: list[CaseResult], found: CaseVerdict) -> list[object]:
     counts = [assertion_counts(r) for r in records]
+    said = [(r, list(problems(r))) for r in records if r.status != "passed"]
     reason = "; ".join(
-        f"repetition {r.repeat}/{r.repeats}: {'; '.join(problems(r))}"
-        for r in records
-        if r.status != "passed" and problems(r)
+        f"repetition {r.repeat}/{r.repeats}: {'; '.join(found_problems)}"
+        for r, found_problems in said
+        if found_problems
     )
     return [
         found.id,
@@ -74,10 +74,14 @@ def _repeated_row(records: list[CaseResult], rule: str) -> list[object]:
 
 
 def render(run: RunReport) -> str:
-    groups = list(grouped(run.results))
-    rows: list[list[object]]
-    if any(records[0].repeats is not None for records in groups):
-        rows = [list(REPEAT_COLUMNS), *(_repeated_row(g, run.pass_rule) for g in groups)]
-    else:
-        rows = [list(COLUMNS), *(_row(records[0]) for records in groups)]
+    # One pass, holding rows, not records: whether the repeat columns are wanted is
+    # known at the end, so each case keeps both of its rows until then.
+    tally = run.tally()
+    both = [
+        (_row(records[0]), _repeated_row(records, tally.add_case(records)))
+        for records in grouped(run.results)
+    ]
+    rows: list[list[object]] = [list(COLUMNS), *(plain for plain, _ in both)]
+    if tally.verdicts.repeated:
+        rows = [list(REPEAT_COLUMNS), *(repeated for _, repeated in both)]
     return "".join("\t".join(escape(v) for v in row) + "\n" for row in rows)

@@ -225,6 +225,15 @@ class VerdictTally:
             self.repeated = True
         return closed
 
+    def add_group(self, records: list[CaseResult]) -> CaseVerdict:
+        """Add a whole case's records at once (a reporter that groups them itself,
+        `grouped`); returns its verdict."""
+        if self._group:
+            self._close()
+        self._group = list(records)
+        self.repeated = self.repeated or any(r.repeats is not None for r in records)
+        return self._close()
+
     @property
     def open(self) -> bool:
         """Whether a case's records are still being added (not yet closed)."""

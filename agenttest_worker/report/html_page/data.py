@@ -23,8 +23,9 @@ from agenttest_worker.report.common import (
     js_value,
 )
 from agenttest_worker.report.model import RunReport, Tally
+from agenttest_worker.report.usage import usage_dict
 from agenttest_worker.report.verdicts import CaseVerdict
-from agenttest_worker.results import CaseResult, RoleUsage, TurnResult
+from agenttest_worker.results import CaseResult, TurnResult
 
 # The table's order: what needs reading first.
 STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
@@ -32,7 +33,6 @@ STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
 MARKERS = {"static": "[Static]", "simulator": "[Simulated]", "interactive": "[Interactive]"}
 FIRST_STATIC = "[Initial]"
 MISSING_INPUT_HINT = "Hint: Add more turns, use --interactive, or configure simulator"
-ROLES = ("target", "judge", "simulator", "generator", "reporter")
 
 
 def script_json(value: Any) -> str:
@@ -170,21 +170,16 @@ class RunData:
         self.run = run
         self.tally: Tally = run.tally()
         self.rows: list[dict[str, Any]] = []
-        self.usage: dict[str, RoleUsage] = {role: u for role, u in run.run_usage.items()}
         self.tokens = 0
         self.records = 0
 
-    def add(self, records: Sequence[CaseResult], found: CaseVerdict, first: int) -> None:
+    def add(self, records: list[CaseResult], first: int) -> None:
         """A case's records, `first` being the first one's index among all records."""
-        row = case_row(records, found)
+        row = case_row(records, self.tally.add_case(records))
         row["first"], row["count"] = first, len(records)
         self.rows.append(row)
         self.records += len(records)
-        for record in records:
-            self.tally.add(record)
-            self.tokens += record.usage.total_tokens if record.usage else 0
-            for role, used in (record.usage_by_role or {}).items():
-                self.usage[role] = _added(self.usage.get(role), used)
+        self.tokens += sum(r.usage.total_tokens for r in records if r.usage)
 
     def header(self, **more: Any) -> dict[str, Any]:
         """The run's header and summary, once every record was added."""
@@ -202,11 +197,8 @@ class RunData:
             "pass_rule": run.pass_rule,
             "summary": counted,
             "tokens": self.tokens,
-            "usage": {
-                role: self.usage[role].model_dump(mode="json")
-                for role in ROLES
-                if role in self.usage and self.usage[role].calls
-            },
+            # By role, in the summary's order (report/usage.py), the run's own included.
+            "usage": usage_dict(summary.usage),
             "budget": summary.budget.line() if summary.budget else None,
             "repeat_lines": summary.repeats.lines() if summary.repeats else [],
             "flaky": summary.repeats.flaky if summary.repeats else [],
@@ -216,16 +208,3 @@ class RunData:
         }
         found.update(more)
         return found
-
-
-def _added(had: RoleUsage | None, more: RoleUsage) -> RoleUsage:
-    if had is None:
-        return more
-    return RoleUsage(
-        calls=had.calls + more.calls,
-        prompt_tokens=had.prompt_tokens + more.prompt_tokens,
-        completion_tokens=had.completion_tokens + more.completion_tokens,
-        total_tokens=had.total_tokens + more.total_tokens,
-        # Sums of per-call costs carry float noise (0.30000000000000004).
-        cost=round(had.cost + more.cost, 9),
-    )
