@@ -22,6 +22,11 @@ def reply(chars: int = 0) -> bytes:
     content = "Noted, thank you."
     if chars > len(content):
         content = (content + " " + "lorem ipsum dolor sit amet " * (chars // 27 + 1))[:chars]
+    return completion(content, {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13})
+
+
+def completion(content: str, usage: dict[str, int]) -> bytes:
+    """A Chat Completions body answering `content`, with `usage`."""
     return json.dumps(
         {
             "id": "chatcmpl-bench",
@@ -35,7 +40,7 @@ def reply(chars: int = 0) -> bytes:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+            "usage": usage,
         }
     ).encode()
 

@@ -43,34 +43,16 @@ from pathlib import Path
 from aiohttp import web
 
 from benchmarks.common import BIN, ROOT, compile_bytecode
+from benchmarks.fixed_agent import completion
 
 USAGE = {"prompt_tokens": 40, "completion_tokens": 10, "total_tokens": 50}
 VERDICT = json.dumps({"passed": True, "score": 1.0, "reason": "fine"})
 
 
-def _completion(content: str) -> bytes:
-    return json.dumps(
-        {
-            "id": "chatcmpl-bench",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "bench",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": USAGE,
-        }
-    ).encode()
-
-
 def serve(latency: float) -> None:
     """The counting agent (this process, until killed): prints its base URL first."""
     counts: Counter[str] = Counter()
-    replies = {"bench": _completion("Noted, thank you."), "judge": _completion(VERDICT)}
+    replies = {"bench": completion("Noted, thank you.", USAGE), "judge": completion(VERDICT, USAGE)}
 
     async def complete(request: web.Request) -> web.Response:
         model = str((await request.json()).get("model"))

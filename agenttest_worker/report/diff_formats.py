@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from agenttest_worker.report.common import one_line, printable, quoted
 from agenttest_worker.report.diff import CATEGORIES, TITLES, CaseChange, RunDiff, RunInfo
+from agenttest_worker.report.junit import xml_text
 
 DIFF_FORMATS = ("console", "json", "markdown", "junit")
 # Cases listed per category in console and Markdown (all of them in json and junit);
@@ -143,13 +144,6 @@ def _md_case(change: CaseChange) -> list[str]:
     return [head, *(f"  - {d}" for d in _details(change, md, md))]
 
 
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-
-
-def _xml(text: str) -> str:
-    return _NOT_XML.sub("\ufffd", text)
-
-
 def junit(diff: RunDiff) -> str:
     """One testcase per case of the new run (and per removed case): a regression is a
     failure; known failures and flaky cases are skipped with the reason; the rest pass."""
@@ -161,23 +155,23 @@ def junit(diff: RunDiff) -> str:
     suite = ET.SubElement(
         root,
         "testsuite",
-        {"name": _xml(diff.new.suite or diff.new.id), **counts, "skipped": str(skipped)},
+        {"name": xml_text(diff.new.suite or diff.new.id), **counts, "skipped": str(skipped)},
     )
     properties = ET.SubElement(suite, "properties")
     for key, value in (("run_id", diff.new.id), ("baseline_run_id", diff.base.id)):
-        ET.SubElement(properties, "property", name=key, value=_xml(value))
+        ET.SubElement(properties, "property", name=key, value=xml_text(value))
     for change in cases:
-        element = ET.SubElement(suite, "testcase", name=_xml(change.id), classname="agenttest")
+        element = ET.SubElement(suite, "testcase", name=xml_text(change.id), classname="agenttest")
         if change.category == "regression":
             message = "passed in the baseline, fails now"
             failure = ET.SubElement(element, "failure", message=message, type="regression")
-            failure.text = _xml("\n".join(_details(change, str, str))) or None
+            failure.text = xml_text("\n".join(_details(change, str, str))) or None
         elif change.category == "flaky" or change.new == "failed":
             why = change.flaky_because or (
                 "known failure: failed in the baseline too"
                 if change.category == "still_failing"
                 else "new case, failing"
             )
-            ET.SubElement(element, "skipped", message=_xml(why))
+            ET.SubElement(element, "skipped", message=xml_text(why))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
