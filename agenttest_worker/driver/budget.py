@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.waiting import waiting
@@ -87,6 +87,27 @@ async def reserve(store: ConversationStore, loaded: LoadedCase, options: RunOpti
     give_up = time.monotonic() + FIRST_TURN_WAIT
     while (found := _reserve(store, loaded, options, give_up)).outcome == "wait":
         await asyncio.sleep(WAIT_TICK)
+    return _refused(options, found)
+
+
+async def reserve_offloaded(
+    store: ConversationStore,
+    loaded: LoadedCase,
+    options: RunOptions,
+    offload: Callable[..., Awaitable[Reservation]],
+) -> str | None:
+    """`reserve_sync` for a turn played on a worker's event loop: the store is asked on
+    a thread (`offload`), and the wait is a sleep on the loop, marked alive meanwhile."""
+    if not options.budgeted:
+        return None
+    give_up = time.monotonic() + FIRST_TURN_WAIT
+    found = await offload(_reserve, store, loaded, options, give_up)
+    if found.outcome == "wait":
+        with waiting():
+            while (
+                found := await offload(_reserve, store, loaded, options, give_up)
+            ).outcome == "wait":
+                await asyncio.sleep(WAIT_TICK)
     return _refused(options, found)
 
 
