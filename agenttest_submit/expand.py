@@ -6,35 +6,22 @@ import json
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from agenttest_submit.case_checks import CaseChecker, Selection
 from agenttest_submit.generate import generate_cases
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
+from agenttest_submit.split_check import CheckedPart, start_second_half
+from agenttest_submit.spool_lines import SpoolShape, SpoolWriter
 from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.assertions import AgentAssertion
-from agenttest_worker.cases.attachments import inline_attachments
-from agenttest_worker.cases.checks import check_case_refs
-from agenttest_worker.cases.files import case_files_in, iter_cases
-from agenttest_worker.cases.model import Case, repetition_key
+from agenttest_worker.cases.files import case_files_in, iter_cases, iter_line_cases
+from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.json_values import dumps
 from agenttest_worker.report.common import printable
 from agenttest_worker.store.steps import CaseRecord, CaseText, StoredCase
 
-
-@dataclass
-class Selection:
-    """What the user asked to run of the cases found (--tag, --id)."""
-
-    tags: list[str] = field(default_factory=list)
-    ids: list[str] = field(default_factory=list)
-
-    def wants(self, case: Case) -> bool:
-        if self.ids and case.id not in self.ids:
-            return False
-        return not self.tags or bool(set(self.tags) & set(case.tags))
+__all__ = ["CaseStream", "Expansion", "Selection", "Spool", "expand", "print_warnings"]
 
 
 @dataclass
@@ -91,6 +78,7 @@ class CaseStream:
         self.target = target
         self.simulator = simulator
         self.selection = selection or Selection()
+        self.checker = CaseChecker(config, target, simulator, self.selection)
         self.problems: list[InputProblem] = []
         self.warnings: list[str] = []
         self.count = 0
@@ -101,18 +89,50 @@ class CaseStream:
         self._files: dict[str, int] = {}
 
     def __iter__(self) -> Iterator[Case]:
+        for item in self._items(None):
+            if isinstance(item, Case):
+                yield item
+
+    def checked(self, shape: SpoolShape) -> Iterator[Case | CheckedPart]:
+        """The cases, as iterating gives them, but for the second half of a large file,
+        checked by another process into spool lines of `shape` (split_check.py): it is
+        given as a CheckedPart, whose problems, warnings and ids are already taken."""
+        return self._items(shape)
+
+    def _items(self, shape: SpoolShape | None) -> Iterator[Case | CheckedPart]:
         for source in self.sources:
             try:
-                for item in iter_source(source, self.config, self.target):
+                if isinstance(source, FileInput) and shape is not None:
+                    items = self._file_items(source.path, shape)
+                else:
+                    items = iter_source(source, self.config, self.target)
+                for item in items:
                     if isinstance(item, InputProblem):
-                        self.problems.append(item)
-                        if item.case_id is not None:  # a bad case still takes its id
-                            self._seen.setdefault(item.case_id, self._place(item.file, item.line))
+                        self._take_problem(item)
+                    elif isinstance(item, CheckedPart):
+                        self._take_part(item)
+                        yield item
                     elif (case := self._check(item)) is not None:
                         self.count += 1
                         yield case
             except InputError as exc:
                 self.problems.extend(exc.problems)
+
+    def _file_items(
+        self, path: Path, shape: SpoolShape
+    ) -> Iterator[Case | InputProblem | CheckedPart]:
+        for file in case_files_in(path):
+            half = start_second_half(file, self.checker, shape)
+            if half is None:
+                yield from iter_cases(file)
+                continue
+            with half:
+                yield from iter_line_cases(file, 0, half.start)
+                part = half.finish()
+                if part is None:  # the other process could not: checked here instead
+                    yield from iter_line_cases(file, half.start, None, half.first_line)
+                else:
+                    yield part
 
     def has_id(self, case_id: str) -> bool:
         """Whether some case of the input (selected or not) has this id."""
@@ -139,33 +159,46 @@ class CaseStream:
         file = next(name for name, n in self._files.items() if n == number)
         return f"{file}:{line or None}"
 
-    def _check(self, case: Case) -> Case | None:
-        if case.id in self._seen:
-            first = self._where(self._seen[case.id])
+    def _take_problem(self, problem: InputProblem) -> None:
+        self.problems.append(problem)
+        if problem.case_id is not None:  # a bad case still takes its id
+            self._seen.setdefault(problem.case_id, self._place(problem.file, problem.line))
+
+    def _is_new(self, case_id: str, file: str | None, line: int | None) -> bool:
+        """Whether no case before has this id (else the duplicate is a problem); the id
+        is then taken."""
+        if case_id in self._seen:
+            first = self._where(self._seen[case_id])
             self.problems.append(
                 InputProblem(
-                    f"duplicate id {case.id!r} (first defined at {first})",
-                    file=case.source_file,
-                    line=case.source_line,
+                    f"duplicate id {case_id!r} (first defined at {first})",
+                    file=file,
+                    line=line,
                     field="id",
                 )
             )
+            return False
+        self._seen[case_id] = self._place(file, line)
+        return True
+
+    def _check(self, case: Case) -> Case | None:
+        if not self._is_new(case.id, case.source_file, case.source_line):
             return None
-        self._seen[case.id] = self._place(case.source_file, case.source_line)
-        if not self.selection.wants(case):
-            return None
-        if self.simulator is not None:
-            case = case.with_default_simulator(self.simulator)
-        case = case.with_simulator_named(self.config.defaults.simulator)
-        found = list(check_case_refs(case, self.config, self.target))
-        self.problems.extend(found)
-        self.warnings.extend(_case_warnings(case, self.config))
-        try:
-            case = inline_attachments(case)
-        except InputError as exc:
-            self.problems.extend(exc.problems)
-            return None
-        return None if found else case
+        return self.checker.check(case, self.problems, self.warnings)
+
+    def _take_part(self, part: CheckedPart) -> None:
+        """What the other process found, taken as if this one had checked the part: a
+        duplicate's own problems and warnings are dropped, as `_check` never finds them."""
+        file = part.file
+        for event in part.events():
+            if isinstance(event, InputProblem):
+                self._take_problem(event)
+            elif self._is_new(event[0], file, event[1]):
+                if len(event) == 5:
+                    self.problems.extend(event[3])
+                    self.warnings.extend(event[4])
+                if event[2]:
+                    self.count += 1
 
     def finish(self) -> None:
         """Raise the problems found while iterating (every one), or for no cases at all."""
@@ -186,7 +219,9 @@ class Spool:
 
     Checking a case (parsing, validation, references) costs far more than reading its
     normalized record back; spooling lets a run reject bad input before it stores or
-    runs anything, without holding a 100,000-case file in memory.
+    runs anything, without holding a 100,000-case file in memory. The lines are
+    spool_lines.py's; a large file's second half is checked by another process into
+    lines of its own, appended in their place (split_check.py).
     """
 
     def __init__(
@@ -202,29 +237,14 @@ class Spool:
         written. `repeat`: --repeat, over each case's own `repeat`."""
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
         self.handle = tempfile.TemporaryFile("w+b")  # noqa: SIM115
-        self.cases = 0
-        self.conversations = 0
-        # (repetition key, its case): checked against every case id once all are read.
-        repeated: list[tuple[str, str]] = []
-        for case in stream:
-            self.cases += 1
-            agent = case.agent or target
-            if not sources:
-                self._write(case.id, agent, None, case.to_record())
-                continue
-            record = case.to_run_record()
-            times = repeat or case.repeat or 1
-            if times == 1:
-                record.pop("repeat", None)
-                self._write(case.id, agent, None, record)
-                continue
-            # Each repetition is a conversation of its own (own key, so own session
-            # id, its own chain on a fleet), stored one after the other.
-            record["repeat"] = times
-            for number in range(1, times + 1):
-                key = repetition_key(case.id, number)
-                repeated.append((key, case.id))
-                self._write(key, agent, case.id, {**record, "repetition": number})
+        writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat))
+        for item in stream.checked(writer.shape):
+            if isinstance(item, CheckedPart):
+                item.append_to(writer)
+            else:
+                writer.add(item)
+        self.cases = writer.cases
+        self.conversations = writer.conversations
         stream.finish()
         # A case whose id is another's repetition key ("T1#2" beside "T1" played 3
         # times) would share its conversation: refused before anything runs.
@@ -235,7 +255,7 @@ class Spool:
                 field="id",
                 test=key,
             )
-            for key, case_id in repeated
+            for key, case_id in writer.repeated
             if stream.has_id(key)
         ]
         if clashes:
@@ -249,14 +269,6 @@ class Spool:
     def repeated(self) -> bool:
         """Whether some case is played more than once."""
         return self.conversations > self.cases
-
-    def _write(self, key: str, agent: str | None, test_id: str | None, record: Any) -> None:
-        # One line per conversation: [key, agent, test id], a tab, then the record as
-        # the store writes it (json.dumps's text), so that a fleet's run stores that text as
-        # it is (`stored_records`). JSON written by json.dumps holds no raw tab.
-        head = dumps([key, agent, test_id]).encode("ascii")
-        self.handle.write(head + b"\t" + dumps(record).encode("ascii") + b"\n")
-        self.conversations += 1
 
     def records(self) -> Iterator[CaseRecord]:
         """(conversation key, agent, normalized record) of every conversation, in input
@@ -298,24 +310,6 @@ def expand(
     cases = list(stream)
     stream.finish()
     return Expansion(cases, stream.warnings)
-
-
-def _case_warnings(case: Case, config: ProjectConfig) -> Iterator[str]:
-    """What is allowed but probably not meant: it runs, differently than it reads."""
-    layers = [case.options, *(t.options for t in case.turns)]
-    for options in layers:
-        if options is not None and options.connector and options.connector not in config.agents:
-            yield (
-                f"case {case.id}: connector {options.connector!r} is not an agent in "
-                "agenttest.yaml; the case's own target is used"
-            )
-    for assertion in case.iter_assertions():
-        options = assertion.options if isinstance(assertion, AgentAssertion) else None
-        if options is not None and options.connector and options.connector not in config.agents:
-            yield (
-                f"case {case.id}: judge connector {options.connector!r} is not an agent in "
-                "agenttest.yaml; the judge's own agent is called"
-            )
 
 
 def print_warnings(warnings: list[str]) -> None:

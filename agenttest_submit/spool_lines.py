@@ -1,0 +1,62 @@
+"""A checked case written as the spool's lines: one per conversation it becomes.
+
+One line per conversation: `[key, agent, test id]`, a tab, then the record as the store
+writes it (json.dumps's text), so that a fleet's run stores that text as it is
+(`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab. The
+submitter's spool and the process checking the second half of a large file
+(split_check.py) write the same lines with `SpoolWriter`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from agenttest_worker.cases.model import Case, repetition_key
+from agenttest_worker.json_values import dumps
+
+
+@dataclass(frozen=True)
+class SpoolShape:
+    """How cases become conversations. `sources`: a run's records (where each case is
+    written, and each repetition of a repeated case its own conversation) rather than
+    --dry-run's cases as written. `repeat`: --repeat, over each case's own `repeat`."""
+
+    target: str | None
+    sources: bool = True
+    repeat: int | None = None
+
+
+@dataclass
+class SpoolWriter:
+    handle: IO[bytes]
+    shape: SpoolShape
+    cases: int = 0
+    conversations: int = 0
+    # (repetition key, its case): checked against every case id once all are read.
+    repeated: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, case: Case) -> None:
+        self.cases += 1
+        agent = case.agent or self.shape.target
+        if not self.shape.sources:
+            self._write(case.id, agent, None, case.to_record())
+            return
+        record = case.to_run_record()
+        times = self.shape.repeat or case.repeat or 1
+        if times == 1:
+            record.pop("repeat", None)
+            self._write(case.id, agent, None, record)
+            return
+        # Each repetition is a conversation of its own (own key, so own session id, its
+        # own chain on a fleet), stored one after the other.
+        record["repeat"] = times
+        for number in range(1, times + 1):
+            key = repetition_key(case.id, number)
+            self.repeated.append((key, case.id))
+            self._write(key, agent, case.id, {**record, "repetition": number})
+
+    def _write(self, key: str, agent: str | None, test_id: str | None, record: Any) -> None:
+        head = dumps([key, agent, test_id]).encode("ascii")
+        self.handle.write(head + b"\t" + dumps(record).encode("ascii") + b"\n")
+        self.conversations += 1
