@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import threading
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,11 +26,21 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.store import reservations, steps
+from agenttest_worker.store.setup_thread import StoreSetup as StoreSetup  # re-exported
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Update
 
 _TIMER_TICK = 0.05  # seconds: the shortest wait of flush_on_timer
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A case's record as written (pydantic's JSON text) and what the counters take."""
+
+    text: steps.JsonText
+    status: str
+    total_turns: int
 
 
 @dataclass
@@ -43,7 +53,7 @@ class _Conversation:
     # into objects only for the database, once per flush.
     state: steps.JsonDocument | None
     deliveries: int
-    result: dict[str, Any] | None = None
+    result: _Record | None = None
 
 
 @dataclass
@@ -54,7 +64,7 @@ class _Step:
     next_turn: int
     phase: str
     state: steps.JsonDocument
-    result: dict[str, Any] | None
+    result: _Record | None
     rows: steps.StepRows
     tokens: int
     cost: float
@@ -95,53 +105,27 @@ class _Run:
 
 
 @cache
-def _flush_case() -> Update:
+def _flush_case(sqlite: bool) -> Update:
+    """The conversations' UPDATE. SQLite gets the state and the record as pydantic's text:
+    parsing it for the JSON type to write it again was most of a flush's CPU."""
     # The store's SQLAlchemy modules only once it is used: see the module docstring.
-    from sqlalchemy import bindparam, update
+    from sqlalchemy import Text, bindparam, update
 
     from agenttest_worker.store._sql import CASES, JSON_OR_NULL
 
+    json_type = Text() if sqlite else JSON_OR_NULL
     return (
         update(CASES)
         .where(CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case"))
         .values(
             next_turn=bindparam("b_next"),
             phase=bindparam("b_phase"),
-            state=bindparam("b_state", type_=JSON_OR_NULL),
+            state=bindparam("b_state", type_=json_type),
             status=bindparam("b_status"),
-            result=bindparam("b_result", type_=JSON_OR_NULL),
+            result=bindparam("b_result", type_=json_type),
             deliveries=0,
         )
     )
-
-
-class StoreSetup:
-    """Work that must reach the database before a BufferedStore's first write, run on
-    a thread of its own; `wait` returns once it is done, or raises what it raised."""
-
-    def __init__(self, work: Callable[[], object]) -> None:
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(work,), name="agenttest-store")
-        self._thread.daemon = True
-        self._thread.start()
-
-    def _run(self, work: Callable[[], object]) -> None:
-        try:
-            work()
-        except BaseException as exc:  # handed to whoever waits
-            self._error = exc
-        finally:
-            self._done.set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self) -> None:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
 
 
 class BufferedStore(reservations.MemoryReservations):
@@ -290,7 +274,9 @@ class BufferedStore(reservations.MemoryReservations):
         found.deliveries = 0
         tokens, cost = steps.step_spend(step.spend, result)
         if result is not None:
-            found.result = result.model_dump(mode="json")
+            found.result = _Record(
+                steps.JsonText(result.model_dump_json()), result.status, result.total_turns
+            )
         unwritten.steps.append(
             _Step(
                 turn=step.expected_turn,
@@ -398,10 +384,11 @@ class BufferedStore(reservations.MemoryReservations):
                 rows.add(step.rows)
         with get_engine(self.url).begin() as connection:
             if unwritten:
+                sqlite = connection.dialect.name == "sqlite"
                 connection.execute(
-                    _flush_case(),
+                    _flush_case(sqlite),
                     [
-                        self._case_values(case_id, self.conversations[case_id])
+                        self._case_values(case_id, self.conversations[case_id], sqlite)
                         for case_id in unwritten
                     ],
                 )
@@ -421,8 +408,9 @@ class BufferedStore(reservations.MemoryReservations):
                     for index, step in enumerate(pending.steps):
                         try:
                             with connection.begin_nested():
-                                values = self._case_values(case_id, step)
-                                connection.execute(_flush_case(), [values])
+                                sqlite = connection.dialect.name == "sqlite"
+                                values = self._case_values(case_id, step, sqlite)
+                                connection.execute(_flush_case(sqlite), [values])
                                 insert_step_rows(connection, step.rows)
                         except Exception as exc:
                             reason = unstorable_reason(exc)
@@ -452,14 +440,13 @@ class BufferedStore(reservations.MemoryReservations):
         for step in dropped:
             run.total_tokens -= step.tokens
             run.total_cost -= step.cost
+        status = ended.status if ended is not None else None
         if ended is not None:
             run.finished_cases -= 1
-            run.counters[ended["status"]] -= 1
-            run.counters["total_turns"] -= ended["total_turns"]
+            run.counters[ended.status] -= 1
+            run.counters["total_turns"] -= ended.total_turns
         self._set(conversation, pending.written if before is None else before)
-        return Refused(
-            case_id, dropped[0].turn, reason, ended["status"] if ended is not None else None
-        )
+        return Refused(case_id, dropped[0].turn, reason, status)
 
     @staticmethod
     def _set(conversation: _Conversation, to: _Conversation | _Step) -> None:
@@ -467,15 +454,18 @@ class BufferedStore(reservations.MemoryReservations):
         conversation.state, conversation.result = to.state, to.result
         conversation.deliveries = 0
 
-    def _case_values(self, case_id: str, written: _Conversation | _Step) -> dict[str, Any]:
+    def _case_values(
+        self, case_id: str, written: _Conversation | _Step, sqlite: bool
+    ) -> dict[str, Any]:
+        record = written.result
         return {
             "b_run": self.run_id,
             "b_case": case_id,
             "b_next": written.next_turn,
             "b_phase": written.phase,
-            "b_state": steps.as_object(written.state),
-            "b_status": (written.result or {}).get("status"),
-            "b_result": written.result,
+            "b_state": _json_value(written.state, sqlite),
+            "b_status": record.status if record is not None else None,
+            "b_result": _json_value(record.text, sqlite) if record is not None else None,
         }
 
     def _write_run(self, connection: Connection, cancel: str | None) -> None:
@@ -498,3 +488,12 @@ class BufferedStore(reservations.MemoryReservations):
     def snapshot(self) -> dict[str, _Conversation]:
         """A copy of the conversations (for tests and the deadline sweep)."""
         return copy.deepcopy(self.conversations)
+
+
+def _json_value(document: steps.JsonDocument | None, sqlite: bool) -> Any:
+    """A JSON document as _flush_case binds it: text on SQLite, objects elsewhere."""
+    if not sqlite:
+        return steps.as_object(document)
+    if document is None or isinstance(document, str):
+        return document
+    return json.dumps(document)
