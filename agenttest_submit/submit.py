@@ -27,7 +27,7 @@ from agenttest_submit.runner import input_label, run_options, run_suite, store_r
 from agenttest_worker.agents.config import ProjectConfig, load_config
 from agenttest_worker.cases.checks import check_ref
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.heap import settle
+from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
 from agenttest_worker.settings import get_settings
 
 # reeval.py and distributed.py are imported where they are used: both import the store
@@ -132,8 +132,9 @@ def run_cases(
     target: str | None,
 ) -> int:
     """Store the stream's cases (rejecting bad input before anything runs), run, report."""
-    settle()  # start-up is over: see heap.py
     settings = get_settings()
+    # Start-up is over: see heap.py.
+    settle(YOUNG_THRESHOLD if settings.distributed else EMBEDDED_YOUNG_THRESHOLD)
     options = run_options(request, config, target)
     label = input_label(sources, 0)
     url = settings.effective_database_url()
