@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.model import Case
-from agenttest_worker.driver import budget
+from agenttest_worker.driver import budget, state_cache
 from agenttest_worker.driver.budget import budget_spent, turns_spend
 from agenttest_worker.driver.event_loops import run_sync
 
@@ -28,8 +28,8 @@ from agenttest_worker.driver.run_cache import (
     options_of,
     pricing_config,
     run_config,
-    validated,
 )
+from agenttest_worker.driver.state_cache import session_id as session_id
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
     ConversationState,
@@ -37,7 +37,6 @@ from agenttest_worker.engine import (
     case_result,
     give_human_input,
     run_turn,
-    start_conversation,
 )
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.results import TurnResult
@@ -79,6 +78,8 @@ class Prepared:
     turn: int
     # This delivery was counted in the store (a redelivery, run alone: fleet/isolation.py).
     counted: bool = False
+    # How many of the state's first turns are stored as turn records (state_cache.py).
+    archived: int | None = None
 
 
 def _spend(
@@ -88,10 +89,6 @@ def _spend(
     if not options.budgeted or not turns:
         return None
     return turns_spend(turns, run_config(loaded.run_id, loaded.run_config))
-
-
-def session_id(run_id: str, case_id: str) -> str:
-    return f"agenttest-{run_id}-{case_id}"
 
 
 def prepare(
@@ -129,14 +126,23 @@ def prepare(
         # spawning a second copy of the rest of the conversation.
         resend = redelivered and loaded.phase == "ready" and loaded.next_turn == turn + 1
         return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
-    return Prepared(loaded, case_of(loaded), _state(loaded), options_of(loaded), turn, count)
+    return _prepared(store, loaded, turn, count) or Advance(saved=False)
+
+
+def _prepared(
+    store: ConversationStore, loaded: steps.LoadedCase, turn: int, counted: bool = False
+) -> Prepared | None:
+    """Turn `turn` of `loaded` with its state (state_cache.load), or None: moved on."""
+    if (found := state_cache.load(store, loaded)) is None:
+        return None
+    loaded, stored = found
+    case, options = case_of(loaded), options_of(loaded)
+    return Prepared(loaded, case, stored.state, options, turn, counted, stored.archived)
 
 
 def _state(loaded: steps.LoadedCase) -> ConversationState:
     """The conversation's state as stored, or a new one before its first turn."""
-    if loaded.state is None:
-        return start_conversation(case_of(loaded), session_id(loaded.run_id, loaded.case_id))
-    return validated(ConversationState, loaded.state)
+    return state_cache.stored(loaded).state
 
 
 def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, str] | None:
@@ -214,23 +220,24 @@ def commit(
     if state.phase == "done":
         result = case_result(prepared.case, state, loaded.agent, pricing_config(loaded))
     next_turn = state.turns_run + 1
-    saved = store.save_step(
-        steps.Step(
-            run_id=loaded.run_id,
-            case_id=loaded.case_id,
-            expected_turn=prepared.turn,
-            next_turn=next_turn,
-            phase=state.phase,
-            state=steps.JsonText(state.model_dump_json()),
-            new_turns=new_turns,
-            final_assertions=state.final_assertions if result else (),
-            result=result,
-            expected_phase=expected_phase,
-            spend=_spend(prepared.options, loaded, new_turns),
-            budgeted=prepared.options.budgeted,
-            budget_turns=len(new_turns) if prepared.options.budgeted else 0,
-            stop_run=_fail_fast_reason(prepared, result.status if result else None),
-        )
+    saved = state_cache.save(
+        store,
+        loaded,
+        prepared.archived,
+        state,
+        run_id=loaded.run_id,
+        case_id=loaded.case_id,
+        expected_turn=prepared.turn,
+        next_turn=next_turn,
+        phase=state.phase,
+        new_turns=new_turns,
+        final_assertions=state.final_assertions if result else (),
+        result=result,
+        expected_phase=expected_phase,
+        spend=_spend(prepared.options, loaded, new_turns),
+        budgeted=prepared.options.budgeted,
+        budget_turns=len(new_turns) if prepared.options.budgeted else 0,
+        stop_run=_fail_fast_reason(prepared, result.status if result else None),
     )
     if not saved.saved:
         return Advance(saved=False)
@@ -297,10 +304,12 @@ def end_refused(
     loaded = store.load_case(run_id, case_id)
     if loaded is None or loaded.phase == "done" or loaded.next_turn != turn:
         return Advance(saved=False)  # recorded meanwhile by a copy of this message, or ended
-    before = Prepared(loaded, case_of(loaded), _state(loaded), options_of(loaded), turn)
+    before = _prepared(store, loaded, turn)
+    if before is None:
+        return Advance(saved=False)
     message = f"turn {turn} could not be stored: {reason}"
     # A person's reply is what was refused when the conversation is still parked for one.
-    parked = "awaiting_human" if loaded.phase == "awaiting_human" else None
+    parked = "awaiting_human" if before.loaded.phase == "awaiting_human" else None
     return commit(store, before, end_without_running(before, "fail", message), parked)
 
 
@@ -314,31 +323,35 @@ async def answer_human(
 ) -> Advance:
     """A person's reply (or None: no reply came) to a conversation parked for input."""
     loaded = store.load_case(run_id, case_id)
-    if loaded is None or loaded.phase != "awaiting_human" or loaded.state is None:
+    if loaded is None or loaded.phase != "awaiting_human":
         return Advance(saved=False)
-    case = case_of(loaded)
-    options = options_of(loaded)
-    state = validated(ConversationState, loaded.state)
-    new_state = await give_human_input(case, state, text, pool, options, reason)
+    parked = (
+        _prepared(store, loaded, loaded.next_turn) if loaded.state or loaded.state_kept else None
+    )
+    if parked is None:
+        return Advance(saved=False)
+    loaded, case, options = parked.loaded, parked.case, parked.options
+    new_state = await give_human_input(case, parked.state, text, pool, options, reason)
     result = None
     if new_state.phase == "done":
         result = case_result(case, new_state, loaded.agent, pricing_config(loaded))
     skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
 
     def save() -> Advance:
-        saved = store.save_step(
-            steps.Step(
-                run_id=run_id,
-                case_id=case_id,
-                expected_turn=loaded.next_turn,
-                next_turn=loaded.next_turn,
-                phase=new_state.phase,
-                state=steps.JsonText(new_state.model_dump_json()),
-                new_turns=skipped_rows,
-                final_assertions=new_state.final_assertions if result else (),
-                result=result,
-                expected_phase="awaiting_human",
-            )
+        saved = state_cache.save(
+            store,
+            loaded,
+            parked.archived,
+            new_state,
+            run_id=run_id,
+            case_id=case_id,
+            expected_turn=loaded.next_turn,
+            next_turn=loaded.next_turn,
+            phase=new_state.phase,
+            new_turns=skipped_rows,
+            final_assertions=new_state.final_assertions if result else (),
+            result=result,
+            expected_phase="awaiting_human",
         )
         if not saved.saved:
             return Advance(saved=False)

@@ -91,6 +91,11 @@ class ConversationState(BaseModel):
     final_assertions: list[AssertionResult] = Field(default_factory=list)
     elapsed_ms: int = 0
     prompt: HumanPrompt | None = None
+    # Only as stored by a store that keeps turn records: `turns` then holds the turns
+    # after the first `earlier_turns`, whose results are stored apart, one row each
+    # (driver/state_cache.py). Never set on a state the engine plays; left out when None,
+    # so that a whole state is written as it always was.
+    earlier_turns: int | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @property
     def turns_run(self) -> int:

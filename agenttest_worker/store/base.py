@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from agenttest_worker.store.kept_states import KEPT
 from agenttest_worker.store.reservations import Reservation, TurnReservation
 from agenttest_worker.store.steps import LoadedCase, Saved, Step
 
@@ -22,7 +23,13 @@ if TYPE_CHECKING:
 
 
 class ConversationStore(Protocol):
-    """The four things a step needs from storage."""
+    """The four things a step needs from storage.
+
+    A store may also say `keeps_turn_records = True`: it stores a step's
+    `Step.archive` and hands a conversation's turn records back with its state
+    (`LoadedCase.turn_records`), so that the driver saves states without the turns
+    that left them (driver/state_cache.py). Without it, states are saved whole.
+    """
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
@@ -53,8 +60,11 @@ class SqlStore:
     """Every step straight to the database (workers, and anything shared).
 
     `engine` stands in for the URL's own (`db.get_engine`): a test passes one that fails
-    the way it needs.
+    the way it needs. A conversation whose state this process kept when it saved the
+    last step is loaded without its state (kept_states.py).
     """
+
+    keeps_turn_records = True
 
     def __init__(self, url: str, engine: Engine | None = None) -> None:
         # Imported here, not above: SQLAlchemy costs ~0.5 s of start-up that an
@@ -76,7 +86,8 @@ class SqlStore:
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
     ) -> LoadedCase | None:
-        return self._turns.load_case(self.engine, run_id, case_id, count_delivery, turn)
+        known = KEPT.token(run_id, case_id)
+        return self._turns.load_case(self.engine, run_id, case_id, count_delivery, turn, known)
 
     def save_step(self, step: Step) -> Saved:
         return self._turns.save_step(self.engine, step)

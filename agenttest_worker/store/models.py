@@ -8,6 +8,8 @@
   duplicated task a no-op.
 - turns, assertion_results, agent_calls: one row per turn / assertion / call, keyed by
   (run, case, turn, ...) so that an insert repeated by a retried task does nothing.
+- turn_records: a conversation's earlier turns' results while it runs, one row each,
+  so that a step rewrites only what is new of its state (driver/state_cache.py).
 - run_reports: the aggregator's reports, stored with the run.
 """
 
@@ -22,6 +24,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     String,
@@ -147,6 +150,29 @@ class TurnRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     skip_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class TurnRecordRow(Base):
+    """One earlier turn's result (results.TurnResult, as its JSON text) of a conversation
+    still running, by its position in the conversation's turns (a skipped turn may share
+    a played one's number). The conversation's stored state then holds only the turns
+    after the first `earlier_turns` (engine/state.py): a step writes the turns that left
+    its state, not every earlier turn again. Written once, by the step whose guarded
+    save moved the conversation on; deleted by the step that ends the case, which stores
+    the whole state (migration 0010). Text, not JSON: read back exactly as written."""
+
+    __tablename__ = "turn_records"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    record: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["run_id", "case_id"], ["cases.run_id", "cases.case_id"], ondelete="CASCADE"
+        ),
+    )
 
 
 class AssertionResultRow(Base):

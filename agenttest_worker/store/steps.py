@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -80,6 +80,14 @@ class LoadedCase:
     run_cost: float = 0.0
     # Running, and every conversation ended: only its aggregation is left to do.
     run_complete: bool = False
+    # The token of the step that wrote the row last (`Saved.token`); None when unknown.
+    step_token: str | None = None
+    # The state was not read: the row still holds what this process saved last, whose
+    # state it kept (kept_states.py); `state` is then None.
+    state_kept: bool = False
+    # A state that holds only its later turns (engine/state.py `earlier_turns`): the
+    # earlier turns' results, as one JSON array's text, in order (models.TurnRecordRow).
+    turn_records: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,10 @@ class Step:
     # When the step ends the case: cancel the run with this reason in the same write
     # (--fail-fast after a failed case), so that the write starts nothing new.
     stop_run: str | None = None
+    # Earlier turns' results that left the state with this step, as (position, JSON
+    # text): stored as turn records (models.TurnRecordRow), only by a store whose
+    # `keeps_turn_records` says so. A step that ends the case deletes its records.
+    archive: Sequence[tuple[int, str]] = ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,9 @@ class Saved:
     # Conversations (by `seq`, first..last) this step claimed to start: a run capped by
     # --parallel on a fleet starts the next ones as others end. None: none to start.
     starts: tuple[int, int] | None = None
+    # The token the step was written with (LoadedCase.step_token of the next load), when
+    # the store stamps its steps; None otherwise.
+    token: str | None = None
 
 
 def claimed(claimed_from: int | None, started: int | None) -> tuple[int, int] | None:
@@ -208,6 +223,8 @@ class StepRows:
     turns: list[dict[str, Any]]
     verdicts: list[dict[str, Any]]
     calls: list[dict[str, Any]]
+    # Earlier turns' results that left the conversation's state (Step.archive).
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def none(cls) -> StepRows:
@@ -218,9 +235,10 @@ class StepRows:
         self.turns.extend(more.turns)
         self.verdicts.extend(more.verdicts)
         self.calls.extend(more.calls)
+        self.records.extend(more.records)
 
     def __bool__(self) -> bool:
-        return bool(self.turns or self.verdicts or self.calls)
+        return bool(self.turns or self.verdicts or self.calls or self.records)
 
 
 def step_rows(
@@ -249,3 +267,13 @@ def step_spend(spend: tuple[int, float] | None, result: CaseResult | None) -> tu
     if result is not None and result.usage:
         return result.usage.total_tokens, 0.0
     return 0, 0.0
+
+
+def record_rows(
+    run_id: str, case_id: str, archive: Sequence[tuple[int, str]]
+) -> list[dict[str, Any]]:
+    """The turn records (models.TurnRecordRow) of a step's `archive`."""
+    return [
+        {"run_id": run_id, "case_id": case_id, "position": position, "record": record}
+        for position, record in archive
+    ]

@@ -14,51 +14,93 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
+    String,
     Table,
     Text,
     bindparam,
     case,
     cast,
     column,
+    delete,
     func,
+    literal_column,
+    null,
     or_,
     select,
     true,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 from sqlalchemy.sql import Select
 
 from agenttest_worker.store._sql import CASES, JSON_OR_NULL, RUNS
 from agenttest_worker.store.hot_path import JsonKind
-from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, Base, TurnRow
+from agenttest_worker.store.models import (
+    AgentCallRow,
+    AssertionResultRow,
+    Base,
+    TurnRecordRow,
+    TurnRow,
+)
 from agenttest_worker.store.steps import StepRows
 from agenttest_worker.store.storable import storable_row
 
 # -- loading a conversation ------------------------------------------------------------------
 
-LOAD = (
-    select(
-        # As text: see steps.JsonDocument.
-        cast(CASES.c.case, Text).label("case"),
-        CASES.c.agent,
-        CASES.c.phase,
-        CASES.c.next_turn,
-        cast(CASES.c.state, Text).label("state"),
-        CASES.c.deliveries,
-        RUNS.c.cancelled,
-        RUNS.c.cancel_reason,
-        RUNS.c.deadline_at,
-        RUNS.c.total_tokens,
-        RUNS.c.total_cost,
-        RUNS.c.status.label("run_status"),
-        RUNS.c.finished_cases,
-        RUNS.c.total_cases,
-    )
-    .select_from(CASES.join(RUNS, RUNS.c.id == CASES.c.run_id))
-    .where(CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case"))
+TURN_RECORDS: Table = TurnRecordRow.__table__  # type: ignore[assignment]
+_OF_CASE = (
+    TURN_RECORDS.c.run_id == bindparam("b_run"),
+    TURN_RECORDS.c.case_id == bindparam("b_case"),
 )
+# The row still holds the step whose state this process kept (kept_states.py): neither
+# the state nor the turn records are read (nor, Postgres being lazy in CASE, detoasted).
+_KEPT = CASES.c.step_token == bindparam("b_known", type_=String)
+# The conversation's turn records as the inside of a JSON array (`a,b,c`), in order, or
+# NULL when it has none; one statement with the state, so that both are of one moment.
+_RECORDS_PG = (
+    select(
+        func.string_agg(
+            TURN_RECORDS.c.record,
+            aggregate_order_by(literal_column("','"), TURN_RECORDS.c.position),
+        )
+    )
+    .where(*_OF_CASE)
+    .scalar_subquery()
+)
+_ORDERED = select(TURN_RECORDS.c.record).where(*_OF_CASE).order_by(TURN_RECORDS.c.position)
+_RECORDS_OTHER = select(func.group_concat(_ORDERED.subquery().c.record, ",")).scalar_subquery()
+
+
+def _load(records: ColumnElement[str]) -> Select[Any]:
+    return (
+        select(
+            # As text: see steps.JsonDocument.
+            cast(CASES.c.case, Text).label("case"),
+            CASES.c.agent,
+            CASES.c.phase,
+            CASES.c.next_turn,
+            case((_KEPT, null()), else_=cast(CASES.c.state, Text)).label("state"),
+            CASES.c.deliveries,
+            RUNS.c.cancelled,
+            RUNS.c.cancel_reason,
+            RUNS.c.deadline_at,
+            RUNS.c.total_tokens,
+            RUNS.c.total_cost,
+            RUNS.c.status.label("run_status"),
+            RUNS.c.finished_cases,
+            RUNS.c.total_cases,
+            CASES.c.step_token,
+            case((_KEPT, null()), else_=records).label("records"),
+        )
+        .select_from(CASES.join(RUNS, RUNS.c.id == CASES.c.run_id))
+        .where(CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case"))
+    )
+
+
+# Postgres orders the aggregate itself; SQLite keeps the order of the rows it is given.
+LOAD = _load(_RECORDS_PG)
+LOAD_OTHER = _load(_RECORDS_OTHER)
 COUNT_DELIVERY = (
     update(CASES)
     .where(
@@ -89,6 +131,8 @@ class LoadedRow(NamedTuple):
     run_status: str
     finished_cases: int
     total_cases: int
+    step_token: str | None
+    records: str | None
 
 
 # Parameters of the hot path that are JSON: the conversation's documents (json columns,
@@ -99,6 +143,7 @@ JSON_PARAMS: dict[str, JsonKind] = {
     "b_turn_rows": "jsonb",
     "b_verdict_rows": "jsonb",
     "b_call_rows": "jsonb",
+    "b_record_rows": "jsonb",
 }
 
 # -- saving a step -------------------------------------------------------------------------
@@ -197,6 +242,9 @@ CASE_ENDED = (
 CASE_TOKEN = select(CASES.c.step_token).where(
     CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case")
 )
+# A case that ends stores its whole state: its turn records are no longer needed.
+FORGET_RECORDS = delete(TURN_RECORDS).where(*_OF_CASE)
+
 RUN_COUNTS = select(RUNS.c.finished_cases, RUNS.c.total_cases, RUNS.c.status).where(
     RUNS.c.id == bindparam("b_run")
 )
@@ -224,6 +272,7 @@ def insert_step_rows(connection: Any, rows: StepRows) -> None:
     insert_rows(connection, TurnRow, rows.turns)
     insert_rows(connection, AssertionResultRow, rows.verdicts)
     insert_rows(connection, AgentCallRow, rows.calls)
+    insert_rows(connection, TurnRecordRow, rows.records)
 
 
 # -- saving a step on Postgres, in one statement --------------------------------------------
@@ -274,6 +323,7 @@ ROW_COLUMNS: dict[type[Base], tuple[str, ...]] = {
         "total_tokens",
         "error",
     ),
+    TurnRecordRow: ("run_id", "case_id", "position", "record"),
 }
 
 
@@ -290,9 +340,15 @@ def _insert_if_moved(model: type[Base], param: str, moved: Any) -> Any:
     return insert.cte(f"insert_{table.name}")
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)
 def pg_step(
-    parked: bool, turns: bool, verdicts: bool, calls: bool, ended: bool, spent: bool
+    parked: bool,
+    turns: bool,
+    verdicts: bool,
+    calls: bool,
+    ended: bool,
+    spent: bool,
+    records: bool = False,
 ) -> Select[Any]:
     """The one statement saving a step on Postgres, with the parts this step needs."""
     moved = (SAVE_PARKED if parked else SAVE_RUNNING).returning(CASES.c.case_id).cte("moved")
@@ -303,10 +359,13 @@ def pg_step(
             (turns, TurnRow, "b_turn_rows"),
             (verdicts, AssertionResultRow, "b_verdict_rows"),
             (calls, AgentCallRow, "b_call_rows"),
+            (records, TurnRecordRow, "b_record_rows"),
         )
         if wanted
     ]
     if ended:
+        forgotten = FORGET_RECORDS.where(if_moved).returning(TURN_RECORDS.c.position)
+        ctes.append(forgotten.cte("forgotten"))
         counts = CASE_ENDED.where(if_moved).cte("ended")
         statement = select(
             moved.c.case_id,

@@ -39,6 +39,7 @@ from agenttest_worker.store.steps import (
     Step,
     as_object,
     claimed,
+    record_rows,
     step_rows,
     step_spend,
 )
@@ -75,14 +76,18 @@ def load_case(
     case_id: str,
     count_delivery: bool = False,
     turn: int | None = None,
+    known: str | None = None,
 ) -> LoadedCase | None:
     """The conversation and what its run says; optionally counting this delivery.
 
     With `turn`, only a delivery of the turn the conversation is waiting for counts: a
     duplicate or stale message must not use up the next turn's delivery budget.
+    `known`: the token of the step whose state this process kept (kept_states.py); if
+    the row still holds it, its state is not read (`LoadedCase.state_kept`).
     """
+    load = sql.LOAD if engine.dialect.name == "postgresql" else sql.LOAD_OTHER
     with _turn_connection(engine) as connection:
-        found = connection.fetch_one(sql.LOAD, {"b_run": run_id, "b_case": case_id})
+        found = connection.fetch_one(load, {"b_run": run_id, "b_case": case_id, "b_known": known})
         if found is None:
             return None
         row = sql.LoadedRow(*found)
@@ -117,6 +122,9 @@ def load_case(
             run_tokens=row.total_tokens,
             run_cost=row.total_cost,
             run_complete=row.run_status == "running" and row.finished_cases >= row.total_cases,
+            step_token=row.step_token,
+            state_kept=known is not None and row.step_token == known,
+            turn_records=None if row.records is None else f"[{row.records}]",
         )
 
 
@@ -192,6 +200,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
     if step.expected_phase is not None:
         params["b_expected_phase"] = step.expected_phase
     rows = step_rows(step.run_id, step.case_id, step.new_turns, step.final_assertions)
+    rows.records = record_rows(step.run_id, step.case_id, step.archive)
     tokens, cost = step_spend(step.spend, result)
     if result is not None:
         params.update(
@@ -211,19 +220,26 @@ def save_step(engine: Engine, step: Step) -> Saved:
             bool(rows.calls),
             result is not None,
             bool(tokens or cost),
+            bool(rows.records),
         )
-        params.update(b_turn_rows=rows.turns, b_verdict_rows=rows.verdicts, b_call_rows=rows.calls)
+        params.update(
+            b_turn_rows=rows.turns,
+            b_verdict_rows=rows.verdicts,
+            b_call_rows=rows.calls,
+            b_record_rows=rows.records,
+        )
         with _turn_connection(engine) as connection:
             row = connection.fetch_one(statement, params)
             if row is None:
                 return _not_moved(connection, key, result)
         if result is None:
-            return Saved(True)
+            return Saved(True, token=known[3])
         _, finished, total, status, claimed_from, started = row
         return Saved(
             True,
             run_finished=status == "running" and finished >= total,
             starts=claimed(claimed_from, started),
+            token=known[3],
         )
 
     with engine.begin() as connection:
@@ -236,7 +252,8 @@ def save_step(engine: Engine, step: Step) -> Saved:
         if result is None:
             if tokens or cost:
                 connection.execute(sql.SPEND, params)
-            return Saved(True)
+            return Saved(True, token=known[3])
+        connection.execute(sql.FORGET_RECORDS, params)
         finished, total, status, claimed_from, started = connection.execute(
             sql.CASE_ENDED, params
         ).one()
@@ -244,6 +261,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
             True,
             run_finished=status == "running" and finished >= total,
             starts=claimed(claimed_from, started),
+            token=known[3],
         )
 
 
@@ -263,5 +281,5 @@ def _not_moved(
         # acknowledged: this step is saved, and its caller must still enqueue what
         # follows (else the conversation waits for the sweeper).
         finished = result is not None and _run_complete(connection, step[0])
-        return Saved(True, run_finished=finished)
+        return Saved(True, run_finished=finished, token=_written.step[3])
     return Saved(False)

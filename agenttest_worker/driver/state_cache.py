@@ -1,0 +1,211 @@
+"""A conversation's state between steps: kept in memory, and saved without old turns.
+
+Two costs used to grow with a conversation's length, every turn: parsing its whole
+stored state (every message and every earlier turn's result) when a step loads it, and
+writing all of it again when the step is saved. benchmarks/long_conversation.py
+measures a turn at turn ~3 and ~50.
+
+- Kept states. A worker that saves a step keeps the state it saved, by the step's
+  token (store/kept_states.py). When the next turn of that conversation comes to the
+  same process and the row still holds that token, the store does not even send the
+  state, and the kept object is played on. Any other write in between (another worker
+  played a turn, a person replied) changes the token, and the state is read and parsed
+  as before: the store stays the only shared truth, and any worker can play any turn.
+  An entry is taken out when used and put back only by a saved step, so a failed save
+  leaves none behind.
+- Turn records. With a store that keeps them (`keeps_turn_records`), the stored state
+  holds only its last turn; the earlier turns' results are rows of their own
+  (models.TurnRecordRow), each written once, by the step after the one that played it
+  (when the next turn can no longer change it), and read back, in one statement with
+  the state, only when the state was not kept. The step that ends the case stores the
+  whole state (what reports and re-evaluations read) and drops the records.
+
+A run with an agent read from its chat history (`history:` in agenttest.yaml) saves
+whole states: reading the history may rewrite earlier turns (engine/history.py). So
+does a conversation whose stored state was whole (stored before turn records existed,
+or by a store without them), to its end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from agenttest_worker.driver.run_cache import case_of, run_config, validated
+from agenttest_worker.engine import ConversationState, start_conversation
+from agenttest_worker.errors import ConfigError
+from agenttest_worker.results import TurnResult
+from agenttest_worker.store import steps
+from agenttest_worker.store.base import ConversationStore
+from agenttest_worker.store.kept_states import KEPT
+
+_TURNS: TypeAdapter[list[TurnResult]] = TypeAdapter(list[TurnResult])
+
+
+@dataclass
+class Stored:
+    """A conversation's state as a step found it, and how it is stored.
+
+    `archived`: how many of `state.turns` (the first ones) are stored as turn records;
+    None when the conversation's state is stored whole (and stays so)."""
+
+    state: ConversationState
+    archived: int | None
+
+
+@dataclass(frozen=True)
+class _Kept:
+    stored: Stored
+    next_turn: int
+    phase: str
+
+
+def take_kept(loaded: steps.LoadedCase) -> Stored | None:
+    """The state this process kept for `loaded` (LoadedCase.state_kept), taken out: the
+    step now owns it. None when it is gone (another thread of this process took it, or
+    it was pushed out): the caller then reads the state from the store."""
+    if loaded.step_token is None:
+        return None
+    kept = KEPT.take(loaded.run_id, loaded.case_id, loaded.step_token)
+    if not isinstance(kept, _Kept):
+        return None
+    if (kept.next_turn, kept.phase) != (loaded.next_turn, loaded.phase):
+        return None  # the row moved without a step of ours: never expected, but not ours
+    return kept.stored
+
+
+def parse(loaded: steps.LoadedCase) -> Stored:
+    """The stored state of `loaded` (not None), with its turn records put back in."""
+    assert loaded.state is not None
+    state = validated(ConversationState, loaded.state)
+    count = state.earlier_turns
+    if count is None:
+        return Stored(state, None)
+    earlier = _TURNS.validate_json(loaded.turn_records) if loaded.turn_records else []
+    if len(earlier) != count:
+        # A store that does not hand turn records back (a wrapper, or the embedded store
+        # over a fleet's run): better to stop than to play on without the turns.
+        raise LookupError(
+            f"conversation {loaded.case_id} of run {loaded.run_id}: its state holds its "
+            f"turns after the first {count}, and {len(earlier)} earlier turns were loaded"
+        )
+    state.turns[:0] = earlier
+    state.earlier_turns = None
+    return Stored(state, count)
+
+
+def keep(loaded: steps.LoadedCase, saved: steps.Saved, step: steps.Step, stored: Stored) -> None:
+    """Keep the state of a saved step (`stored`: as it is now stored) for the next turn."""
+    if saved.token is None or step.phase == "done":
+        KEPT.forget(loaded.run_id, loaded.case_id)
+        return
+    kept = _Kept(stored, step.next_turn, step.phase)
+    KEPT.keep(loaded.run_id, loaded.case_id, saved.token, kept)
+
+
+def forget(loaded: steps.LoadedCase) -> None:
+    KEPT.forget(loaded.run_id, loaded.case_id)
+
+
+def stored_form(
+    state: ConversationState, archived: int | None, compact: bool
+) -> tuple[steps.JsonText, Sequence[tuple[int, str]], int | None]:
+    """(the state's text to store, the turn records to add, how many turns are archived
+    once they are): `state` whole, or without its earlier turns when `compact`."""
+    if not compact or archived is None or state.phase == "done":
+        return steps.JsonText(state.model_dump_json()), (), None
+    # The last turn stays in the state: the next step may still complete it (a
+    # simulator's verdict, a person's reply), and a person's terminal reads it there.
+    keep_from = max(archived, len(state.turns) - 1)
+    archive = [(i, state.turns[i].model_dump_json()) for i in range(archived, keep_from)]
+    compact_state = state.model_copy(
+        update={"turns": state.turns[keep_from:], "earlier_turns": keep_from}
+    )
+    return steps.JsonText(compact_state.model_dump_json()), archive, keep_from
+
+
+_history_runs: dict[str, bool] = {}
+_history_lock = threading.Lock()
+
+
+def compacts(store: object, loaded: steps.LoadedCase) -> bool:
+    """Whether a step of `loaded` saves its state without the earlier turns."""
+    if not getattr(store, "keeps_turn_records", False):
+        return False
+    with _history_lock:
+        found = _history_runs.get(loaded.run_id)
+    if found is None:
+        try:
+            agents = run_config(loaded.run_id, loaded.run_config).agents.values()
+            found = not any(getattr(agent, "history", None) is not None for agent in agents)
+        except ConfigError:
+            found = False  # the conversation ends failed without calling anyone
+        with _history_lock:
+            if len(_history_runs) > 256:
+                _history_runs.clear()
+            _history_runs[loaded.run_id] = found
+    return found
+
+
+def session_id(run_id: str, case_id: str) -> str:
+    return f"agenttest-{run_id}-{case_id}"
+
+
+def stored(loaded: steps.LoadedCase) -> Stored:
+    """The state of `loaded` as stored (parsed), or a new one before its first turn."""
+    if loaded.state is None:
+        return Stored(
+            start_conversation(case_of(loaded), session_id(loaded.run_id, loaded.case_id)), 0
+        )
+    return parse(loaded)
+
+
+def load(
+    store: ConversationStore, loaded: steps.LoadedCase
+) -> tuple[steps.LoadedCase, Stored] | None:
+    """The state a step plays on, with the load it came with: kept by this process, or
+    as stored. None when the kept state was gone and the conversation moved meanwhile
+    (read again, it is no longer where it was loaded)."""
+    if loaded.state_kept:
+        kept = take_kept(loaded)
+        if kept is not None:
+            return loaded, kept
+        # Gone: read it from the store (whose next load no longer skips it).
+        again = store.load_case(loaded.run_id, loaded.case_id)
+        if again is None or (again.next_turn, again.phase, again.step_token) != (
+            loaded.next_turn,
+            loaded.phase,
+            loaded.step_token,
+        ):
+            return None
+        loaded = replace(
+            loaded, state=again.state, turn_records=again.turn_records, state_kept=False
+        )
+    else:
+        # Whatever this process kept for the conversation is not what the store holds.
+        forget(loaded)
+    return loaded, stored(loaded)
+
+
+def save(
+    store: ConversationStore,
+    loaded: steps.LoadedCase,
+    archived: int | None,
+    state: ConversationState,
+    **step: Any,
+) -> steps.Saved:
+    """Save the step of `loaded` that leaves it in `state` (`step`: the other fields of
+    steps.Step): the state whole or without its earlier turns (see the module
+    docstring), and then kept for the next turn. A run with a --deadline reads the
+    state again when a turn is cut short at it (driver/step.py
+    execute_until_deadline): its states are not kept."""
+    text, archive, now_archived = stored_form(state, archived, compacts(store, loaded))
+    written = steps.Step(state=text, archive=archive, **step)
+    saved = store.save_step(written)
+    if saved.saved and loaded.deadline_at is None:
+        keep(loaded, saved, written, Stored(state, now_archived))
+    return saved

@@ -1,0 +1,286 @@
+"""Kept states and turn records (driver/state_cache.py) against a real Postgres store.
+
+A worker keeps the state of each step it saves; the next turn of that conversation, if
+it comes to the same process and nothing else wrote the conversation since, is played
+on the kept state without the store sending it. The stored state holds only the last
+turn while the conversation runs, the earlier turns' results being rows of their own.
+Whatever the path (kept, read back from the store, or whole as before), a conversation
+ends with the same record, and any worker can play any turn.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_servers import AgentServer, Received, Reply, completion, tool_call
+from sqlalchemy import select
+
+from agenttest_worker.store import steps
+from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.kept_states import KEPT
+from agenttest_worker.store.models import CaseRow, TurnRecordRow
+
+TURNS = 5
+
+
+def _reply(request: Received) -> Reply:
+    """The n-th user message gets "reply n"; the second asks for a (mocked) tool first."""
+    messages = request.json["messages"]
+    users = sum(1 for m in messages if m["role"] == "user")
+    usage = {"prompt_tokens": 7 * users, "completion_tokens": 3, "total_tokens": 7 * users + 3}
+    if users == 2 and messages[-1]["role"] == "user":
+        return Reply(body=completion(None, tool_calls=[tool_call("lookup", {"q": 2})], usage=usage))
+    return Reply(body=completion(f"reply {users}: " + "words " * 40, usage=usage))
+
+
+@pytest.fixture
+def agent() -> Any:
+    with AgentServer() as server:
+        server.respond("/v1/chat/completions", _reply)
+        yield server
+
+
+def _case(case_id: str) -> dict[str, Any]:
+    turns: list[dict[str, Any]] = [
+        {
+            "input": f"message {n}",
+            "assertions": [
+                {"type": "contains", "value": f"reply {n}"},
+                {"type": "regex", "pattern": "^reply [0-9]+"},
+            ],
+        }
+        for n in range(1, TURNS + 1)
+    ]
+    turns[1]["tool_mocks"] = {"lookup": {"found": 2, "items": ["a", "b"]}}
+    turns[1]["assertions"].append({"type": "tool_called", "name": "lookup"})
+    return {"id": case_id, "turns": turns}
+
+
+def _run(database_url: str, agent: AgentServer, case_id: str = "K1") -> str:
+    from agenttest_submit.runner import store_run
+    from agenttest_worker.agents.config import ProjectConfig
+    from agenttest_worker.cases.model import Case
+    from agenttest_worker.engine import RunOptions
+
+    config = ProjectConfig.model_validate(
+        {"agents": {"bot": {"base_url": agent.url("/v1"), "model": "m", "max_retries": 0}}}
+    )
+    run_id, _ = store_run(
+        database_url,
+        [Case.model_validate(_case(case_id))],
+        options=RunOptions(target="bot", interactive=False),
+        config=config,
+        target="bot",
+        label="kept states",
+    )
+    return run_id
+
+
+def _step(store: SqlStore, run_id: str, case_id: str, turn: int) -> Any:
+    import asyncio
+
+    from agenttest_worker.agents.transport import close_session
+    from agenttest_worker.driver.step import PoolCache, run_step
+
+    async def step() -> Any:
+        try:
+            return await run_step(store, PoolCache(), run_id, case_id, turn, 3)
+        finally:
+            await close_session()
+
+    return asyncio.run(step())
+
+
+def _play(store: SqlStore, run_id: str, case_id: str = "K1", *, kept: bool = True) -> None:
+    turn: int | None = 1
+    while turn is not None:
+        if not kept:
+            KEPT.clear()  # as if each turn went to another worker
+        advance = _step(store, run_id, case_id, turn)
+        assert advance.saved, advance
+        turn = advance.next_turn
+
+
+def _row(database_url: str, run_id: str, case_id: str = "K1") -> tuple[Any, Any, int]:
+    """(state, result, turn records) as stored."""
+    with session_scope(database_url) as session:
+        state, result = session.execute(
+            select(CaseRow.state, CaseRow.result).where(
+                CaseRow.run_id == run_id, CaseRow.case_id == case_id
+            )
+        ).one()
+        records = session.execute(
+            select(TurnRecordRow.position).where(
+                TurnRecordRow.run_id == run_id, TurnRecordRow.case_id == case_id
+            )
+        ).all()
+    return state, result, len(records)
+
+
+def _comparable(result: Any) -> str:
+    """The record as JSON text, minus what differs between two plays (times) and the
+    run it was played in."""
+    volatile = {"duration_ms", "latency_ms", "response_ms", "first_token_ms"}
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in volatile}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return json.dumps(strip(result))
+
+
+class WholeStore(SqlStore):
+    """A store without turn records: every state saved whole, as before they existed."""
+
+    keeps_turn_records = False
+
+
+class FailingOnce(SqlStore):
+    """A store whose first save after `arm()` fails as a lost database would."""
+
+    armed = False
+
+    def save_step(self, step: steps.Step) -> steps.Saved:
+        if self.armed:
+            self.armed = False
+            raise ConnectionError("database gone")
+        return super().save_step(step)
+
+
+def test_every_path_ends_with_the_same_record(pg_database: str, agent: AgentServer) -> None:
+    """Kept states, states read back from compact rows every turn, and whole states
+    as before give the same record, down to the order of every key."""
+    store = SqlStore(pg_database)
+    kept_run = _run(pg_database, agent)
+    _play(store, kept_run)
+    read_run = _run(pg_database, agent)
+    _play(store, read_run, kept=False)
+    whole_run = _run(pg_database, agent)
+    _play(WholeStore(pg_database), whole_run, kept=False)
+
+    records = [_row(pg_database, run)[1] for run in (kept_run, read_run, whole_run)]
+    assert records[0]["status"] == "passed" and len(records[0]["turns"]) == TURNS
+    assert _comparable(records[0]) == _comparable(records[1]) == _comparable(records[2])
+    # The whole state is stored at the end, as every reader of a finished case expects.
+    for run in (kept_run, read_run):
+        state, _, records_left = _row(pg_database, run)
+        assert "earlier_turns" not in state and len(state["turns"]) == TURNS
+        assert records_left == 0
+
+
+def test_a_running_conversation_stores_only_its_last_turn_in_its_state(
+    pg_database: str, agent: AgentServer
+) -> None:
+    store = SqlStore(pg_database)
+    run_id = _run(pg_database, agent)
+    for turn in (1, 2, 3):
+        assert _step(store, run_id, "K1", turn).next_turn == turn + 1
+    state, _, records = _row(pg_database, run_id)
+    assert state["earlier_turns"] == 2 and [t["turn"] for t in state["turns"]] == [3]
+    assert records == 2
+    # The next load finds the row as this process saved it: the state is not sent.
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and loaded.state_kept and loaded.state is None
+    # Another process knows nothing kept: it gets the state and the records.
+    KEPT.clear()
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and not loaded.state_kept and loaded.state is not None
+    assert loaded.turn_records is not None and len(json.loads(loaded.turn_records)) == 2
+
+
+def test_another_worker_plays_the_next_turn_after_this_one_kept_it(
+    pg_database: str, agent: AgentServer
+) -> None:
+    """Turn 2 is played by another process while this one keeps turn 1's state: turn 3
+    here must be played on what the store holds (turn 2 included), not on the kept one."""
+    store = SqlStore(pg_database)
+    reference = _run(pg_database, agent)
+    _play(store, reference, kept=False)
+    run_id = _run(pg_database, agent)
+    assert _step(store, run_id, "K1", 1).next_turn == 2
+    assert KEPT.token(run_id, "K1") is not None
+    other = subprocess.run(
+        [sys.executable, "-c", _OTHER_WORKER, pg_database, run_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,
+    )
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split() == ["True", "3"]
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and not loaded.state_kept  # turn 2 was written elsewhere
+    turn: int | None = 3
+    while turn is not None:
+        advance = _step(store, run_id, "K1", turn)
+        assert advance.saved
+        turn = advance.next_turn
+    assert _comparable(_row(pg_database, run_id)[1]) == _comparable(_row(pg_database, reference)[1])
+
+
+_OTHER_WORKER = """
+import asyncio, sys
+from agenttest_worker.agents.transport import close_session
+from agenttest_worker.driver.step import PoolCache, run_step
+from agenttest_worker.store.base import SqlStore
+
+async def main():
+    try:
+        return await run_step(SqlStore(sys.argv[1]), PoolCache(), sys.argv[2], "K1", 2, 3)
+    finally:
+        await close_session()
+
+advance = asyncio.run(main())
+print(advance.saved, advance.next_turn)
+"""
+
+
+def test_a_failed_save_keeps_nothing(pg_database: str, agent: AgentServer) -> None:
+    """The state a turn played on was updated in place: after a save that failed, the
+    next copy of the turn must read the state from the store, not find that one."""
+    store = FailingOnce(pg_database)
+    reference = _run(pg_database, agent)
+    _play(SqlStore(pg_database), reference)
+    run_id = _run(pg_database, agent)
+    assert _step(store, run_id, "K1", 1).next_turn == 2
+    store.armed = True
+    with pytest.raises(ConnectionError):
+        _step(store, run_id, "K1", 2)
+    assert KEPT.token(run_id, "K1") is None
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and not loaded.state_kept and loaded.next_turn == 2
+    turn: int | None = 2  # the broker gives the turn back
+    while turn is not None:
+        advance = _step(store, run_id, "K1", turn)
+        assert advance.saved
+        turn = advance.next_turn
+    assert _comparable(_row(pg_database, run_id)[1]) == _comparable(_row(pg_database, reference)[1])
+
+
+def test_a_duplicate_of_a_kept_turn_changes_nothing(pg_database: str, agent: AgentServer) -> None:
+    """Two copies of one turn in the same process: the first takes the kept state, the
+    second reads the store's; one of them is saved, the other changes nothing."""
+    from agenttest_worker.driver.step import Prepared, commit, end_without_running, prepare
+
+    store = SqlStore(pg_database)
+    run_id = _run(pg_database, agent)
+    assert _step(store, run_id, "K1", 1).next_turn == 2
+    first = prepare(store, run_id, "K1", 2, 3)
+    second = prepare(store, run_id, "K1", 2, 3)
+    assert isinstance(first, Prepared) and isinstance(second, Prepared)
+    assert first.state is not second.state
+    assert first.state.model_dump_json() == second.state.model_dump_json()
+    assert commit(store, second, end_without_running(second, "fail", "stopped")).saved
+    assert not commit(store, first, end_without_running(first, "skip", "late copy")).saved
+    assert KEPT.token(run_id, "K1") is None  # the case ended: nothing to keep
+    state, result, records = _row(pg_database, run_id)
+    assert result["status"] == "failed" and state["error"] == "stopped" and records == 0
