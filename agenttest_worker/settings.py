@@ -53,7 +53,9 @@ class Settings(BaseModel):
         default=10, ge=1, description="Seconds between workers' sweeps for abandoned tasks"
     )
     worker_concurrency: int = Field(
-        default=64, ge=1, description="Turn tasks one worker process runs at a time (threads)"
+        default=64,
+        ge=1,
+        description="Turns one worker process keeps in flight (waiting on agents) at once",
     )
     max_redeliveries: int = Field(
         default=3,

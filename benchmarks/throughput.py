@@ -4,8 +4,9 @@
         --latency-ms 50 --workers 1
 
 Both sides run N conversations of `--turns` turns against the same fixed-latency agent
-(its own process), through real Redis, Postgres and Celery worker processes (threads
-pool, same concurrency):
+(its own process), through real Redis, Postgres and Celery worker processes (same
+concurrency; the floor on Celery's threads pool, agenttest on its own event-loop pool
+unless `--agenttest-pool threads`):
 - floor: a bare Celery chain, one httpx call and one Postgres insert per turn
   (benchmarks/floor_chain.py);
 - agenttest: `agenttest-submit --no-wait` on a JSONL file of N cases with `--turns`
@@ -161,7 +162,15 @@ def stopping_workers() -> Iterator[None]:
 class Worker:
     """A Celery worker process; peak memory read from its rusage when it exits."""
 
-    def __init__(self, app: str, env: dict[str, str], concurrency: int, queue: str, log_path: Path):
+    def __init__(
+        self,
+        app: str,
+        env: dict[str, str],
+        concurrency: int,
+        queue: str,
+        log_path: Path,
+        pool: str | None = "threads",
+    ):
         _started.append(self)
         self.stopped = False
         self.log_path = log_path
@@ -172,8 +181,8 @@ class Worker:
                 "-A",
                 app,
                 "worker",
-                "--pool",
-                "threads",
+                # None: the app's own pool (agenttest's is its event-loop pool).
+                *(["--pool", pool] if pool else []),
                 "--concurrency",
                 str(concurrency),
                 "-Q",
@@ -385,7 +394,14 @@ def run_agenttest(
         [str(BIN / "agenttest-submit"), "db", "upgrade"], env=env, check=True, capture_output=True
     )
     workers = [
-        Worker("agenttest_worker", env, args.concurrency, "agenttest", tmp / f"agenttest-{i}.log")
+        Worker(
+            "agenttest_worker",
+            env,
+            args.concurrency,
+            "agenttest",
+            tmp / f"agenttest-{i}.log",
+            args.agenttest_pool,
+        )
         for i in range(workers_count)
     ]
     for w in workers:
@@ -545,6 +561,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--only", choices=("floor", "agenttest"), help="measure one side (for profiling)"
+    )
+    parser.add_argument(
+        "--agenttest-pool",
+        help="the agenttest workers' --pool (default: their own, the event-loop pool; "
+        "threads to compare); the floor always runs Celery's threads pool",
     )
     args = parser.parse_args()
     compile_bytecode()

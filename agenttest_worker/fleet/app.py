@@ -30,6 +30,10 @@ from agenttest_worker.settings import get_settings
 
 settings = get_settings()
 
+# The default pool, named so that importing the app does not import it (Celery loads
+# it when the worker starts).
+LOOP_POOL = "agenttest_worker.fleet.loop_pool:TaskPool"
+
 # Redis priorities (kombu): 0 is popped first. Only these two steps exist, so workers
 # watch two lists per queue; ":" keeps the second list's name readable for monitoring
 # (deploy/k8s/keda-scaledobject.yaml watches both).
@@ -62,8 +66,9 @@ app.conf.update(
     result_backend=None,
     task_serializer="json",
     accept_content=["json"],
-    # Turns wait on agents, not on the CPU: threads, many of them, per process.
-    worker_pool="threads",
+    # Turns wait on agents, not on the CPU: coroutines on one event loop per process,
+    # thousands of them (loop_pool.py). `--pool threads` and `--pool processes` remain.
+    worker_pool=LOOP_POOL,
     worker_concurrency=settings.worker_concurrency,
     broker_transport_options={
         "priority_steps": list(PRIORITY_STEPS),

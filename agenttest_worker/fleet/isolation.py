@@ -25,9 +25,10 @@ worker while it waits.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 
 from agenttest_worker.observe import metrics
 
@@ -86,5 +87,64 @@ class Isolation:
                 self._changed.notify_all()
 
 
-# The process's turns: Celery's thread pool runs them all in one process.
+class LoopIsolation:
+    """`Isolation` for turns played as coroutines on one event loop (loop_pool.py)."""
+
+    def __init__(self) -> None:
+        self._changed: asyncio.Condition | None = None
+        self._shared = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    def _condition(self) -> asyncio.Condition:
+        # Made on the loop that uses it (the pool's), at its first turn.
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    @asynccontextmanager
+    async def shared(
+        self, while_waiting: AbstractContextManager[object] | None = None
+    ) -> AsyncIterator[None]:
+        changed = self._condition()
+        if self._alone or self._waiting_alone:
+            with while_waiting or nullcontext():
+                async with changed:
+                    await changed.wait_for(lambda: not (self._alone or self._waiting_alone))
+        self._shared += 1
+        try:
+            with metrics.playing():
+                yield
+        finally:
+            self._shared -= 1
+            if not self._shared and self._waiting_alone:
+                async with changed:
+                    changed.notify_all()
+
+    @asynccontextmanager
+    async def alone(
+        self, while_waiting: AbstractContextManager[object] | None = None
+    ) -> AsyncIterator[None]:
+        metrics.redelivered()
+        changed = self._condition()
+        with while_waiting or nullcontext():
+            self._waiting_alone += 1
+            try:
+                async with changed:
+                    await changed.wait_for(lambda: not (self._alone or self._shared))
+            finally:
+                self._waiting_alone -= 1
+            self._alone = True
+        try:
+            with metrics.playing():
+                yield
+        finally:
+            self._alone = False
+            async with changed:
+                changed.notify_all()
+
+
+# The process's turns: Celery's thread pool runs them all in one process (TURNS), or
+# the loop pool on its one event loop (LOOP_TURNS).
 TURNS = Isolation()
+LOOP_TURNS = LoopIsolation()

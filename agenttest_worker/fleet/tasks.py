@@ -21,11 +21,18 @@ from celery.signals import (
 
 from agenttest_worker.agents.waiting import WAITING, current_turn
 from agenttest_worker.driver.event_loops import shutdown
-from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
+from agenttest_worker.driver.step import (
+    Advance,
+    PoolCache,
+    TurnAddress,
+    run_step_offloaded,
+    run_step_sync,
+)
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
-from agenttest_worker.fleet.isolation import TURNS
+from agenttest_worker.fleet.isolation import LOOP_TURNS, TURNS
 from agenttest_worker.fleet.liveness import TurnInFlight
+from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
 from agenttest_worker.fleet.metered import metered
 from agenttest_worker.heap import settle
 from agenttest_worker.settings import get_settings
@@ -126,12 +133,16 @@ def start(run_id: str, first: int, last: int) -> str:
     return f"{run_id}: started {len(case_ids)} conversation(s) ({first}-{last})"
 
 
-@app.task(name="agenttest.turn", bind=True)
+@app.task(name=plays_on_loop("agenttest.turn"), bind=True)
 def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
     # Set by the broker on a message it gave back (its worker died or was too slow).
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
     properties = self.request.properties or {}
     in_flight = TurnInFlight(run_id, case_id, turn, properties.get("delivery_tag"))
+    address = TurnAddress(run_id, case_id, turn, get_settings().max_redeliveries, redelivered)
+    if defer(lambda: _play_on_loop(address, in_flight)):
+        # The loop pool plays it and finishes the task when it ends (loop_pool.py).
+        return DEFERRED
     # A redelivered turn runs alone in this process, so that a worker's death is blamed
     # only on a turn that was running alone (isolation.py); waiting for that, and for
     # agents (rate limits, back-offs), it is marked alive (liveness.py).
@@ -143,10 +154,28 @@ def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
             run_id,
             case_id,
             turn,
-            max_deliveries=get_settings().max_redeliveries,
+            max_deliveries=address.max_deliveries,
             redelivered=redelivered,
         )
     follow_up(run_id, case_id, advance)
+    return _played(address, advance)
+
+
+async def _play_on_loop(address: TurnAddress, in_flight: TurnInFlight) -> str:
+    """The turn task's body on the loop pool: the same step, with the same isolation of
+    redelivered turns, as a coroutine; the store and the broker are called on threads."""
+    waits = WAITING.holding(in_flight)
+    with current_turn(in_flight):
+        alone = LOOP_TURNS.alone(waits) if address.redelivered else LOOP_TURNS.shared(waits)
+        async with alone:
+            advance = await run_step_offloaded(_store(), _pools, address, offload)
+    await offload(follow_up, address.run_id, address.case_id, advance)
+    return _played(address, advance)
+
+
+def _played(address: TurnAddress, advance: Advance) -> str:
+    """What the task returns: Flower's and the worker log's line for the turn."""
+    case_id, turn = address.case_id, address.turn
     if advance.gone:
         return f"{case_id} turn {turn}: not run, its run is no longer stored"
     if not advance.saved:

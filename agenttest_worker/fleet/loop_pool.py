@@ -1,0 +1,320 @@
+"""A Celery pool that plays turns as coroutines on one event loop per worker process.
+
+Celery's thread pool gives every turn in flight a thread, and each thread its own event
+loop (driver/event_loops.py): against a slow agent (seconds per call) a worker held
+about 1,300 turns in flight of 2,000 allowed, at ~355 MB, and spent its CPU switching
+threads. Here a turn in flight costs a coroutine: `-c` / AGENTTEST_WORKER_CONCURRENCY is
+how many turns one process keeps waiting on agents at once, thousands if need be.
+
+How it fits Celery (5.x has no asyncio pool of its own; the asyncio pools on PyPI
+replace Celery's tracer by monkeypatching it). The consumer hands each message to
+`on_apply` with a `callback` that finishes the request: with acks-late, that is where
+the message is acknowledged (`Request.on_success`), so the message stays unacknowledged
+until the callback runs. A task registered with `plays_on_loop` runs its tracer on the
+loop thread; its body hands the coroutine it wants played to `defer` and returns. The
+pool then plays that coroutine on the loop and calls the callback only when it has
+ended, with its result or its exception: acks-late, redelivery of a worker's unfinished
+turns after it dies, and everything built on them keep working unchanged. Tasks not
+registered (start batches, aggregation, the sweep) run on a few plain threads, so a
+long aggregation never stalls the loop.
+
+The loop must never block. The store's calls are blocking (psycopg, Redis), so turns
+hand them to a small thread pool (`offload`); an agent call, a rate-limit wait or a
+retry's back-off is an await on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from billiard.einfo import ExceptionInfo
+from celery.concurrency.base import BasePool, apply_target
+from kombu.utils.encoding import safe_repr
+
+T = TypeVar("T")
+
+log = logging.getLogger("agenttest.pool")
+
+# The names of the tasks whose body defers a coroutine to the loop (`plays_on_loop`).
+_LOOP_TASKS: set[str] = set()
+
+
+def plays_on_loop(name: str) -> str:
+    """Register task `name` as one whose body hands its work to `defer` on this pool."""
+    _LOOP_TASKS.add(name)
+    return name
+
+
+class _Deferral:
+    """Where a task body running on the loop leaves the coroutine it wants played."""
+
+    def __init__(self) -> None:
+        self.coroutine: Coroutine[Any, Any, Any] | None = None
+
+
+_deferral: contextvars.ContextVar[_Deferral | None] = contextvars.ContextVar(
+    "agenttest_deferral", default=None
+)
+
+
+# What a deferring task body returns to its tracer. The tracer logs it as the task's
+# result ("succeeded in 0.0002s"), which would say nothing true: that line is dropped
+# (`_DropDeferred`), and the real one is logged when the coroutine has ended.
+DEFERRED = "agenttest: deferred to the event loop"
+
+
+class _DropDeferred(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        data = getattr(record, "data", None)
+        # The tracer logs its own short repr of the value: compare what it holds.
+        return not (isinstance(data, dict) and DEFERRED in str(data.get("return_value")))
+
+
+_trace_log = logging.getLogger("celery.app.trace")
+# Celery's line for a task that succeeded (celery.app.trace.LOG_SUCCESS).
+_SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss: %(return_value)s"
+
+
+def defer(make: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
+    """Under this pool, play `make()` on the loop after the task body returns, and
+    finish the task (acknowledge its message) only when it has ended: True. Under any
+    other pool (threads, prefork): False, and the body does its work itself."""
+    slot = _deferral.get()
+    if slot is None:
+        return False
+    slot.coroutine = make()
+    return True
+
+
+_active: TaskPool | None = None
+
+
+async def offload(fn: Callable[..., T], /, *args: Any) -> T:
+    """Run the blocking call `fn(*args)` on the pool's store threads (with the caller's
+    context variables), awaited on the loop."""
+    pool = _active
+    if pool is None or pool.store_threads is None:
+        raise RuntimeError("offload() is for turns played by the loop pool")
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(pool.store_threads, functools.partial(context.run, fn, *args))
+
+
+def raise_open_files_limit(wanted: int) -> int:
+    """Raise this process's soft limit of open files toward `wanted` (each turn in
+    flight holds a socket to its agent), up to the hard limit; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit to %d: %s", target, exc)
+    return soft
+
+
+class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
+    """`worker_pool` of the fleet (fleet/app.py): turns on one event loop per process."""
+
+    body_can_be_buffer = True
+    signal_safe = False
+
+    # Threads for the store's blocking calls, and for the tasks that are not turns.
+    STORE_THREADS = 8
+    TASK_THREADS = 4
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.store_threads: ThreadPoolExecutor | None = None
+        self._task_threads: ThreadPoolExecutor | None = None
+        self._thread: threading.Thread | None = None
+        self._playing: set[asyncio.Task[Any]] = set()
+        self._idle: asyncio.Event | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        global _active
+        from agenttest_worker.agents import transport
+
+        # Nothing below the consumer may cap the turns in flight: one connection and
+        # one file descriptor per turn waiting on an agent.
+        transport.configure_pool(connections_for(self.limit))
+        raise_open_files_limit(self.limit * 2 + 256)
+        self.store_threads = ThreadPoolExecutor(self.STORE_THREADS, "agenttest-store")
+        self._task_threads = ThreadPoolExecutor(self.TASK_THREADS, "agenttest-task")
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run_loop, args=(ready,), name="agenttest-turns", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        _trace_log.addFilter(_DropDeferred())
+        _active = self
+
+    def _run_loop(self, ready: threading.Event) -> None:
+        loop = self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def on_stop(self) -> None:
+        """A warm shutdown: the turns in flight finish (each saves its step and
+        publishes the next), then the loop and the threads stop."""
+        self._stop(cancel=False)
+
+    def on_terminate(self) -> None:
+        """A cold shutdown: the turns in flight are abandoned, unacknowledged; the
+        broker gives them back after the visibility timeout and their guards make a
+        step already saved a no-op."""
+        self._stop(cancel=True)
+
+    def _stop(self, cancel: bool) -> None:
+        global _active
+        loop, thread = self.loop, self._thread
+        if loop is None or thread is None or loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._wind_down(cancel), loop).result()
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            for threads in (self._task_threads, self.store_threads):
+                if threads is not None:
+                    threads.shutdown(wait=not cancel, cancel_futures=cancel)
+            if _active is self:
+                _active = None
+
+    async def _wind_down(self, cancel: bool) -> None:
+        from agenttest_worker.agents.transport import close_session
+
+        if cancel:
+            for task in list(self._playing):
+                task.cancel()
+        if self._idle is not None:
+            await self._idle.wait()
+        await close_session()
+
+    # -- running tasks -------------------------------------------------------------
+
+    def on_apply(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        callback: Callable[..., Any] | None = None,
+        accept_callback: Callable[..., Any] | None = None,
+        **_: Any,
+    ) -> None:
+        args = args or ()
+        # The tracer's first argument is the task's name (trace_task_ret, fast_trace_task).
+        if args and args[0] in _LOOP_TASKS and self.loop is not None:
+            self.loop.call_soon_threadsafe(
+                self._begin, target, args, kwargs or {}, callback, accept_callback
+            )
+            return
+        assert self._task_threads is not None, "the pool has not started"
+        self._task_threads.submit(apply_target, target, args, kwargs, callback, accept_callback)
+
+    def _begin(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        callback: Callable[..., Any] | None,
+        accept_callback: Callable[..., Any] | None,
+    ) -> None:
+        """On the loop: run the task's tracer, then play what its body deferred."""
+        started = time.monotonic()
+        if accept_callback is not None:
+            accept_callback(os.getpid(), started)
+        slot = _Deferral()
+        token = _deferral.set(slot)
+        try:
+            traced = target(*args, **kwargs)
+        except Exception:
+            # The tracer catches the task's own exceptions: this is Celery failing.
+            log.exception("task %s could not be run", args[0])
+            if callback is not None:
+                callback((1, ExceptionInfo(), time.monotonic() - started))
+            return
+        finally:
+            _deferral.reset(token)
+        if slot.coroutine is None:  # the body failed or did its work itself
+            if callback is not None:
+                callback(traced)
+            return
+        task = asyncio.ensure_future(slot.coroutine)
+        self._playing.add(task)
+        assert self._idle is not None
+        self._idle.clear()
+        task.add_done_callback(functools.partial(self._finish, callback, started, args[:2]))
+
+    def _finish(
+        self,
+        callback: Callable[..., Any] | None,
+        started: float,
+        name_and_id: tuple[Any, ...],
+        task: asyncio.Task[Any],
+    ) -> None:
+        """The deferred coroutine ended: finish the request as its tracer would have."""
+        self._playing.discard(task)
+        if not self._playing and self._idle is not None:
+            self._idle.set()
+        runtime = time.monotonic() - started
+        if task.cancelled():
+            return  # a cold shutdown: left unacknowledged, for the broker to give back
+        error = task.exception()
+        if callback is None:
+            return
+        if error is None:
+            result = safe_repr(task.result())  # type: ignore[no-untyped-call]
+            if _trace_log.isEnabledFor(logging.INFO):
+                name, task_id = name_and_id
+                line = {"name": name, "id": task_id, "runtime": runtime, "return_value": result}
+                _trace_log.info(_SUCCEEDED, line, extra={"data": line})
+            callback((0, result, runtime))
+            return
+        try:
+            raise error
+        except Exception:
+            # Request.on_failure logs it with its traceback, and acknowledges the message
+            # (task_acks_on_failure_or_timeout), as for a task that raised on a thread.
+            callback((1, ExceptionInfo(), runtime))
+
+    def _get_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = super()._get_info()
+        info.update({"max-concurrency": self.limit, "in-flight": len(self._playing)})
+        return info
+
+    @property
+    def num_processes(self) -> int:
+        return self.limit or 0
+
+
+def connections_for(concurrency: int | None) -> int:
+    """Agent connections per loop: AGENTTEST_HTTP_POOL_SIZE when set, else enough for
+    every turn in flight (never fewer than the setting's default)."""
+    from agenttest_worker.settings import get_settings
+
+    settings = get_settings()
+    if "http_pool_size" in settings.model_fields_set:
+        return settings.http_pool_size
+    return max(settings.http_pool_size, concurrency or 0)

@@ -1,0 +1,204 @@
+"""Turns one worker process keeps in flight against a slow agent, and at what cost.
+
+    python -m benchmarks.in_flight --in-flight 2000 --latency-s 8 --turns 6
+    python -m benchmarks.in_flight --in-flight 10000 --latency-s 40 --turns 3
+
+One Celery worker process (`celery -A agenttest_worker worker -c N`, its default pool
+unless `--pool`), real Redis and Postgres, the fixed agent of benchmarks/fixed_agent.py.
+Two runs, each with a worker of its own:
+- the floor: the worker's own CPU-bound rate, N conversations of 3 turns against a
+  50 ms agent (turns wait so little that the worker's CPU is what bounds them);
+- the slow agent: N conversations of `--turns` turns against an agent answering after
+  `--latency-s` seconds, so that N turns are in flight at once when the worker keeps up.
+The ideal rate against the slow agent is min(N / latency, the floor's rate); the
+benchmark prints the rate reached (turns saved per second in the window from one
+latency after the first turn was saved to one latency before the last, from the rows'
+own timestamps), its share of the ideal, the turns in flight that rate implies
+(Little's law: rate × the time a turn takes), the worker's CPU per turn, and its peak
+RSS. It fails loudly if a turn is lost or recorded twice, or the worker dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import psycopg
+
+from benchmarks.common import BIN, compile_bytecode, submit_command
+from benchmarks.throughput import (
+    Stall,
+    Worker,
+    database,
+    fixed_agent,
+    log,
+    redis_db,
+    stopping_workers,
+)
+
+
+class Rate(NamedTuple):
+    turns: int
+    # Turns saved per second over the run's middle (see the module docstring).
+    steady: float
+    # Seconds a turn took from its request to its row, at the median (turn_ms is the
+    # agent's part; the rest is the worker's).
+    turn_seconds: float
+    worker_cpu_per_turn: float
+    worker_peak_mb: float
+
+
+def write_cases(tmp: Path, conversations: int, turns: int, agent: str) -> tuple[Path, Path]:
+    cases = tmp / f"cases-{conversations}x{turns}.jsonl"
+    with cases.open("w") as handle:
+        for i in range(conversations):
+            steps = [
+                {
+                    "input": f"message {t + 1}",
+                    "assertions": [{"type": "contains", "value": "Noted"}],
+                }
+                for t in range(turns)
+            ]
+            handle.write(json.dumps({"id": f"c{i}", "turns": steps, "max_turns": turns}) + "\n")
+    config = tmp / f"agenttest-{conversations}x{turns}.yaml"
+    config.write_text(
+        f"agents:\n  bench:\n    base_url: {agent}\n    model: bench\n    max_retries: 0\n"
+        # A call waits `latency` seconds: keep the agent's time limit out of the way.
+        "    timeout: 600\n"
+    )
+    return cases, config
+
+
+def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, label: str) -> Rate:
+    conversations = args.in_flight
+    with (
+        fixed_agent(latency_s * 1000) as agent,
+        redis_db() as broker,
+        database() as db,
+        stopping_workers(),
+    ):
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")},
+            "AGENTTEST_BROKER_URL": broker,
+            "AGENTTEST_DATABASE_URL": db,
+            "AGENTTEST_WORKER_CONCURRENCY": str(args.in_flight),
+            # Turns wait `latency_s`: longer than that before a message is given back.
+            "AGENTTEST_VISIBILITY_TIMEOUT": str(int(max(3600, latency_s * 10))),
+            "AGENTTEST_STALL_SECONDS": str(int(max(600, latency_s * 10))),
+        }
+        subprocess.run(
+            [str(BIN / "agenttest-submit"), "db", "upgrade"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        worker = Worker(
+            "agenttest_worker", env, args.in_flight, "agenttest", tmp / f"{label}.log", args.pool
+        )
+        worker.wait_ready(broker, "agenttest")
+        cases, config = write_cases(tmp, conversations, turns, agent)
+        log(f"{label}: {conversations} conversations x {turns} turns, agent {latency_s:g} s")
+        submitted = subprocess.run(
+            submit_command(cases, config, "--no-wait", "--timeout", "1h"),
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if submitted.returncode != 0:
+            raise SystemExit(f"submitter failed: {submitted.stderr}")
+        total = conversations * turns
+        with psycopg.connect(db, autocommit=True) as conn:
+            watch = Stall(label, [worker.log_path], seconds=max(60.0, latency_s * 3))
+            while True:
+                if worker.proc.poll() is not None:
+                    raise SystemExit(f"{label}: the worker died; see {worker.log_path}")
+                row = conn.execute(
+                    "SELECT status, (SELECT count(*) FROM turns) FROM runs"
+                    " ORDER BY created_at DESC LIMIT 1"
+                ).fetchone()
+                if row and row[0] == "done":
+                    break
+                watch.check(row[1] if row else 0, total)
+                time.sleep(0.5)
+            cpu = worker.busy_cpu()
+            counts = conn.execute(
+                "SELECT count(*), count(DISTINCT (case_id, turn)) FROM turns"
+            ).fetchone()
+            assert counts is not None
+            if counts[0] != total or counts[1] != total:
+                raise SystemExit(
+                    f"{label}: {counts[0]} turn rows, {counts[1]} distinct, of {total}"
+                )
+            first, last = conn.execute(
+                "SELECT extract(epoch FROM min(created_at)), extract(epoch FROM max(created_at))"
+                " FROM turns"
+            ).fetchone()  # type: ignore[misc]
+            low, high = float(first) + latency_s, float(last) - latency_s
+            if high - low < latency_s:  # a short run: its whole span
+                low, high = float(first), float(last)
+            in_window = conn.execute(
+                "SELECT count(*) FROM turns WHERE extract(epoch FROM created_at) BETWEEN %s AND %s",
+                (low, high),
+            ).fetchone()[0]  # type: ignore[index]
+            median_ms = conn.execute(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) FROM turns"
+            ).fetchone()[0]  # type: ignore[index]
+        worker.stop()
+    steady = in_window / (high - low)
+    return Rate(total, steady, float(median_ms or 0) / 1000, cpu / total, worker.peak_kb / 1024)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--in-flight", type=int, default=2000, help="the worker's -c")
+    parser.add_argument("--latency-s", type=float, default=8.0, help="the slow agent's latency")
+    parser.add_argument("--turns", type=int, default=6, help="turns per conversation")
+    parser.add_argument("--pool", help="the worker's --pool (default: its own)")
+    parser.add_argument(
+        "--skip-floor", action="store_true", help="only the slow agent (no ratio printed)"
+    )
+    args = parser.parse_args()
+    compile_bytecode()
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        floor = None if args.skip_floor else play(args, 0.05, 3, tmp, "floor")
+        slow = play(args, args.latency_s, args.turns, tmp, "slow")
+    n, latency = args.in_flight, args.latency_s
+    print(
+        f"in flight: one worker process, -c {n}"
+        + (f", --pool {args.pool}" if args.pool else ", its default pool")
+    )
+    if floor is not None:
+        print(
+            f"  floor: CPU-bound rate with a 50 ms agent: {floor.steady:.1f} turns/s "
+            f"({floor.turns} turns; worker CPU {floor.worker_cpu_per_turn * 1000:.2f} ms per "
+            f"turn; peak RSS {floor.worker_peak_mb:.0f} MB)"
+        )
+    print(
+        f"  slow agent ({latency:g} s): {slow.steady:.1f} turns/s over the middle of the run "
+        f"({slow.turns} turns); a turn took {slow.turn_seconds:.2f} s at the median; "
+        f"in flight about {slow.steady * max(slow.turn_seconds, latency):.0f} of {n}"
+    )
+    ideal = n / latency if floor is None else min(n / latency, floor.steady)
+    print(
+        f"  ideal min({n}/{latency:g} s"
+        + (f", {floor.steady:.1f}" if floor is not None else "")
+        + f") = {ideal:.1f} turns/s; reached {slow.steady / ideal:.2f} of it"
+    )
+    print(
+        f"  worker CPU per turn {slow.worker_cpu_per_turn * 1000:.2f} ms; "
+        f"peak RSS {slow.worker_peak_mb:.0f} MB"
+    )
+    own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"  (benchmark process peak {own_mb:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
