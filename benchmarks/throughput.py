@@ -71,9 +71,9 @@ def redis_db() -> Iterator[str]:
     token = secrets.token_hex(4)
     for number in range(15, 0, -1):
         client = redis.Redis.from_url(f"{REDIS}/{number}")
-        if client.set("agenttest:bench-owner", token, nx=True, ex=3600):
+        if client.set("agenttest:db-owner", token, nx=True, ex=3600):
             client.flushdb()
-            client.set("agenttest:bench-owner", token, ex=3600)
+            client.set("agenttest:db-owner", token, ex=3600)
             try:
                 yield f"{REDIS}/{number}"
             finally:

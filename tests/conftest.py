@@ -80,11 +80,13 @@ def redis_db() -> Iterator[str]:
     except redis.ConnectionError as exc:
         pytest.fail(f"Redis is required at {REDIS_URL} (start it; see .ci/run): {exc}")
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    # The same claim as benchmarks/throughput.py's: a test run and a benchmark on one
+    # Redis never take the same number (each empties its database when it starts).
     for number in range(1, 16):
         db = redis.Redis.from_url(f"{REDIS_URL}/{number}")
-        if db.set("agenttest:test-owner", token, nx=True, ex=3600):
+        if db.set("agenttest:db-owner", token, nx=True, ex=3600):
             db.flushdb()
-            db.set("agenttest:test-owner", token, ex=3600)
+            db.set("agenttest:db-owner", token, ex=3600)
             yield f"{REDIS_URL}/{number}"
             db.flushdb()
             return

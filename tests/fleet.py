@@ -301,12 +301,12 @@ def fleet_on(redis_url: str, database_url: str, demo_url: str, workdir: Path) ->
     from agenttest_worker.store.db import upgrade
 
     client = redis.Redis.from_url(redis_url)
-    owner = client.get("agenttest:test-owner")  # conftest's claim on this db number
+    owner = client.get("agenttest:db-owner")  # conftest's claim on this db number
 
     def empty() -> None:
         client.flushdb()  # no message of an earlier test may reach this one's workers
         if owner is not None:
-            client.set("agenttest:test-owner", owner, ex=3600)
+            client.set("agenttest:db-owner", owner, ex=3600)
 
     empty()
     upgrade(database_url)

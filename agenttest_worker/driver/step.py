@@ -435,12 +435,15 @@ async def run_step_offloaded(
     pools: PoolCache,
     turn: TurnAddress,
     offload: Offload,
+    then: Callable[[Advance], None] | None = None,
 ) -> Advance:
     """One step of a fleet turn played on the worker's event loop (fleet/loop_pool.py).
 
     The agent calls run on the loop, beside every other turn in flight; the store's
     calls are blocking and go through `offload` (a few threads), so that a database
-    round trip never stops the loop. Otherwise the same step as `run_step_sync`."""
+    round trip never stops the loop. `then(advance)` runs on the same thread right
+    after the save (the fleet publishes what comes next there: one hand-off, not two).
+    Otherwise the same step as `run_step_sync`."""
     prepared = await offload(
         prepare,
         store,
@@ -451,6 +454,8 @@ async def run_step_offloaded(
         turn.redelivered,
     )
     if isinstance(prepared, Advance):
+        if then is not None:
+            await offload(then, prepared)
         return prepared
     state = _stopped(prepared, turn.max_deliveries)
     if state is None and (
@@ -464,9 +469,14 @@ async def run_step_offloaded(
         else:
             state = await execute_until_deadline(prepared, pool)
     saved: ConversationState = state
-    return await offload(
-        lambda: _after_commit(store, prepared, commit_or_fail(store, prepared, saved))
-    )
+
+    def save() -> Advance:
+        advance = _after_commit(store, prepared, commit_or_fail(store, prepared, saved))
+        if then is not None:
+            then(advance)
+        return advance
+
+    return await offload(save)
 
 
 @dataclass(frozen=True)

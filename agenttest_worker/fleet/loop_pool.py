@@ -83,6 +83,7 @@ class _DropDeferred(logging.Filter):
 _trace_log = logging.getLogger("celery.app.trace")
 # Celery's line for a task that succeeded (celery.app.trace.LOG_SUCCESS).
 _SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss: %(return_value)s"
+_FAILED = "Task %(name)s[%(id)s] %(description)s: %(exc)s"  # celery.app.trace.LOG_FAILURE
 
 
 def defer(make: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
@@ -288,15 +289,24 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
             result = safe_repr(task.result())  # type: ignore[no-untyped-call]
             if _trace_log.isEnabledFor(logging.INFO):
                 name, task_id = name_and_id
-                line = {"name": name, "id": task_id, "runtime": runtime, "return_value": result}
+                line: dict[str, Any] = {
+                    "name": name,
+                    "id": task_id,
+                    "runtime": runtime,
+                    "return_value": result,
+                }
                 _trace_log.info(_SUCCEEDED, line, extra={"data": line})
             callback((0, result, runtime))
             return
+        name, task_id = name_and_id
+        # Logged as Celery's tracer logs a task that raised; Request.on_failure then
+        # acknowledges the message (task_acks_on_failure_or_timeout), as on a thread.
+        line = {"name": name, "id": task_id, "description": "raised unexpected"}
+        line["exc"] = safe_repr(error)  # type: ignore[no-untyped-call]
+        _trace_log.error(_FAILED, line, exc_info=error, extra={"data": line})
         try:
             raise error
         except Exception:
-            # Request.on_failure logs it with its traceback, and acknowledges the message
-            # (task_acks_on_failure_or_timeout), as for a task that raised on a thread.
             callback((1, ExceptionInfo(), runtime))
 
     def _get_info(self) -> dict[str, Any]:

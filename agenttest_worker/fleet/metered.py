@@ -3,9 +3,9 @@
 Counted when a step is saved, not when it is played: a duplicate or redelivered
 message whose turn was already recorded saves nothing and counts nothing, so a worker's
 turns, calls, tokens and cost add up to what its runs stored. What a step needs beyond
-the step itself (the case's target agent, the run's pricing) comes from the load that
-preceded it in the same thread: a turn task loads and saves its conversation in the
-thread that runs it (driver/step.py).
+the step itself (the case's target agent, the run's pricing) comes from the load of
+the same conversation that preceded it (on the loop pool the load and the save may run
+on different store threads: they are matched by run and case, not by thread).
 
 With metrics off, `metered` makes a plain SqlStore: nothing on the hot path.
 """
@@ -13,6 +13,7 @@ With metrics off, `metered` makes a plain SqlStore: nothing on the hot path.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 from agenttest_worker.driver.run_cache import pricing_config
 from agenttest_worker.engine.outcome import call_cost
@@ -25,27 +26,36 @@ from agenttest_worker.store.steps import LoadedCase, Saved, Step
 class MeteredStore(SqlStore):
     """A SqlStore whose saved steps are counted."""
 
+    # Loads kept for the saves that follow them: a load with no save after it (a
+    # duplicate message) stays until this many newer loads have pushed it out.
+    KEPT_LOADS = 65536
+
     def __init__(self, url: str) -> None:
         super().__init__(url)
-        self._loaded = threading.local()
+        self._lock = threading.Lock()
+        self._loaded: OrderedDict[tuple[str, str], LoadedCase] = OrderedDict()
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
     ) -> LoadedCase | None:
         loaded = super().load_case(run_id, case_id, count_delivery, turn)
-        self._loaded.case = loaded
+        if loaded is not None:
+            with self._lock:
+                self._loaded[(run_id, case_id)] = loaded
+                self._loaded.move_to_end((run_id, case_id))
+                if len(self._loaded) > self.KEPT_LOADS:
+                    self._loaded.popitem(last=False)
         return loaded
 
     def save_step(self, step: Step) -> Saved:
         saved = super().save_step(step)
+        with self._lock:
+            loaded = self._loaded.pop((step.run_id, step.case_id), None)
         if saved.saved:
-            self._count(step)
+            self._count(step, loaded)
         return saved
 
-    def _count(self, step: Step) -> None:
-        loaded: LoadedCase | None = getattr(self._loaded, "case", None)
-        if loaded is not None and (loaded.run_id, loaded.case_id) != (step.run_id, step.case_id):
-            loaded = None
+    def _count(self, step: Step, loaded: LoadedCase | None) -> None:
         config = pricing_config(loaded) if loaded is not None else None
 
         def cost(call: AgentCallRecord) -> float:

@@ -10,6 +10,7 @@ Recovering lost messages is the sweeper's (sweeper.py).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -168,8 +169,13 @@ async def _play_on_loop(address: TurnAddress, in_flight: TurnInFlight) -> str:
     with current_turn(in_flight):
         alone = LOOP_TURNS.alone(waits) if address.redelivered else LOOP_TURNS.shared(waits)
         async with alone:
-            advance = await run_step_offloaded(_store(), _pools, address, offload)
-    await offload(follow_up, address.run_id, address.case_id, advance)
+            advance = await run_step_offloaded(
+                _store(),
+                _pools,
+                address,
+                offload,
+                then=functools.partial(follow_up, address.run_id, address.case_id),
+            )
     return _played(address, advance)
 
 

@@ -1,0 +1,111 @@
+"""The workers' default pool (agenttest_worker/fleet/loop_pool.py): turns in flight are
+coroutines on one event loop, not threads, and a turn's message is acknowledged only
+when its coroutine has ended.
+
+On a real fleet (Redis, Postgres, `celery -A agenttest_worker worker`) in front of the
+demo agents, slowed down by a WatchingAgent."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fleet import (
+    Fleet,
+    WatchingAgent,
+    case_rows,
+    fleet_on,
+    greeting_case,
+    turn_rows,
+    wait_until,
+    write_cases,
+    write_project,
+)
+
+from agenttest_worker.fleet.loop_pool import DEFERRED, raise_open_files_limit
+
+
+@pytest.fixture
+def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+def _threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = re.search(r"^Threads:\s+(\d+)", status, re.M)
+    assert found is not None
+    return int(found.group(1))
+
+
+@pytest.mark.fleet
+def test_one_worker_keeps_every_turn_it_may_take_in_flight_on_a_few_threads(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    count = 300
+    with WatchingAgent(demo_url, delay=4.0) as agent:
+        config = write_project(tmp_path, agent.base_url)
+        cases = write_cases(tmp_path, [greeting_case(f"G{i}") for i in range(count)])
+        worker = fleet.start("loop", concurrency=count)
+        run_id = fleet.submit_no_wait(
+            ["-i", str(cases), "-n", "slow.expense", "--config", str(config)]
+        )
+        # Every turn reaches the agent while the first ones still wait for their reply:
+        # all of them are in flight at once, in one process...
+        wait_until(lambda: len(agent.seen()) >= count, 30, f"{count} requests in flight")
+        first, last = agent.seen()[0].at, agent.seen()[count - 1].at
+        assert last - first < 4.0
+        # ...which runs them on a handful of threads, not one each.
+        assert _threads(worker.pid) < 40
+        fleet.wait_done(run_id, timeout=60)
+
+    assert turn_rows(fleet.database_url, run_id) == {(f"G{i}", 1): 1 for i in range(count)}
+    assert {status for _, _, status in case_rows(fleet.database_url, run_id)} == {"passed"}
+    assert len(agent.seen()) == count
+    log = worker.log()
+    # The worker log says what each turn did once it had ended, not that it was deferred.
+    assert DEFERRED not in log
+    assert (
+        len(re.findall(r"agenttest\.turn\[[^\]]+\] succeeded in [\d.e-]+s: .* case passed", log))
+        == count
+    )
+
+
+@pytest.mark.fleet
+def test_a_warm_shutdown_lets_the_turns_in_flight_finish(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM while ten turns wait on the agent: the worker waits for them, each saves
+    its step, and a worker started after it finds nothing left to play."""
+    with WatchingAgent(demo_url, delay=2.0) as agent:
+        config = write_project(tmp_path, agent.base_url)
+        cases = write_cases(tmp_path, [greeting_case(f"W{i}") for i in range(10)])
+        first = fleet.start("first", concurrency=10)
+        run_id = fleet.submit_no_wait(
+            ["-i", str(cases), "-n", "slow.expense", "--config", str(config)]
+        )
+        wait_until(lambda: len(agent.seen()) >= 10, 30, "ten turns in flight")
+        first.stop(timeout=30)
+        assert not first.alive()
+        assert turn_rows(fleet.database_url, run_id) == {(f"W{i}", 1): 1 for i in range(10)}
+        fleet.start("second", concurrency=10)
+        fleet.wait_done(run_id, timeout=60)
+
+    assert {status for _, _, status in case_rows(fleet.database_url, run_id)} == {"passed"}
+    assert [s.worker for s in agent.seen()] == ["first"] * 10
+
+
+def test_the_open_files_limit_is_raised_toward_the_turns_in_flight() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+        wanted = min(4096, hard)
+        assert raise_open_files_limit(wanted) == wanted
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == wanted
+        # Never lowered, never past the hard limit.
+        assert raise_open_files_limit(10) == wanted
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
