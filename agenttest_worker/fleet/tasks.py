@@ -22,13 +22,8 @@ from celery.signals import (
 
 from agenttest_worker.agents.waiting import WAITING, current_turn
 from agenttest_worker.driver.event_loops import shutdown
-from agenttest_worker.driver.step import (
-    Advance,
-    PoolCache,
-    TurnAddress,
-    run_step_offloaded,
-    run_step_sync,
-)
+from agenttest_worker.driver.loop_step import TurnAddress, run_step_offloaded
+from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
 from agenttest_worker.fleet.isolation import LOOP_TURNS, TURNS

@@ -1,0 +1,92 @@
+"""A fleet step played on a worker's event loop (fleet/loop_pool.py): the same step as
+`step.run_step_sync`, with the agent calls awaited on the loop beside every other turn
+in flight and the store's blocking calls handed to a few threads (`Offload`)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from agenttest_worker.driver import budget
+from agenttest_worker.driver.step import (
+    Advance,
+    PoolCache,
+    _after_commit,
+    _pool_or_failure,
+    _stopped,
+    commit_or_fail,
+    end_without_running,
+    execute_until_deadline,
+    prepare,
+)
+from agenttest_worker.engine import ConversationState
+from agenttest_worker.store.base import ConversationStore
+
+T = TypeVar("T")
+
+
+class Offload(Protocol):
+    """Runs a blocking call off the event loop (a thread of a small pool)."""
+
+    def __call__(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]: ...
+
+
+async def run_step_offloaded(
+    store: ConversationStore,
+    pools: PoolCache,
+    turn: TurnAddress,
+    offload: Offload,
+    then: Callable[[Advance], None] | None = None,
+) -> Advance:
+    """One step of a fleet turn played on the worker's event loop (fleet/loop_pool.py).
+
+    The agent calls run on the loop, beside every other turn in flight; the store's
+    calls are blocking and go through `offload` (a few threads), so that a database
+    round trip never stops the loop. `then(advance)` runs on the same thread right
+    after the save (the fleet publishes what comes next there: one hand-off, not two).
+    Otherwise the same step as `run_step_sync`."""
+    prepared = await offload(
+        prepare,
+        store,
+        turn.run_id,
+        turn.case_id,
+        turn.turn,
+        turn.max_deliveries,
+        turn.redelivered,
+    )
+    if isinstance(prepared, Advance):
+        if then is not None:
+            await offload(then, prepared)
+        return prepared
+    state = _stopped(prepared, turn.max_deliveries)
+    if state is None and (
+        spent := await budget.reserve_offloaded(store, prepared.loaded, prepared.options, offload)
+    ):
+        state = end_without_running(prepared, "skip", spent)
+    if state is None:
+        pool = _pool_or_failure(pools, prepared)
+        if isinstance(pool, ConversationState):
+            state = pool
+        else:
+            state = await execute_until_deadline(prepared, pool)
+    saved: ConversationState = state
+
+    def save() -> Advance:
+        advance = _after_commit(store, prepared, commit_or_fail(store, prepared, saved))
+        if then is not None:
+            then(advance)
+        return advance
+
+    return await offload(save)
+
+
+@dataclass(frozen=True)
+class TurnAddress:
+    """Which turn a fleet step plays, and how it was delivered."""
+
+    run_id: str
+    case_id: str
+    turn: int
+    max_deliveries: int | None
+    redelivered: bool = False
