@@ -75,7 +75,9 @@ def test_fleet_status_shows_the_calls_of_a_run_still_running(
 ) -> None:
     _start(fleet)
     config, cases = write_suite(tmp_path, agents)
-    agents.delay["S"] = 3.0
+    # S stays on its first turn while A plays both of its own (with their judges), on a
+    # machine busy with other tests too.
+    agents.delay["S"] = 8.0
     run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "target", "--config", str(config)])
 
     def a_recorded() -> str | None:
