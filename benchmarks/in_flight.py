@@ -21,12 +21,10 @@ RSS. It fails loudly if a turn is lost or recorded twice, or the worker dies.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -41,6 +39,8 @@ from benchmarks.throughput import (
     log,
     redis_db,
     stopping_workers,
+    wait_for_run,
+    write_suite,
 )
 
 
@@ -53,27 +53,6 @@ class Rate(NamedTuple):
     turn_seconds: float
     worker_cpu_per_turn: float
     worker_peak_mb: float
-
-
-def write_cases(tmp: Path, conversations: int, turns: int, agent: str) -> tuple[Path, Path]:
-    cases = tmp / f"cases-{conversations}x{turns}.jsonl"
-    with cases.open("w") as handle:
-        for i in range(conversations):
-            steps = [
-                {
-                    "input": f"message {t + 1}",
-                    "assertions": [{"type": "contains", "value": "Noted"}],
-                }
-                for t in range(turns)
-            ]
-            handle.write(json.dumps({"id": f"c{i}", "turns": steps, "max_turns": turns}) + "\n")
-    config = tmp / f"agenttest-{conversations}x{turns}.yaml"
-    config.write_text(
-        f"agents:\n  bench:\n    base_url: {agent}\n    model: bench\n    max_retries: 0\n"
-        # A call waits `latency` seconds: keep the agent's time limit out of the way.
-        "    timeout: 600\n"
-    )
-    return cases, config
 
 
 def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, label: str) -> Rate:
@@ -103,7 +82,10 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
             "agenttest_worker", env, args.in_flight, "agenttest", tmp / f"{label}.log", args.pool
         )
         worker.wait_ready(broker, "agenttest")
-        cases, config = write_cases(tmp, conversations, turns, agent)
+        # A folder per run: the floor's and the slow agent's suites differ.
+        (tmp / label).mkdir()
+        # A call waits `latency_s` seconds: keep the agent's time limit out of the way.
+        cases, config = write_suite(tmp / label, conversations, turns, agent, agent_timeout=600)
         log(f"{label}: {conversations} conversations x {turns} turns, agent {latency_s:g} s")
         submitted = subprocess.run(
             submit_command(cases, config, "--no-wait", "--timeout", "1h"),
@@ -116,17 +98,7 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
         total = conversations * turns
         with psycopg.connect(db, autocommit=True) as conn:
             watch = Stall(label, [worker.log_path], seconds=max(60.0, latency_s * 3))
-            while True:
-                if worker.proc.poll() is not None:
-                    raise SystemExit(f"{label}: the worker died; see {worker.log_path}")
-                row = conn.execute(
-                    "SELECT status, (SELECT count(*) FROM turns) FROM runs"
-                    " ORDER BY created_at DESC LIMIT 1"
-                ).fetchone()
-                if row and row[0] == "done":
-                    break
-                watch.check(row[1] if row else 0, total)
-                time.sleep(0.5)
+            wait_for_run(conn, watch, total, tick=0.5, workers=[worker])
             cpu = worker.busy_cpu()
             counts = conn.execute(
                 "SELECT count(*), count(DISTINCT (case_id, turn)) FROM turns"

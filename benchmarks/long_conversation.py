@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from benchmarks.throughput import (
     process_cpu_seconds,
     redis_db,
     stopping_workers,
+    write_suite,
 )
 
 
@@ -142,26 +142,6 @@ def span(text: str) -> tuple[float, float]:
     return float(low), float(high or low)
 
 
-def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
-    cases = tmp / "cases.jsonl"
-    with cases.open("w") as handle:
-        for i in range(args.conversations):
-            turns = [
-                {
-                    "input": f"message {t + 1}",
-                    "assertions": [{"type": "contains", "value": "Noted"}],
-                }
-                for t in range(args.turns)
-            ]
-            handle.write(json.dumps({"id": f"c{i}", "turns": turns, "max_turns": args.turns}))
-            handle.write("\n")
-    config = tmp / "agenttest.yaml"
-    config.write_text(
-        f"agents:\n  bench:\n    base_url: {agent}\n    model: bench\n    max_retries: 0\n"
-    )
-    return cases, config
-
-
 def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
     with redis_db() as broker, database() as db, stopping_workers():
         env = {
@@ -179,7 +159,7 @@ def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
         )
         worker = Worker("agenttest_worker", env, args.concurrency, "agenttest", tmp / "worker.log")
         worker.wait_ready(broker, "agenttest")
-        cases, config = write_suite(tmp, args, agent)
+        cases, config = write_suite(tmp, args.conversations, args.turns, agent)
         total = args.conversations * args.turns
         with psycopg.connect(db, autocommit=True) as conn:
             own = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]

@@ -36,10 +36,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import psycopg
 import redis
@@ -359,23 +359,52 @@ def run_floor(
     return finish_side(workers, agent, others_before, total, elapsed, float(steady))
 
 
-def write_suite(tmp: Path, args: argparse.Namespace, agent: str) -> tuple[Path, Path]:
+def wait_for_run(
+    conn: psycopg.Connection[Any],
+    watch: Stall,
+    total: int,
+    tick: float,
+    workers: Sequence[Worker] = (),
+) -> None:
+    """Until the newest run is done, `watch` checking that its turns go on; a worker of
+    `workers` that exits meanwhile stops the benchmark at once."""
+    while True:
+        for worker in workers:
+            if worker.proc.poll() is not None:
+                raise SystemExit(f"{watch.side}: a worker died; see {worker.log_path}")
+        row = conn.execute(
+            "SELECT status, (SELECT count(*) FROM turns) FROM runs ORDER BY created_at DESC LIMIT 1"
+        ).fetchone()
+        if row and row[0] == "done":
+            return
+        watch.check(row[1] if row else 0, total)
+        time.sleep(tick)
+
+
+def write_suite(
+    tmp: Path, conversations: int, turns: int, agent: str, agent_timeout: float | None = None
+) -> tuple[Path, Path]:
+    """`conversations` cases of `turns` static turns, a `contains` assertion each, and the
+    agenttest.yaml of the fixed agent at `agent` (its call timeout `agent_timeout` when
+    given: a slow agent's calls outlast the default)."""
     cases = tmp / "cases.jsonl"
     with cases.open("w") as handle:
-        for i in range(args.conversations):
-            turns = [
+        for i in range(conversations):
+            steps = [
                 {
                     "input": f"message {t + 1}",
                     "assertions": [{"type": "contains", "value": "Noted"}],
                 }
-                for t in range(args.turns)
+                for t in range(turns)
             ]
             # max_turns: past the default (20) a case would end failed, its turns unplayed.
-            case = {"id": f"c{i}", "turns": turns, "max_turns": args.turns}
+            case = {"id": f"c{i}", "turns": steps, "max_turns": turns}
             handle.write(json.dumps(case) + "\n")
     config = tmp / "agenttest.yaml"
+    timeout = f"    timeout: {agent_timeout:g}\n" if agent_timeout is not None else ""
     config.write_text(
         f"agents:\n  bench:\n    base_url: {agent}\n    model: bench\n    max_retries: 0\n"
+        + timeout
     )
     return cases, config
 
@@ -406,7 +435,7 @@ def run_agenttest(
     ]
     for w in workers:
         w.wait_ready(broker, "agenttest")
-    cases, config = write_suite(tmp, args, agent)
+    cases, config = write_suite(tmp, args.conversations, args.turns, agent)
     others_before = others_cpu_seconds(agent)
     started = time.monotonic()
     submitter = subprocess.Popen(
@@ -423,15 +452,7 @@ def run_agenttest(
         raise SystemExit(f"submitter failed: {submitter.stderr.read() if submitter.stderr else ''}")
     with psycopg.connect(db, autocommit=True) as conn:
         watch = Stall("agenttest", [w.log_path for w in workers])
-        while True:
-            row = conn.execute(
-                "SELECT status, (SELECT count(*) FROM turns) FROM runs"
-                " ORDER BY created_at DESC LIMIT 1"
-            ).fetchone()
-            if row and row[0] == "done":
-                break
-            watch.check(row[1] if row else 0, args.conversations * args.turns)
-            time.sleep(0.05)
+        wait_for_run(conn, watch, args.conversations * args.turns, tick=0.05)
         turns = conn.execute("SELECT count(*) FROM turns").fetchone()[0]  # type: ignore[index]
         elapsed = time.monotonic() - started
         # Where the wall time went, from the rows' own timestamps (the database's clock).
