@@ -33,27 +33,43 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from agenttest_worker.observe import metrics
 
 
-class Isolation:
-    """A turn either shares the process with other turns or has it to itself.
-
-    A readers-writer lock that prefers the writer: once a redelivered turn waits to run
-    alone, new turns wait behind it, so a busy worker cannot keep it waiting for ever.
-    """
+class _Holds:
+    """Who holds the process, and the rule both isolations follow: a readers-writer
+    lock that prefers the writer. Once a redelivered turn waits to run alone, new turns
+    wait behind it, so a busy worker cannot keep it waiting for ever."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
         self._shared = 0
         self._alone = False
         self._waiting_alone = 0
+
+    def _must_wait_to_share(self) -> bool:
+        return self._alone or bool(self._waiting_alone)
+
+    def _must_wait_to_be_alone(self) -> bool:
+        return self._alone or bool(self._shared)
+
+    def _last_shared_left(self) -> bool:
+        """A redelivered turn waits, and no shared turn is left to keep it waiting."""
+        return not self._shared and bool(self._waiting_alone)
+
+
+class Isolation(_Holds):
+    """A turn either shares the process with other turns or has it to itself (Celery's
+    thread pool: turns on threads of one process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed = threading.Condition()
 
     @contextmanager
     def shared(self, while_waiting: AbstractContextManager[object] | None = None) -> Iterator[None]:
         """Run beside other turns (a first delivery); `while_waiting` is entered only if
         it has to wait (a redelivered turn runs alone), for as long as it waits."""
         with self._changed:
-            if self._alone or self._waiting_alone:
+            if self._must_wait_to_share():
                 with while_waiting or nullcontext():
-                    while self._alone or self._waiting_alone:
+                    while self._must_wait_to_share():
                         self._changed.wait()
             self._shared += 1
         try:
@@ -62,7 +78,7 @@ class Isolation:
         finally:
             with self._changed:
                 self._shared -= 1
-                if not self._shared and self._waiting_alone:
+                if self._last_shared_left():
                     self._changed.notify_all()
 
     @contextmanager
@@ -73,7 +89,7 @@ class Isolation:
         with while_waiting or nullcontext(), self._changed:
             self._waiting_alone += 1
             try:
-                while self._alone or self._shared:
+                while self._must_wait_to_be_alone():
                     self._changed.wait()
             finally:
                 self._waiting_alone -= 1
@@ -87,14 +103,12 @@ class Isolation:
                 self._changed.notify_all()
 
 
-class LoopIsolation:
+class LoopIsolation(_Holds):
     """`Isolation` for turns played as coroutines on one event loop (loop_pool.py)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._changed: asyncio.Condition | None = None
-        self._shared = 0
-        self._alone = False
-        self._waiting_alone = 0
 
     def _condition(self) -> asyncio.Condition:
         # Made on the loop that uses it (the pool's), at its first turn.
@@ -107,17 +121,17 @@ class LoopIsolation:
         self, while_waiting: AbstractContextManager[object] | None = None
     ) -> AsyncIterator[None]:
         changed = self._condition()
-        if self._alone or self._waiting_alone:
+        if self._must_wait_to_share():
             with while_waiting or nullcontext():
                 async with changed:
-                    await changed.wait_for(lambda: not (self._alone or self._waiting_alone))
+                    await changed.wait_for(lambda: not self._must_wait_to_share())
         self._shared += 1
         try:
             with metrics.playing():
                 yield
         finally:
             self._shared -= 1
-            if not self._shared and self._waiting_alone:
+            if self._last_shared_left():
                 async with changed:
                     changed.notify_all()
 
@@ -131,7 +145,7 @@ class LoopIsolation:
             self._waiting_alone += 1
             try:
                 async with changed:
-                    await changed.wait_for(lambda: not (self._alone or self._shared))
+                    await changed.wait_for(lambda: not self._must_wait_to_be_alone())
             finally:
                 self._waiting_alone -= 1
             self._alone = True
