@@ -13,11 +13,10 @@ from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
     _after_commit,
-    _pool_or_failure,
     _stopped,
     commit_or_fail,
     end_without_running,
-    execute_until_deadline,
+    play_on_fleet,
     prepare,
 )
 from agenttest_worker.engine import ConversationState
@@ -65,11 +64,7 @@ async def run_step_offloaded(
     ):
         state = end_without_running(prepared, "skip", spent)
     if state is None:
-        pool = _pool_or_failure(pools, prepared)
-        if isinstance(pool, ConversationState):
-            state = pool
-        else:
-            state = await execute_until_deadline(prepared, pool)
+        state = await play_on_fleet(pools, prepared)
     saved: ConversationState = state
 
     def save() -> Advance:

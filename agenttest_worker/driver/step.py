@@ -392,12 +392,17 @@ def run_step_sync(
     if state is None and (spent := budget.reserve_sync(store, prepared.loaded, prepared.options)):
         state = end_without_running(prepared, "skip", spent)
     if state is None:
-        pool = _pool_or_failure(pools, prepared)
-        if isinstance(pool, ConversationState):
-            state = pool
-        else:
-            state = run_sync(execute_until_deadline(prepared, pool))
+        state = run_sync(play_on_fleet(pools, prepared))
     return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
+
+
+async def play_on_fleet(pools: PoolCache, prepared: Prepared) -> ConversationState:
+    """The turn of a fleet step once it may run: played with the run's agents until the
+    run's --deadline, or ended failed when this worker cannot read its agenttest.yaml."""
+    pool = _pool_or_failure(pools, prepared)
+    if isinstance(pool, ConversationState):
+        return pool
+    return await execute_until_deadline(prepared, pool)
 
 
 async def run_step(
