@@ -81,6 +81,9 @@ class _DropDeferred(logging.Filter):
 
 
 _trace_log = logging.getLogger("celery.app.trace")
+# One instance: a pool started again in the same process adds it once (addFilter
+# ignores a filter already there).
+_DROP_DEFERRED = _DropDeferred()
 # Celery's line for a task that succeeded (celery.app.trace.LOG_SUCCESS).
 _SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss: %(return_value)s"
 _FAILED = "Task %(name)s[%(id)s] %(description)s: %(exc)s"  # celery.app.trace.LOG_FAILURE
@@ -165,7 +168,7 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         )
         self._thread.start()
         ready.wait()
-        _trace_log.addFilter(_DropDeferred())
+        _trace_log.addFilter(_DROP_DEFERRED)
         _active = self
 
     def _run_loop(self, ready: threading.Event) -> None:
