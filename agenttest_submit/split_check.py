@@ -126,8 +126,10 @@ class SecondHalf:
             assert self._proc.stdin is not None
             with self._proc.stdin as stdin:
                 pickle.dump(job, stdin)
-        except (OSError, pickle.PicklingError):
+        except BaseException as exc:
             self.close()
+            if not isinstance(exc, Exception):
+                raise  # stopped (Ctrl-C); else no child (no interpreter...): checked here
 
     def finish(self) -> CheckedPart | None:
         """The checked part once the child is done, or None if it could not do it."""

@@ -306,3 +306,28 @@ def test_a_file_over_the_limit_through_the_console_script(project: Path) -> None
         f"{project / 'agenttest.yaml'} (known: bench, judge)\n"
         "  big.jsonl:1051: id: duplicate id 'c00007' (first defined at big.jsonl:8)\n"
     )
+
+
+def test_a_line_over_the_limit_across_the_middle(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The middle falls inside a line too long to read: the first half ends with it."""
+    lines = many(100)
+    lines.append(json.dumps(case(100, name="x" * (9 << 20))))
+    lines += [json.dumps(case(i)) for i in range(101, 200)]
+    lines[150] = json.dumps(case(3))
+    path = write_lines(project / "cases.jsonl", lines)
+    start, line = half_way(path) or (0, 0)
+    assert line == 102 and start == path.read_bytes().index(b"\n", 9 << 20) + 1
+    whole, split = both_ways(monkeypatch, path)
+    assert (
+        whole
+        == split
+        == (
+            "rejected",
+            [
+                "cases.jsonl:101: line is 9.4 MB; a case may be at most 8 MB",
+                "cases.jsonl:151: id: duplicate id 'c00003' (first defined at cases.jsonl:4)",
+            ],
+        )
+    )
