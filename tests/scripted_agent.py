@@ -55,7 +55,9 @@ class Reply:
     unless given. `awaiting_input`, `input_hint` and `state` are sent as top-level
     fields next to `choices` when set; `extra` adds any other top-level fields.
     A `status` other than 200 sends {"error": {"message": error}} with that status.
-    `raw` replaces the whole body (a str is sent as text/plain).
+    `raw` replaces the whole body (a str is sent as text/plain). `hold` keeps the
+    answer back until the test sets it (after `delay`), so a test can look at a run
+    while a call is certainly still in flight.
     """
 
     content: str | None = None
@@ -68,6 +70,7 @@ class Reply:
     status: int = 200
     error: str = "scripted failure"
     delay: float = 0.0
+    hold: threading.Event | None = None
     raw: Any = None
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -230,6 +233,8 @@ class ScriptedAgent(ServedOnThread):
             )
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        while reply.hold is not None and not reply.hold.is_set():
+            await asyncio.sleep(0.02)
         if reply.raw is not None:
             if isinstance(reply.raw, str):
                 return web.Response(text=reply.raw, status=reply.status, headers=reply.headers)

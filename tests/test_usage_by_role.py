@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from fleet import wait_until
 from scripted_agent import ScriptedAgent, judge_verdict, project, run_case, say
+from sqlalchemy.exc import OperationalError
 from usage_kit import (
     UsageAgents,
     check_status,
@@ -110,8 +111,8 @@ def test_status_shows_the_calls_of_a_run_still_running(
 ) -> None:
     """S's target is slow: while it answers, status shows A's calls (its conversation is
     over) and the run running; once the run is done, everything."""
-    config, cases = write_suite(tmp_path, agents)
-    agents.delay["S"] = 2.5
+    config, cases = write_suite(tmp_path, agents, timeout=120)
+    s_answers = agents.hold("S")  # until A's calls have been seen
     command = [sys.executable, "-m", "agenttest_submit.cli", "-i", str(cases), "-n", "target"]
     submitter = subprocess.Popen(
         [*command, "--config", str(config), "--parallel", "2"],
@@ -123,16 +124,24 @@ def test_status_shows_the_calls_of_a_run_still_running(
         url = get_settings().effective_database_url()
 
         def a_recorded() -> str | None:
-            run = runs.latest_run(url) if Path(url.removeprefix("sqlite:///")).exists() else None
+            try:
+                run = (
+                    runs.latest_run(url) if Path(url.removeprefix("sqlite:///")).exists() else None
+                )
+            except OperationalError:  # the submitter is still creating the store's tables
+                return None
             if run is None:
                 return None
             text = _status(capsys, run.id)
             return text if ("judge", "judge") in status_rows(text) else None
 
-        text = wait_until(a_recorded, 20, "A's calls to be recorded", step=0.1)
+        try:
+            text = wait_until(a_recorded, 90, "A's calls to be recorded", step=0.1)
+        finally:
+            s_answers.set()
         assert "status    running" in text
         check_status(text, agents.counted("A"), set())
-        _, err = submitter.communicate(timeout=30)
+        _, err = submitter.communicate(timeout=60)
         assert submitter.returncode == 0, err
     finally:
         if submitter.poll() is None:

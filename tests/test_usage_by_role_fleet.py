@@ -32,9 +32,9 @@ def agents() -> Iterator[UsageAgents]:
         yield served
 
 
-def _start(fleet: Fleet) -> None:
+def _start(fleet: Fleet, **env: str) -> None:
     for name in ("a", "b"):
-        fleet.start(name, concurrency=2, wait=False)
+        fleet.start(name, concurrency=2, wait=False, **env)
     for worker in fleet.workers:
         worker.wait_ready()
 
@@ -73,18 +73,23 @@ def test_fleet_records_run_and_status_show_what_the_agents_counted(
 def test_fleet_status_shows_the_calls_of_a_run_still_running(
     fleet: Fleet, agents: UsageAgents, tmp_path: Path
 ) -> None:
-    _start(fleet)
-    config, cases = write_suite(tmp_path, agents)
-    # S stays on its first turn while A plays both of its own (with their judges), on a
-    # machine busy with other tests too.
-    agents.delay["S"] = 8.0
+    # S's target does not answer until A's calls have been seen: S's conversation is
+    # certainly still going on when status is read. Its turn outlasts the fleet tests'
+    # 5 s visibility timeout, which would give it to the other worker meanwhile (to run
+    # alone, holding A's turns back behind it).
+    _start(fleet, visibility_timeout="300")
+    config, cases = write_suite(tmp_path, agents, timeout=120)
+    s_answers = agents.hold("S")
     run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "target", "--config", str(config)])
 
     def a_recorded() -> str | None:
         text = _status(fleet, run_id)
         return text if ("judge", "judge") in status_rows(text) else None
 
-    text = wait_until(a_recorded, 30, "A's calls to be recorded", step=0.2)
+    try:
+        text = wait_until(a_recorded, 90, "A's calls to be recorded", step=0.2)
+    finally:
+        s_answers.set()
     assert "status    running" in text
     check_status(text, agents.counted("A"), set())
     fleet.wait_done(run_id)

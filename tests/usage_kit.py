@@ -129,6 +129,7 @@ class UsageAgents:
         self._lock = threading.Lock()
         self._counts: dict[str | None, dict[str, list[int]]] = defaultdict(dict)
         self.delay: dict[str, float] = {}  # test_id -> seconds the target waits for it
+        self.held: dict[str, threading.Event] = {}  # test_id -> the target answers once set
         answers = {
             "target": _target,
             "judge": lambda body: judge_verdict(True, "fine"),
@@ -144,6 +145,7 @@ class UsageAgents:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self.server.__exit__(*exc)
 
     def _counting(self, model: str, answer: Any) -> Any:
@@ -164,6 +166,8 @@ class UsageAgents:
             case = (body.get("metadata") or {}).get("test_id")
             if model == "target" and case in self.delay:
                 reply.delay = self.delay[case]
+            if model == "target" and case in self.held:
+                reply.hold = self.held[case]
             with self._lock:
                 found = self._counts[case].setdefault(model, [0, 0, 0])
                 found[0] += 1
@@ -172,6 +176,17 @@ class UsageAgents:
             return reply
 
         return rule
+
+    def hold(self, case: str) -> threading.Event:
+        """Keep the target's answers for `case` back until the returned event is set."""
+        with self._lock:
+            return self.held.setdefault(case, threading.Event())
+
+    def release(self) -> None:
+        """Let every held answer go."""
+        with self._lock:
+            for held in self.held.values():
+                held.set()
 
     def reset(self) -> None:
         with self._lock:
@@ -218,11 +233,12 @@ def _priced(model: str, calls: int, prompt: int, completion: int) -> RoleUsage:
     )
 
 
-def write_suite(directory: Path, agents: UsageAgents) -> tuple[Path, Path]:
-    """(agenttest.yaml, cases.jsonl) in `directory`."""
+def write_suite(directory: Path, agents: UsageAgents, timeout: float = 10) -> tuple[Path, Path]:
+    """(agenttest.yaml, cases.jsonl) in `directory`; each agent call times out after
+    `timeout` seconds (longer for a test holding an answer back while it looks)."""
     entries: dict[str, Any] = {}
     for model in ("target", "judge", "sim", "gen", "reporter"):
-        entry = agents.server.entry(model, timeout=10, max_retries=0)
+        entry = agents.server.entry(model, timeout=timeout, max_retries=0)
         if model in PRICING:
             prompt, completion = PRICING[model]
             entry["pricing"] = {"prompt_per_million": prompt, "completion_per_million": completion}
