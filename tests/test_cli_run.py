@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 import pty
@@ -17,6 +18,7 @@ import re
 import select
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scripted_agent import Reply, ScriptedAgent, say
 from terminal_kit import reap
 
 from agenttest_submit.cli import main
@@ -684,33 +687,50 @@ def test_deadline_stops_the_run_and_fails_what_is_unfinished(
 
 
 def test_parallel_runs_conversations_at_the_same_time(
-    demo: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = slow_config(demo / "agenttest.yaml", delay_ms=50)
-    write_cases(
-        demo / "p.jsonl",
-        [
+    """--parallel 10: the ten conversations are at the agent together (each answer is held
+    until all ten have asked, so a run playing fewer at once would time out); --parallel
+    1: one after another (each asks after the previous answer, which takes 0.1 s)."""
+    arrived: list[float] = []
+    lock = threading.Lock()
+    all_asked = threading.Event()
+
+    def answer(body: dict[str, Any]) -> Reply:
+        with lock:
+            arrived.append(time.monotonic())
+            if len(arrived) == 10:
+                all_asked.set()
+        return say("Hello there", delay=0.1, hold=all_asked)
+
+    with ScriptedAgent() as agent:
+        agent.script("target", answer)
+        config = tmp_path / "agenttest.yaml"
+        entry = agent.entry("target", timeout=60, max_retries=0)
+        config.write_text(json.dumps({"agents": {"target": entry}}), encoding="utf-8")
+        cases = [
             {
                 "id": f"P{i:02d}",
-                "input": "Hello",
+                "input": "Hi",
                 "assertions": [{"type": "contains", "value": "Hello"}],
             }
             for i in range(10)
-        ],
-    )
-    argv = ["-i", "p.jsonl", "-n", "slow", "--config", str(config), "--format", "table"]
+        ]
+        write_cases(tmp_path / "p.jsonl", cases)
+        argv = ["-i", str(tmp_path / "p.jsonl"), "-n", "target", "--config", str(config)]
 
-    def timed(parallel: str) -> float:
-        started = time.monotonic()
-        code, out, err = run(capsys, *argv, "--parallel", parallel)
-        assert code == 0, err
-        assert "10 cases: 10 passed, 0 failed, 0 skipped" in out
-        return time.monotonic() - started
+        def played(parallel: str) -> list[float]:
+            arrived.clear()
+            code, out, err = run(capsys, *argv, "--format", "table", "--parallel", parallel)
+            assert code == 0, err
+            assert "10 cases: 10 passed, 0 failed, 0 skipped" in out
+            return list(arrived)
 
-    serial = timed("1")
-    parallel = timed("10")
-    assert serial >= 10 * 0.05
-    assert parallel < serial / 3, (serial, parallel)
+        assert len(played("10")) == 10
+        all_asked.set()  # from here on no answer is held: the serial run's are 0.1 s apart
+        serial = played("1")
+    gaps = [later - earlier for earlier, later in itertools.pairwise(serial)]
+    assert len(serial) == 10 and min(gaps) >= 0.1, gaps
 
 
 # -- report formats ------------------------------------------------------------------------
