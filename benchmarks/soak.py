@@ -70,9 +70,9 @@ def say(message: str) -> None:
 
 
 class SoakWorker:
-    """A `celery worker` process (threads pool), logging warnings to its own file."""
+    """A `celery worker` process (the default pool), logging warnings to its own file."""
 
-    def __init__(self, name: str, env: dict[str, str], workdir: Path, concurrency: int) -> None:
+    def __init__(self, name: str, env: dict[str, str], workdir: Path, args: list[str]) -> None:
         self.name = name
         self.log_path = workdir / f"worker-{name}.log"
         self._log = self.log_path.open("ab")
@@ -87,8 +87,7 @@ class SoakWorker:
                 "--loglevel=WARNING",
                 "-n",
                 f"{name}@%h",
-                "--concurrency",
-                str(concurrency),
+                *args,
                 "--without-mingle",
                 "--without-gossip",
             ],
@@ -220,14 +219,19 @@ class Soak:
 
     # -- workers ----------------------------------------------------------------------------
 
+    @property
+    def worker_args(self) -> list[str]:
+        pool = ["--pool", self.args.pool] if self.args.pool else []
+        return ["--concurrency", str(self.args.concurrency), *pool]
+
     def start_workers(self) -> None:
-        self.steady = SoakWorker("steady", self.env, self.workdir, self.args.concurrency)
+        self.steady = SoakWorker("steady", self.env, self.workdir, self.worker_args)
         self.new_churn()
 
     def new_churn(self) -> None:
         self.churn_count += 1
         self.churn = SoakWorker(
-            f"churn-{self.churn_count}", self.env, self.workdir, self.args.concurrency
+            f"churn-{self.churn_count}", self.env, self.workdir, self.worker_args
         )
 
     def check_workers(self) -> None:
@@ -245,7 +249,7 @@ class Soak:
             if role == "steady":
                 self.steady_count += 1
                 self.steady = SoakWorker(
-                    f"steady-{self.steady_count}", self.env, self.workdir, self.args.concurrency
+                    f"steady-{self.steady_count}", self.env, self.workdir, self.worker_args
                 )
                 self.rss_steady = []  # memory is followed for one process
             else:
@@ -455,7 +459,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--fault-every", type=float, default=60.0, help="seconds between faults")
-    parser.add_argument("--concurrency", type=int, default=16, help="threads per worker")
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="turns in flight per worker (-c)"
+    )
+    parser.add_argument(
+        "--pool", default=None, help="the workers' --pool (default: agenttest's own, the loop pool)"
+    )
     parser.add_argument("--cases", type=int, default=200, help="cases per submitted run")
     parser.add_argument("--inflight", type=int, default=3, help="runs kept going at once")
     parser.add_argument("--latency-ms", type=float, default=50.0, help="the agents' latency")
@@ -467,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="agenttest-soak-"))
     say(
         f"soak: {args.minutes:g} min, a fault every {args.fault_every:g} s ({', '.join(FAULTS)}), "
-        f"workers steady + churn x {args.concurrency} threads, runs of {args.cases} mixed "
+        f"workers steady + churn at -c {args.concurrency}, runs of {args.cases} mixed "
         f"cases, {args.inflight} in flight, agent latency {args.latency_ms:g} ms"
     )
     say(f"work directory: {workdir}")
