@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from agent_servers import refused_url
 from fault_kit import openai_agent, write_config
@@ -132,5 +133,40 @@ def test_the_breaker_is_shared_through_redis(redis_db: str) -> None:
         assert await soon(lambda: one.admit(KEY), tripped=False) is None, (
             "the probe's answer closed it for every worker"
         )
+
+    asyncio.run(scenario())
+
+
+def test_turns_calling_at_once_read_a_shared_breaker_once(redis_db: str) -> None:
+    """A hundred calls to one agent at the moment what the loop knows of its breaker ages
+    out: one reads it from Redis, the others go on what the loop knew (closed, here);
+    once it is open, calls made while it is read again are refused as before."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    class CountingRedis(aioredis.Redis):
+        """A real client that counts the scripts it runs (the breaker's reads)."""
+
+        scripts = 0
+
+        async def evalsha(self, *args: Any, **kwargs: Any) -> Any:
+            CountingRedis.scripts += 1
+            return await super().evalsha(*args, **kwargs)
+
+    async def scenario() -> None:
+        client = CountingRedis.from_url(redis_db)
+        breaker = RedisBreaker(
+            client, (OSError, RedisConnectionError), failures=1, probe_after=30, refresh=0.05
+        )
+        answers = await asyncio.gather(*(breaker.admit(KEY) for _ in range(100)))
+        assert answers == [None] * 100
+        assert CountingRedis.scripts == 1
+        await breaker.failed(KEY, "cannot connect to 127.0.0.1:9 (Connection refused)")
+        await asyncio.sleep(0.06)  # what it knows ages out: the open breaker is read again
+        before = CountingRedis.scripts
+        refused = await asyncio.gather(*(breaker.admit(KEY) for _ in range(100)))
+        assert all(isinstance(found, Tripped) for found in refused), refused
+        assert CountingRedis.scripts == before + 1
+        await client.aclose()
 
     asyncio.run(scenario())

@@ -198,18 +198,27 @@ class RedisBreaker:
         self._failed: Any = client.register_script(_FAILED)
         # What this loop last read of each breaker: (when, the streak or None).
         self._known: dict[str, tuple[float, _Streak | None]] = {}
+        # The breakers being read again now. The calls that find what this loop knows
+        # out of date while it is read go on what it knew (at most a round trip older):
+        # else each of the hundreds of turns in flight that call the agent in that
+        # round trip reads it too, each on a connection of its own.
+        self._refreshing: set[str] = set()
 
     async def admit(self, key: str) -> Tripped | None:
         now = time.monotonic()
         read_at, streak = self._known.get(key, (-self.refresh, None))
         probe_due = streak is not None and 0 < streak.open_until <= now
-        if now - read_at >= self.refresh or probe_due:
+        stale = now - read_at >= self.refresh and key not in self._refreshing
+        if stale or probe_due:  # a due probe is Redis's to give to one call: always asked
+            self._refreshing.add(key)
             try:
                 found = await self._read(keys=[f"{self.prefix}:{key}"], args=[self.probe_after])
             except self.outage:
                 log.warning("breaker: Redis unreachable; calling %s regardless", key)
                 self._known[key] = (now, None)
                 return None
+            finally:
+                self._refreshing.discard(key)
             streak, probe = _decode(found, now)
             self._known[key] = (now, streak)
             if probe:
