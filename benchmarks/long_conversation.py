@@ -2,8 +2,9 @@
 
     python -m benchmarks.long_conversation --conversations 60 --turns 50 --reply-chars 1000
 
-One Celery worker process (threads pool), Postgres store, Redis broker, and the fixed
-agent (its own process: benchmarks/fixed_agent.py) answering every turn after
+One Celery worker process (its default pool, the loop pool, unless `--pool`), Postgres
+store, Redis broker, and the fixed agent (its own process: benchmarks/fixed_agent.py)
+answering every turn after
 `--latency-ms` with a reply of `--reply-chars` characters. `--conversations` cases of
 `--turns` static turns (a `contains` assertion each) are submitted at once, so that
 they start together and move in near lockstep (every turn waits the same latency).
@@ -157,7 +158,9 @@ def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
             check=True,
             capture_output=True,
         )
-        worker = Worker("agenttest_worker", env, args.concurrency, "agenttest", tmp / "worker.log")
+        worker = Worker(
+            "agenttest_worker", env, args.concurrency, "agenttest", tmp / "worker.log", args.pool
+        )
         worker.wait_ready(broker, "agenttest")
         cases, config = write_suite(tmp, args.conversations, args.turns, agent)
         total = args.conversations * args.turns
@@ -235,6 +238,7 @@ def main() -> None:
     parser.add_argument("--early", type=span, default=(2.0, 4.0), help="turns LOW-HIGH")
     parser.add_argument("--late", type=span, default=(46.0, 49.0), help="turns LOW-HIGH")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pool", help="the worker's --pool (default: its own; threads to compare)")
     parser.add_argument(
         "--env",
         action="append",
