@@ -27,10 +27,10 @@ BASE_DELAY = 0.05  # a retry schedule of 0.175 to 0.35 s per call (3 retries, ji
 SLOWEST_WITHOUT_BREAKER = CASES / PARALLEL * 3.5 * BASE_DELAY  # every case spends its retries
 
 
-def _errors(results: Path) -> list[str]:
+def _turns(results: Path) -> list[dict[str, Any]]:
     records = [json.loads(line) for line in results.read_text().splitlines() if line]
     assert len(records) == CASES and {r["status"] for r in records} == {"failed"}
-    return [r["turns"][0]["error"] for r in records]
+    return [r["turns"][0] for r in records]
 
 
 def test_a_dead_agent_fails_fast_after_a_few_calls(tmp_path: Path) -> None:
@@ -47,12 +47,16 @@ def test_a_dead_agent_fails_fast_after_a_few_calls(tmp_path: Path) -> None:
     code = main(["-i", str(cases), *options, "-o", str(results)])
     elapsed = time.monotonic() - started
     assert code == 1
-    errors = _errors(results)
+    turns = _turns(results)
+    errors = [t["error"] for t in turns]
     fast = [e for e in errors if "agent error: agent dead unreachable since " in e]
     # The first calls spend their retries (one lane each, and the ones the breaker found
-    # mid-retry); every later case fails at once.
+    # mid-retry); every later case fails at once: in less than one call's retries take.
     assert len(fast) >= CASES - 2 * PARALLEL, errors
-    assert elapsed < SLOWEST_WITHOUT_BREAKER / 3, elapsed
+    at_once = [t["duration_ms"] for t in turns if t["error"] in fast]
+    assert sum(ms < 3.5 * BASE_DELAY * 1000 for ms in at_once) >= CASES - 2 * PARALLEL, at_once
+    # Without the breaker every case would spend its retries: this long at the least.
+    assert elapsed < SLOWEST_WITHOUT_BREAKER, elapsed
     slow = [e for e in errors if e not in fast]
     assert slow and all(e.startswith("agent error: cannot reach dead (") for e in slow), slow
     for error in errors:
