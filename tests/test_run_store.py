@@ -745,5 +745,7 @@ def test_the_one_statement_save_inserts_every_column_the_row_builders_fill() -> 
 
 
 def test_the_turn_read_names_its_columns_in_order() -> None:
-    names = [column.name for column in turn_statements.LOAD.selected_columns]
-    assert list(turn_statements.LoadedRow._fields) == names
+    for dialect in ("postgresql", "sqlite"):
+        load = turn_statements.load_statement(dialect)
+        names = [column.name for column in load.selected_columns]
+        assert list(turn_statements.LoadedRow._fields) == names, dialect

@@ -29,12 +29,33 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
 
-JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+class _Jsonb(TypeDecorator[Any]):
+    """Postgres's `jsonb`, named without importing SQLAlchemy's Postgres dialect.
+
+    Importing `sqlalchemy.dialects.postgresql` for its JSONB class costs ~0.15 s of CPU
+    (every Postgres driver module loads with it), which an embedded run on SQLite would
+    pay on the thread its first conversations share; the dialect is imported only when
+    a Postgres database compiles or binds the type.
+    """
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        from sqlalchemy.dialects.postgresql import JSONB  # see the docstring
+
+        return dialect.type_descriptor(JSONB())
+
+
+JsonType = JSON().with_variant(_Jsonb(), "postgresql")
 # A conversation's documents (its case, state and result) are `json` on Postgres, not
 # jsonb: they are only ever written and read back whole, as text, and `json` keeps that
 # text as written: object keys stay in the author's and the agent's order, as an

@@ -30,8 +30,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql import Select
 
 from agenttest_worker.store._sql import CASES, JSON_OR_NULL, RUNS
@@ -58,16 +57,7 @@ _OF_CASE = (
 _KEPT = CASES.c.step_token == bindparam("b_known", type_=String)
 # The conversation's turn records as the inside of a JSON array (`a,b,c`), in order, or
 # NULL when it has none; one statement with the state, so that both are of one moment.
-_RECORDS_PG = (
-    select(
-        func.string_agg(
-            TURN_RECORDS.c.record,
-            aggregate_order_by(literal_column("','"), TURN_RECORDS.c.position),
-        )
-    )
-    .where(*_OF_CASE)
-    .scalar_subquery()
-)
+# (Postgres's form is built in load_statement: see there.)
 _ORDERED = select(TURN_RECORDS.c.record).where(*_OF_CASE).order_by(TURN_RECORDS.c.position)
 _RECORDS_OTHER = select(func.group_concat(_ORDERED.subquery().c.record, ",")).scalar_subquery()
 
@@ -98,9 +88,26 @@ def _load(records: ColumnElement[str]) -> Select[Any]:
     )
 
 
-# Postgres orders the aggregate itself; SQLite keeps the order of the rows it is given.
-LOAD = _load(_RECORDS_PG)
+# SQLite keeps the order of the rows it is given; Postgres orders the aggregate itself.
 LOAD_OTHER = _load(_RECORDS_OTHER)
+
+
+@lru_cache(maxsize=4)
+def load_statement(dialect: str) -> Select[Any]:
+    """The conversation's read (LoadedRow's columns) in `dialect`.
+
+    Postgres's is built on first use: its aggregate needs SQLAlchemy's Postgres dialect,
+    whose import (~0.15 s of CPU) an embedded run on SQLite never pays.
+    """
+    if dialect != "postgresql":
+        return LOAD_OTHER
+    from sqlalchemy.dialects.postgresql import aggregate_order_by  # see the docstring
+
+    ordered: Any = aggregate_order_by(literal_column("','"), TURN_RECORDS.c.position)
+    records = select(func.string_agg(TURN_RECORDS.c.record, ordered)).where(*_OF_CASE)
+    return _load(records.scalar_subquery())
+
+
 COUNT_DELIVERY = (
     update(CASES)
     .where(
@@ -259,7 +266,7 @@ def insert_rows(connection: Any, model: type[Base], rows: Sequence[dict[str, Any
     dialect = connection.dialect.name
     statement = _INSERTS.get((dialect, model))
     if statement is None:
-        module: Any = postgresql if dialect == "postgresql" else sqlite
+        module: Any = _postgresql() if dialect == "postgresql" else sqlite
         statement = module.insert(model.__table__).on_conflict_do_nothing()
         _INSERTS[(dialect, model)] = statement
     if dialect == "postgresql":
@@ -327,11 +334,20 @@ ROW_COLUMNS: dict[type[Base], tuple[str, ...]] = {
 }
 
 
+def _postgresql() -> Any:
+    """SQLAlchemy's Postgres dialect, imported only where a statement for Postgres is
+    built: an embedded run on SQLite does not import it (see load_statement)."""
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql
+
+
 def _insert_if_moved(model: type[Base], param: str, moved: Any) -> Any:
+    postgresql = _postgresql()
     table: Table = model.__table__  # type: ignore[assignment]
     names = ROW_COLUMNS[model]
     rows = (
-        func.jsonb_to_recordset(bindparam(param, type_=JSONB))
+        func.jsonb_to_recordset(bindparam(param, type_=postgresql.JSONB))
         .table_valued(*(column(name, table.c[name].type) for name in names))
         .render_derived(name=f"new_{table.name}", with_types=True)
     )

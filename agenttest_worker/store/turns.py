@@ -85,7 +85,7 @@ def load_case(
     `known`: the token of the step whose state this process kept (kept_states.py); if
     the row still holds it, its state is not read (`LoadedCase.state_kept`).
     """
-    load = sql.LOAD if engine.dialect.name == "postgresql" else sql.LOAD_OTHER
+    load = sql.load_statement(engine.dialect.name)
     with _turn_connection(engine) as connection:
         found = connection.fetch_one(load, {"b_run": run_id, "b_case": case_id, "b_known": known})
         if found is None:
