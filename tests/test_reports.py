@@ -651,3 +651,20 @@ def test_every_format_renders_the_same_from_stored_text() -> None:
     assert stored.summary() == objects.summary()
     for fmt in REPORTERS:
         assert render(fmt, stored) == render(fmt, objects), fmt
+
+
+@pytest.mark.parametrize("fmt", ["console", "json"])
+def test_a_rendered_report_keeps_the_summary_it_counted(fmt: str) -> None:
+    # The exit code reads report.summary() after the report is printed; the summary the
+    # format counted as it read the records must be the one the records make.
+    repeated = [
+        t001().model_copy(update={"repeat": k, "repeats": 3, "status": status})
+        for k, status in enumerate(["passed", "failed", "passed"], start=1)
+    ]
+    records = [*repeated, t002(), t004()]
+    fresh = spec_run(results=records, pass_rule="majority")
+    rendered = spec_run(results=records, pass_rule="majority")
+    render(fmt, rendered)
+    assert rendered.counted is not None
+    assert rendered.summary() == fresh.summary()
+    assert (fresh.summary().passed, fresh.summary().failed) == (1, 1)

@@ -98,9 +98,8 @@ def render_chunks(run: RunReport) -> Iterator[str]:
         yield _text(["  No test cases ran.", ""])
     elif hidden:
         yield _text([f"  {_plural(hidden, 'passed case')} not shown (--only-failures)", ""])
-    yield _text(
-        [*_section("Summary"), *_summary_lines(tally.summary(run.duration_s, run.budget), style)]
-    )
+    run.counted = tally.summary(run.duration_s, run.budget)
+    yield _text([*_section("Summary"), *_summary_lines(run.counted, style)])
 
 
 def _text(lines: list[str]) -> str:

@@ -23,7 +23,7 @@ def document(run: RunReport) -> dict[str, Any]:
         tally.add(case)
         # mode="json" turns every value into plain JSON (the records are JSONL-identical).
         results.append(case.model_dump(mode="json"))
-    summary = tally.summary(run.duration_s, run.budget)
+    summary = run.counted = tally.summary(run.duration_s, run.budget)
     found: dict[str, Any] = {
         "run_id": run.run_id,
         "agent": run.agent,
