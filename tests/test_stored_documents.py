@@ -129,3 +129,64 @@ def test_a_case_given_as_text_is_stored_as_its_record_would_be(
         if url == pg_database:
             assert rows[0][3] == dumps_storable(record)
             assert "\\ufffd" in rows[0][3]
+
+
+def test_cases_copied_to_postgres_keep_every_character(pg_database: str) -> None:
+    """A batch with no case already stored is written with COPY: ids, agents and records
+    holding COPY's own separators and escapes (tab, newline, backslash, the \\N of a
+    missing value) are stored as given, a record's NUL made storable."""
+    from agenttest_worker.store import runs, steps
+    from agenttest_worker.store.storable import dumps_storable
+
+    db.upgrade(pg_database)
+    run_id = steps.new_run_id()
+    runs.create_run(pg_database, run_id=run_id, agent=None, input_label="t", options={}, config={})
+    awkward = 'tab\there\nline\r\\N back\\slash "q" \u0000 é'
+    record = {"id": awkward, "input": awkward, "turns": [{"input": "a\\tb"}]}
+    repetition = {**record, "repetition": 2}
+    batch = [
+        runs.NewCase(0, awkward, steps.CaseText(json.dumps(record), None), "\\N"),
+        runs.NewCase(1, awkward + "#2", steps.CaseText(json.dumps(repetition), awkward), None),
+        runs.NewCase(2, "plain", {"id": "plain", "input": awkward}, "agent\twith tab"),
+    ]
+    assert runs.add_cases(pg_database, run_id, batch) == 3
+    with db.get_engine(pg_database).connect() as connection:
+        rows = connection.execute(
+            text(
+                'SELECT case_id, test_id, seq, CAST("case" AS text), agent, phase, next_turn,'
+                " deliveries FROM cases WHERE run_id = :r ORDER BY seq"
+            ),
+            {"r": run_id},
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        (
+            awkward.replace("\u0000", "\ufffd"),
+            None,
+            0,
+            dumps_storable(record),
+            "\\N",
+            "pending",
+            1,
+            0,
+        ),
+        (
+            awkward.replace("\u0000", "\ufffd") + "#2",
+            awkward.replace("\u0000", "\ufffd"),
+            1,
+            dumps_storable(repetition),
+            None,
+            "pending",
+            1,
+            0,
+        ),
+        (
+            "plain",
+            None,
+            2,
+            dumps_storable({"id": "plain", "input": awkward}),
+            "agent\twith tab",
+            "pending",
+            1,
+            0,
+        ),
+    ]

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 _WRITE_CHARS = 1 << 20
 
 
-def _copy_escaped(piece: str) -> str:
+def copy_escaped(piece: str) -> str:
     """`piece` as a field of COPY's text format (a NUL, which Postgres text cannot hold,
     as U+FFFD, like the records it comes from)."""
     return (
@@ -35,16 +35,16 @@ def _copy_escaped(piece: str) -> str:
 
 
 def _stream(copy: Any, fmt: str, pieces: Iterable[str]) -> None:
-    copy.write(f"{_copy_escaped(fmt)}\t")
+    copy.write(f"{copy_escaped(fmt)}\t")
     waiting: list[str] = []
     size = 0
     for piece in pieces:
         waiting.append(piece)
         size += len(piece)
         if size >= _WRITE_CHARS:
-            copy.write(_copy_escaped("".join(waiting)))
+            copy.write(copy_escaped("".join(waiting)))
             waiting, size = [], 0
-    copy.write(_copy_escaped("".join(waiting)) + "\n")
+    copy.write(copy_escaped("".join(waiting)) + "\n")
 
 
 def copy_reports(session: Session, run_id: str, reports: Mapping[str, Iterable[str]]) -> None:

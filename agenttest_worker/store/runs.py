@@ -19,8 +19,9 @@ from sqlalchemy import delete, false, select, text, update
 
 from agenttest_worker.json_values import dumps
 from agenttest_worker.store._sql import RUNS, insert_ignoring
-from agenttest_worker.store.db import session_scope
+from agenttest_worker.store.db import is_sqlite, session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
+from agenttest_worker.store.report_copy import copy_escaped
 from agenttest_worker.store.steps import CaseText, claimed
 from agenttest_worker.store.storable import dumps_storable, storable_json
 from agenttest_worker.store.turn_statements import started_after_claim
@@ -87,13 +88,20 @@ class NewCase:
         return self.case.get("id") if "repetition" in self.case else None
 
 
-# On Postgres a batch of cases is one statement over one JSON array, an element per
-# case: inserting each row on its own (executemany) kept the server parsing, planning
-# and answering 500 statements per batch and the submitter waiting on each answer, and
-# arrays, one per column, cost psycopg more than the rows (it quotes each element in
-# Python). A `json` value's elements come out as their text, unchanged: each case's
-# record is stored as written. The columns and values are the ORM insert's (its
-# defaults written out), the conflict rule the same.
+# On Postgres a batch of cases is written with COPY, each case's record as the text the
+# spool holds: the server neither parses, plans nor answers a statement per row, nor
+# takes the batch apart as a JSON array (the INSERT ... SELECT over
+# json_array_elements below, which cost it ~30% more time per batch and the submitter
+# twice the CPU: benchmarks/RESULTS.md, "Submission, 2026-12-02, later"). The columns
+# and values are the ORM insert's (its defaults written out).
+_COPY_CASES = (
+    'COPY cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
+    " deliveries, reserved_tokens, reserved_cost) FROM STDIN"
+)
+
+# COPY has no conflict rule: a batch holding a case already stored (never one the
+# submitter writes: its ids are checked unique, its run new) is written again with this
+# statement, which keeps the stored row, as the ORM insert would.
 _ADD_CASES = text(
     'INSERT INTO cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
     " deliveries, reserved_tokens, reserved_cost)"
@@ -104,24 +112,53 @@ _ADD_CASES = text(
 )
 
 
-def _case_element(case: NewCase) -> str:
-    """[case id, test id, seq, agent, record] as JSON, the record as the column's type
-    writes it (storable.py), or as given."""
+def _record_text(case: NewCase) -> str:
+    """The case's record as the column's type writes it (storable.py), or as given."""
     if isinstance(case.case, CaseText):
-        record = storable_json(case.case.text)
-    else:
-        record = dumps_storable(case.case)
+        return storable_json(case.case.text)
+    return dumps_storable(case.case)
+
+
+def _case_element(case: NewCase) -> str:
+    """[case id, test id, seq, agent, record] as JSON (for `_ADD_CASES`)."""
     head = dumps([case.case_id, case.test_id, case.seq, case.agent])
-    return f"{head[:-1]}, {record}]"
+    return f"{head[:-1]}, {_record_text(case)}]"
+
+
+def _copy_value(value: str | None) -> str:
+    return "\\N" if value is None else copy_escaped(value)
+
+
+def _copy_rows(run_id: str, batch: list[NewCase]) -> str:
+    """The batch as COPY's text format, one line per case (see `_COPY_CASES`)."""
+    run = copy_escaped(run_id)
+    return "".join(
+        f"{run}\t{copy_escaped(c.case_id)}\t{_copy_value(c.test_id)}\t{c.seq}\t"
+        f"{copy_escaped(_record_text(c))}\t{_copy_value(c.agent)}\tpending\t1\t0\t0\t0\n"
+        for c in batch
+    )
 
 
 def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
     batch = list(cases)
-    with session_scope(url) as session:
-        if session.get_bind().dialect.name == "postgresql":
+    if not is_sqlite(url):
+        # Here, not at the top: an embedded run (SQLite) never imports the driver.
+        from psycopg.errors import UniqueViolation
+
+        try:
+            with session_scope(url) as session:
+                driver = session.connection().connection.driver_connection
+                assert driver is not None  # a live connection of this session's transaction
+                with driver.cursor() as cursor, cursor.copy(_COPY_CASES) as copy:
+                    copy.write(_copy_rows(run_id, batch))
+            return len(batch)
+        except UniqueViolation:
+            pass  # a case already stored: see `_ADD_CASES`
+        with session_scope(url) as session:
             document = "[" + ", ".join(map(_case_element, batch)) + "]"
             session.execute(_ADD_CASES, {"run_id": run_id, "cases": document})
-            return len(batch)
+        return len(batch)
+    with session_scope(url) as session:
         rows = [
             {
                 "run_id": run_id,
