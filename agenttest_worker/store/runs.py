@@ -91,7 +91,7 @@ class NewCase:
 # On Postgres a batch of cases is written with COPY, each case's record as the text the
 # spool holds: the server neither parses, plans nor answers a statement per row, nor
 # takes the batch apart as a JSON array (the INSERT ... SELECT over
-# json_array_elements below, which cost it ~30% more time per batch and the submitter
+# json_array_elements below, which took ~40% longer per batch and the submitter
 # twice the CPU: benchmarks/RESULTS.md, "Submission, 2026-12-02, later"). The columns
 # and values are the ORM insert's (its defaults written out).
 _COPY_CASES = (
