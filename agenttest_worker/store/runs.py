@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, false, select, text, update
+from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.json_values import dumps
 from agenttest_worker.store._sql import RUNS, insert_ignoring
@@ -143,6 +144,7 @@ def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
     batch = list(cases)
     if not is_sqlite(url):
         # Here, not at the top: an embedded run (SQLite) never imports the driver.
+        from psycopg import Error
         from psycopg.errors import UniqueViolation
 
         try:
@@ -154,6 +156,10 @@ def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
             return len(batch)
         except UniqueViolation:
             pass  # a case already stored: see `_ADD_CASES`
+        except Error as exc:
+            # The driver's own error, raised as SQLAlchemy would have wrapped it: callers
+            # tell a refused value from a lost connection by DBAPIError (db.py).
+            raise DBAPIError.instance(_COPY_CASES, None, exc, Error) from exc
         with session_scope(url) as session:
             document = "[" + ", ".join(map(_case_element, batch)) + "]"
             session.execute(_ADD_CASES, {"run_id": run_id, "cases": document})
