@@ -466,7 +466,9 @@ class WatchingAgent(ServedOnThread):
       function of the request (`Seen`) that says how long;
     - `on_request(seen)`: called (on a thread, not awaited) as each request arrives;
     - `together(predicate, n)`: requests matching `predicate` are held until `n` of
-      them have arrived, then all are answered at the same moment.
+      them have arrived, then all are answered at the same moment;
+    - `hold(predicate, until)`: requests matching `predicate` are held until the event
+      `until` is set (by the test, once it has looked at the run meanwhile).
     """
 
     path = "/v1"
@@ -478,6 +480,7 @@ class WatchingAgent(ServedOnThread):
         self._seen: list[Seen] = []
         self._lock = threading.Lock()
         self._groups: list[tuple[Callable[[Seen], bool], int, asyncio.Event, list[int]]] = []
+        self._holds: list[tuple[Callable[[Seen], bool], threading.Event]] = []
         self._server = ThreadedServer(
             self._app, name="watching-agent", shutdown_timeout=1.0, access_log=True
         )
@@ -498,6 +501,9 @@ class WatchingAgent(ServedOnThread):
     def together(self, predicate: Callable[[Seen], bool], n: int) -> None:
         self._groups.append((predicate, n, asyncio.Event(), [0]))
 
+    def hold(self, predicate: Callable[[Seen], bool], until: threading.Event) -> None:
+        self._holds.append((predicate, until))
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = json.loads(raw) if raw else {}
@@ -514,6 +520,9 @@ class WatchingAgent(ServedOnThread):
                 if count[0] >= n:
                     event.set()
                 await event.wait()
+        for predicate, until in self._holds:
+            while predicate(seen) and not until.is_set():
+                await asyncio.sleep(0.02)
         delay = self.delay(seen) if callable(self.delay) else self.delay
         if delay:
             await asyncio.sleep(delay)

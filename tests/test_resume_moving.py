@@ -47,16 +47,24 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
 def test_resume_refuses_a_run_the_fleet_is_still_moving(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
-    with WatchingAgent(demo_url, delay=1.0) as agent:
+    # The first turns answer at once; later calls wait until `resume` has answered, so
+    # the run is certainly still moving while it looks.
+    resumed_yet = threading.Event()
+    with WatchingAgent(demo_url) as agent:
+        agent.hold(lambda seen: seen.turn != 1, resumed_yet)
         config = write_project(tmp_path, agent.base_url)
         cases = write_cases(tmp_path, [expense_case(c) for c in IDS])
-        worker = fleet.start("w", concurrency=4, wait=False)
+        # A held turn outlasts the fleet tests' 5 s visibility timeout: not given back.
+        worker = fleet.start("w", concurrency=4, wait=False, visibility_timeout="300")
         run_id = fleet.submit_no_wait(
             ["-i", str(cases), "-n", "slow.expense", "--config", str(config)]
         )
         worker.wait_ready()
-        agent.wait_for(lambda s: True)  # the conversations are under way
-        resumed = fleet.submit(["resume", run_id], stall_seconds="30")
+        agent.wait_for(lambda s: s.turn != 1, timeout=60)  # the conversations are under way
+        try:
+            resumed = fleet.submit(["resume", run_id], stall_seconds="30")
+        finally:
+            resumed_yet.set()
         assert resumed.returncode == 0, resumed.stderr
         assert f"run {run_id} is still moving" in resumed.stderr, resumed.stderr
         assert "nothing resumed" in resumed.stderr
