@@ -119,9 +119,9 @@ def _element(case: CaseResult, run: RunReport, duration_ms: int) -> ET.Element:
 def _repeated(
     records: list[CaseResult], found: CaseVerdict, run: RunReport
 ) -> tuple[ET.Element, str | None]:
+    """A repeated case's one testcase (its verdict) and its outcome."""
     import xml.etree.ElementTree as ET
 
-    """A repeated case's one testcase (its verdict) and its outcome."""
     element = _element(records[0], run, sum(r.duration_ms for r in records))
     said = f"{found.fraction()} repetitions passed (pass rule: {run.pass_rule})"
     failed = [r for r in records if r.status == "failed"]
@@ -148,9 +148,9 @@ def _repeated(
 
 
 def _testcase(case: CaseResult, run: RunReport) -> tuple[ET.Element, str | None]:
+    """The case's testcase and its outcome: "failure", "error", "skipped" or None."""
     import xml.etree.ElementTree as ET
 
-    """The case's testcase and its outcome: "failure", "error", "skipped" or None."""
     element = _element(case, run, case.duration_ms)
     outcome: str | None = None
     if case.status == "failed":
