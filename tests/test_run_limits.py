@@ -152,22 +152,24 @@ def test_fail_fast_starts_nothing_after_the_first_failure(place: Place, tmp_path
 
 
 def test_deadline_cancels_the_turns_still_running(place: Place, tmp_path: Path) -> None:
-    """--deadline (0.4 s embedded, 1.5 s on a fleet, which takes longer to start both
-    turns) with 6 s turns: the run ends at its deadline, not when the turns would have
-    ended; each case fails with the deadline as its reason."""
-    deadline = "0.4s" if place.where == "embedded" else "1.5s"
-    rule = Arrivals("Hello there.", delay=6.0)
+    """--deadline (2 s embedded, 4 s on a fleet, which takes longer to start both turns;
+    both leave a loaded machine time to start them) with 60 s turns: the run ends at its
+    deadline, not when the turns would have ended; each case fails with the deadline as
+    its reason."""
+    deadline = 2.0 if place.where == "embedded" else 4.0
+    rule = Arrivals("Hello there.", delay=60.0)
     with ScriptedAgent() as agent:
         agent.script("slow", rule)
         config = _project(tmp_path, agent, slow={})
         cases = _cases(tmp_path, [_greeting(f"D{i}") for i in range(2)])
         code, stdout, err = place.submit(
-            [*_run(cases, "slow", config), "--deadline", deadline, "--format", "json"]
+            [*_run(cases, "slow", config), "--deadline", f"{deadline}s", "--format", "json"]
         )
         assert code == 1, err
         assert len(rule.times) == 2  # both turns were running when the deadline came
     report = json.loads(stdout)
-    assert report["summary"]["duration_s"] < 3.0, report["summary"]
+    # Well short of the turns' 60 s: the deadline ended the run.
+    assert report["summary"]["duration_s"] < deadline + 15.0, report["summary"]
     for record in report["results"]:
         assert record["status"] == "failed"
         assert "deadline" in record["error"], record

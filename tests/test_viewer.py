@@ -309,9 +309,10 @@ def test_a_running_run_shows_its_progress_live(tmp_path: Path, browser: Any) -> 
     """The run page of a run still going refreshes itself: its progress moves and its
     cases appear as they finish, without reloading, until it is done."""
     with ScriptedAgent() as agent:
-        # Slow enough (5 cases one at a time: 3.5 s) that a busy machine opens the page
-        # before the run ends.
-        agent.script("slow", lambda body: say("Hello.", delay=0.7))
+        # Every answer waits until the page is open (however long a busy machine takes to
+        # open it), then comes 0.3 s after its question: the page sees the run moving.
+        page_open = threading.Event()
+        agent.script("slow", lambda body: say("Hello.", delay=0.3, hold=page_open))
         config = tmp_path / "agenttest.yaml"
         config.write_text(json.dumps({"agents": {"slow": agent.entry("slow", timeout=10)}}))
         cases = tmp_path / "cases.jsonl"
@@ -355,6 +356,7 @@ def test_a_running_run_shows_its_progress_live(tmp_path: Path, browser: Any) -> 
             assert page.is_visible("#progress")
             # The progress moves while the page stays: at least one case later it says more.
             first = page.inner_text("#progress")
+            page_open.set()
             page.wait_for_function(
                 "(first) => document.getElementById('progress').innerText !== first", arg=first
             )
@@ -367,6 +369,7 @@ def test_a_running_run_shows_its_progress_live(tmp_path: Path, browser: Any) -> 
             _local(seen, root)
             assert running.wait(30) == 0
         finally:
+            page_open.set()
             if running.poll() is None:
                 running.kill()
                 running.wait(10)
