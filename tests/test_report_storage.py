@@ -1,5 +1,5 @@
 """The aggregator's stored reports are exactly the rendered ones. On Postgres they are
-streamed to the server as they are rendered (COPY, store/reports.py), so text that COPY
+streamed to the server as they are rendered (COPY, store/report_copy.py), so text that COPY
 escapes, reports larger than one write, and a report already stored are checked there;
 the embedded store (SQLite) joins and inserts them."""
 
@@ -105,6 +105,21 @@ def test_streamed_reports_are_the_rendered_ones_on_postgres(pg_database: str) ->
     assert _stored(pg_database, run_id) == expected
     first = json.loads(expected["jsonl"].splitlines()[0])
     assert first["turns"][0]["output"].startswith(AWKWARD)
+
+
+def test_reports_streamed_side_by_side_keep_each_its_own_text(pg_database: str) -> None:
+    """The reports are copied in parts, a piece of each in turn: each is stored whole
+    and in order, an empty one as empty text."""
+    run_id = _finished_run(pg_database, ["plain"])
+    big = [f"{AWKWARD} {i}\n" * 400 for i in range(200)]  # several parts of ~1 MiB
+    results.complete_run(
+        pg_database,
+        run_id,
+        {"console": iter(big), "jsonl": iter([]), "tsv": iter(["one\t", "two\n"])},
+    )
+    assert results.get_report(pg_database, run_id, "console") == "".join(big)
+    assert results.get_report(pg_database, run_id, "jsonl") == ""
+    assert results.get_report(pg_database, run_id, "tsv") == "one\ttwo\n"
 
 
 def test_a_report_already_stored_is_kept(pg_database: str) -> None:

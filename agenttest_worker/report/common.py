@@ -123,8 +123,9 @@ def _ignore_case(extras: dict[str, Any]) -> str:
 
 def describe_assertion(assertion: AssertionResult) -> str:
     """The check as the spec's console writes it: `contains "x"`, `$.path = "v"`, ..."""
-    label = printable(_label(assertion.type, _extras(assertion)))
-    description = _extras(assertion).get("description")
+    extras = _extras(assertion)
+    label = printable(_label(assertion.type, extras))
+    description = extras.get("description")
     return f"{label} — {one_line(str(description), 80)}" if description else label
 
 

@@ -103,7 +103,7 @@ def render_chunks(run: RunReport) -> Iterator[str]:
 
 
 def _text(lines: list[str]) -> str:
-    return "".join(f"{line}\n" for line in lines)
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _section(title: str) -> list[str]:

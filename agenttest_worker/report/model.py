@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, overload
@@ -120,8 +121,14 @@ class StoredResults(Sequence[CaseResult]):
     than keeping the objects.
     """
 
+    # Records parsed lately, by index: the aggregator renders its stored reports side by
+    # side (store/report_copy.py), so each record parsed for one is reused by the next
+    # instead of parsed again (parsing was the JSONL report's largest cost).
+    _RECENT = 64
+
     def __init__(self, texts: list[str]) -> None:
         self._texts = texts
+        self._recent: OrderedDict[int, CaseResult] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -135,11 +142,21 @@ class StoredResults(Sequence[CaseResult]):
     def __getitem__(self, index: int | slice) -> CaseResult | Sequence[CaseResult]:
         if isinstance(index, slice):
             return StoredResults(self._texts[index])
-        return CaseResult.model_validate_json(self._texts[index])
+        return self._parsed(range(len(self._texts))[index])  # (IndexError as a list's)
 
     def __iter__(self) -> Iterator[CaseResult]:
-        for text in self._texts:
-            yield CaseResult.model_validate_json(text)
+        for index in range(len(self._texts)):
+            yield self._parsed(index)
+
+    def _parsed(self, index: int) -> CaseResult:
+        # (Reporters read records and never change them, so one object serves them all.)
+        record = self._recent.get(index)
+        if record is None:
+            record = CaseResult.model_validate_json(self._texts[index])
+            self._recent[index] = record
+            if len(self._recent) > self._RECENT:
+                self._recent.popitem(last=False)
+        return record
 
 
 @dataclass

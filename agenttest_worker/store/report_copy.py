@@ -3,17 +3,17 @@
 The reports of a nightly run are large (30,000 cases: ~26 MB of JSONL and ~12 MB of
 console text). Built as strings and inserted, each existed several times over in the
 worker that aggregated the run: its pieces, the joined text and the driver's encoded
-copy (benchmarks/aggregate.py). On Postgres each report is instead streamed to the
-server piece by piece with COPY, into a temporary table first so that a report already
-stored (a second aggregator whose claim overlapped) is kept, as an INSERT ... ON
-CONFLICT DO NOTHING would. Elsewhere (SQLite, an embedded run's own file) the pieces
-are joined and inserted (results.complete_run).
+copy (benchmarks/aggregate.py). On Postgres the reports are instead streamed to the
+server side by side, in parts of about a megabyte, with COPY, into a temporary table
+first, then joined by the server into run_reports, so that a report already stored (a
+second aggregator whose claim overlapped) is kept, as an INSERT ... ON CONFLICT DO
+NOTHING would. Elsewhere (SQLite, an embedded run's own file) the pieces are joined
+and inserted (results.complete_run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -34,17 +34,28 @@ def copy_escaped(piece: str) -> str:
     )
 
 
-def _stream(copy: Any, fmt: str, pieces: Iterable[str]) -> None:
-    copy.write(f"{copy_escaped(fmt)}\t")
-    waiting: list[str] = []
-    size = 0
-    for piece in pieces:
-        waiting.append(piece)
-        size += len(piece)
-        if size >= _WRITE_CHARS:
-            copy.write(copy_escaped("".join(waiting)))
-            waiting, size = [], 0
-    copy.write(copy_escaped("".join(waiting)) + "\n")
+def interleaved_parts(reports: Mapping[str, Iterable[str]]) -> Iterator[tuple[str, int, str]]:
+    """(format, part number, text) of every report, rendered side by side: a piece of
+    each in turn, gathered into parts of about _WRITE_CHARS characters. Rendered one
+    after the other, each report parsed every record again; side by side they share the
+    records just parsed (report/model.py StoredResults). Every format has a part 0, so
+    an empty report is still stored."""
+    rendering = {fmt: iter(pieces) for fmt, pieces in reports.items()}
+    waiting: dict[str, list[str]] = {fmt: [] for fmt in rendering}
+    sizes = dict.fromkeys(rendering, 0)
+    parts = dict.fromkeys(rendering, 0)
+    while rendering:
+        for fmt, pieces in list(rendering.items()):
+            piece = next(pieces, None)
+            if piece is not None:
+                waiting[fmt].append(piece)
+                sizes[fmt] += len(piece)
+            if piece is None or sizes[fmt] >= _WRITE_CHARS:
+                yield fmt, parts[fmt], "".join(waiting[fmt])
+                parts[fmt] += 1
+                waiting[fmt], sizes[fmt] = [], 0
+            if piece is None:
+                del rendering[fmt]
 
 
 def copy_reports(session: Session, run_id: str, reports: Mapping[str, Iterable[str]]) -> None:
@@ -52,20 +63,22 @@ def copy_reports(session: Session, run_id: str, reports: Mapping[str, Iterable[s
     session's transaction, leaving any already stored in that format as it is."""
     session.execute(
         text(
-            "CREATE TEMPORARY TABLE agenttest_new_reports (format text, content text)"
-            " ON COMMIT DROP"
+            "CREATE TEMPORARY TABLE agenttest_new_reports"
+            " (format text, part integer, content text) ON COMMIT DROP"
         )
     )
     driver = session.connection().connection.driver_connection
     assert driver is not None  # a live connection of this session's transaction
-    copying = "COPY agenttest_new_reports (format, content) FROM STDIN"
+    copying = "COPY agenttest_new_reports (format, part, content) FROM STDIN"
     with driver.cursor() as cursor, cursor.copy(copying) as copy:
-        for fmt, pieces in reports.items():
-            _stream(copy, fmt, pieces)
+        for fmt, part, content in interleaved_parts(reports):
+            copy.write(f"{copy_escaped(fmt)}\t{part}\t{copy_escaped(content)}\n")
+    # The parts are joined by the server, in order: the report is never whole here.
     session.execute(
         text(
             "INSERT INTO run_reports (run_id, format, content)"
-            " SELECT :run, format, content FROM agenttest_new_reports"
+            " SELECT :run, format, string_agg(content, '' ORDER BY part)"
+            " FROM agenttest_new_reports GROUP BY format"
             " ON CONFLICT DO NOTHING"
         ),
         {"run": run_id},
