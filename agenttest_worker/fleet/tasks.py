@@ -30,6 +30,7 @@ from agenttest_worker.fleet.isolation import LOOP_TURNS, TURNS
 from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
 from agenttest_worker.fleet.metered import metered
+from agenttest_worker.fleet.publish import RedisPublisher, TaskMessage
 from agenttest_worker.heap import settle
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
@@ -68,21 +69,54 @@ def _close_io(**_: Any) -> None:
     shutdown()
 
 
-def enqueue_turn(run_id: str, case_id: str, number: int, producer: Any = None) -> None:
-    """Publish `agenttest.turn(run_id, case_id, number)`.
+_publishers: dict[str, RedisPublisher | None] = {}
 
-    The arguments' display form (what Flower shows) is written here rather than left
-    to Celery's `saferepr`, which walks the arguments on every publish; ids are plain
-    strings, so `repr` says the same.
-    """
-    turn.apply_async(
+
+def _publisher() -> RedisPublisher | None:
+    """The Redis publisher of this process's broker, or None on any other broker."""
+    settings = get_settings()
+    broker = settings.broker_url or ""
+    if broker not in _publishers:
+        redis = broker.startswith(("redis://", "rediss://"))
+        _publishers[broker] = RedisPublisher(app, settings.queue) if redis else None
+    return _publishers[broker]
+
+
+def _turn_message(run_id: str, case_id: str, number: int) -> TaskMessage:
+    # The arguments' display form (what Flower shows) is written here rather than left
+    # to Celery's `saferepr`, which walks the arguments on every publish; ids are plain
+    # strings, so `repr` says the same. A first turn waits behind the turns of
+    # conversations under way (app.py).
+    return TaskMessage(
+        turn.name,
         (run_id, case_id, number),
-        producer=producer,
-        # A first turn waits behind the turns of conversations under way (celery_app.py).
-        priority=NEW_CONVERSATION if number == 1 else CONTINUING,
-        argsrepr=f"({run_id!r}, {case_id!r}, {number})",
-        kwargsrepr="{}",
+        f"({run_id!r}, {case_id!r}, {number})",
+        NEW_CONVERSATION if number == 1 else CONTINUING,
     )
+
+
+def enqueue_turn(run_id: str, case_id: str, number: int, producer: Any = None) -> None:
+    """Publish `agenttest.turn(run_id, case_id, number)` (on Redis in one LPUSH:
+    publish.py; `producer` is for other brokers)."""
+    enqueue_turns(run_id, [(case_id, number)], producer)
+
+
+def enqueue_turns(run_id: str, turns: list[tuple[str, int]], producer: Any = None) -> None:
+    """Publish `agenttest.turn` for each (case_id, number): on Redis in one pipeline."""
+    messages = [_turn_message(run_id, case_id, number) for case_id, number in turns]
+    publisher = _publisher()
+    if publisher is not None:
+        if messages:
+            publisher.publish(messages)
+        return
+    for message in messages:
+        turn.apply_async(
+            message.args,
+            producer=producer,
+            priority=message.priority,
+            argsrepr=message.argsrepr,
+            kwargsrepr="{}",
+        )
 
 
 def enqueue_start(run_id: str, first: int, last: int, producer: Any = None) -> None:
@@ -124,8 +158,7 @@ def start(run_id: str, first: int, last: int) -> str:
     """
     case_ids = recovery.pending_case_ids(database_url(), run_id, first, last)
     with app.producer_or_acquire() as producer:
-        for case_id in case_ids:
-            enqueue_turn(run_id, case_id, 1, producer)
+        enqueue_turns(run_id, [(case_id, 1) for case_id in case_ids], producer)
     return f"{run_id}: started {len(case_ids)} conversation(s) ({first}-{last})"
 
 
