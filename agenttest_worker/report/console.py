@@ -13,6 +13,7 @@ Where the spec's example leaves a rule implicit, these hold:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -48,6 +49,12 @@ _MARKERS = {"static": "[Static] ", "simulator": "[Simulated] ", "interactive": "
 _FIRST_STATIC = "[Initial] "
 
 
+@functools.cache
+def _status_word(status: str, color: bool) -> str:
+    # Written four times per turn of a large run's report: each status word once.
+    return Style(color).paint(status.upper(), _STATUS_COLORS.get(status, _RED))
+
+
 @dataclass(frozen=True)
 class Style:
     """ANSI colors on status words and marks, or plain text (files, pipes, CI logs)."""
@@ -58,7 +65,7 @@ class Style:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
 
     def status(self, status: str) -> str:
-        return self.paint(status.upper(), _STATUS_COLORS.get(status, _RED))
+        return _status_word(status, self.color)
 
     def mark(self, passed: bool) -> str:
         return self.paint("✓", _GREEN) if passed else self.paint("✗", _RED)
