@@ -23,7 +23,10 @@ from pathlib import Path
 
 # (category, markers in a stack's frames); first match wins.
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
-    ("Celery: publishing the next turn (apply_async)", ("apply_async", "send_task")),
+    (
+        "publishing the next turn (fleet/publish.py; apply_async off Redis)",
+        ("fleet/publish.py", "apply_async", "send_task"),
+    ),
     ("kombu: receiving messages, unacked bookkeeping, acks", ("kombu/", "fleet/transport.py")),
     (
         "store: the turn's read and write (psycopg, SQLAlchemy pool)",
