@@ -39,6 +39,9 @@ def printable(text: str, *, keep_lines: bool = False) -> str:
     escape ("\\x1b", "\\u202e") that the reader sees instead of the terminal obeying it.
     Agent replies, case ids and names, judge reasons are data, never terminal commands.
     `keep_lines` leaves line breaks and tabs alone (a multi-line text shown as such)."""
+    if text.isascii() and text.isprintable():
+        # Nothing to escape (printable ASCII has no controls): most texts, at C speed.
+        return text
     pattern = _UNSAFE_KEEPING_LINES if keep_lines else _UNSAFE
     return pattern.sub(_escaped, text)
 
