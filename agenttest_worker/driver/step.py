@@ -177,7 +177,9 @@ async def execute_until_deadline(prepared: Prepared, pool: AgentPool) -> Convers
     if deadline_at is None:
         return await execute(prepared, pool)
     try:
-        return await asyncio.wait_for(execute(prepared, pool), max(deadline_at - time.time(), 0))
+        # (In this task, not a new one: see engine/turn.py.)
+        async with asyncio.timeout(max(deadline_at - time.time(), 0)):
+            return await execute(prepared, pool)
     except TimeoutError:
         if time.time() < deadline_at:
             raise  # not the deadline's

@@ -283,7 +283,10 @@ async def run_turn(
         if budget <= 0:
             body.close()
             raise TimeoutError
-        return await asyncio.wait_for(body, timeout=budget)
+        # asyncio.timeout, not wait_for: the body runs in this task instead of a new one
+        # (a task, its context and its waiter per turn in flight, thousands on a fleet).
+        async with asyncio.timeout(budget):
+            return await body
     except TimeoutError:
         if any(recorded is turn for recorded in state.turns):
             # The turn itself was recorded; what timed out came after it (a judge's or the
