@@ -13,9 +13,10 @@ Two runs, each with a worker of its own:
 The ideal rate against the slow agent is min(N / latency, the floor's rate); the
 benchmark prints the rate reached (turns saved per second in the window from one
 latency after the first turn was saved to one latency before the last, from the rows'
-own timestamps), its share of the ideal, the turns in flight that rate implies
-(Little's law: rate × the time a turn takes), the worker's CPU per turn, and its peak
-RSS. It fails loudly if a turn is lost or recorded twice, or the worker dies.
+own timestamps; a run too short for that, with few turns each: the whole run, from one
+latency before its first turn was saved), its share of the ideal, the turns in flight
+that rate implies (Little's law: rate × the time a turn takes), the worker's CPU per
+turn, and its peak RSS. It fails loudly if a turn is lost or recorded twice, or the worker dies.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class Rate(NamedTuple):
     turn_seconds: float
     worker_cpu_per_turn: float
     worker_peak_mb: float
+    # Where `steady` was measured: "the middle of the run", or "the whole run" (short).
+    span: str = "the middle of the run"
 
 
 def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, label: str) -> Rate:
@@ -113,8 +116,14 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
                 " FROM turns"
             ).fetchone()  # type: ignore[misc]
             low, high = float(first) + latency_s, float(last) - latency_s
-            if high - low < latency_s:  # a short run: its whole span
-                low, high = float(first), float(last)
+            span = "the middle of the run"
+            if high - low < latency_s:
+                # A short run (few turns each): its whole span, from when its first turns
+                # were sent (one latency before the first was saved), so that the first
+                # latency's wait counts; from the first save on, a 2-turn run of N
+                # conversations looked up to twice as fast as N / latency allows.
+                low, high = float(first) - latency_s, float(last)
+                span = "the whole run"
             in_window = conn.execute(
                 "SELECT count(*) FROM turns WHERE extract(epoch FROM created_at) BETWEEN %s AND %s",
                 (low, high),
@@ -124,7 +133,9 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
             ).fetchone()[0]  # type: ignore[index]
         worker.stop()
     steady = in_window / (high - low)
-    return Rate(total, steady, float(median_ms or 0) / 1000, cpu / total, worker.peak_kb / 1024)
+    return Rate(
+        total, steady, float(median_ms or 0) / 1000, cpu / total, worker.peak_kb / 1024, span
+    )
 
 
 def main() -> None:
@@ -154,7 +165,7 @@ def main() -> None:
             f"turn; peak RSS {floor.worker_peak_mb:.0f} MB)"
         )
     print(
-        f"  slow agent ({latency:g} s): {slow.steady:.1f} turns/s over the middle of the run "
+        f"  slow agent ({latency:g} s): {slow.steady:.1f} turns/s over {slow.span} "
         f"({slow.turns} turns); a turn took {slow.turn_seconds:.2f} s at the median; "
         f"in flight about {slow.steady * max(slow.turn_seconds, latency):.0f} of {n}"
     )
