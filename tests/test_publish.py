@@ -1,6 +1,7 @@
 """Turn tasks published on Redis in one LPUSH (fleet/publish.py) are the messages
 Celery's `apply_async` writes, on the list kombu's transport would choose: compared
-field by field against Celery's own, in a process whose app uses a real Redis broker."""
+field by field against Celery's own, in a process whose app uses a real Redis broker.
+On any other broker Celery publishes them itself."""
 
 from __future__ import annotations
 
@@ -64,3 +65,31 @@ def test_a_published_turn_is_the_message_celery_writes(redis_db: str) -> None:
         assert message["properties"]["priority"] == 9
         renamed = json.loads(json.dumps(message).replace(case, "c9"))
         assert renamed == celerys_first
+
+
+OTHER_BROKER = """
+import json
+from agenttest_worker.fleet.tasks import app, enqueue_turns
+enqueue_turns("r1", [("c1", 2), ("c2", 1)])
+with app.connection_for_read() as connection:
+    queue = connection.SimpleQueue("agenttest")
+    got = []
+    for _ in range(2):
+        message = queue.get(timeout=5)
+        got.append([message.headers["task"], message.payload[0], message.properties["priority"]])
+        message.ack()
+print(json.dumps(got))
+"""
+
+
+def test_on_another_broker_turns_are_published_by_celery() -> None:
+    env = {**os.environ, "AGENTTEST_BROKER_URL": "memory://", "AGENTTEST_QUEUE": "agenttest"}
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_BROKER], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(got) == [
+        ["agenttest.turn", ["r1", "c1", 2], 0],
+        ["agenttest.turn", ["r1", "c2", 1], 9],
+    ]

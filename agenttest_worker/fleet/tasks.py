@@ -109,14 +109,16 @@ def enqueue_turns(run_id: str, turns: list[tuple[str, int]], producer: Any = Non
         if messages:
             publisher.publish(messages)
         return
-    for message in messages:
-        turn.apply_async(
-            message.args,
-            producer=producer,
-            priority=message.priority,
-            argsrepr=message.argsrepr,
-            kwargsrepr="{}",
-        )
+    # Off Redis: Celery's publish, one producer for them all.
+    with app.producer_or_acquire(producer) as acquired:
+        for message in messages:
+            turn.apply_async(
+                message.args,
+                producer=acquired,
+                priority=message.priority,
+                argsrepr=message.argsrepr,
+                kwargsrepr="{}",
+            )
 
 
 def enqueue_start(run_id: str, first: int, last: int, producer: Any = None) -> None:
@@ -157,8 +159,7 @@ def start(run_id: str, first: int, last: int) -> str:
     happens on the fleet. Redelivered, it publishes only what has still not started.
     """
     case_ids = recovery.pending_case_ids(database_url(), run_id, first, last)
-    with app.producer_or_acquire() as producer:
-        enqueue_turns(run_id, [(case_id, 1) for case_id in case_ids], producer)
+    enqueue_turns(run_id, [(case_id, 1) for case_id in case_ids])
     return f"{run_id}: started {len(case_ids)} conversation(s) ({first}-{last})"
 
 
