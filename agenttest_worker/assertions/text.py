@@ -33,8 +33,7 @@ def preview(text: str | None, limit: int = _PREVIEW) -> str:
     flat = " ".join(text.split())
     # json.dumps(s, ensure_ascii=False) is this function behind a new encoder per call:
     # a report quotes three texts per turn, and the encoder was a tenth of its time.
-    quoted: str = encode_basestring(flat if len(flat) <= limit else flat[: limit - 1] + "…")
-    return quoted
+    return encode_basestring(flat if len(flat) <= limit else flat[: limit - 1] + "…")
 
 
 def _to_text(value: Any) -> Any:
