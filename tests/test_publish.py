@@ -10,9 +10,12 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import redis
+from fleet import RedisServer, wait_until
 
 PUBLISHING = """
 from agenttest_worker.fleet.tasks import enqueue_turn, enqueue_turns, turn
@@ -96,3 +99,48 @@ def test_on_another_broker_turns_are_published_by_celery() -> None:
         ["agenttest.turn", ["r1", "c1", 2], 0],
         ["agenttest.turn", ["r1", "c2", 1], 9],
     ]
+
+
+PUBLISHING_ACROSS_AN_OUTAGE = """
+import pathlib, sys, time
+from agenttest_worker.fleet.tasks import enqueue_turn
+enqueue_turn("r1", "c1", 2)  # connected to the broker
+go = pathlib.Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.05)
+enqueue_turn("r1", "c2", 2)  # the broker is away now
+"""
+
+
+def test_a_publish_while_the_broker_is_away_is_retried_until_it_is_back(tmp_path: Path) -> None:
+    """The broker goes away after the publisher connected, for longer than redis-py's
+    own retries of a command (~7 s): the publish retries with the app's policy (about
+    20 s in all, fleet/app.py), says so, and lands once the broker is back."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    go = tmp_path / "go"
+    env = {**os.environ, "AGENTTEST_BROKER_URL": server.url, "AGENTTEST_QUEUE": "agenttest"}
+    publishing = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHING_ACROSS_AN_OUTAGE, str(go)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: redis.Redis.from_url(server.url).llen("agenttest") == 1, 30, "c1")
+        server.stop()  # (it keeps nothing: c1 is gone with it)
+        go.touch()
+        time.sleep(9)
+        assert publishing.poll() is None, publishing.communicate()[1]
+        server.start()
+        _, stderr = publishing.communicate(timeout=60)
+        assert publishing.returncode == 0, stderr
+        assert "publishing 1 task(s) failed" in stderr and "retrying" in stderr, stderr
+        queued = redis.Redis.from_url(server.url).lrange("agenttest", 0, -1)
+        bodies = [json.loads(base64.b64decode(json.loads(m)["body"]))[0] for m in queued]
+        assert bodies == [["r1", "c2", 2]]
+    finally:
+        if publishing.poll() is None:
+            publishing.kill()
+        server.stop()

@@ -20,18 +20,19 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
+from kombu.exceptions import OperationalError as KombuOperationalError
+from kombu.utils.functional import retry_over_time
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agenttest_worker.fleet.app import PRIORITY_SEPARATOR, PRIORITY_STEPS
+from agenttest_worker.fleet.app import PRIORITY_STEPS, queue_lists
 
 log = logging.getLogger("agenttest.tasks")
 
@@ -53,8 +54,9 @@ class TaskMessage:
 def queue_list(queue: str, priority: int) -> str:
     """The Redis list kombu's transport pushes a message of `priority` onto (its
     `_q_for_pri`: the highest priority step not above it)."""
-    step = max(s for s in PRIORITY_STEPS if s <= max(min(priority, 9), 0))
-    return queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}"
+    clamped = max(min(priority, 9), 0)
+    steps = [step for step in PRIORITY_STEPS if step <= clamped]
+    return queue_lists(queue)[len(steps) - 1]
 
 
 def encode(task: TaskMessage, queue: str, origin: str, reply_to: str) -> str:
@@ -123,16 +125,23 @@ class RedisPublisher:
             (queue_list(self.queue, t.priority), encode(t, self.queue, self.origin, reply_to))
             for t in tasks
         ]
-        for attempt in range(self.max_retries + 1):
-            try:
-                self._push(pushes)
-                return
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                if attempt == self.max_retries:
-                    raise
-                wait = min(self.interval_start + attempt * self.interval_step, self.interval_max)
-                log.warning("publishing %d task(s) failed (%s); retrying", len(pushes), exc)
-                time.sleep(wait)
+
+        def retrying(exc: Exception, intervals: Iterator[float], _: int) -> float:
+            log.warning("publishing %d task(s) failed (%s); retrying", len(pushes), exc)
+            return next(intervals)
+
+        # kombu's retry loop, which Celery's own publish retries with (Connection.ensure).
+        retry_over_time(  # type: ignore[no-untyped-call]
+            self._push,
+            # (A command that lost its connection; a connection kombu could not make.)
+            (RedisConnectionError, RedisTimeoutError, KombuOperationalError),
+            (pushes,),
+            errback=retrying,
+            max_retries=self.max_retries,
+            interval_start=self.interval_start,
+            interval_step=self.interval_step,
+            interval_max=self.interval_max,
+        )
 
     def _push(self, pushes: list[tuple[str, str]]) -> None:
         with self.app.producer_or_acquire() as producer:
