@@ -66,14 +66,24 @@ def database() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+CLAIM_SCRIPT = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  redis.call('FLUSHDB')
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
 @contextmanager
 def redis_db() -> Iterator[str]:
     token = secrets.token_hex(4)
     for number in range(15, 0, -1):
         client = redis.Redis.from_url(f"{REDIS}/{number}")
-        if client.set("agenttest:db-owner", token, nx=True, ex=3600):
-            client.flushdb()
-            client.set("agenttest:db-owner", token, ex=3600)
+        # tests/conftest.py's claim: taking the number and emptying it in one script, so
+        # that nobody can take it between the two.
+        if client.eval(CLAIM_SCRIPT, 1, "agenttest:db-owner", token, 3600):
             try:
                 yield f"{REDIS}/{number}"
             finally:

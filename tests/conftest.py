@@ -18,15 +18,17 @@ from agenttest_worker.settings import get_settings
 
 PG_ADMIN_URL = os.environ.get("AGENTTEST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("AGENTTEST_TEST_REDIS", "redis://127.0.0.1:6379")
+# Who holds a Redis database number: set, and the database emptied, in one step.
+OWNER_KEY = "agenttest:db-owner"
+CLAIM_SCRIPT = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  redis.call('FLUSHDB')
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+  return 1
+end
+return 0
+"""
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Fleet tests start Celery workers (and time what they do): one at a time, in one
-    # test process, while the others run the rest (pyproject.toml's addopts).
-    for item in items:
-        if item.get_closest_marker("fleet") is not None:
-            item.add_marker(pytest.mark.xdist_group("fleet"))
 
 
 @pytest.fixture(scope="session")
@@ -81,12 +83,13 @@ def redis_db() -> Iterator[str]:
         pytest.fail(f"Redis is required at {REDIS_URL} (start it; see .ci/run): {exc}")
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     # The same claim as benchmarks/throughput.py's: a test run and a benchmark on one
-    # Redis never take the same number (each empties its database when it starts).
+    # Redis never take the same number. The claim and the emptying are one script:
+    # emptying after a separate claim deleted the claim too, and a second run starting
+    # in between took the same number (their workers then ate each other's turns).
+    claim = client.register_script(CLAIM_SCRIPT)
     for number in range(1, 16):
         db = redis.Redis.from_url(f"{REDIS_URL}/{number}")
-        if db.set("agenttest:db-owner", token, nx=True, ex=3600):
-            db.flushdb()
-            db.set("agenttest:db-owner", token, ex=3600)
+        if claim(keys=[OWNER_KEY], args=[token, 3600], client=db):
             yield f"{REDIS_URL}/{number}"
             db.flushdb()
             return

@@ -304,9 +304,13 @@ def fleet_on(redis_url: str, database_url: str, demo_url: str, workdir: Path) ->
     owner = client.get("agenttest:db-owner")  # conftest's claim on this db number
 
     def empty() -> None:
-        client.flushdb()  # no message of an earlier test may reach this one's workers
-        if owner is not None:
-            client.set("agenttest:db-owner", owner, ex=3600)
+        # No message of an earlier test may reach this one's workers. One transaction:
+        # between a flush and a separate re-claim, another test run could take the number.
+        with client.pipeline(transaction=True) as pipe:
+            pipe.flushdb()
+            if owner is not None:
+                pipe.set("agenttest:db-owner", owner, ex=3600)
+            pipe.execute()
 
     empty()
     upgrade(database_url)
