@@ -3,7 +3,8 @@
     python -m benchmarks.aggregate --cases 3000 12000
 
 For each size, a fresh Postgres database gets a run of N finished 3-turn cases (the
-records a real run stores: three turns, a `contains` verdict each), and a new process
+records a real run stores, written as its steps write them: three turns, a `contains`
+verdict each), and a new process
 runs `agenttest_worker.fleet.aggregate.aggregate` on it, as the worker that ends a run does.
 Prints the time, the process's peak RSS before and after (the difference is what the
 aggregation held), and the size of the stored reports. The floors, measured in the same
@@ -23,6 +24,7 @@ import sys
 
 import psycopg
 
+from agenttest_worker.results import CaseResult
 from benchmarks.common import ROOT, compile_bytecode
 from benchmarks.throughput import database
 
@@ -56,6 +58,11 @@ def case_record(case_id: str) -> dict[str, object]:
     }
 
 
+def _saved(case_id: str) -> str:
+    # As a step stores a case's record (store/turns.py): the result model's own JSON.
+    return CaseResult.model_validate(case_record(case_id)).model_dump_json()
+
+
 def store_finished_run(url: str, cases: int) -> None:
     env = {**os.environ, "AGENTTEST_DATABASE_URL": url}
     subprocess.run(
@@ -76,7 +83,7 @@ def store_finished_run(url: str, cases: int) -> None:
             cursor.executemany(
                 'INSERT INTO cases (run_id, case_id, seq, "case", phase, next_turn, deliveries,'
                 " status, result) VALUES (%s, %s, %s, '{}', 'done', 4, 0, 'passed', %s)",
-                [(RUN_ID, f"c{i}", i, json.dumps(case_record(f"c{i}"))) for i in range(cases)],
+                [(RUN_ID, f"c{i}", i, _saved(f"c{i}")) for i in range(cases)],
             )
 
 

@@ -138,6 +138,10 @@ def test_a_run_stores_each_turn_once_counters_and_reports(
 
     records = check_store_matches_results(db, run_id)
     assert [r.status for r in records] == ["passed", "skipped", "passed", "failed"]
+    # Read in batches smaller than the run, the records come in the same order, once each.
+    for batch in (1, 3):
+        texts = list(results.iter_result_texts(db, run_id, batch=batch))
+        assert [CaseResult.model_validate_json(t).id for t in texts] == [r.id for r in records]
     run = runs.get_run(db, run_id)
     assert run is not None and run.status == "done" and run.finished_at is not None
     assert (run.passed, run.failed, run.skipped, run.total_turns) == (2, 1, 1, 8)
