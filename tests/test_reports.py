@@ -653,24 +653,6 @@ def test_every_format_renders_the_same_from_stored_text() -> None:
         assert render(fmt, stored) == render(fmt, objects), fmt
 
 
-def test_stored_text_in_any_layout_gives_the_records_jsonl_lines() -> None:
-    """A record stored as the model writes it is given to the JSONL as it is; one stored
-    in another layout (spaced, keys in another order, a null the model leaves out) is
-    written anew: both give the line the model writes."""
-    from agenttest_worker.report.model import StoredResults
-
-    objects = spec_run()
-    spaced = [json.dumps(case.model_dump(mode="json")) for case in objects.results]
-    reordered = json.loads(spaced[0])
-    reordered = {"error": None, **dict(reversed(list(reordered.items())))}
-    texts = [objects.results[0].model_dump_json(), spaced[1], json.dumps(reordered)]
-    stored = spec_run(results=StoredResults(texts))
-    cases = [*objects.results[:2], objects.results[0]]
-    expected = "".join(f"{case.to_json_line()}\n" for case in cases)
-    assert render("jsonl", stored) == expected
-    assert texts[1] != objects.results[1].to_json_line()  # (spaced: not the model's layout)
-
-
 def test_assertion_labels_show_each_value_as_written() -> None:
     # Labels are remembered by the assertion's values: 1, 1.0 and true are equal keys.
     shown = [

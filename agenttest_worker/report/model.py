@@ -10,7 +10,7 @@ from typing import Any, overload
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.usage import UsageTally
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, VerdictTally
-from agenttest_worker.results import RESULT_VERSION, CaseResult, RoleUsage, UsageRole
+from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
 # How the skip reason of a case its run stopped before it started begins
@@ -111,10 +111,6 @@ class Summary:
         return counts
 
 
-# How every record `model_dump_json` writes begins (its first field is the version).
-_AS_SAVED = f'{{"version":{RESULT_VERSION},"id":'
-
-
 class StoredResults(Sequence[CaseResult]):
     """A run's case records kept as their stored JSON text, parsed as they are read.
 
@@ -151,17 +147,6 @@ class StoredResults(Sequence[CaseResult]):
     def __iter__(self) -> Iterator[CaseResult]:
         for index in range(len(self._texts)):
             yield self._parsed(index)
-
-    def json_lines(self) -> Iterator[str]:
-        """Each record as `CaseResult.to_json_line` writes it, in order.
-
-        A record stored as that line already (what a step saves: `model_dump_json`,
-        whose own output it parses back to) is given as it is: parsing and writing it
-        again was a tenth of aggregating a large run. Any other text (a SQL store on
-        SQLite writes its records through the JSON column, spaced) is parsed and
-        written anew."""
-        for index, text in enumerate(self._texts):
-            yield text if text.startswith(_AS_SAVED) else self._parsed(index).to_json_line()
 
     def _parsed(self, index: int) -> CaseResult:
         # (Reporters read records and never change them, so one object serves them all.)
