@@ -4,8 +4,8 @@
 
 For each size, a fresh Postgres database gets a run of N finished 3-turn cases (the
 records a real run stores, written as its steps write them: three turns, a `contains`
-verdict each), and a new process
-runs `agenttest_worker.fleet.aggregate.aggregate` on it, as the worker that ends a run does.
+verdict each), and a new process runs `agenttest_worker.fleet.aggregate.aggregate` on
+it, as the worker that ends a run does.
 Prints the time, the process's peak RSS before and after (the difference is what the
 aggregation held), and the size of the stored reports. The floors, measured in the same
 run: for memory, the process's own start-up (its RSS before aggregating); for time, a

@@ -654,7 +654,7 @@ def test_every_format_renders_the_same_from_stored_text() -> None:
 
 
 def test_assertion_labels_show_each_value_as_written() -> None:
-    # Labels are remembered by the assertion's values: 1, 1.0 and true are equal keys.
+    # 1, 1.0 and true are equal as Python values; each is shown as written.
     shown = [
         describe_assertion(passed("contains", value=value)) for value in (1, True, 1.0, "1", 1)
     ]

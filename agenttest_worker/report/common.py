@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Collection, Iterator
@@ -105,6 +104,10 @@ def describe_tool_call(call: ToolCall, limit: int = 120) -> str:
     return one_line(f"{call.name}({args})", limit)
 
 
+def _extras(assertion: AssertionResult) -> dict[str, Any]:
+    return dict(assertion.model_extra or {})
+
+
 def _criteria(options: Any) -> str | None:
     # Options arrive as a dict from stored JSON, or as the Options model when the
     # engine passes the spec through unchanged.
@@ -123,27 +126,8 @@ def _ignore_case(extras: dict[str, Any]) -> str:
 
 def describe_assertion(assertion: AssertionResult) -> str:
     """The check as the spec's console writes it: `contains "x"`, `$.path = "v"`, ..."""
-    extras = assertion.model_extra or {}
-    try:
-        # A case's assertions are shown once per turn and repetition, and many cases
-        # share theirs: a large run's report described the same few checks again and
-        # again (benchmarks/aggregate.py). Values that cannot be a key (lists, objects)
-        # are described each time.
-        # (Each value's type is in the key: 1, 1.0 and True are equal keys but are shown
-        # as 1, 1.0 and true.)
-        key = tuple((name, type(value), value) for name, value in extras.items())
-        return _described(assertion.type, key)
-    except TypeError:
-        return _description(assertion.type, dict(extras))
-
-
-@functools.lru_cache(maxsize=4096)
-def _described(kind: str, extras: tuple[tuple[str, type, Any], ...]) -> str:
-    return _description(kind, {name: value for name, _, value in extras})
-
-
-def _description(kind: str, extras: dict[str, Any]) -> str:
-    label = printable(_label(kind, extras))
+    extras = _extras(assertion)
+    label = printable(_label(assertion.type, extras))
     description = extras.get("description")
     return f"{label} — {one_line(str(description), 80)}" if description else label
 
