@@ -653,6 +653,49 @@ def test_every_format_renders_the_same_from_stored_text() -> None:
         assert render(fmt, stored) == render(fmt, objects), fmt
 
 
+def test_stored_text_in_any_layout_gives_the_records_jsonl_lines() -> None:
+    """A record stored as the model writes it is given to the JSONL as it is; one stored
+    in another layout (spaced, keys in another order, a null the model leaves out) is
+    written anew: both give the line the model writes."""
+    from agenttest_worker.report.model import StoredResults
+
+    objects = spec_run()
+    spaced = [json.dumps(case.model_dump(mode="json")) for case in objects.results]
+    reordered = json.loads(spaced[0])
+    reordered = {"error": None, **dict(reversed(list(reordered.items())))}
+    texts = [objects.results[0].model_dump_json(), spaced[1], json.dumps(reordered)]
+    stored = spec_run(results=StoredResults(texts))
+    cases = [*objects.results[:2], objects.results[0]]
+    expected = "".join(f"{case.to_json_line()}\n" for case in cases)
+    assert render("jsonl", stored) == expected
+    assert texts[1] != objects.results[1].to_json_line()  # (spaced: not the model's layout)
+
+
+def test_a_record_whose_nul_the_store_replaced_is_written_as_the_other_reports_show_it() -> None:
+    """Postgres keeps no NUL, so the store writes it as the escape of U+FFFD; the model
+    writes U+FFFD as the character. The JSONL gives the record as the model writes it
+    (the character), not as stored, as it does a reply holding that escape's text."""
+    from agenttest_worker.report.model import StoredResults
+    from agenttest_worker.store.storable import storable_json
+
+    case = spec_run().results[0]
+    turn = case.turns[0]
+    replies = ["bad\x00byte", "says \\ufffd as text"]
+    records = [
+        case.model_copy(update={"turns": [turn.model_copy(update={"output": reply})]})
+        for reply in replies
+    ]
+    texts = [storable_json(record.model_dump_json()) for record in records]
+    assert "\\ufffd" in texts[0] and "\ufffd" not in texts[0]
+    lines = render("jsonl", spec_run(results=StoredResults(texts))).splitlines()
+    assert [json.loads(line)["turns"][0]["output"] for line in lines] == [
+        "bad\ufffdbyte",
+        "says \\ufffd as text",
+    ]
+    assert "\ufffd" in lines[0]
+    assert lines[1] == records[1].to_json_line()
+
+
 def test_assertion_labels_show_each_value_as_written() -> None:
     # 1, 1.0 and true are equal as Python values; each is shown as written.
     shown = [

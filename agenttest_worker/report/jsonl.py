@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.model import RunReport, StoredResults
 
 
 def render(run: RunReport) -> str:
@@ -14,5 +14,9 @@ def render(run: RunReport) -> str:
 def render_chunks(run: RunReport) -> Iterator[str]:
     """The records, a line each (a caller streaming them gathers its own writes)."""
     # The record is the result model itself, so the JSONL never drifts from the schema.
-    for case in run.results:
-        yield f"{case.to_json_line()}\n"
+    if isinstance(run.results, StoredResults):
+        lines = run.results.json_lines()
+    else:
+        lines = (case.to_json_line() for case in run.results)
+    for line in lines:
+        yield f"{line}\n"

@@ -10,7 +10,7 @@ from typing import Any, overload
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.usage import UsageTally
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, VerdictTally
-from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
+from agenttest_worker.results import RESULT_VERSION, CaseResult, RoleUsage, UsageRole
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
 # How the skip reason of a case its run stopped before it started begins
@@ -111,6 +111,12 @@ class Summary:
         return counts
 
 
+# How every record `model_dump_json` writes begins (its first field is the version).
+_AS_SAVED = f'{{"version":{RESULT_VERSION},"id":'
+# What the store writes for a NUL (U+FFFD as an escape, which the model never writes).
+_STORED_NUL = "\\ufffd"
+
+
 class StoredResults(Sequence[CaseResult]):
     """A run's case records kept as their stored JSON text, parsed as they are read.
 
@@ -147,6 +153,23 @@ class StoredResults(Sequence[CaseResult]):
     def __iter__(self) -> Iterator[CaseResult]:
         for index in range(len(self._texts)):
             yield self._parsed(index)
+
+    def json_lines(self) -> Iterator[str]:
+        """Each record as `CaseResult.to_json_line` writes it, in order.
+
+        A record stored as that line already (what a step saves: `model_dump_json`,
+        whose own output it parses back to) is given as it is: parsing and writing it
+        again was a tenth of aggregating a large run. Any other text (a SQL store on
+        SQLite writes its records through the JSON column, spaced) is parsed and
+        written anew, and so is one holding the escape `\\ufffd`: the model writes
+        U+FFFD as the character, so that escape is where the store replaced a NUL
+        (store/storable.py), or a reply's own backslash text; either way the parsed
+        record is what the other reports show."""
+        for index, text in enumerate(self._texts):
+            if text.startswith(_AS_SAVED) and _STORED_NUL not in text:
+                yield text
+            else:
+                yield self._parsed(index).to_json_line()
 
     def _parsed(self, index: int) -> CaseResult:
         # (Reporters read records and never change them, so one object serves them all.)
