@@ -214,6 +214,43 @@ def test_a_held_message_is_stored_as_read_and_given_back_whole(broker_url: str) 
     connection.release()
 
 
+def test_messages_taken_share_their_envelopes_strings_and_decode_as_published(
+    broker_url: str,
+) -> None:
+    """A worker holds each message it runs: their envelopes' keys and short values are
+    one copy for all (interned), long ones each message's own, and kombu's own types
+    (a datetime header) still decode as kombu writes them."""
+    from datetime import UTC, datetime
+
+    from celery import Celery
+
+    from agenttest_worker.fleet.transport import use_shared_clients
+
+    use_shared_clients()
+    app = Celery(broker=broker_url)
+    connection = app.connection_for_write()
+    channel = connection.default_channel
+    when = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    long_text = "x" * 200
+    with connection.Producer() as producer:
+        for n in range(2):
+            headers = {"kind": "turn", "when": when, "long": long_text, "n": n}
+            producer.publish({"n": n}, routing_key="shared-test", declare=[], headers=headers)
+    first, second = (channel.basic_get("shared-test", no_ack=True) for _ in range(2))
+    assert first is not None and second is not None
+    assert [first.decode(), second.decode()] == [{"n": 0}, {"n": 1}]
+    assert first.headers["when"] == when == second.headers["when"]
+    assert (first.headers["n"], second.headers["n"]) == (0, 1)
+    key_first = next(k for k in first.headers if k == "kind")
+    key_second = next(k for k in second.headers if k == "kind")
+    assert key_first is key_second
+    assert first.headers["kind"] is second.headers["kind"]
+    assert first.properties["body_encoding"] is second.properties["body_encoding"]
+    assert first.headers["long"] == second.headers["long"] == long_text
+    assert first.headers["long"] is not second.headers["long"]
+    connection.release()
+
+
 @pytest.mark.fleet
 def test_a_busy_worker_acknowledges_every_message_and_leaves_none_held(
     pg_database: str, demo_url: str, tmp_path: Path

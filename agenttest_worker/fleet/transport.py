@@ -2,7 +2,8 @@
 channel closed with its connection leaves its unacknowledged messages to the restore
 sweep instead of stopping the worker (`QoS`); and a consumer's bookkeeping of the
 messages it holds costs one Redis round trip per message instead of two, without
-encoding each message again (`QoS.append`, `QoS.ack`).
+encoding each message again (`QoS.append`, `QoS.ack`); the messages it holds share
+their envelopes' keys and short values (`_shared_strings`).
 
 kombu's Redis channel builds a new `redis.Redis` client for every publish, fanout
 (task event) and acknowledgment outside the consumer's poll (`conn_or_acquire`). The
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +39,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual as kombu_virtual
 from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
+from kombu.utils.json import object_hook as kombu_object_hook
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +53,30 @@ ACK_DELAY_SECONDS = 0.05
 _received = threading.local()
 
 
+# Longer values (the body, the arguments' display form) are each message's own.
+_SHARED_VALUE_CHARS = 64
+
+
+def _shared_strings(document: dict[str, Any]) -> Any:
+    """`document` with its keys and text values interned, then as kombu decodes it.
+
+    A worker holds every message it is running until the turn ends, thousands against
+    a slow agent. Decoded as they come, each message's envelope (about 35 keys, the
+    same in every message, and values such as the task's name, the content type and
+    the queue, mostly the same too) was ~4 KB of strings of its own, a tenth of what a
+    turn in flight holds (benchmarks/RESULTS.md); interned, they are one copy for all
+    (an interned string no longer referenced is freed as any other)."""
+    shared = {
+        sys.intern(key): sys.intern(value)
+        if type(value) is str and len(value) <= _SHARED_VALUE_CHARS
+        else value
+        for key, value in document.items()
+    }
+    return kombu_object_hook(shared)
+
+
 def _loads_keeping_text(text: str) -> Any:
-    payload = kombu_loads(text)  # type: ignore[no-untyped-call]
+    payload = kombu_loads(text, object_hook=_shared_strings)  # type: ignore[no-untyped-call]
     _received.text = text
     _received.payload = payload
     return payload
