@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 
 class WaitingTurns:
@@ -48,30 +48,56 @@ class WaitingTurns:
         with self._lock:
             return [turn for turn, (since, _) in self._since.items() if since <= before]
 
-    @contextmanager
-    def holding(self, turn: object | None) -> Iterator[None]:
-        if turn is None:
-            yield
-            return
-        self.begin(turn)
-        try:
-            yield
-        finally:
-            self.end(turn)
+    def holding(self, turn: object | None) -> Holding:
+        """While inside, `turn` (if any) is listed as waiting."""
+        return Holding(self, turn)
+
+
+class Holding:
+    """`WaitingTurns.holding`. A class, not a generator: a fleet's turn keeps one for as
+    long as it runs (entered only if it has to wait), thousands at once against a slow
+    agent, and a generator's context manager with its frame was ~600 bytes of each."""
+
+    __slots__ = ("_turn", "_turns")
+
+    def __init__(self, turns: WaitingTurns, turn: object | None) -> None:
+        self._turns = turns
+        self._turn = turn
+
+    def __enter__(self) -> None:
+        if self._turn is not None:
+            self._turns.begin(self._turn)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._turn is not None:
+            self._turns.end(self._turn)
 
 
 WAITING = WaitingTurns()
 _current_turn: ContextVar[object | None] = ContextVar("agenttest_current_turn", default=None)
 
 
-@contextmanager
-def current_turn(turn: object) -> Iterator[None]:
+def current_turn(turn: object) -> CurrentTurn:
     """Calls made inside (on this thread, and in the coroutines it runs) wait as `turn`."""
-    token = _current_turn.set(turn)
-    try:
-        yield
-    finally:
-        _current_turn.reset(token)
+    return CurrentTurn(turn)
+
+
+class CurrentTurn:
+    """`current_turn` (a class for the reason `Holding` is one)."""
+
+    __slots__ = ("_token", "_turn")
+
+    def __init__(self, turn: object) -> None:
+        self._turn = turn
+        self._token: Token[object | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _current_turn.set(self._turn)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _current_turn.reset(self._token)
+            self._token = None
 
 
 @contextmanager
