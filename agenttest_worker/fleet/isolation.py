@@ -116,24 +116,24 @@ class LoopIsolation(_Holds):
             self._changed = asyncio.Condition()
         return self._changed
 
-    @asynccontextmanager
-    async def shared(
-        self, while_waiting: AbstractContextManager[object] | None = None
-    ) -> AsyncIterator[None]:
-        changed = self._condition()
+    def shared(self, while_waiting: AbstractContextManager[object] | None = None) -> LoopShare:
+        """Run beside other turns (a first delivery), as `Isolation.shared`."""
+        return LoopShare(self, while_waiting)
+
+    async def _begin_shared(self, while_waiting: AbstractContextManager[object] | None) -> None:
         if self._must_wait_to_share():
+            changed = self._condition()
             with while_waiting or nullcontext():
                 async with changed:
                     await changed.wait_for(lambda: not self._must_wait_to_share())
         self._shared += 1
-        try:
-            with metrics.playing():
-                yield
-        finally:
-            self._shared -= 1
-            if self._last_shared_left():
-                async with changed:
-                    changed.notify_all()
+
+    async def _end_shared(self) -> None:
+        self._shared -= 1
+        if self._last_shared_left():
+            changed = self._condition()
+            async with changed:
+                changed.notify_all()
 
     @asynccontextmanager
     async def alone(
@@ -156,6 +156,32 @@ class LoopIsolation(_Holds):
             self._alone = False
             async with changed:
                 changed.notify_all()
+
+
+class LoopShare:
+    """`LoopIsolation.shared`. A class, not an async generator: every turn on the loop
+    holds one for as long as it runs, thousands at once against a slow agent, and a
+    generator's context manager with its frame was ~700 bytes of each."""
+
+    __slots__ = ("_isolation", "_playing", "_while_waiting")
+
+    def __init__(
+        self, isolation: LoopIsolation, while_waiting: AbstractContextManager[object] | None
+    ) -> None:
+        self._isolation = isolation
+        self._while_waiting = while_waiting
+        self._playing = metrics.playing()
+
+    async def __aenter__(self) -> None:
+        # (Cancelled while it waits to share, it never counted as sharing: no exit.)
+        await self._isolation._begin_shared(self._while_waiting)
+        self._playing.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            self._playing.__exit__(*exc)
+        finally:
+            await self._isolation._end_shared()
 
 
 # The process's turns: Celery's thread pool runs them all in one process (TURNS), or
