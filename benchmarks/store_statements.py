@@ -5,7 +5,8 @@
 Calls the worker's own reads and writes (SqlStore.load_case, .save_step) from a pool of
 threads against a fresh database, as workers do, and the floor chain's one INSERT per
 turn (benchmarks/floor_chain.py) the same way, and prints the Postgres CPU (all server
-processes) per call of each kind: a conversation's load, the save of a middle step, the
+processes) and the caller's own CPU (this process: building the step and sending it,
+as a worker does) per call of each kind: a conversation's load, the save of a middle step, the
 save of the step that ends it (which also counts it on the run's row, in the same
 transaction), and a bare increment of that row. Each `--threads` count is measured
 with the same connections throughout (a connection that closed would take its
@@ -21,9 +22,11 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 
@@ -48,15 +51,24 @@ def postgres_cpu_seconds() -> float:
     return total / 1e9
 
 
-def measure(pool: ThreadPoolExecutor, calls: int, call: Callable[[int], object]) -> float:
-    """Postgres CPU seconds per call of `call(i)` for i past the warm-up."""
+class PerCall(NamedTuple):
+    postgres: float  # CPU seconds per call, all server processes
+    caller: float  # CPU seconds per call, this process
+
+
+def measure(pool: ThreadPoolExecutor, calls: int, call: Callable[[int], object]) -> PerCall:
+    """CPU seconds per call of `call(i)` for i past the warm-up."""
     list(pool.map(call, range(WARM_UP)))
-    before = postgres_cpu_seconds()
+    before, own_before = postgres_cpu_seconds(), time.process_time()
     list(pool.map(call, range(WARM_UP, calls)))
-    return (postgres_cpu_seconds() - before) / (calls - WARM_UP)
+    measured = calls - WARM_UP
+    return PerCall(
+        (postgres_cpu_seconds() - before) / measured,
+        (time.process_time() - own_before) / measured,
+    )
 
 
-def run(cases: int, threads: int) -> dict[str, float]:
+def run(cases: int, threads: int) -> dict[str, PerCall]:
     from agenttest_worker.results import (
         AgentCallRecord,
         AssertionResult,
@@ -68,7 +80,7 @@ def run(cases: int, threads: int) -> dict[str, float]:
     from agenttest_worker.store.db import get_engine
     from agenttest_worker.store.steps import JsonText, Step, new_run_id
 
-    figures: dict[str, float] = {}
+    figures: dict[str, PerCall] = {}
     with database() as db, ThreadPoolExecutor(threads) as pool:
         env = {**os.environ, "AGENTTEST_DATABASE_URL": db}
         subprocess.run(
@@ -208,12 +220,15 @@ def main() -> None:
     results = {threads: run(args.cases, threads) for threads in args.threads}
     kinds = list(next(iter(results.values())))
     print(
-        f"Postgres CPU per call (ms, all server processes), {args.cases:,} cases, "
-        f"by threads calling at once"
+        f"CPU per call (ms): Postgres (all server processes) / the caller (this process), "
+        f"{args.cases:,} cases, by threads calling at once"
     )
-    print(f"  {'':36s}" + "".join(f"{t:>8d}" for t in args.threads))
+    print(f"  {'':36s}" + "".join(f"{t:>16d}" for t in args.threads))
     for kind in kinds:
-        row = "".join(f"{results[t][kind] * 1000:8.3f}" for t in args.threads)
+        row = "".join(
+            f"{results[t][kind].postgres * 1000:8.3f}/{results[t][kind].caller * 1000:<7.3f}"
+            for t in args.threads
+        )
         print(f"  {kind:36s}{row}")
 
 
