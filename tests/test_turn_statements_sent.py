@@ -1,0 +1,125 @@
+"""The turn's statements as the hot path sends them on Postgres (store/hot_path.py):
+compiled once to `$n` text and sent through psycopg's raw cursor, the step that ends a
+conversation included, whose one statement is longer than psycopg's own cache of
+rewritten statements keeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import bindparam, literal, select
+
+from agenttest_worker.results import (
+    AgentCallRecord,
+    AssertionResult,
+    CaseResult,
+    TurnResult,
+    Usage,
+)
+from agenttest_worker.store import runs
+from agenttest_worker.store import turn_statements as sql
+from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.db import get_engine, upgrade
+from agenttest_worker.store.hot_path import CompiledStatement, turn_connection
+from agenttest_worker.store.steps import Step, new_run_id
+
+USAGE = Usage(prompt_tokens=10, completion_tokens=3, total_tokens=13)
+
+
+def _turn(number: int) -> TurnResult:
+    return TurnResult(
+        turn=number,
+        input=f"message {number}",
+        input_source="static",
+        output="Noted, thank you.",
+        assertions=[AssertionResult(type="contains", passed=True, reason="found 'Noted'")],
+        calls=[
+            AgentCallRecord(
+                role="target",
+                agent="bench",
+                latency_ms=50,
+                attempts=1,
+                status_code=200,
+                usage=USAGE,
+            )
+        ],
+        duration_ms=51,
+    )
+
+
+def test_a_conversations_last_step_is_saved_whole_by_its_one_long_statement(
+    pg_database: str,
+) -> None:
+    upgrade(pg_database)
+    run_id = new_run_id()
+    runs.create_run(
+        pg_database, run_id=run_id, agent="bench", input_label="t", options={}, config={}
+    )
+    case = {"id": "c0", "turns": [{"input": "message 1"}]}
+    runs.add_cases(pg_database, run_id, [runs.NewCase(0, "c0", case, None)])
+    runs.start_run(pg_database, run_id, 1)
+    # The statement this step takes: a result, agent calls and tokens to count.
+    long_text = sql.pg_step(False, True, True, True, True, True, False).compile(
+        dialect=get_engine(pg_database).dialect
+    )
+    assert len(long_text.string.encode()) > 4096  # over psycopg's cached length
+
+    played = _turn(1)
+    saved = SqlStore(pg_database).save_step(
+        Step(
+            run_id=run_id,
+            case_id="c0",
+            expected_turn=1,
+            next_turn=2,
+            phase="done",
+            state={"case_id": "c0", "session_id": "s", "phase": "done", "messages": []},
+            new_turns=[played],
+            result=CaseResult(id="c0", status="passed", turns=[played], total_turns=1, usage=USAGE),
+        )
+    )
+
+    assert saved.saved and saved.run_finished
+    with psycopg.connect(pg_database) as conn:
+        assert conn.execute("SELECT turn, output, status FROM turns").fetchall() == [
+            (1, "Noted, thank you.", "passed")
+        ]
+        assert conn.execute("SELECT type, passed, reason FROM assertion_results").fetchall() == [
+            ("contains", True, "found 'Noted'")
+        ]
+        assert conn.execute("SELECT role, agent, prompt_tokens FROM agent_calls").fetchall() == [
+            ("target", "bench", 10)
+        ]
+        assert conn.execute(
+            "SELECT phase, status, result->>'status' FROM cases WHERE case_id = 'c0'"
+        ).fetchall() == [("done", "passed", "passed")]
+        row = conn.execute(
+            "SELECT finished_cases, passed, total_turns, total_tokens FROM runs WHERE id = %s",
+            (run_id,),
+        ).fetchone()
+        assert row == (1, 1, 1, 13)
+
+
+def test_a_statement_is_sent_with_its_own_values_and_the_callers_in_their_order(
+    pg_database: str,
+) -> None:
+    """A name used twice is one `$n`; a value the statement carries (a Core literal)
+    is sent unless the caller gives that name; a name given nowhere is an error."""
+    engine = get_engine(pg_database)
+    with turn_connection(engine, {}) as connection:
+        row: Any = connection.fetch_one(
+            select(
+                bindparam("b_first"),
+                literal("carried"),
+                bindparam("b_second"),
+                bindparam("b_first"),
+            ),
+            {"b_first": "one", "b_second": "two"},
+        )
+    assert row == ("one", "carried", "two", "one")
+    compiled = CompiledStatement(b"", ("b_second", "param_1", "b_first"), {"param_1": "own"})
+    assert compiled.values({"b_first": 1, "b_second": 2}) == [2, "own", 1]
+    assert compiled.values({"b_first": 1, "b_second": 2, "param_1": "given"}) == [2, "given", 1]
+    with pytest.raises(KeyError):
+        compiled.values({"b_first": 1})
