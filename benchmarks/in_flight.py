@@ -5,9 +5,12 @@
 
 One Celery worker process (`celery -A agenttest_worker worker -c N`, its default pool
 unless `--pool`), real Redis and Postgres, the fixed agent of benchmarks/fixed_agent.py.
-Two runs, each with a worker of its own:
+Three runs, the first two each with a worker of its own:
 - the floor: the worker's own CPU-bound rate, N conversations of 3 turns against a
   50 ms agent (turns wait so little that the worker's CPU is what bounds them);
+- the memory floor: a bare aiohttp process (one session, no connection limit) sending
+  N Chat Completions requests at once to the slow agent: the least memory any runner
+  holding N agent calls open in one Python process needs;
 - the slow agent: N conversations of `--turns` turns against an agent answering after
   `--latency-s` seconds, so that N turns are in flight at once when the worker keeps up.
 The ideal rate against the slow agent is min(N / latency, the floor's rate); the
@@ -16,7 +19,11 @@ latency after the first turn was saved to one latency before the last, from the 
 own timestamps; a run too short for that, with few turns each: the whole run, from one
 latency before its first turn was saved), its share of the ideal, the turns in flight
 that rate implies (Little's law: rate × the time a turn takes), the worker's CPU per
-turn, and its peak RSS. It fails loudly if a turn is lost or recorded twice, or the worker dies.
+turn, and its peak RSS, with the memory per turn in flight beside the memory floor's per
+request (each the peak less the process's RSS before its first call: the worker's once
+ready, the floor's with aiohttp imported and its session open). `--skip-floor` runs
+only the slow agent. It fails loudly if a turn is lost or recorded twice, or the worker
+dies.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import os
 import resource
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -54,6 +62,7 @@ class Rate(NamedTuple):
     turn_seconds: float
     worker_cpu_per_turn: float
     worker_peak_mb: float
+    worker_ready_mb: float
     # Where `steady` was measured: "the middle of the run", or "the whole run" (short).
     span: str = "the middle of the run"
 
@@ -134,8 +143,59 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
         worker.stop()
     steady = in_window / (high - low)
     return Rate(
-        total, steady, float(median_ms or 0) / 1000, cpu / total, worker.peak_kb / 1024, span
+        total,
+        steady,
+        float(median_ms or 0) / 1000,
+        cpu / total,
+        worker.peak_kb / 1024,
+        worker.rss_kb_at_ready / 1024,
+        span,
     )
+
+
+MEMORY_FLOOR = r"""
+import asyncio, resource, sys, aiohttp
+url, count = sys.argv[1], int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+
+def resident_kb():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])
+
+async def main():
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        before = resident_kb()
+        async def one(i):
+            body = {"model": "bench", "messages": [{"role": "user", "content": f"message {i}"}]}
+            async with session.post(url + "/chat/completions", json=body) as response:
+                data = await response.json()
+                return "Noted" in data["choices"][0]["message"]["content"]
+        replies = await asyncio.gather(*(one(i) for i in range(count)))
+        assert all(replies), "a reply without the expected text"
+        print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+asyncio.run(main())
+"""
+
+
+class MemoryFloor(NamedTuple):
+    before_mb: float
+    peak_mb: float
+
+
+def memory_floor(requests: int, latency_s: float) -> MemoryFloor:
+    """Peak RSS of a bare aiohttp process holding `requests` calls to the slow agent."""
+    with fixed_agent(latency_s * 1000) as agent:
+        done = subprocess.run(
+            [sys.executable, "-c", MEMORY_FLOOR, agent, str(requests)],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"memory floor failed: {done.stderr[-2000:]}")
+    before_kb, peak_kb = (int(field) for field in done.stdout.split())
+    return MemoryFloor(before_kb / 1024, peak_kb / 1024)
 
 
 def main() -> None:
@@ -152,6 +212,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         floor = None if args.skip_floor else play(args, 0.05, 3, tmp, "floor")
+        held = None if args.skip_floor else memory_floor(args.in_flight, args.latency_s)
         slow = play(args, args.latency_s, args.turns, tmp, "slow")
     n, latency = args.in_flight, args.latency_s
     print(
@@ -175,10 +236,19 @@ def main() -> None:
         + (f", {floor.steady:.1f}" if floor is not None else "")
         + f") = {ideal:.1f} turns/s; reached {slow.steady / ideal:.2f} of it"
     )
+    per_turn_kb = (slow.worker_peak_mb - slow.worker_ready_mb) * 1024 / n
     print(
         f"  worker CPU per turn {slow.worker_cpu_per_turn * 1000:.2f} ms; "
-        f"peak RSS {slow.worker_peak_mb:.0f} MB"
+        f"peak RSS {slow.worker_peak_mb:.0f} MB ({slow.worker_ready_mb:.0f} MB once ready: "
+        f"~{per_turn_kb:.1f} KB more per turn in flight)"
     )
+    if held is not None:
+        per_request_kb = (held.peak_mb - held.before_mb) * 1024 / n
+        print(
+            f"  memory floor (bare aiohttp, {n} requests at once): peak RSS "
+            f"{held.peak_mb:.0f} MB ({held.before_mb:.0f} MB before: ~{per_request_kb:.1f} KB "
+            f"per request); agenttest's per turn in flight {per_turn_kb / per_request_kb:.1f}x"
+        )
     own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  (benchmark process peak {own_mb:.0f} MB)")
 

@@ -124,6 +124,12 @@ def fixed_agent(latency_ms: float, reply_chars: int = 0) -> Iterator[AgentUrl]:
         proc.wait(10)
 
 
+def resident_kb(pid: int) -> int:
+    """The process's resident memory now (VmRSS), in KB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:", 1)[1].split()[0])
+
+
 def _cpu_from_stat(text: str) -> float:
     fields = text.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -211,6 +217,7 @@ class Worker:
         )
         self.peak_kb = 0
         self.cpu_at_ready = 0.0
+        self.rss_kb_at_ready = 0
 
     def wait_ready(self, broker: str, queue: str, timeout: float = 60) -> None:
         # Ready when it consumes: a probe message it cannot run would be noise, so poll
@@ -223,6 +230,7 @@ class Worker:
             clients = client.client_list()
             if any(c.get("cmd") == "brpop" for c in clients):
                 self.cpu_at_ready = process_cpu_seconds(self.proc.pid)
+                self.rss_kb_at_ready = resident_kb(self.proc.pid)
                 return
             time.sleep(0.2)
         raise SystemExit(f"worker not ready after {timeout}s: see {self.log_path}")
@@ -448,6 +456,7 @@ def run_agenttest(
     cases, config = write_suite(tmp, args.conversations, args.turns, agent)
     others_before = others_cpu_seconds(agent)
     started = time.monotonic()
+    started_at = time.time()  # the database's clock is this machine's
     submitter = subprocess.Popen(
         submit_command(cases, config, "--no-wait"),
         env=env,
@@ -466,14 +475,16 @@ def run_agenttest(
         turns = conn.execute("SELECT count(*) FROM turns").fetchone()[0]  # type: ignore[index]
         elapsed = time.monotonic() - started
         # Where the wall time went, from the rows' own timestamps (the database's clock).
-        first_turn, last_turn, reports = conn.execute(
-            "SELECT extract(epoch FROM min(t.created_at) - r.created_at),"
+        created, first_turn, last_turn, reports = conn.execute(
+            "SELECT extract(epoch FROM r.created_at),"
+            " extract(epoch FROM min(t.created_at) - r.created_at),"
             " extract(epoch FROM max(t.created_at) - r.created_at),"
             " extract(epoch FROM r.finished_at - r.created_at)"
             " FROM runs r JOIN turns t ON t.run_id = r.id GROUP BY r.id"
         ).fetchone()  # type: ignore[misc]
     log(
-        f"agenttest phases: submitter exited at {submitted:.1f} s; from the run's creation: "
+        f"agenttest phases: run created at {float(created) - started_at:.2f} s, submitter "
+        f"exited at {submitted:.2f} s; from the run's creation: "
         f"first turn saved {first_turn:.1f} s, last turn {last_turn:.1f} s, "
         f"reports stored {reports:.1f} s; total {elapsed:.1f} s"
     )
