@@ -21,7 +21,9 @@ latency before its first turn was saved), its share of the ideal, the turns in f
 that rate implies (Little's law: rate × the time a turn takes), the worker's CPU per
 turn, and its peak RSS, with the memory per turn in flight beside the memory floor's per
 request (each the peak less the process's RSS before its first call: the worker's once
-ready, the floor's with aiohttp imported and its session open). `--skip-floor` runs
+ready, the floor's with aiohttp imported and its session open; the worker's divided by
+the most turns it had under way at once, from the turns' rows: a worker whose CPU
+cannot start N turns within one latency never holds N). `--skip-floor` runs
 only the slow agent. It fails loudly if a turn is lost or recorded twice, or the worker
 dies.
 """
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -63,6 +65,8 @@ class Rate(NamedTuple):
     worker_cpu_per_turn: float
     worker_peak_mb: float
     worker_ready_mb: float
+    # The most turns under way at once (from the turns' rows).
+    most_in_flight: int
     # Where `steady` was measured: "the middle of the run", or "the whole run" (short).
     span: str = "the middle of the run"
 
@@ -140,6 +144,10 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
             median_ms = conn.execute(
                 "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) FROM turns"
             ).fetchone()[0]  # type: ignore[index]
+            spans = conn.execute(
+                "SELECT extract(epoch FROM created_at) - duration_ms / 1000.0,"
+                " extract(epoch FROM created_at) FROM turns"
+            ).fetchall()
         worker.stop()
     steady = in_window / (high - low)
     return Rate(
@@ -149,8 +157,23 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
         cpu / total,
         worker.peak_kb / 1024,
         worker.rss_kb_at_ready / 1024,
+        most_at_once(spans),
         span,
     )
+
+
+def most_at_once(spans: list[tuple[Any, Any]]) -> int:
+    """The most turns under way at one moment, from each turn's (start, end): its row's
+    time less its duration, and its row's time."""
+    events = sorted(
+        [(float(start), 1) for start, _ in spans] + [(float(end), -1) for _, end in spans],
+        key=lambda event: (event[0], event[1]),  # an end before a start at the same time
+    )
+    held = most = 0
+    for _, change in events:
+        held += change
+        most = max(most, held)
+    return most
 
 
 MEMORY_FLOOR = r"""
@@ -236,11 +259,12 @@ def main() -> None:
         + (f", {floor.steady:.1f}" if floor is not None else "")
         + f") = {ideal:.1f} turns/s; reached {slow.steady / ideal:.2f} of it"
     )
-    per_turn_kb = (slow.worker_peak_mb - slow.worker_ready_mb) * 1024 / n
+    per_turn_kb = (slow.worker_peak_mb - slow.worker_ready_mb) * 1024 / slow.most_in_flight
     print(
         f"  worker CPU per turn {slow.worker_cpu_per_turn * 1000:.2f} ms; "
-        f"peak RSS {slow.worker_peak_mb:.0f} MB ({slow.worker_ready_mb:.0f} MB once ready: "
-        f"~{per_turn_kb:.1f} KB more per turn in flight)"
+        f"peak RSS {slow.worker_peak_mb:.0f} MB ({slow.worker_ready_mb:.0f} MB once ready; "
+        f"at most {slow.most_in_flight} turns in flight at once: ~{per_turn_kb:.1f} KB more "
+        f"per turn)"
     )
     if held is not None:
         per_request_kb = (held.peak_mb - held.before_mb) * 1024 / n
