@@ -82,18 +82,22 @@ def test_a_conversations_last_step_is_saved_whole_by_its_one_long_statement(
 
     assert saved.saved and saved.run_finished
     with psycopg.connect(pg_database) as conn:
-        assert conn.execute("SELECT turn, output, status FROM turns").fetchall() == [
+        # (The session's database: other tests' runs are there too.)
+        def of_run(query: str) -> list[tuple[Any, ...]]:
+            return conn.execute(query + " WHERE run_id = %s", (run_id,)).fetchall()
+
+        assert of_run("SELECT turn, output, status FROM turns") == [
             (1, "Noted, thank you.", "passed")
         ]
-        assert conn.execute("SELECT type, passed, reason FROM assertion_results").fetchall() == [
+        assert of_run("SELECT type, passed, reason FROM assertion_results") == [
             ("contains", True, "found 'Noted'")
         ]
-        assert conn.execute("SELECT role, agent, prompt_tokens FROM agent_calls").fetchall() == [
+        assert of_run("SELECT role, agent, prompt_tokens FROM agent_calls") == [
             ("target", "bench", 10)
         ]
-        assert conn.execute(
-            "SELECT phase, status, result->>'status' FROM cases WHERE case_id = 'c0'"
-        ).fetchall() == [("done", "passed", "passed")]
+        assert of_run("SELECT phase, status, result->>'status' FROM cases") == [
+            ("done", "passed", "passed")
+        ]
         row = conn.execute(
             "SELECT finished_cases, passed, total_turns, total_tokens FROM runs WHERE id = %s",
             (run_id,),
