@@ -38,8 +38,9 @@ from agenttest_worker.store import results, runs
 from agenttest_worker.store.base import ConversationStore, SqlStore
 from agenttest_worker.store.db import error_reason, is_connection_lost
 
-# Celery and the tasks (agenttest_worker.fleet) are imported where they are used, not
-# here: import_celery_meanwhile imports them on a thread while the run is stored.
+# Celery and the publishing of tasks (agenttest_worker.fleet.enqueue) are imported where
+# they are used, not here: import_celery_meanwhile imports them on a thread while the
+# run is stored. The tasks themselves (fleet.tasks) are the workers' alone.
 
 POLL_SECONDS = 0.5
 
@@ -57,7 +58,7 @@ def database_url() -> str:
 
 
 def import_celery_meanwhile() -> None:
-    """Import Celery and the tasks on a thread while the run is being stored.
+    """Import Celery and what publishes tasks on a thread while the run is being stored.
 
     They take ~0.2 s to import, all of it before the first conversation can start;
     storing the run is mostly waiting on the database, time the import can use.
@@ -68,28 +69,24 @@ def import_celery_meanwhile() -> None:
     def load() -> None:
         # On failure enqueue_run imports them again and reports the error where it belongs.
         with contextlib.suppress(BaseException):
-            import agenttest_worker.fleet.tasks  # noqa: F401
+            import agenttest_worker.fleet.enqueue  # noqa: F401
 
     threading.Thread(target=load, name="agenttest-import", daemon=True).start()
 
 
 def enqueue_run(run_id: str, total: int) -> int:
-    """Start every conversation of a stored run: one `agenttest.start` per batch of cases.
+    """Start every conversation of a stored run: one `agenttest.start` per batch of cases,
+    published together; how many batches.
 
     Workers expand each batch into turn tasks (only for conversations not yet started),
     so the submitter's cost does not grow with one publish per case.
     """
     # Celery: see the note at the top.
-    from agenttest_worker.fleet.app import app
-    from agenttest_worker.fleet.tasks import enqueue_start
+    from agenttest_worker.fleet.enqueue import enqueue_starts
 
-    size = get_settings().enqueue_batch
-    batches = 0
-    with app.producer_or_acquire() as producer:
-        for first in range(0, total, size):
-            enqueue_start(run_id, first, min(first + size, total) - 1, producer)
-            batches += 1
-    return batches
+    if total:
+        enqueue_starts(run_id, 0, total - 1)
+    return -(-total // get_settings().enqueue_batch)
 
 
 class FleetStarter:
@@ -112,16 +109,16 @@ class FleetStarter:
     def stored(self, run_id: str, first: int, last: int) -> None:
         if self.parallel is not None:
             return  # started once the run is running, `parallel` at a time
-        from agenttest_worker.fleet.tasks import enqueue_start  # Celery: see the top
+        from agenttest_worker.fleet.enqueue import enqueue_start  # Celery: see the top
 
         enqueue_start(run_id, first, last)
 
     def started(self, run_id: str, every_case_ended: bool) -> None:
         # Celery: see the note at the top.
-        from agenttest_worker.fleet.tasks import aggregate_run, enqueue_starts
+        from agenttest_worker.fleet.enqueue import enqueue_aggregate, enqueue_starts
 
         if every_case_ended:  # they ended before the run was running: nobody else will
-            aggregate_run.apply_async((run_id,))
+            enqueue_aggregate(run_id)
         elif self.parallel is not None:
             starts = runs.claim_starts(self.url, run_id, self.parallel)
             if starts is not None:
@@ -129,7 +126,7 @@ class FleetStarter:
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
-    from agenttest_worker.fleet.tasks import follow_up as enqueue  # Celery: see the top
+    from agenttest_worker.fleet.enqueue import follow_up as enqueue  # Celery: see the top
 
     enqueue(run_id, case_id, advance)
 

@@ -94,12 +94,11 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     count = len(pending) + len(parked)
     print(f"run {run.id}: resuming {count} unfinished conversation(s)", file=sys.stderr)
     if get_settings().distributed:
-        from agenttest_worker.fleet.tasks import enqueue_turn  # Celery, only when distributed
+        from agenttest_worker.fleet.enqueue import enqueue_turns  # Celery, only distributed
 
         # Conversations parked for a person stay parked: `agenttest-submit` waiting on
         # the run with --interactive answers them.
-        for case_id, next_turn in pending:
-            enqueue_turn(run.id, case_id, next_turn)
+        enqueue_turns(run.id, list(pending))
     elif count:
         progress = Progress(count)
         run_async(
@@ -118,9 +117,9 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     if current is None or current.finished_cases < current.total_cases:
         return 0
     if get_settings().distributed:
-        from agenttest_worker.fleet.tasks import aggregate_run  # Celery, only when distributed
+        from agenttest_worker.fleet.enqueue import enqueue_aggregate  # Celery, only distributed
 
-        aggregate_run.apply_async((run.id,))
+        enqueue_aggregate(run.id)
         return 0
     # Whoever claimed the aggregation before is gone: that is why we are resuming.
     aggregate(url, run.id, lease_seconds=0)

@@ -1,7 +1,7 @@
-"""Turn tasks published on Redis in one LPUSH (fleet/publish.py) are the messages
-Celery's `apply_async` writes, on the list kombu's transport would choose: compared
-field by field against Celery's own, in a process whose app uses a real Redis broker.
-On any other broker Celery publishes them itself."""
+"""Tasks published on Redis in one LPUSH (fleet/enqueue.py, fleet/publish.py) are the
+messages Celery's `apply_async` writes, on the list kombu's transport would choose:
+compared field by field against Celery's own, in a process whose app uses a real Redis
+broker. On any other broker Celery publishes them itself."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import redis
 from fleet import RedisServer, wait_until
 
 PUBLISHING = """
-from agenttest_worker.fleet.tasks import enqueue_turn, enqueue_turns, turn
+from agenttest_worker.fleet.enqueue import enqueue_turn, enqueue_turns
+from agenttest_worker.fleet.tasks import turn
 # Celery's own message, as enqueue_turn published it before (fleet/tasks.py).
 turn.apply_async(("r1", "c1", 2), priority=0, argsrepr="('r1', 'c1', 2)", kwargsrepr="{}")
 enqueue_turn("r1", "c1", 2)
@@ -50,8 +51,9 @@ def _comparable(text: bytes) -> dict[str, Any]:
 
 
 def test_a_published_turn_is_the_message_celery_writes(redis_db: str) -> None:
-    _publish(redis_db)
     client = redis.Redis.from_url(redis_db)
+    client.delete("agenttest", "agenttest:9")  # the session's database: other tests' messages
+    _publish(redis_db)
     later, first = client.lrange("agenttest", 0, -1), client.lrange("agenttest:9", 0, -1)
     # LPUSH: the newest first. Later turns wait on `agenttest`, first turns on `:9`.
     assert len(later) == 2 and len(first) == 3, (later, first)
@@ -73,14 +75,80 @@ def test_a_published_turn_is_the_message_celery_writes(redis_db: str) -> None:
         assert message == celerys_first
 
 
+PUBLISHING_OTHERS = """
+from agenttest_worker.fleet.enqueue import enqueue_aggregate, enqueue_starts
+from agenttest_worker.fleet.tasks import aggregate_run, start
+# Celery's own messages for the same tasks, their display form given (as for turns).
+start.apply_async(("r1", 0, 2), priority=9, argsrepr="('r1', 0, 2)", kwargsrepr="{}")
+aggregate_run.apply_async(("r1",), argsrepr="('r1',)", kwargsrepr="{}")
+enqueue_starts("r1", 0, 4)  # AGENTTEST_ENQUEUE_BATCH=3: two batches, one pipeline
+enqueue_aggregate("r1")
+"""
+
+
+def test_start_batches_and_the_aggregation_are_the_messages_celery_writes(
+    redis_db: str,
+) -> None:
+    client = redis.Redis.from_url(redis_db)
+    client.delete("agenttest", "agenttest:9")  # the session's database: other tests' messages
+    env = {
+        **os.environ,
+        "AGENTTEST_BROKER_URL": redis_db,
+        "AGENTTEST_QUEUE": "agenttest",
+        "AGENTTEST_ENQUEUE_BATCH": "3",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PUBLISHING_OTHERS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    # LPUSH: the newest first. Start batches wait with the first turns (`:9`).
+    later, first = client.lrange("agenttest", 0, -1), client.lrange("agenttest:9", 0, -1)
+    assert len(later) == 2 and len(first) == 3, (later, first)
+    assert _comparable(later[0]) == _comparable(later[1])
+    assert _comparable(later[0])["headers"]["task"] == "agenttest.aggregate"
+    celerys = _comparable(first[2])
+    for text, batch in ((first[1], [0, 2]), (first[0], [3, 4])):
+        message = _comparable(text)
+        assert message["body"][0] == ["r1", *batch]
+        assert message["headers"]["argsrepr"] == repr(("r1", *batch))
+        message["body"][0] = ["r1", 0, 2]
+        for part in ("headers", "properties"):
+            message[part]["argsrepr"] = "('r1', 0, 2)"
+        assert message == celerys
+
+
+def test_publishing_imports_no_task_body() -> None:
+    """The submitter publishes through fleet.enqueue: the worker's tasks, driver pool
+    and metrics stay out of its start-up."""
+    probe = (
+        "import sys; import agenttest_worker.fleet.enqueue; "
+        "print(sorted(m for m in sys.modules if m in ("
+        "'agenttest_worker.fleet.tasks', 'agenttest_worker.fleet.metrics', "
+        "'agenttest_worker.fleet.loop_pool', 'prometheus_client')))"
+    )
+    env = {**os.environ, "AGENTTEST_BROKER_URL": "redis://127.0.0.1:6379/0"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 OTHER_BROKER = """
 import json
-from agenttest_worker.fleet.tasks import app, enqueue_turns
+from agenttest_worker.fleet.app import app
+from agenttest_worker.fleet.enqueue import enqueue_aggregate, enqueue_starts, enqueue_turns
 enqueue_turns("r1", [("c1", 2), ("c2", 1)])
+enqueue_starts("r1", 0, 2)
+enqueue_aggregate("r1")
 with app.connection_for_read() as connection:
     queue = connection.SimpleQueue("agenttest")
     got = []
-    for _ in range(2):
+    for _ in range(4):
         message = queue.get(timeout=5)
         got.append([message.headers["task"], message.payload[0], message.properties["priority"]])
         message.ack()
@@ -88,14 +156,21 @@ print(json.dumps(got))
 """
 
 
-def test_on_another_broker_turns_are_published_by_celery() -> None:
-    env = {**os.environ, "AGENTTEST_BROKER_URL": "memory://", "AGENTTEST_QUEUE": "agenttest"}
+def test_on_another_broker_tasks_are_published_by_celery() -> None:
+    env = {
+        **os.environ,
+        "AGENTTEST_BROKER_URL": "memory://",
+        "AGENTTEST_QUEUE": "agenttest",
+        "AGENTTEST_ENQUEUE_BATCH": "3",
+    }
     done = subprocess.run(
         [sys.executable, "-c", OTHER_BROKER], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted(got) == [
+        ["agenttest.aggregate", ["r1"], 0],
+        ["agenttest.start", ["r1", 0, 2], 9],
         ["agenttest.turn", ["r1", "c1", 2], 0],
         ["agenttest.turn", ["r1", "c2", 1], 9],
     ]
@@ -103,7 +178,7 @@ def test_on_another_broker_turns_are_published_by_celery() -> None:
 
 PUBLISHING_ACROSS_AN_OUTAGE = """
 import pathlib, sys, time
-from agenttest_worker.fleet.tasks import enqueue_turn
+from agenttest_worker.fleet.enqueue import enqueue_turn
 enqueue_turn("r1", "c1", 2)  # connected to the broker
 go = pathlib.Path(sys.argv[1])
 while not go.exists():

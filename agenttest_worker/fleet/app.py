@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from celery import Celery
 
-# Connects the signals that serve a worker's metrics when AGENTTEST_METRICS_PORT is set.
-from agenttest_worker.fleet import metrics as _metrics  # noqa: F401
 from agenttest_worker.fleet.transport import use_shared_clients
 from agenttest_worker.settings import get_settings
 

@@ -27,7 +27,8 @@ from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import app, sweep_interval
-from agenttest_worker.fleet.tasks import database_url, enqueue_starts, enqueue_turn
+from agenttest_worker.fleet.enqueue import enqueue_starts, enqueue_turn
+from agenttest_worker.fleet.tasks import database_url
 from agenttest_worker.observe import metrics
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery

@@ -24,13 +24,24 @@ from agenttest_worker.agents.waiting import WAITING, current_turn
 from agenttest_worker.driver.event_loops import shutdown
 from agenttest_worker.driver.loop_step import TurnAddress, run_step_offloaded
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
+
+# Connects the signals that serve a worker's metrics when AGENTTEST_METRICS_PORT is
+# set. Here rather than in app.py: a worker imports this module (the app's `include`)
+# before it sends `celeryd_init`, and a process that only publishes never needs it.
+from agenttest_worker.fleet import metrics as _metrics  # noqa: F401
 from agenttest_worker.fleet.aggregate import aggregate
-from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
+from agenttest_worker.fleet.app import app
+from agenttest_worker.fleet.enqueue import (
+    AGGREGATE,
+    START,
+    TURN,
+    enqueue_turns,
+    follow_up,
+)
 from agenttest_worker.fleet.isolation import LOOP_TURNS, TURNS
 from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
 from agenttest_worker.fleet.metered import metered
-from agenttest_worker.fleet.publish import RedisPublisher, TaskMessage
 from agenttest_worker.heap import settle
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
@@ -69,88 +80,7 @@ def _close_io(**_: Any) -> None:
     shutdown()
 
 
-_publishers: dict[str, RedisPublisher | None] = {}
-
-
-def _publisher() -> RedisPublisher | None:
-    """The Redis publisher of this process's broker, or None on any other broker."""
-    settings = get_settings()
-    broker = settings.broker_url or ""
-    if broker not in _publishers:
-        redis = broker.startswith(("redis://", "rediss://"))
-        _publishers[broker] = RedisPublisher(app, settings.queue) if redis else None
-    return _publishers[broker]
-
-
-def _turn_message(run_id: str, case_id: str, number: int) -> TaskMessage:
-    # The arguments' display form (what Flower shows) is written here rather than left
-    # to Celery's `saferepr`, which walks the arguments on every publish; ids are plain
-    # strings, so `repr` says the same. A first turn waits behind the turns of
-    # conversations under way (app.py).
-    return TaskMessage(
-        turn.name,
-        (run_id, case_id, number),
-        f"({run_id!r}, {case_id!r}, {number})",
-        NEW_CONVERSATION if number == 1 else CONTINUING,
-    )
-
-
-def enqueue_turn(run_id: str, case_id: str, number: int, producer: Any = None) -> None:
-    """Publish `agenttest.turn(run_id, case_id, number)` (on Redis in one LPUSH:
-    publish.py; `producer` is for other brokers)."""
-    enqueue_turns(run_id, [(case_id, number)], producer)
-
-
-def enqueue_turns(run_id: str, turns: list[tuple[str, int]], producer: Any = None) -> None:
-    """Publish `agenttest.turn` for each (case_id, number): on Redis in one pipeline."""
-    messages = [_turn_message(run_id, case_id, number) for case_id, number in turns]
-    publisher = _publisher()
-    if publisher is not None:
-        if messages:
-            publisher.publish(messages)
-        return
-    # Off Redis: Celery's publish, one producer for them all.
-    with app.producer_or_acquire(producer) as acquired:
-        for message in messages:
-            turn.apply_async(
-                message.args,
-                producer=acquired,
-                priority=message.priority,
-                argsrepr=message.argsrepr,
-                kwargsrepr="{}",
-            )
-
-
-def enqueue_start(run_id: str, first: int, last: int, producer: Any = None) -> None:
-    """Publish `agenttest.start` for the run's cases numbered first..last.
-
-    It starts new conversations, so it waits with their first turns: behind every turn
-    of the conversations under way, and in order with the first turns already queued.
-    (At the higher priority, the batches a large run's submitter publishes as it stores
-    its cases kept every first turn waiting until the last batch was stored.)
-    """
-    start.apply_async((run_id, first, last), producer=producer, priority=NEW_CONVERSATION)
-
-
-def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
-    """Enqueue what the step asked for: the next turn, the conversations it claimed to
-    start (a run capped by --parallel), the aggregation."""
-    if advance.next_turn is not None:
-        enqueue_turn(run_id, case_id, advance.next_turn)
-    if advance.starts is not None:
-        enqueue_starts(run_id, *advance.starts)
-    if advance.run_finished:
-        aggregate_run.apply_async((run_id,))
-
-
-def enqueue_starts(run_id: str, first: int, last: int) -> None:
-    """`agenttest.start` for the claimed conversations first..last, a batch per message."""
-    size = get_settings().enqueue_batch
-    for low in range(first, last + 1, size):
-        enqueue_start(run_id, low, min(low + size - 1, last))
-
-
-@app.task(name="agenttest.start")
+@app.task(name=START)
 def start(run_id: str, first: int, last: int) -> str:
     """Publish turn 1 of the run's not-yet-started conversations numbered first..last.
 
@@ -163,7 +93,7 @@ def start(run_id: str, first: int, last: int) -> str:
     return f"{run_id}: started {len(case_ids)} conversation(s) ({first}-{last})"
 
 
-@app.task(name=plays_on_loop("agenttest.turn"), bind=True)
+@app.task(name=plays_on_loop(TURN), bind=True)
 def turn(self: Any, run_id: str, case_id: str, turn: int) -> str:
     # Set by the broker on a message it gave back (its worker died or was too slow).
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
@@ -222,7 +152,7 @@ def _played(address: TurnAddress, advance: Advance) -> str:
     return f"{case_id} turn {turn}: next turn {advance.next_turn}"
 
 
-@app.task(name="agenttest.aggregate")
+@app.task(name=AGGREGATE)
 def aggregate_run(run_id: str) -> str:
     done = aggregate(database_url(), run_id) is not None
     return f"{run_id}: aggregated" if done else f"{run_id}: already aggregated"
