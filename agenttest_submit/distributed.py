@@ -74,9 +74,9 @@ def import_celery_meanwhile() -> None:
     threading.Thread(target=load, name="agenttest-import", daemon=True).start()
 
 
-def enqueue_run(run_id: str, total: int) -> int:
+def enqueue_run(run_id: str, total: int) -> None:
     """Start every conversation of a stored run: one `agenttest.start` per batch of cases,
-    published together; how many batches.
+    published together.
 
     Workers expand each batch into turn tasks (only for conversations not yet started),
     so the submitter's cost does not grow with one publish per case.
@@ -86,7 +86,6 @@ def enqueue_run(run_id: str, total: int) -> int:
 
     if total:
         enqueue_starts(run_id, 0, total - 1)
-    return -(-total // get_settings().enqueue_batch)
 
 
 class FleetStarter:

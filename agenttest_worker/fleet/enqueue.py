@@ -2,7 +2,7 @@
 
 Apart from the task bodies (tasks.py) so that a process that only publishes (the
 submitter, `resume`) imports the Celery app and the publisher, not the worker's
-driver, pool and metrics (~0.1 s of its start-up). On Redis each task goes out as the
+driver, pool and metrics. On Redis each task goes out as the
 message Celery writes, in one LPUSH (several in one pipeline: publish.py); on any
 other broker Celery publishes it (`send_task`, one producer for a batch). tasks.py
 registers its tasks under these names.
