@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,9 @@ def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
     get_settings.cache_clear()
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """A Postgres database of this test session's own, dropped at the end."""
+@contextmanager
+def _new_pg_database() -> Iterator[str]:
+    """A new, empty Postgres database, dropped when done."""
     import psycopg
 
     name = f"agenttest_test_{os.getpid()}_{secrets.token_hex(3)}"
@@ -64,11 +65,25 @@ def pg_database() -> Iterator[str]:
         pytest.fail(f"PostgreSQL is required at {admin} (start it; see .ci/run): {exc}")
     base = admin.rsplit("/", 1)[0]
     yield f"{base}/{name}"
-    from agenttest_worker.store.db import get_engine
-
-    get_engine.cache_clear()
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A Postgres database of this test session's own, dropped at the end."""
+    with _new_pg_database() as url:
+        yield url
+        from agenttest_worker.store.db import get_engine
+
+        get_engine.cache_clear()
+
+
+@pytest.fixture
+def empty_pg_database() -> Iterator[str]:
+    """A Postgres database of this test's own with no schema yet, dropped after it."""
+    with _new_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

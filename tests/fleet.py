@@ -294,8 +294,11 @@ class Fleet:
             ) from None
 
 
-def fleet_on(redis_url: str, database_url: str, demo_url: str, workdir: Path) -> Iterator[Fleet]:
-    """The body of a `fleet` fixture: an emptied Redis db, the schema, cleanup after."""
+def fleet_on(
+    redis_url: str, database_url: str, demo_url: str, workdir: Path, schema: bool = True
+) -> Iterator[Fleet]:
+    """The body of a `fleet` fixture: an emptied Redis db, the schema (unless `schema` is
+    False: the workers must make it), cleanup after."""
     import redis
 
     from agenttest_worker.store.db import upgrade
@@ -313,7 +316,8 @@ def fleet_on(redis_url: str, database_url: str, demo_url: str, workdir: Path) ->
             pipe.execute()
 
     empty()
-    upgrade(database_url)
+    if schema:
+        upgrade(database_url)
     fleet = Fleet(redis_url, database_url, workdir, env={"AGENTTEST_DEMO_URL": demo_url})
     try:
         yield fleet

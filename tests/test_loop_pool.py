@@ -109,3 +109,23 @@ def test_the_open_files_limit_is_raised_toward_the_turns_in_flight() -> None:
         assert raise_open_files_limit(10) == wanted
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.fleet
+@pytest.mark.parametrize("pool_args", [(), ("--pool", "threads")], ids=["loop", "threads"])
+def test_a_worker_brings_the_schema_current_before_its_first_task(
+    redis_db: str, empty_pg_database: str, demo_url: str, tmp_path: Path, pool_args: tuple[str, ...]
+) -> None:
+    # Where tasks run in the worker's own process, Celery sends no `worker_process_init`:
+    # the worker connects and migrates as it becomes ready, so that its first run does
+    # not wait for it (fleet/tasks.py `_warm_up`).
+    import psycopg
+
+    from agenttest_worker.store.db import HEAD_REVISION
+
+    for fleet in fleet_on(redis_db, empty_pg_database, demo_url, tmp_path, schema=False):
+        fleet.start("fresh", args=pool_args)  # returns once it logs "ready."
+        plain = empty_pg_database.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(plain) as conn:
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        assert row == (HEAD_REVISION,)

@@ -46,7 +46,7 @@ from agenttest_worker.heap import settle
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.db import error_reason, upgrade
 
 log = logging.getLogger("agenttest.tasks")
 _pools = PoolCache()
@@ -159,10 +159,29 @@ def aggregate_run(run_id: str) -> str:
 
 
 @worker_ready.connect
-def _warm_up(**_: Any) -> None:
-    """Import now what the first turns would import on their own (a hundred threads
-    taking their first turn at once would each wait on the import lock and the GIL for
-    modules kept off the submitter's start-up path), then settle the heap (heap.py)."""
-    import aiohttp  # noqa: F401  (agents/transport.py imports it where a call is made)
+def _warm_up(sender: Any = None, **_: Any) -> None:
+    """Do now what the first tasks would do on their own, then settle the heap (heap.py).
 
+    Imports: a hundred turns taking their first step at once would each wait on the
+    import lock and the GIL for modules kept off the submitter's start-up path.
+
+    Connections, where tasks run in this process (the loop pool, threads): the database,
+    whose schema `worker_process_init` brings current only in prefork's children, so
+    that here the first task did it, importing the driver and the Postgres dialect
+    (~0.1 s) and connecting; and the broker connection turns are published on. The
+    first run a worker took saw its first turn 0.1-0.3 s later than the next run did
+    (benchmarks/RESULTS.md). Not in a prefork parent: its children, forked again later,
+    would inherit those connections. What cannot be reached now, the first task tries
+    again.
+    """
+    import aiohttp  # noqa: F401  (agents/transport.py imports it where a call is made)
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    if not isinstance(getattr(sender, "pool", None), PreforkPool):
+        try:
+            database_url()
+            with app.producer_or_acquire() as producer:
+                producer.channel  # noqa: B018  (connects)
+        except Exception as exc:
+            log.warning("could not connect at start-up; the first task will: %s", error_reason(exc))
     settle()
