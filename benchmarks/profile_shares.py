@@ -21,7 +21,9 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-# (category, markers in a stack's frames); first match wins.
+# (category, markers in a stack's frames); first match wins. A marker starting with "!"
+# excludes: the category matches a stack holding one of its other markers in a frame
+# that holds none of its excluded ones.
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     (
         "publishing the next turn (fleet/publish.py; apply_async off Redis)",
@@ -38,12 +40,30 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("agent call: aiohttp", ("aiohttp",)),
     ("agent call: agenttest's client and transport", ("agenttest_worker/agents",)),
-    ("event loop machinery (a loop per worker thread)", ("_run_once",)),
-    ("turn: engine, assertions, models, task body", ("agenttest_worker/", "pydantic")),
+    # The tracer the loop pool runs for each task it receives, and the consumer's
+    # handling of a received task (every stack of the main thread has Celery frames,
+    # but kombu's come first above).
     ("Celery: task handling", ("celery/",)),
+    # Every turn's coroutine runs under the pool's loop (fleet/loop_pool.py): its own
+    # frames count here, the loop's below.
+    (
+        "turn: engine, assertions, models, task body",
+        ("agenttest_worker/", "pydantic", "!agenttest_worker/fleet/loop_pool.py"),
+    ),
+    ("event loop machinery (the pool's loop: select, callbacks)", ("_run_once", "loop_pool.py")),
     ("pool threads waiting for work (woken, taking the GIL)", ("thread.py",)),
 ]
 OTHER = "other"
+
+
+def matches(frames: list[str], markers: tuple[str, ...]) -> bool:
+    """Whether a frame of `frames` holds one of `markers` and none of the excluded."""
+    wanted = [m for m in markers if not m.startswith("!")]
+    excluded = [m[1:] for m in markers if m.startswith("!")]
+    return any(
+        any(m in frame for m in wanted) and not any(x in frame for x in excluded)
+        for frame in frames
+    )
 
 
 def shares(raw_lines: list[str]) -> tuple[Counter[str], int]:
@@ -56,8 +76,9 @@ def shares(raw_lines: list[str]) -> tuple[Counter[str], int]:
             continue
         count = int(count_text)
         total += count
+        frames = stack.split(";")
         for name, markers in CATEGORIES:
-            if any(marker in stack for marker in markers):
+            if matches(frames, markers):
                 counts[name] += count
                 break
         else:
