@@ -122,8 +122,12 @@ def _priced_by(run: RunRow) -> ProjectConfig | None:
         return None
 
 
-# Where the calls a run made outside its conversations happened.
+# Where the calls a run made outside its conversations' records happened: a
+# conversation's role there made calls in turns played but not recorded (a copy of a
+# turn's message that lost the race to record it, a turn whose conversation ended
+# meanwhile).
 _OUTSIDE = {"generator": "(at submission)", "reporter": "(after the run)"}
+_UNRECORDED = "(turns not recorded)"
 
 
 def usage_lines(run: RunRow, calls: list[usage.AgentCalls]) -> list[str]:
@@ -149,7 +153,7 @@ def usage_lines(run: RunRow, calls: list[usage.AgentCalls]) -> list[str]:
     outside = usage.stored_usage(run.usage)
     tally.add_usage(outside)
     rows += [
-        (role, _OUTSIDE.get(role, "(outside conversations)"), used)
+        (role, _OUTSIDE.get(role, _UNRECORDED), used)
         for role, used in outside.items()
     ]
     line = tally.line(priced)

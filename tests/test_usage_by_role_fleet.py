@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleet import Fleet, fleet_on, run_id_of, wait_until
+from fleet import Fleet, fleet_on, free_port, run_id_of, wait_until
+from test_metrics import added, samples, scrape
+from test_metrics import total as metric_total
 from usage_kit import UsageAgents, check_status, same_usage, status_rows, write_suite
 
 from agenttest_worker.fleet.aggregate import build_report
@@ -96,3 +98,64 @@ def test_fleet_status_shows_the_calls_of_a_run_still_running(
     text = _status(fleet, run_id)
     assert "status    done" in text
     check_status(text, agents.counted_all(), set())
+
+
+def test_fleet_counts_the_calls_of_a_turn_played_twice_once_in_the_run(
+    fleet: Fleet, agents: UsageAgents, tmp_path: Path
+) -> None:
+    """A copy of A's first turn's message arrives while that turn waits on its target:
+    both copies call the target and the judge, one records the turn, and the other's
+    calls are the run's own (tests/test_unrecorded_usage.py), so that what the run
+    reports is what the agents answered."""
+    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.tasks import turn
+
+    ports = [free_port(), free_port()]
+    for name, port in zip(("a", "b"), ports, strict=True):
+        fleet.start(
+            name, concurrency=2, wait=False, visibility_timeout="300", metrics_port=str(port)
+        )
+    for worker in fleet.workers:
+        worker.wait_ready()
+    config, cases = write_suite(tmp_path, agents, timeout=60)
+    a_answers = agents.hold("A")
+    run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "target", "--config", str(config)])
+
+    def a_asked(times: int) -> bool:
+        bodies = agents.server.requests("target")
+        return sum((b.get("metadata") or {}).get("test_id") == "A" for b in bodies) >= times
+
+    try:
+        wait_until(lambda: a_asked(1), 30, "A's first turn to reach its target")
+        with app.connection_for_write(fleet.broker_url) as connection:
+            turn.apply_async((run_id, "A", 1), connection=connection)
+        wait_until(lambda: a_asked(2), 30, "the copy to reach the target too")
+    finally:
+        a_answers.set()
+    fleet.wait_done(run_id)
+
+    report = build_report(fleet.database_url, run_id)
+    record = next(r for r in report.results if r.id == "A")
+    played_twice = agents.counted("A")
+    # The record holds one copy's calls; the run holds the other's first turn.
+    assert record.usage_by_role is not None
+    assert record.usage_by_role["target"].calls == played_twice["target"].calls - 1
+    assert set(report.run_usage) == {"target", "judge"}
+    assert report.run_usage["target"].calls == 1
+    summed = run_usage(report.results, report.run_usage)
+    assert same_usage(usage_dict(summed), agents.counted_all())
+    rows = status_rows(_status(fleet, run_id))
+    assert rows[("target", "(turns not recorded)")][0] == 1
+    assert rows[("judge", "(turns not recorded)")][0] == 1
+    # The workers' metrics count every call made, as the run does (not the turn twice).
+    scraped = added(*(samples(scrape(port)) for port in ports))
+    for role, used in agents.counted_all().items():
+        assert metric_total(scraped, "agenttest_agent_calls_total", role=role) == used.calls, role
+        tokens = metric_total(scraped, "agenttest_agent_tokens_total", role=role)
+        assert tokens == used.total_tokens, role
+        assert metric_total(scraped, "agenttest_agent_cost_total", role=role) == pytest.approx(
+            used.cost
+        )
+    assert metric_total(scraped, "agenttest_turns_total") == sum(
+        r.total_turns for r in report.results
+    )

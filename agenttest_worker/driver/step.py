@@ -37,6 +37,7 @@ from agenttest_worker.engine import (
     give_human_input,
     run_turn,
 )
+from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
@@ -233,6 +234,11 @@ def commit(
         stop_run=_fail_fast_reason(prepared, result.status if result else None),
     )
     if not saved.saved:
+        # Played but not recorded: its calls count in the run's usage all the same.
+        calls = (call for t in new_turns for call in t.calls or ())
+        unrecorded = usage_by_role(calls, pricing_config(loaded))
+        if unrecorded:
+            store.add_unrecorded_usage(loaded.run_id, unrecorded)
         return Advance(saved=False)
     return Advance(
         saved=True,

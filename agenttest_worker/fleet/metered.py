@@ -2,10 +2,14 @@
 
 Counted when a step is saved, not when it is played: a duplicate or redelivered
 message whose turn was already recorded saves nothing and counts nothing, so a worker's
-turns, calls, tokens and cost add up to what its runs stored. What a step needs beyond
-the step itself (the case's target agent, the run's pricing) comes from the load of
-the same conversation that preceded it (on the loop pool the load and the save may run
-on different store threads: they are matched by run and case, not by thread).
+turns, calls, tokens and cost add up to what its runs stored. A copy that played the
+step at the same time as the one that saved it made its calls all the same, which its
+run counts (`runs.usage`): those count as calls, tokens and cost, not as turns.
+
+What a step needs beyond the step itself (the case's target agent, the run's pricing)
+comes from the load of the same conversation that preceded it (on the loop pool the
+load and the save may run on different store threads: they are matched by run and
+case, not by thread).
 
 With metrics off, `metered` makes a plain SqlStore: nothing on the hot path.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from agenttest_worker.driver.run_cache import pricing_config
 from agenttest_worker.engine.outcome import call_cost
@@ -26,41 +31,54 @@ from agenttest_worker.store.steps import LoadedCase, Saved, Step
 class MeteredStore(SqlStore):
     """A SqlStore whose saved steps are counted."""
 
-    # Loads kept for the saves that follow them: a load with no save after it (a
-    # duplicate message) stays until this many newer loads have pushed it out.
+    # Loads kept for the saves that follow them, with how many saves are still to come
+    # (two copies of one turn, each loading before either saves): a load with no save
+    # after it (a duplicate message) stays until this many newer loads have pushed it out.
     KEPT_LOADS = 65536
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self._lock = threading.Lock()
-        self._loaded: OrderedDict[tuple[str, str], LoadedCase] = OrderedDict()
+        self._loaded: OrderedDict[tuple[str, str], tuple[LoadedCase, int]] = OrderedDict()
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
     ) -> LoadedCase | None:
         loaded = super().load_case(run_id, case_id, count_delivery, turn)
         if loaded is not None:
+            key = (run_id, case_id)
             with self._lock:
-                self._loaded[(run_id, case_id)] = loaded
-                self._loaded.move_to_end((run_id, case_id))
+                _, waiting = self._loaded.get(key, (None, 0))
+                self._loaded[key] = (loaded, waiting + 1)
+                self._loaded.move_to_end(key)
                 if len(self._loaded) > self.KEPT_LOADS:
                     self._loaded.popitem(last=False)
         return loaded
 
     def save_step(self, step: Step) -> Saved:
         saved = super().save_step(step)
+        key = (step.run_id, step.case_id)
         with self._lock:
-            loaded = self._loaded.pop((step.run_id, step.case_id), None)
+            loaded, waiting = self._loaded.pop(key, (None, 0))
+            if loaded is not None and waiting > 1:
+                self._loaded[key] = (loaded, waiting - 1)
         if saved.saved:
             self._count(step, loaded)
+        else:
+            metrics.unrecorded_calls(step.new_turns, self._pricing(loaded))
         return saved
 
-    def _count(self, step: Step, loaded: LoadedCase | None) -> None:
+    @staticmethod
+    def _pricing(loaded: LoadedCase | None) -> Callable[[AgentCallRecord], float]:
         config = pricing_config(loaded) if loaded is not None else None
 
         def cost(call: AgentCallRecord) -> float:
             return call_cost(call, config)
 
+        return cost
+
+    def _count(self, step: Step, loaded: LoadedCase | None) -> None:
+        cost = self._pricing(loaded)
         agent = step.result.agent if step.result is not None else None
         if agent is None and loaded is not None:
             agent = loaded.agent

@@ -222,6 +222,20 @@ def recorded_step(
         on.conversations_finished.labels(target, ended).inc()
 
 
+def unrecorded_calls(
+    turns: Iterable[TurnResult], cost: Callable[[AgentCallRecord], float] | None = None
+) -> None:
+    """The calls of a step a worker played but did not save (a copy of its message saved
+    it first, or its conversation ended meanwhile): counted as calls, tokens and cost,
+    which the run counts too (store/usage.py), but not as turns."""
+    on = _on
+    if on is None:
+        return
+    for turn in turns:
+        for call in turn.calls or ():
+            _count_call(on, call, cost)
+
+
 def _count_call(
     on: WorkerMetrics, call: AgentCallRecord, cost: Callable[[AgentCallRecord], float] | None
 ) -> None:

@@ -12,8 +12,10 @@ runner import this module before the store is needed (see buffered.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from agenttest_worker.results import RoleUsage, UsageRole
 from agenttest_worker.store.kept_states import KEPT
 from agenttest_worker.store.reservations import Reservation, TurnReservation
 from agenttest_worker.store.steps import LoadedCase, Saved, Step
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class ConversationStore(Protocol):
-    """The four things a step needs from storage.
+    """The five things a step needs from storage.
 
     A store may also say `keeps_turn_records = True`: it stores a step's
     `Step.archive` and hands a conversation's turn records back with its state
@@ -53,6 +55,12 @@ class ConversationStore(Protocol):
     def cancel_run(self, run_id: str, reason: str) -> bool:
         """Cancel the run (its conversations not yet ended end as skipped); whether this
         call did it."""
+        ...
+
+    def add_unrecorded_usage(self, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
+        """Count the calls of a step that was played but not saved (a copy of its
+        message saved it first, or its conversation was ended meanwhile) in the run's
+        usage: they were made, and paid for, all the same."""
         ...
 
 
@@ -97,3 +105,8 @@ class SqlStore:
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
         return self._runs.cancel_run(self.url, run_id, reason)
+
+    def add_unrecorded_usage(self, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
+        from agenttest_worker.store.usage import add_run_usage  # SQLAlchemy: see __init__
+
+        add_run_usage(self.url, run_id, usage)

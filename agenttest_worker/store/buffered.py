@@ -20,12 +20,14 @@ import copy
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from agenttest_worker.results import RoleUsage, UsageRole
 from agenttest_worker.store import reservations, steps
+from agenttest_worker.store.buffered_run import BufferedRun, RunChanges
 from agenttest_worker.store.setup_thread import StoreSetup as StoreSetup  # re-exported
 
 if TYPE_CHECKING:
@@ -89,21 +91,6 @@ class Refused:
     ended_as: str | None
 
 
-@dataclass
-class _Run:
-    options: dict[str, Any]
-    config: dict[str, Any]
-    cancelled: bool
-    cancel_reason: str | None
-    deadline_at: float | None
-    status: str
-    total_cases: int
-    finished_cases: int
-    total_tokens: int
-    total_cost: float
-    counters: dict[str, int] = field(default_factory=dict)
-
-
 @cache
 def _flush_case(sqlite: bool) -> Update:
     """The conversations' UPDATE. SQLite gets the state and the record as pydantic's text:
@@ -135,7 +122,7 @@ class BufferedStore(reservations.MemoryReservations):
         self,
         url: str,
         run_id: str,
-        run: _Run,
+        run: BufferedRun,
         conversations: dict[str, _Conversation],
         *,
         flush_every: float = 0.5,
@@ -149,7 +136,7 @@ class BufferedStore(reservations.MemoryReservations):
         self._setup = setup
         self._last_flush = time.monotonic()
         self._unwritten: dict[str, _Unwritten] = {}
-        self._cancel: str | None = None
+        self._changes = RunChanges()
         self._refused: list[Refused] = []
 
     @classmethod
@@ -171,7 +158,7 @@ class BufferedStore(reservations.MemoryReservations):
             case_id: _Conversation(record, agent, "pending", 1, None, 0)
             for case_id, agent, record in records
         }
-        run = _Run(
+        run = BufferedRun(
             options=options,
             config=config,
             cancelled=False,
@@ -197,7 +184,7 @@ class BufferedStore(reservations.MemoryReservations):
 
         with get_engine(url).connect() as connection:
             row = connection.execute(select(RUNS).where(RUNS.c.id == run_id)).one()
-            run = _Run(
+            run = BufferedRun(
                 options=row.options,
                 config=row.config,
                 cancelled=row.cancelled,
@@ -305,8 +292,12 @@ class BufferedStore(reservations.MemoryReservations):
         if run_id != self.run_id or self.run.cancelled:
             return False
         self.run.cancelled, self.run.cancel_reason = True, reason
-        self._cancel = reason
+        self._changes.cancel = reason
         return True
+
+    def add_unrecorded_usage(self, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
+        if run_id == self.run_id and usage:
+            self._changes.add(RunChanges(usage=dict(usage)))
 
     def maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush < self.flush_every:
@@ -342,19 +333,19 @@ class BufferedStore(reservations.MemoryReservations):
             self._setup = None
         self._last_flush = time.monotonic()
         unwritten, self._unwritten = self._unwritten, {}
-        cancel, self._cancel = self._cancel, None
-        if not unwritten and cancel is None:
+        changes, self._changes = self._changes, RunChanges()
+        if not unwritten and not changes:
             return
         try:
             try:
-                self._write(unwritten, cancel)
+                self._write(unwritten, changes)
             except Exception as exc:
                 # The store's SQLAlchemy modules only once it is used: see the module docstring.
                 from agenttest_worker.store.db import unstorable_reason
 
                 if unstorable_reason(exc) is None:
                     raise
-                self._refused += self._write_each(unwritten, cancel)
+                self._refused += self._write_each(unwritten, changes)
         except BaseException:
             # Not written (rolled back): kept for the next flush, which Ctrl-C or SIGTERM
             # landing in this one (the run's own cleanup flushes next) or a passing
@@ -365,7 +356,8 @@ class BufferedStore(reservations.MemoryReservations):
                 else:
                     unwritten[case_id] = later
             self._unwritten = unwritten
-            self._cancel = self._cancel or cancel
+            changes.add(self._changes)
+            self._changes = changes
             raise
 
     def take_refused(self) -> list[Refused]:
@@ -373,7 +365,7 @@ class BufferedStore(reservations.MemoryReservations):
         refused, self._refused = self._refused, []
         return refused
 
-    def _write(self, unwritten: dict[str, _Unwritten], cancel: str | None) -> None:
+    def _write(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> None:
         # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from agenttest_worker.store.db import get_engine
         from agenttest_worker.store.turn_statements import insert_step_rows
@@ -393,9 +385,9 @@ class BufferedStore(reservations.MemoryReservations):
                     ],
                 )
             insert_step_rows(connection, rows)
-            self._write_run(connection, cancel)
+            self._write_run(connection, changes)
 
-    def _write_each(self, unwritten: dict[str, _Unwritten], cancel: str | None) -> list[Refused]:
+    def _write_each(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> list[Refused]:
         # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from agenttest_worker.store.db import get_engine, unstorable_reason
         from agenttest_worker.store.turn_statements import insert_step_rows
@@ -419,7 +411,7 @@ class BufferedStore(reservations.MemoryReservations):
                             refused.append(self._take_back(case_id, pending, index, reason))
                             break
                 # The refused steps taken back: the run's counters without them.
-                self._write_run(connection, cancel)
+                self._write_run(connection, changes)
         except BaseException:
             # Nothing was written: every step stands again, for the next flush.
             self.run = run
@@ -468,11 +460,12 @@ class BufferedStore(reservations.MemoryReservations):
             "b_result": _json_value(record.text, sqlite) if record is not None else None,
         }
 
-    def _write_run(self, connection: Connection, cancel: str | None) -> None:
+    def _write_run(self, connection: Connection, changes: RunChanges) -> None:
         # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from sqlalchemy import update
 
         from agenttest_worker.store._sql import RUNS
+        from agenttest_worker.store.usage import add_run_usage_on
 
         run = self.run
         values: dict[str, Any] = {
@@ -481,9 +474,10 @@ class BufferedStore(reservations.MemoryReservations):
             "total_cost": run.total_cost,
             **run.counters,
         }
-        if cancel is not None:
-            values.update(cancelled=True, cancel_reason=cancel)
+        if changes.cancel is not None:
+            values.update(cancelled=True, cancel_reason=changes.cancel)
         connection.execute(update(RUNS).where(RUNS.c.id == self.run_id).values(**values))
+        add_run_usage_on(connection, self.run_id, changes.usage)
 
     def snapshot(self) -> dict[str, _Conversation]:
         """A copy of the conversations (for tests and the deadline sweep)."""

@@ -1,6 +1,8 @@
 """What a run's agent calls used: grouped from `agent_calls` by role and agent (what
 `status RUN` shows while the run goes on), and what the run used outside its
-conversations (`runs.usage`: generator agents at submission, a --reporter agent)."""
+conversations' records (`runs.usage`: generator agents at submission, a --reporter
+agent, and the calls of turns played but not recorded: a copy of a turn's message
+that lost the race to record it, or a turn whose conversation was ended meanwhile)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast, get_args
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, func, select, update
 
 from agenttest_worker.results import RoleUsage, UsageRole
+from agenttest_worker.store._sql import RUNS
 from agenttest_worker.store.db import session_scope
-from agenttest_worker.store.models import AgentCallRow, RunRow
+from agenttest_worker.store.models import AgentCallRow
 
 _ROLES = frozenset(get_args(UsageRole))
 
@@ -64,23 +67,31 @@ def usage_document(usage: Mapping[UsageRole, RoleUsage]) -> dict[str, Any] | Non
 
 
 def add_run_usage(url: str, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
-    """Add `usage` to what the run used outside its conversations."""
+    """Add `usage` to what the run used outside its conversations' records."""
     if not usage:
         return
     with session_scope(url) as session:
-        # Locked while read and written (Postgres), so two adders cannot lose one's calls.
-        stored = session.execute(
-            select(RunRow.usage).where(RunRow.id == run_id).with_for_update()
-        ).scalar_one_or_none()
-        total = stored_usage(stored)
-        for role, more in usage.items():
-            total[role] = _added(total.get(role), more)
-        session.execute(
-            update(RunRow).where(RunRow.id == run_id).values(usage=usage_document(total))
-        )
+        add_run_usage_on(session.connection(), run_id, usage)
 
 
-def _added(found: RoleUsage | None, more: RoleUsage) -> RoleUsage:
+def add_run_usage_on(
+    connection: Connection, run_id: str, usage: Mapping[UsageRole, RoleUsage]
+) -> None:
+    """`add_run_usage` in `connection`'s transaction."""
+    if not usage:
+        return
+    # Locked while read and written (Postgres), so two adders cannot lose one's calls.
+    stored = connection.execute(
+        select(RUNS.c.usage).where(RUNS.c.id == run_id).with_for_update()
+    ).scalar_one_or_none()
+    total = stored_usage(stored)
+    for role, more in usage.items():
+        total[role] = added_usage(total.get(role), more)
+    connection.execute(update(RUNS).where(RUNS.c.id == run_id).values(usage=usage_document(total)))
+
+
+def added_usage(found: RoleUsage | None, more: RoleUsage) -> RoleUsage:
+    """`found` and `more` added up (`more` alone when nothing was found)."""
     if found is None:
         return more
     return RoleUsage(

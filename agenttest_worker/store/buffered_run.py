@@ -1,0 +1,52 @@
+"""The embedded run's row as the embedded store keeps it in memory (`BufferedRun`), and
+what a flush writes to it besides its counters (`RunChanges`). Nothing here imports
+SQLAlchemy until a flush has something to add up (see buffered.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agenttest_worker.results import RoleUsage, UsageRole
+
+
+@dataclass
+class BufferedRun:
+    """The run row: what its conversations' steps move (counters, spend, a cancel)."""
+
+    options: dict[str, Any]
+    config: dict[str, Any]
+    cancelled: bool
+    cancel_reason: str | None
+    deadline_at: float | None
+    status: str
+    total_cases: int
+    finished_cases: int
+    total_tokens: int
+    total_cost: float
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RunChanges:
+    """What a flush writes to the run row besides its counters: a cancel's reason, and
+    the calls of steps played but not saved (`add_unrecorded_usage`)."""
+
+    cancel: str | None = None
+    usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.cancel is not None or bool(self.usage)
+
+    def add(self, later: RunChanges) -> None:
+        """Fold `later` in (a failed flush's changes put back before newer ones)."""
+        self.cancel = self.cancel or later.cancel
+        for role, more in later.usage.items():
+            found = self.usage.get(role)
+            if found is None:
+                self.usage[role] = more
+                continue
+            # SQLAlchemy only once it is needed: see the module docstring.
+            from agenttest_worker.store.usage import added_usage
+
+            self.usage[role] = added_usage(found, more)

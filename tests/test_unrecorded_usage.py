@@ -1,0 +1,113 @@
+"""A step played but not recorded still counts its calls in the run's usage.
+
+Two copies of one turn's message may play the same step at once (a redelivered copy
+while the first still runs, a duplicate publish): one records it, and the other's save
+is refused. Its calls were made and paid for all the same: they go to the run's usage
+outside its conversations' records (`runs.usage`), which every report adds to the
+records' own. Shown here on each store a step is saved to, against the demo agents:
+the worker's (Postgres, and SQLite) and the embedded runner's in-memory one. The same
+on a real fleet: tests/test_usage_by_role_fleet.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_run_store import fresh_suite, stored_suite
+
+from agenttest_worker.driver.step import Advance, PoolCache, run_step
+from agenttest_worker.results import RoleUsage
+from agenttest_worker.settings import get_settings
+from agenttest_worker.store import runs, usage
+from agenttest_worker.store.base import ConversationStore, SqlStore
+
+
+@pytest.fixture
+def demo(demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _twice(store: ConversationStore, run_id: str, case_id: str, turn: int) -> list[Advance]:
+    """Two copies of one turn played at once on `store`."""
+
+    async def both() -> list[Advance]:
+        from agenttest_worker.agents.transport import close_session
+
+        pools = PoolCache()
+        try:
+            return list(
+                await asyncio.gather(
+                    run_step(store, pools, run_id, case_id, turn, None),
+                    run_step(store, pools, run_id, case_id, turn, None),
+                )
+            )
+        finally:
+            await close_session()
+
+    return asyncio.run(both())
+
+
+def _sql_store() -> tuple[str, str, Any, Callable[[], None]]:
+    db, run_id = stored_suite()
+    return db, run_id, SqlStore(db), lambda: None
+
+
+def _buffered_store() -> tuple[str, str, Any, Callable[[], None]]:
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run())
+    return db, run_id, store, store.flush
+
+
+@pytest.mark.parametrize("kind", ["worker-postgres", "worker-sqlite", "embedded"])
+def test_the_copy_that_did_not_record_a_step_counts_its_calls_in_the_run(
+    demo: Path, pg_database: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    if kind == "worker-postgres":
+        monkeypatch.setenv("AGENTTEST_DATABASE_URL", pg_database)
+        get_settings.cache_clear()
+    make = _buffered_store if kind == "embedded" else _sql_store
+    db, run_id, store, flush = make()
+
+    advances = _twice(store, run_id, "T001", 1)
+    flush()
+    assert sorted(a.saved for a in advances) == [False, True]
+    # Both copies sent the same requests to the deterministic demo agents: the calls
+    # the run did not record are exactly those it recorded.
+    recorded = usage.calls_by_agent(db, run_id)
+    assert [(c.role, c.calls) for c in recorded] == [("target", 1)]
+    run = runs.get_run(db, run_id)
+    assert run is not None
+    assert usage.stored_usage(run.usage) == {
+        "target": RoleUsage(
+            calls=1,
+            prompt_tokens=recorded[0].prompt_tokens,
+            completion_tokens=recorded[0].completion_tokens,
+            total_tokens=recorded[0].total_tokens,
+            cost=0.0,
+        )
+    }
+    assert recorded[0].total_tokens > 0
+
+    # A step recorded once by a single copy adds nothing there.
+    again = _once(store, run_id, "T002")
+    flush()
+    assert again.saved
+    run = runs.get_run(db, run_id)
+    assert run is not None and set(usage.stored_usage(run.usage)) == {"target"}
+    assert usage.stored_usage(run.usage)["target"].calls == 1
+
+
+def _once(store: ConversationStore, run_id: str, case_id: str) -> Advance:
+    async def once() -> Advance:
+        from agenttest_worker.agents.transport import close_session
+
+        try:
+            return await run_step(store, PoolCache(), run_id, case_id, 1, None)
+        finally:
+            await close_session()
+
+    return asyncio.run(once())
