@@ -152,10 +152,7 @@ def usage_lines(run: RunRow, calls: list[usage.AgentCalls]) -> list[str]:
         rows.append((role, printable(found.agent), used))
     outside = usage.stored_usage(run.usage)
     tally.add_usage(outside)
-    rows += [
-        (role, _OUTSIDE.get(role, _UNRECORDED), used)
-        for role, used in outside.items()
-    ]
+    rows += [(role, _OUTSIDE.get(role, _UNRECORDED), used) for role, used in outside.items()]
     line = tally.line(priced)
     if not line:
         return []
