@@ -111,3 +111,16 @@ def _once(store: ConversationStore, run_id: str, case_id: str) -> Advance:
             await close_session()
 
     return asyncio.run(once())
+
+
+def test_calls_that_cannot_be_counted_are_a_warning_not_a_failed_turn(
+    pg_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The step was recorded by the other copy: a database gone meanwhile loses only
+    # the count of this copy's calls, and says so.
+    gone = pg_database.rsplit("/", 1)[0] + "/no_such_database_here"
+    used = {"target": RoleUsage(calls=1, prompt_tokens=3, completion_tokens=2, total_tokens=5)}
+    SqlStore(gone).add_unrecorded_usage("r1", used)
+    warned = [r.getMessage() for r in caplog.records if r.name == "agenttest.store"]
+    assert len(warned) == 1 and "could not count the calls of a turn of run r1" in warned[0]
+    assert "no_such_database_here" in warned[0]
