@@ -129,3 +129,16 @@ def test_a_worker_brings_the_schema_current_before_its_first_task(
         with psycopg.connect(plain) as conn:
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
         assert row == (HEAD_REVISION,)
+
+
+@pytest.mark.fleet
+def test_a_worker_whose_database_is_away_at_start_still_becomes_ready(
+    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+) -> None:
+    # Its first task connects again (and fails or succeeds on its own): the start-up's
+    # connection is only a head start.
+    away = pg_database.rsplit("/", 1)[0] + "/agenttest_no_such_database"
+    for fleet in fleet_on(redis_db, away, demo_url, tmp_path, schema=False):
+        worker = fleet.start("early")  # returns once it logs "ready."
+        assert "could not connect at start-up; the first task will" in worker.log()
+        assert "agenttest_no_such_database" in worker.log()
