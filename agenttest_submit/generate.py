@@ -32,8 +32,7 @@ from agenttest_worker.cases.model import Case
 from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report.common import printable
-from agenttest_worker.report.usage import add_usage
-from agenttest_worker.results import AgentCallRecord, RoleUsage, UsageRole
+from agenttest_worker.results import AgentCallRecord, RoleUsage, UsageRole, add_usage
 
 # Only plain decimal numerals become numbers: "007" (an id), "1e3", "nan" or "inf" (not
 # JSON) stay text, so no query value is altered or turned into something a JSON

@@ -7,6 +7,7 @@ lets readers of stored reports tell record layouts apart.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -187,9 +188,31 @@ class RoleUsage(_Record):
     total_tokens: int = 0
     cost: float = 0.0
 
+    def __add__(self, other: RoleUsage) -> RoleUsage:
+        return RoleUsage(
+            calls=self.calls + other.calls,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cost=round(self.cost + other.cost, COST_DIGITS),
+        )
+
+
+# Sums of per-call costs carry float noise (0.30000000000000004): costs are rounded so.
+COST_DIGITS = 9
 
 # The roles usage is split by, as `usage_by_role` names them (a validator is the judge).
 UsageRole = Literal["target", "simulator", "judge", "generator", "reporter"]
+
+
+def add_usage(
+    total: dict[UsageRole, RoleUsage], more: Mapping[UsageRole, RoleUsage]
+) -> dict[UsageRole, RoleUsage]:
+    """Add `more` into `total` by role (changed in place, and returned)."""
+    for role, found in more.items():
+        had = total.get(role)
+        total[role] = found if had is None else had + found
+    return total
 
 
 class CaseResult(_Record):

@@ -35,12 +35,11 @@ from agenttest_worker.fleet.aggregate import build_report
 from agenttest_worker.report.usage import (
     ROLE_ORDER,
     UsageTally,
-    add_usage,
     run_usage,
     usage_dict,
     usage_line,
 )
-from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
+from agenttest_worker.results import CaseResult, RoleUsage, UsageRole, add_usage
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import runs
 

@@ -18,33 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agenttest_worker.results import CaseResult, RoleUsage, UsageRole
+from agenttest_worker.results import COST_DIGITS, CaseResult, RoleUsage, UsageRole
 
 # The order roles are listed in: what a run is about first, then what checks it.
 ROLE_ORDER: tuple[UsageRole, ...] = ("target", "judge", "simulator", "generator", "reporter")
-
-# Sums of per-call costs carry float noise (0.30000000000000004): costs are rounded so.
-_COST_DIGITS = 9
-
-
-def add_usage(
-    total: dict[UsageRole, RoleUsage], more: Mapping[UsageRole, RoleUsage]
-) -> dict[UsageRole, RoleUsage]:
-    """Add `more` into `total` (changed in place, and returned)."""
-    for role, found in more.items():
-        had = total.get(role)
-        total[role] = found if had is None else _sum(had, found)
-    return total
-
-
-def _sum(a: RoleUsage, b: RoleUsage) -> RoleUsage:
-    return RoleUsage(
-        calls=a.calls + b.calls,
-        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
-        completion_tokens=a.completion_tokens + b.completion_tokens,
-        total_tokens=a.total_tokens + b.total_tokens,
-        cost=round(a.cost + b.cost, _COST_DIGITS),
-    )
 
 
 def ordered(usage: Mapping[UsageRole, RoleUsage]) -> dict[UsageRole, RoleUsage]:
@@ -108,7 +85,7 @@ class UsageTally:
                     prompt_tokens=int(prompt),
                     completion_tokens=int(completion),
                     total_tokens=int(total),
-                    cost=round(cost, _COST_DIGITS),
+                    cost=round(cost, COST_DIGITS),
                 )
                 for role, (calls, prompt, completion, total, cost) in self._sums.items()
             }

@@ -1,13 +1,13 @@
 """The embedded run's row as the embedded store keeps it in memory (`BufferedRun`), and
-what a flush writes to it besides its counters (`RunChanges`). Nothing here imports
-SQLAlchemy until a flush has something to add up (see buffered.py)."""
+what a flush writes to it besides its counters (`RunChanges`). No SQLAlchemy: see
+buffered.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttest_worker.results import RoleUsage, UsageRole
+from agenttest_worker.results import RoleUsage, UsageRole, add_usage
 
 
 @dataclass
@@ -41,12 +41,4 @@ class RunChanges:
     def add(self, later: RunChanges) -> None:
         """Fold `later` in (a failed flush's changes put back before newer ones)."""
         self.cancel = self.cancel or later.cancel
-        for role, more in later.usage.items():
-            found = self.usage.get(role)
-            if found is None:
-                self.usage[role] = more
-                continue
-            # SQLAlchemy only once it is needed: see the module docstring.
-            from agenttest_worker.store.usage import added_usage
-
-            self.usage[role] = added_usage(found, more)
+        add_usage(self.usage, later.usage)

@@ -12,7 +12,7 @@ from typing import Any, cast, get_args
 
 from sqlalchemy import Connection, func, select, update
 
-from agenttest_worker.results import RoleUsage, UsageRole
+from agenttest_worker.results import RoleUsage, UsageRole, add_usage
 from agenttest_worker.store._sql import RUNS
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import AgentCallRow
@@ -84,20 +84,5 @@ def add_run_usage_on(
     stored = connection.execute(
         select(RUNS.c.usage).where(RUNS.c.id == run_id).with_for_update()
     ).scalar_one_or_none()
-    total = stored_usage(stored)
-    for role, more in usage.items():
-        total[role] = added_usage(total.get(role), more)
+    total = add_usage(stored_usage(stored), usage)
     connection.execute(update(RUNS).where(RUNS.c.id == run_id).values(usage=usage_document(total)))
-
-
-def added_usage(found: RoleUsage | None, more: RoleUsage) -> RoleUsage:
-    """`found` and `more` added up (`more` alone when nothing was found)."""
-    if found is None:
-        return more
-    return RoleUsage(
-        calls=found.calls + more.calls,
-        prompt_tokens=found.prompt_tokens + more.prompt_tokens,
-        completion_tokens=found.completion_tokens + more.completion_tokens,
-        total_tokens=found.total_tokens + more.total_tokens,
-        cost=round(found.cost + more.cost, 9),
-    )
