@@ -51,6 +51,14 @@ def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
     get_settings.cache_clear()
 
 
+@pytest.fixture
+def demo(demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The demo agents reachable through the suite's agenttest.yaml; cwd is tmp_path."""
+    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 @contextmanager
 def _new_pg_database() -> Iterator[str]:
     """A new, empty Postgres database, dropped when done."""

@@ -84,14 +84,6 @@ GREETING = "Hello! I can help you submit expense reports."
 # -- helpers -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def demo(demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The demo agents reachable through the suite's agenttest.yaml; cwd is tmp_path."""
-    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """main(argv) in-process: (exit code, stdout, stderr)."""
     capsys.readouterr()

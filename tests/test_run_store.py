@@ -39,13 +39,6 @@ SUITE_CONFIG = str(SUITE / "agenttest.yaml")
 RUN_ID = re.compile(r"ℹ Run: (\S+)")
 
 
-@pytest.fixture
-def demo(demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def url() -> str:
     get_settings.cache_clear()
     return get_settings().effective_database_url()

@@ -25,31 +25,20 @@ from agenttest_worker.store import runs, usage
 from agenttest_worker.store.base import ConversationStore, SqlStore
 
 
-@pytest.fixture
-def demo(demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+def _played(store: ConversationStore, run_id: str, case_id: str, copies: int) -> list[Advance]:
+    """`copies` copies of a conversation's first turn played at once on `store`."""
 
-
-def _twice(store: ConversationStore, run_id: str, case_id: str, turn: int) -> list[Advance]:
-    """Two copies of one turn played at once on `store`."""
-
-    async def both() -> list[Advance]:
+    async def all_of_them() -> list[Advance]:
         from agenttest_worker.agents.transport import close_session
 
         pools = PoolCache()
         try:
-            return list(
-                await asyncio.gather(
-                    run_step(store, pools, run_id, case_id, turn, None),
-                    run_step(store, pools, run_id, case_id, turn, None),
-                )
-            )
+            plays = (run_step(store, pools, run_id, case_id, 1, None) for _ in range(copies))
+            return list(await asyncio.gather(*plays))
         finally:
             await close_session()
 
-    return asyncio.run(both())
+    return asyncio.run(all_of_them())
 
 
 def _sql_store() -> tuple[str, str, Any, Callable[[], None]]:
@@ -72,7 +61,7 @@ def test_the_copy_that_did_not_record_a_step_counts_its_calls_in_the_run(
     make = _buffered_store if kind == "embedded" else _sql_store
     db, run_id, store, flush = make()
 
-    advances = _twice(store, run_id, "T001", 1)
+    advances = _played(store, run_id, "T001", 2)
     flush()
     assert sorted(a.saved for a in advances) == [False, True]
     # Both copies sent the same requests to the deterministic demo agents: the calls
@@ -93,24 +82,12 @@ def test_the_copy_that_did_not_record_a_step_counts_its_calls_in_the_run(
     assert recorded[0].total_tokens > 0
 
     # A step recorded once by a single copy adds nothing there.
-    again = _once(store, run_id, "T002")
+    [again] = _played(store, run_id, "T002", 1)
     flush()
     assert again.saved
     run = runs.get_run(db, run_id)
     assert run is not None and set(usage.stored_usage(run.usage)) == {"target"}
     assert usage.stored_usage(run.usage)["target"].calls == 1
-
-
-def _once(store: ConversationStore, run_id: str, case_id: str) -> Advance:
-    async def once() -> Advance:
-        from agenttest_worker.agents.transport import close_session
-
-        try:
-            return await run_step(store, PoolCache(), run_id, case_id, 1, None)
-        finally:
-            await close_session()
-
-    return asyncio.run(once())
 
 
 def test_calls_that_cannot_be_counted_are_a_warning_not_a_failed_turn(
