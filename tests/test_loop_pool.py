@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,15 @@ from agenttest_worker.fleet.loop_pool import DEFERRED, raise_open_files_limit
 @pytest.fixture
 def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
     yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+@contextmanager
+def fleet_without_schema(
+    redis_url: str, database_url: str, demo_url: str, workdir: Path
+) -> Iterator[Fleet]:
+    """A fleet whose workers find the database without its schema (closed on leaving,
+    a failed assertion included)."""
+    yield from fleet_on(redis_url, database_url, demo_url, workdir, schema=False)
 
 
 def _threads(pid: int) -> int:
@@ -123,7 +133,7 @@ def test_a_worker_brings_the_schema_current_before_its_first_task(
 
     from agenttest_worker.store.db import HEAD_REVISION
 
-    for fleet in fleet_on(redis_db, empty_pg_database, demo_url, tmp_path, schema=False):
+    with fleet_without_schema(redis_db, empty_pg_database, demo_url, tmp_path) as fleet:
         fleet.start("fresh", args=pool_args)  # returns once it logs "ready."
         plain = empty_pg_database.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(plain) as conn:
@@ -138,7 +148,7 @@ def test_a_worker_whose_database_is_away_at_start_still_becomes_ready(
     # Its first task connects again (and fails or succeeds on its own): the start-up's
     # connection is only a head start.
     away = pg_database.rsplit("/", 1)[0] + "/agenttest_no_such_database"
-    for fleet in fleet_on(redis_db, away, demo_url, tmp_path, schema=False):
+    with fleet_without_schema(redis_db, away, demo_url, tmp_path) as fleet:
         worker = fleet.start("early")  # returns once it logs "ready."
         assert "could not connect at start-up; the first task will" in worker.log()
         assert "agenttest_no_such_database" in worker.log()
