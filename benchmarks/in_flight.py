@@ -165,9 +165,9 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
 def most_at_once(spans: list[tuple[Any, Any]]) -> int:
     """The most turns under way at one moment, from each turn's (start, end): its row's
     time less its duration, and its row's time."""
+    # (time, change) in order: at the same time an end (-1) comes before a start (+1).
     events = sorted(
-        [(float(start), 1) for start, _ in spans] + [(float(end), -1) for _, end in spans],
-        key=lambda event: (event[0], event[1]),  # an end before a start at the same time
+        [(float(start), 1) for start, _ in spans] + [(float(end), -1) for _, end in spans]
     )
     held = most = 0
     for _, change in events:
