@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from agenttest_worker.untracked import UntrackedFields
 
 RESULT_VERSION = 1
 
@@ -37,7 +39,7 @@ class AssertionOutcome:
     agreement: float | None = None
 
 
-class _Record(BaseModel):
+class _Record(UntrackedFields):
     """Records leave out their optional fields when unset: `error?`, `skip_reason?`, ...
 
     Only declared fields that default to None are left out, and not those in

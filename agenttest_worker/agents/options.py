@@ -42,8 +42,20 @@ class Options(BaseModel):
         return sent
 
 
+_NO_OPTIONS = Options()
+
+
 def merge_options(*layers: Options | None) -> Options:
-    """Merge options outer to inner (case < turn): scalars are replaced, metadata is merged."""
+    """Merge options outer to inner (case < turn): scalars are replaced, metadata is merged.
+
+    One layer alone is returned as it is, and none as one shared empty Options (they are
+    frozen; callers copy the metadata they change): a turn waiting on its agent then
+    holds no Options of its own."""
+    given = [layer for layer in layers if layer is not None]
+    if len(given) == 1:
+        return given[0]
+    if not given:
+        return _NO_OPTIONS
     connector: str | None = None
     skip: Skip | None = None
     search: Any = None

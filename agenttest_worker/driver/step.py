@@ -129,6 +129,11 @@ def _prepared(
         return None
     loaded, stored = found
     case, options = case_of(loaded), options_of(loaded)
+    if loaded.deadline_at is None:
+        # Parsed: a turn waiting on its agent need not hold the state's text as well
+        # (thousands wait on a worker). A run with a --deadline reads it again when a turn
+        # is cut short (execute_until_deadline).
+        loaded = dataclasses.replace(loaded, state=None, turn_records=None)
     return Prepared(loaded, case, stored.state, options, turn, counted, stored.archived)
 
 

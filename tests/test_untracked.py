@@ -1,0 +1,116 @@
+"""Records that keep no fields-set (agenttest_worker/untracked.py): they behave as models
+in every way the project uses them, hold no set of their own, and no model dumped with
+`exclude_unset` (the one thing a fields-set is for) contains one."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+import agenttest_worker.assertions  # noqa: F401  (registers every assertion spec)
+from agenttest_worker.assertions.base import AssertionSpec
+from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.yaml_model import YamlTest
+from agenttest_worker.engine.state import ConversationState, PendingInput
+from agenttest_worker.results import AgentCallRecord, TurnResult, Usage
+from agenttest_worker.untracked import UntrackedFields
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def a_turn() -> TurnResult:
+    turn = TurnResult(turn=1, input="hi", input_source="static")
+    turn.output = "hello"
+    turn.duration_ms = 12
+    turn.calls = [AgentCallRecord.model_validate(_call())]
+    turn.usage = Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
+    return turn
+
+
+def _call() -> dict[str, Any]:
+    # Every field a call record requires, from its own schema.
+    schema = AgentCallRecord.model_json_schema()
+    sample = {"string": "x", "integer": 1, "number": 1.0, "boolean": False}
+    props = schema["properties"]
+    return {
+        name: sample[props[name].get("type", "string")]
+        if "enum" not in props[name]
+        else props[name]["enum"][0]
+        for name in schema.get("required", [])
+    }
+
+
+def test_a_record_filled_in_keeps_no_fields_set_and_shares_none() -> None:
+    turn = a_turn()
+    assert turn.model_fields_set == set()
+    assert turn.__pydantic_fields_set__ is TurnResult(turn=2).__pydantic_fields_set__
+    turn.__pydantic_fields_set__.add("output")  # what pydantic does on assignment
+    assert TurnResult(turn=3).model_fields_set == set()
+
+
+def test_a_record_dumps_copies_and_compares_as_a_model() -> None:
+    turn = a_turn()
+    text = turn.model_dump_json()
+    again = TurnResult.model_validate_json(text)
+    assert again == turn and again.model_dump_json() == text
+    assert '"input":"hi"' in text and '"error"' not in text  # None fields left out
+    deep = turn.model_copy(deep=True)
+    deep.output = "changed"
+    assert turn.output == "hello" and deep != turn
+    assert turn.model_copy(update={"output": "x"}).output == "x"
+    assert copy.deepcopy(turn) == turn
+    assert pickle.loads(pickle.dumps(turn)) == turn
+    state = ConversationState(case_id="c", session_id="s", turns=[turn])
+    state.next_input = PendingInput(text="next", source="static", static_index=1)
+    loaded = ConversationState.model_validate_json(state.model_dump_json())
+    assert loaded == state and loaded.model_fields_set == set()
+
+
+def _holds_untracked(annotation: Any, seen: set[type]) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if issubclass(annotation, UntrackedFields):
+            return True
+        if annotation in seen:
+            return False
+        seen.add(annotation)
+        return any(_holds_untracked(f.annotation, seen) for f in annotation.model_fields.values())
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _holds_untracked(typing.get_args(annotation)[0], seen)
+    if origin is not None or isinstance(annotation, types.UnionType):
+        return any(_holds_untracked(arg, seen) for arg in typing.get_args(annotation))
+    return False
+
+
+def test_only_tracked_models_are_dumped_with_exclude_unset() -> None:
+    # The files that dump with exclude_unset, and the models they dump there.
+    dumped_in = {
+        "agenttest_worker/cases/model.py": [Case],
+        "agenttest_worker/cases/yaml_model.py": [YamlTest],
+        "agenttest_worker/engine/assess.py": _subclasses(AssertionSpec),
+    }
+    found = {
+        str(path.relative_to(ROOT))
+        for package in ("agenttest_worker", "agenttest_submit")
+        for path in (ROOT / package).rglob("*.py")
+        if re.search(r"exclude_unset\s*=\s*True", path.read_text())
+    }
+    assert found == set(dumped_in), "a new exclude_unset: add what it dumps here"
+    assert len(dumped_in["agenttest_worker/engine/assess.py"]) > 5
+    for models in dumped_in.values():
+        for model in models:
+            assert not _holds_untracked(model, set()), model
+
+
+def _subclasses(model: type[BaseModel]) -> list[type[BaseModel]]:
+    found = [model]
+    for sub in model.__subclasses__():
+        found += _subclasses(sub)
+    return found
