@@ -222,13 +222,16 @@ class Worker:
     def wait_ready(self, broker: str, queue: str, timeout: float = 60) -> None:
         # Ready when it consumes: a probe message it cannot run would be noise, so poll
         # the broker for the worker's registration via its consumer (BRPOP) instead.
+        # Only this benchmark's database counts: a consumer of another (a worker left
+        # over from another run) would make a worker that is still starting look ready.
         client = redis.Redis.from_url(broker)
+        db = str(client.connection_pool.connection_kwargs.get("db", 0))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise SystemExit(f"worker exited: see {self.log_path}")
             clients = client.client_list()
-            if any(c.get("cmd") == "brpop" for c in clients):
+            if any(c.get("cmd") == "brpop" and c.get("db") == db for c in clients):
                 self.cpu_at_ready = process_cpu_seconds(self.proc.pid)
                 self.rss_kb_at_ready = resident_kb(self.proc.pid)
                 return

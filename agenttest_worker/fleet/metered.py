@@ -19,13 +19,23 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
 
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.driver.run_cache import pricing_config
 from agenttest_worker.engine.outcome import call_cost
 from agenttest_worker.observe import metrics
 from agenttest_worker.results import AgentCallRecord
 from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.steps import LoadedCase, Saved, Step
+
+
+class _Seen(NamedTuple):
+    """What a save needs of the load before it: not the load itself, whose case and
+    state texts a turn in flight would otherwise hold here while it waits."""
+
+    agent: str | None
+    pricing: ProjectConfig | None
 
 
 class MeteredStore(SqlStore):
@@ -39,7 +49,7 @@ class MeteredStore(SqlStore):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self._lock = threading.Lock()
-        self._loaded: OrderedDict[tuple[str, str], tuple[LoadedCase, int]] = OrderedDict()
+        self._loaded: OrderedDict[tuple[str, str], tuple[_Seen, int]] = OrderedDict()
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
@@ -47,9 +57,10 @@ class MeteredStore(SqlStore):
         loaded = super().load_case(run_id, case_id, count_delivery, turn)
         if loaded is not None:
             key = (run_id, case_id)
+            seen = _Seen(loaded.agent, pricing_config(loaded))
             with self._lock:
                 _, waiting = self._loaded.get(key, (None, 0))
-                self._loaded[key] = (loaded, waiting + 1)
+                self._loaded[key] = (seen, waiting + 1)
                 self._loaded.move_to_end(key)
                 if len(self._loaded) > self.KEPT_LOADS:
                     self._loaded.popitem(last=False)
@@ -59,29 +70,29 @@ class MeteredStore(SqlStore):
         saved = super().save_step(step)
         key = (step.run_id, step.case_id)
         with self._lock:
-            loaded, waiting = self._loaded.pop(key, (None, 0))
-            if loaded is not None and waiting > 1:
-                self._loaded[key] = (loaded, waiting - 1)
+            seen, waiting = self._loaded.pop(key, (None, 0))
+            if seen is not None and waiting > 1:
+                self._loaded[key] = (seen, waiting - 1)
         if saved.saved:
-            self._count(step, loaded)
+            self._count(step, seen)
         else:
-            metrics.unrecorded_calls(step.new_turns, self._pricing(loaded))
+            metrics.unrecorded_calls(step.new_turns, self._pricing(seen))
         return saved
 
     @staticmethod
-    def _pricing(loaded: LoadedCase | None) -> Callable[[AgentCallRecord], float]:
-        config = pricing_config(loaded) if loaded is not None else None
+    def _pricing(seen: _Seen | None) -> Callable[[AgentCallRecord], float]:
+        config = seen.pricing if seen is not None else None
 
         def cost(call: AgentCallRecord) -> float:
             return call_cost(call, config)
 
         return cost
 
-    def _count(self, step: Step, loaded: LoadedCase | None) -> None:
-        cost = self._pricing(loaded)
+    def _count(self, step: Step, seen: _Seen | None) -> None:
+        cost = self._pricing(seen)
         agent = step.result.agent if step.result is not None else None
-        if agent is None and loaded is not None:
-            agent = loaded.agent
+        if agent is None and seen is not None:
+            agent = seen.agent
         ended = step.result.status if step.result is not None else None
         metrics.recorded_step(agent, step.new_turns, ended, cost)
 
