@@ -8,10 +8,12 @@ submitter starting at once migrate the database exactly once.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -51,6 +53,19 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+# Closing an SQLite database's last connection checkpoints its write-ahead log into the
+# database file and removes the log: done at exit for the engines still alive, rather
+# than left to the connections' finalizers, which a process leaving at once
+# (agenttest_submit/leaving.py) skips. Weak, so that an engine the cache dropped is freed.
+_sqlite_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_sqlite_engines() -> None:
+    for engine in list(_sqlite_engines):
+        engine.dispose()
+
+
 @lru_cache(maxsize=8)
 def get_engine(url: str) -> Engine:
     url = normalize_url(url)
@@ -60,6 +75,7 @@ def get_engine(url: str) -> Engine:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
+        _sqlite_engines.add(engine)
         return engine
     # No pre-ping: it cost a round trip per checkout, twice per turn. A connection the
     # server dropped fails its statement instead; `reconnecting` retries that.

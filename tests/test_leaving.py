@@ -1,0 +1,127 @@
+"""The `agenttest-submit` console script leaves at once and loses nothing on the way out.
+
+Real processes: the console script against the demo agents over HTTP (exit codes, a
+report piped to stdout in full, the SQLite store folded back into one file), and
+`leave` itself in a small program of its own (the atexit handlers run, buffered output
+is flushed, a thread that is not a daemon is waited for).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
+SCRIPT = Path(sys.executable).with_name("agenttest-submit")
+
+
+def submit(cwd: Path, demo_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """A run of the demo expense agent, plus `argv`."""
+    agent = ["--config", str(SUITE / "agenttest.yaml"), "-n", "assistants.expense"]
+    return command(cwd, demo_url, *agent, *argv)
+
+
+def command(cwd: Path, demo_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
+    env |= {"AGENTTEST_HOME": str(cwd / "home"), "AGENTTEST_DEMO_URL": demo_url}
+    return subprocess.run(
+        [str(SCRIPT), *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=90,
+    )
+
+
+def write_cases(path: Path, count: int, expected: str) -> Path:
+    check = {"type": "contains", "value": expected}
+    cases = ({"id": f"C{n:04d}", "input": "Hello", "assertions": [check]} for n in range(count))
+    path.write_text("".join(json.dumps(case) + "\n" for case in cases), encoding="utf-8")
+    return path
+
+
+def leave_in_a_program(source: str) -> subprocess.CompletedProcess[str]:
+    """`source`, then `leave(3)`, in a Python process of its own."""
+    program = f"from agenttest_submit.leaving import leave\n{source}\nleave(3)\n"
+    return subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_the_console_script_is_the_leaving_entry_point() -> None:
+    text = SCRIPT.read_text(encoding="utf-8")
+    assert "agenttest_submit.leaving" in text, "reinstall: pip install -e ."
+
+
+def test_exit_codes_and_a_piped_report_arrive_whole(demo_url: str, tmp_path: Path) -> None:
+    """Exit 0, 1 and 2 as before; 400 records on a pipe, none cut off by the fast exit."""
+    passing = write_cases(tmp_path / "pass.jsonl", 400, "Hello")
+    done = submit(tmp_path, demo_url, "-i", str(passing), "--format", "jsonl", "--parallel", "50")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["id"] for r in records] == [f"C{n:04d}" for n in range(400)]
+    assert {r["status"] for r in records} == {"passed"}
+
+    failing = write_cases(tmp_path / "fail.jsonl", 3, "no such words")
+    done = submit(tmp_path, demo_url, "-i", str(failing))
+    assert done.returncode == 1, done.stderr
+    assert "Failed:  3\n" in done.stdout and done.stdout.endswith("\n")
+
+    done = submit(tmp_path, demo_url, "-i", str(tmp_path / "missing.jsonl"))
+    assert done.returncode == 2
+    assert "nothing was run" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_sqlite_store_is_one_file_after_a_run(demo_url: str, tmp_path: Path) -> None:
+    """The write-ahead log is folded back into the database before the process leaves."""
+    cases = write_cases(tmp_path / "cases.jsonl", 20, "Hello")
+    done = submit(tmp_path, demo_url, "-i", str(cases))
+    assert done.returncode == 0, done.stderr
+    store = tmp_path / "home"
+    names = sorted(p.name for p in store.rglob("agenttest.db*"))
+    assert "agenttest.db" in names
+    assert not [name for name in names if name.endswith(("-wal", "-shm", "-journal"))], names
+    [run_id] = re.findall(r"Run: (\S+)", done.stdout)
+    status = command(tmp_path, demo_url, "status", run_id)
+    assert status.returncode == 0, status.stderr
+    assert "20/20" in status.stdout, status.stdout
+
+
+def test_leave_runs_the_exit_handlers_and_flushes_buffered_output() -> None:
+    done = leave_in_a_program(
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('handler ran'))\n"
+        "sys.stdout.write('x' * 1_000_000)\n"
+        "sys.stderr.write('to stderr')\n"
+    )
+    assert done.returncode == 3
+    assert done.stdout == "x" * 1_000_000 + "handler ran\n"
+    assert done.stderr == "to stderr"
+
+
+def test_leave_waits_for_a_thread_that_is_not_a_daemon() -> None:
+    """CPython would wait for it; so does leave (the normal exit, same code)."""
+    done = leave_in_a_program(
+        "import threading, time\n"
+        "def late():\n"
+        "    time.sleep(0.3)\n"
+        "    print('thread finished', flush=True)\n"
+        "threading.Thread(target=late).start()\n"
+    )
+    assert done.returncode == 3
+    assert done.stdout == "thread finished\n"
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_leave_on_a_closed_stream_exits_the_normal_way(stream: str) -> None:
+    done = leave_in_a_program(f"import sys\nsys.{stream}.close()\n")
+    assert done.returncode == 3
+    assert "Traceback" not in done.stderr
