@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from fleet import RedisServer, wait_until
 
@@ -187,6 +188,9 @@ enqueue_turn("r1", "c2", 2)  # the broker is away now
 """
 
 
+# A fleet test: it publishes to a broker of its own across a 9 s outage, the slowest test
+# outside the fleet tests' share of the suite otherwise.
+@pytest.mark.fleet
 def test_a_publish_while_the_broker_is_away_is_retried_until_it_is_back(tmp_path: Path) -> None:
     """The broker goes away after the publisher connected, for longer than redis-py's
     own retries of a command (~7 s): the publish retries with the app's policy (about

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.model import Case
@@ -170,18 +171,30 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
 DEADLINE_PASSED = "run deadline passed before this case finished"
 
 
-async def execute(prepared: Prepared, pool: AgentPool) -> ConversationState:
+# `execute`, `execute_until_deadline` and `play_on_fleet` hand back the engine's
+# coroutine rather than awaiting it in one of their own: a coroutine per layer is a
+# frame held by every turn waiting on its agent, thousands of them on a worker.
+
+
+def execute(prepared: Prepared, pool: AgentPool) -> Coroutine[Any, Any, ConversationState]:
     # The state was loaded for this step alone: the engine may update it in place.
-    return await run_turn(prepared.case, prepared.state, pool, prepared.options, in_place=True)
+    return run_turn(prepared.case, prepared.state, pool, prepared.options, in_place=True)
 
 
-async def execute_until_deadline(prepared: Prepared, pool: AgentPool) -> ConversationState:
+def execute_until_deadline(
+    prepared: Prepared, pool: AgentPool
+) -> Coroutine[Any, Any, ConversationState]:
     """`execute`, cancelled at the run's --deadline: then the conversation as stored
     before this turn ends failed with the deadline as its reason (the embedded runner
     cancels its turns in flight at the deadline the same way, embedded.drive)."""
-    deadline_at = prepared.loaded.deadline_at
-    if deadline_at is None:
-        return await execute(prepared, pool)
+    if prepared.loaded.deadline_at is None:
+        return execute(prepared, pool)
+    return _until_deadline(prepared, pool, prepared.loaded.deadline_at)
+
+
+async def _until_deadline(
+    prepared: Prepared, pool: AgentPool, deadline_at: float
+) -> ConversationState:
     try:
         # (In this task, not a new one: see engine/turn.py.)
         async with asyncio.timeout(max(deadline_at - time.time(), 0)):
@@ -409,13 +422,17 @@ def run_step_sync(
     return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
 
 
-async def play_on_fleet(pools: PoolCache, prepared: Prepared) -> ConversationState:
+def play_on_fleet(pools: PoolCache, prepared: Prepared) -> Coroutine[Any, Any, ConversationState]:
     """The turn of a fleet step once it may run: played with the run's agents until the
     run's --deadline, or ended failed when this worker cannot read its agenttest.yaml."""
     pool = _pool_or_failure(pools, prepared)
     if isinstance(pool, ConversationState):
-        return pool
-    return await execute_until_deadline(prepared, pool)
+        return _ready(pool)
+    return execute_until_deadline(prepared, pool)
+
+
+async def _ready(state: ConversationState) -> ConversationState:
+    return state
 
 
 async def run_step(

@@ -63,50 +63,48 @@ class JsonAgentClient:
         return [*self.url_secrets, key] if key else self.url_secrets
 
     async def complete(self, request: AgentRequest) -> AgentReply:
+        # In one frame with the masking of its errors (see agents/transport.py post_json).
         try:
-            return await self._complete(request)
+            result = await post_json(
+                url=self.url,
+                body=self.body(request),
+                headers=self.headers(),
+                timeout=self.config.timeout,
+                policy=self.policy,
+                limits=self.limits,
+                role=request.role,
+                agent=self.name,
+                method=self.config.method,
+                hidden=self.hidden(),
+                stream=self.stream_spec(),
+            )
+            try:
+                if result.stream is not None:
+                    reply = result.stream.reply()
+                    result.record.stop_reason = reply.finish_reason
+                else:
+                    reply = self.parse(result.json(self.name))
+                    if self.records_stop_reason:
+                        result.record.stop_reason = reply.finish_reason
+            except Exception as exc:
+                error = (
+                    exc
+                    if isinstance(exc, AgentError)
+                    else AgentError("parse", f"agent error: cannot read {self.name}'s reply: {exc}")
+                )
+                # The call happened (latency, attempts, status): keep its record and the body.
+                result.record.error = error.message
+                error.call = result.record
+                error.raw = result.text[:4096]
+                raise error from exc
+            result.record.usage = reply.usage
+            reply.call = result.record
+            if self.limits is not None and reply.usage is not None:
+                await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
+            return reply
         except AgentError as error:
             # A reply that cannot be read is kept in the error: it may echo the URL.
             raise masked(error, self.hidden()) from None
-
-    async def _complete(self, request: AgentRequest) -> AgentReply:
-        result = await post_json(
-            url=self.url,
-            body=self.body(request),
-            headers=self.headers(),
-            timeout=self.config.timeout,
-            policy=self.policy,
-            limits=self.limits,
-            role=request.role,
-            agent=self.name,
-            method=self.config.method,
-            hidden=self.hidden(),
-            stream=self.stream_spec(),
-        )
-        try:
-            if result.stream is not None:
-                reply = result.stream.reply()
-                result.record.stop_reason = reply.finish_reason
-            else:
-                reply = self.parse(result.json(self.name))
-                if self.records_stop_reason:
-                    result.record.stop_reason = reply.finish_reason
-        except Exception as exc:
-            error = (
-                exc
-                if isinstance(exc, AgentError)
-                else AgentError("parse", f"agent error: cannot read {self.name}'s reply: {exc}")
-            )
-            # The call happened (latency, attempts, status): keep its record and the body.
-            result.record.error = error.message
-            error.call = result.record
-            error.raw = result.text[:4096]
-            raise error from exc
-        result.record.usage = reply.usage
-        reply.call = result.record
-        if self.limits is not None and reply.usage is not None:
-            await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
-        return reply
 
 
 def written_url(name: str, config: AgentConfig, project: ProjectConfig | None) -> str | None:
