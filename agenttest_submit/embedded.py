@@ -10,6 +10,7 @@ conversations to their end (also for `resume` and the new cases of a re-evaluati
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime
@@ -81,8 +82,11 @@ def run_embedded(
     deadline_at = time.time() + request.deadline if request.deadline else None
     # The conversations start now, while the run is being stored.
     began = datetime.now(UTC)
+    # A partial, not a lambda: its arguments are taken now, not when the thread gets to
+    # them (`label` below names something else by then).
     setup = StoreSetup(
-        lambda: write_run(
+        functools.partial(
+            write_run,
             url,
             run_id,
             records,
