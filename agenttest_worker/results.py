@@ -217,6 +217,11 @@ def add_usage(
     return total
 
 
+def usage_spend(usage: Mapping[UsageRole, RoleUsage]) -> tuple[int, float]:
+    """(tokens, cost) of `usage`, every role's together."""
+    return sum(u.total_tokens for u in usage.values()), sum(u.cost for u in usage.values())
+
+
 class CaseResult(_Record):
     # The spec's record always has a name (null for a case that has none).
     _keep_none: ClassVar[frozenset[str]] = frozenset({"name"})

@@ -80,6 +80,9 @@ def test_the_copy_that_did_not_record_a_step_counts_its_calls_in_the_run(
         )
     }
     assert recorded[0].total_tokens > 0
+    # And in the run's totals, which its budget counts (the recorded turn's tokens join
+    # them when its case ends: T001 has turns left).
+    assert run.total_tokens == recorded[0].total_tokens
 
     # A step recorded once by a single copy adds nothing there.
     [again] = _played(store, run_id, "T002", 1)

@@ -63,7 +63,8 @@ class ConversationStore(Protocol):
     def add_unrecorded_usage(self, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
         """Count the calls of a step that was played but not saved (a copy of its
         message saved it first, or its conversation was ended meanwhile) in the run's
-        usage: they were made, and paid for, all the same."""
+        usage and its totals (what --max-tokens and --max-cost count): they were made,
+        and paid for, all the same."""
         ...
 
 
@@ -115,7 +116,7 @@ class SqlStore:
         from agenttest_worker.store.usage import add_run_usage
 
         try:
-            add_run_usage(self.url, run_id, usage)
+            add_run_usage(self.url, run_id, usage, spent=True)
         except Exception as exc:
             # The step itself is recorded (by the other copy): failing the task now
             # would report a failure where only the count of its extra calls is lost.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.results import RoleUsage, UsageRole
+from agenttest_worker.results import RoleUsage, UsageRole, usage_spend
 from agenttest_worker.store import reservations, steps
 from agenttest_worker.store.buffered_run import BufferedRun, RunChanges
 from agenttest_worker.store.setup_thread import StoreSetup as StoreSetup  # re-exported
@@ -297,6 +297,10 @@ class BufferedStore(reservations.MemoryReservations):
 
     def add_unrecorded_usage(self, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
         if run_id == self.run_id and usage:
+            # Into runs.usage at the next flush; the totals are written from memory.
+            tokens, cost = usage_spend(usage)
+            self.run.total_tokens += tokens
+            self.run.total_cost += cost
             self._changes.add(RunChanges(usage=dict(usage)))
 
     def maybe_flush(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any, cast, get_args
 
 from sqlalchemy import Connection, func, select, update
 
-from agenttest_worker.results import RoleUsage, UsageRole, add_usage
+from agenttest_worker.results import RoleUsage, UsageRole, add_usage, usage_spend
 from agenttest_worker.store._sql import RUNS
 from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.models import AgentCallRow
@@ -66,20 +66,34 @@ def usage_document(usage: Mapping[UsageRole, RoleUsage]) -> dict[str, Any] | Non
     return {role: found.model_dump(mode="json") for role, found in usage.items()} or None
 
 
-def add_run_usage(url: str, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
-    """Add `usage` to what the run used outside its conversations' records."""
+def add_run_usage(
+    url: str, run_id: str, usage: Mapping[UsageRole, RoleUsage], *, spent: bool = False
+) -> None:
+    """Add `usage` to what the run used outside its conversations' records; `spent`:
+    to the run's totals (`total_tokens`, `total_cost`, what its budget counts) as well."""
     if not usage:
         return
     with session_scope(url) as session:
-        add_run_usage_on(session.connection(), run_id, usage)
+        add_run_usage_on(session.connection(), run_id, usage, spent=spent)
 
 
 def add_run_usage_on(
-    connection: Connection, run_id: str, usage: Mapping[UsageRole, RoleUsage]
+    connection: Connection,
+    run_id: str,
+    usage: Mapping[UsageRole, RoleUsage],
+    *,
+    spent: bool = False,
 ) -> None:
     """`add_run_usage` in `connection`'s transaction."""
     if not usage:
         return
+    if spent:
+        tokens, cost = usage_spend(usage)
+        connection.execute(
+            update(RUNS)
+            .where(RUNS.c.id == run_id)
+            .values(total_tokens=RUNS.c.total_tokens + tokens, total_cost=RUNS.c.total_cost + cost)
+        )
     # Locked while read and written (Postgres), so two adders cannot lose one's calls.
     stored = connection.execute(
         select(RUNS.c.usage).where(RUNS.c.id == run_id).with_for_update()
