@@ -181,151 +181,162 @@ async def post_json(
     any content arrived is retried as any other; after that the call fails at once,
     keeping what arrived (`AgentError.partial`).
     """
-    # One frame for the call and the masking of its errors: a frame per layer is held by
-    # every turn waiting on its agent, thousands of them on a worker.
     try:
-        import aiohttp  # at the first call, not at import (see above)
-
-        # No body at all for None (a GET of a chat history), not the JSON text "null".
-        payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
-        accept = "text/event-stream" if stream is not None and stream.framing == "sse" else None
-        if stream is not None and stream.framing == "ndjson":
-            accept = "application/x-ndjson"
-        all_headers = {
-            **({"Content-Type": "application/json"} if payload is not None else {}),
-            "Accept": accept or "application/json",
-            **headers,
-        }
-        if stream is None:
-            limit = aiohttp.ClientTimeout(total=timeout)
-        else:
-            limit = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
-        started = time.monotonic()
-        attempts = 0
-        key = endpoint_key(agent, url)
-        unreachable: str | None = None  # why the last attempt could not connect
-        while True:
-            attempts += 1
-            tripped = await breaker().admit(key)
-            if tripped is not None:
-                # The agent is down (agents/breaker.py): fail now, not after every retry.
-                if unreachable is not None:  # this call, too, ended unable to connect
-                    await breaker().failed(key, unreachable)
-                made = attempts - 1
-                failure = AgentError("connection", tripped.message(agent))
-                failure.message += f" (after {made} attempts)" if made > 1 else ""
-                failure.call = _record(role, agent, started, made, None, failure.message)
-                raise failure
-            unreachable = None
-            retry_after: float | None = None
-            status: int | None = None
-            lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
-            assembler = stream.assembler() if stream is not None else None
-            streamed = False
-            try:
-                async with session().request(
-                    method, url, data=payload, headers=all_headers, timeout=limit
-                ) as response:
-                    status = response.status
-                    response_headers = {k: v for k, v in response.headers.items()}
-                    if stream is not None and assembler is not None and 200 <= status < 300:
-                        # An agent asked for events that answers with one JSON body (it does
-                        # not stream) is read as a whole reply: HttpResult.stream stays None.
-                        # (NDJSON is often served as application/json: it is read as events.)
-                        whole = (
-                            stream.framing == "sse" and response.content_type == "application/json"
-                        )
-                        streamed = not whole
-                    if streamed and stream is not None and assembler is not None:
-                        await read_stream(response.content, stream.framing, assembler)
-                        raw = b""
-                    else:
-                        raw = await _read_body(response.content, MAX_BODY_BYTES + 1)
-            except StreamFailure as exc:
-                failure = AgentError("stream", exc.message, raw=exc.raw)
-                if not exc.retryable or _started(assembler):
-                    raise _broken(
-                        failure, assembler, role, agent, started, attempts, status
-                    ) from None
-            except TimeoutError:
-                failure = AgentError("timeout", f"timeout after {timeout:g}s")
-                if streamed and _started(assembler):
-                    failure.message = f"timeout: {agent}'s stream went silent for {timeout:g}s"
-                    raise _broken(
-                        failure, assembler, role, agent, started, attempts, status
-                    ) from None
-            except aiohttp.TooManyRedirects as exc:
-                # (Its own text is "0, message='', url=...": say what happened.)
-                last = exc.request_info.real_url
-                failure = AgentError(
-                    "connection",
-                    f"agent error: cannot reach {agent} (too many redirects, to {last})",
-                )
-            except aiohttp.ClientConnectorError as exc:
-                unreachable = unreachable_reason(exc)  # (aiohttp's own text is noisy)
-                failure = AgentError(
-                    "connection", f"agent error: cannot reach {agent} ({unreachable})"
-                )
-            except aiohttp.ClientError as exc:
-                failure = AgentError(
-                    "connection", f"agent error: cannot reach {agent} ({describe(exc)})"
-                )
-                if streamed:
-                    failure.message = f"agent error: {agent}'s stream broke off ({describe(exc)})"
-                    if _started(assembler):
-                        raise _broken(
-                            failure, assembler, role, agent, started, attempts, status
-                        ) from None
-            else:
-                await breaker().reached(key)
-                text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
-                record = _record(role, agent, started, attempts, status)
-                if 200 <= status < 300:
-                    if len(raw) > MAX_BODY_BYTES:
-                        raise AgentError(
-                            "parse",
-                            f"agent error: reply over {MAX_BODY_BYTES >> 20} MB",
-                            call=record,
-                        )
-                    if not streamed:
-                        return HttpResult(status, response_headers, text, record)
-                    assert assembler is not None
-                    record.first_token_ms = elapsed_ms(started, assembler.first_token_at)
-                    return HttpResult(status, response_headers, text, record, assembler)
-                failure = AgentError(
-                    "http",
-                    f"agent error: HTTP {status} from {agent}: {snippet(text)}",
-                    raw=text[:4096],
-                )
-                if not is_retryable_status(status):
-                    record.error = failure.message
-                    failure.call = record
-                    raise failure
-                retry_after = parse_retry_after(response_headers)
-                if status == 429 and limits is not None:
-                    await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
-                if retry_after is not None and retry_after > policy.max_retry_after:
-                    failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
-                    record.error = failure.message
-                    failure.call = record
-                    raise failure
-            finally:
-                if lease is not None:
-                    await lease.release(0, status)
-            if attempts > policy.max_retries:
-                if unreachable is not None:
-                    await breaker().failed(key, unreachable)
-                if attempts > 1:
-                    failure.message += f" (after {attempts} attempts)"
-                # The last attempt's status (a 503, or none for a timeout) is what the call
-                # ended on.
-                failure.call = _record(role, agent, started, attempts, status, failure.message)
-                raise failure
-            metrics.retried(agent, role, failure.kind, status)
-            with waiting():  # a long back-off must not make the turn look lost (waiting.py)
-                await asyncio.sleep(policy.delay(attempts, retry_after))
+        return await _post_json(
+            url=url,
+            body=body,
+            headers=headers,
+            timeout=timeout,
+            policy=policy,
+            role=role,
+            agent=agent,
+            method=method,
+            limits=limits,
+            stream=stream,
+        )
     except AgentError as error:
         raise masked(error, [*url_secrets(url), *hidden]) from None
+
+
+async def _post_json(
+    *,
+    url: str,
+    body: Any,
+    headers: dict[str, str],
+    timeout: float,
+    policy: RetryPolicy,
+    role: AgentRole,
+    agent: str,
+    method: str,
+    limits: Limits | None,
+    stream: StreamSpec | None = None,
+) -> HttpResult:
+    import aiohttp  # at the first call, not at import (see above)
+
+    # No body at all for None (a GET of a chat history), not the JSON text "null".
+    payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
+    accept = "text/event-stream" if stream is not None and stream.framing == "sse" else None
+    if stream is not None and stream.framing == "ndjson":
+        accept = "application/x-ndjson"
+    all_headers = {
+        **({"Content-Type": "application/json"} if payload is not None else {}),
+        "Accept": accept or "application/json",
+        **headers,
+    }
+    if stream is None:
+        limit = aiohttp.ClientTimeout(total=timeout)
+    else:
+        limit = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    started = time.monotonic()
+    attempts = 0
+    key = endpoint_key(agent, url)
+    unreachable: str | None = None  # why the last attempt could not connect
+    while True:
+        attempts += 1
+        tripped = await breaker().admit(key)
+        if tripped is not None:
+            # The agent is down (agents/breaker.py): fail now, not after every retry.
+            if unreachable is not None:  # this call, too, ended unable to connect
+                await breaker().failed(key, unreachable)
+            made = attempts - 1
+            failure = AgentError("connection", tripped.message(agent))
+            failure.message += f" (after {made} attempts)" if made > 1 else ""
+            failure.call = _record(role, agent, started, made, None, failure.message)
+            raise failure
+        unreachable = None
+        retry_after: float | None = None
+        status: int | None = None
+        lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
+        assembler = stream.assembler() if stream is not None else None
+        streamed = False
+        try:
+            async with session().request(
+                method, url, data=payload, headers=all_headers, timeout=limit
+            ) as response:
+                status = response.status
+                response_headers = {k: v for k, v in response.headers.items()}
+                if stream is not None and assembler is not None and 200 <= status < 300:
+                    # An agent asked for events that answers with one JSON body (it does
+                    # not stream) is read as a whole reply: HttpResult.stream stays None.
+                    # (NDJSON is often served as application/json: it is read as events.)
+                    whole = stream.framing == "sse" and response.content_type == "application/json"
+                    streamed = not whole
+                if streamed and stream is not None and assembler is not None:
+                    await read_stream(response.content, stream.framing, assembler)
+                    raw = b""
+                else:
+                    raw = await _read_body(response.content, MAX_BODY_BYTES + 1)
+        except StreamFailure as exc:
+            failure = AgentError("stream", exc.message, raw=exc.raw)
+            if not exc.retryable or _started(assembler):
+                raise _broken(failure, assembler, role, agent, started, attempts, status) from None
+        except TimeoutError:
+            failure = AgentError("timeout", f"timeout after {timeout:g}s")
+            if streamed and _started(assembler):
+                failure.message = f"timeout: {agent}'s stream went silent for {timeout:g}s"
+                raise _broken(failure, assembler, role, agent, started, attempts, status) from None
+        except aiohttp.TooManyRedirects as exc:
+            # (Its own text is "0, message='', url=...": say what happened.)
+            last = exc.request_info.real_url
+            failure = AgentError(
+                "connection", f"agent error: cannot reach {agent} (too many redirects, to {last})"
+            )
+        except aiohttp.ClientConnectorError as exc:
+            unreachable = unreachable_reason(exc)  # (aiohttp's own text is noisy)
+            failure = AgentError("connection", f"agent error: cannot reach {agent} ({unreachable})")
+        except aiohttp.ClientError as exc:
+            failure = AgentError(
+                "connection", f"agent error: cannot reach {agent} ({describe(exc)})"
+            )
+            if streamed:
+                failure.message = f"agent error: {agent}'s stream broke off ({describe(exc)})"
+                if _started(assembler):
+                    raise _broken(
+                        failure, assembler, role, agent, started, attempts, status
+                    ) from None
+        else:
+            await breaker().reached(key)
+            text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
+            record = _record(role, agent, started, attempts, status)
+            if 200 <= status < 300:
+                if len(raw) > MAX_BODY_BYTES:
+                    raise AgentError(
+                        "parse", f"agent error: reply over {MAX_BODY_BYTES >> 20} MB", call=record
+                    )
+                if not streamed:
+                    return HttpResult(status, response_headers, text, record)
+                assert assembler is not None
+                record.first_token_ms = elapsed_ms(started, assembler.first_token_at)
+                return HttpResult(status, response_headers, text, record, assembler)
+            failure = AgentError(
+                "http", f"agent error: HTTP {status} from {agent}: {snippet(text)}", raw=text[:4096]
+            )
+            if not is_retryable_status(status):
+                record.error = failure.message
+                failure.call = record
+                raise failure
+            retry_after = parse_retry_after(response_headers)
+            if status == 429 and limits is not None:
+                await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
+            if retry_after is not None and retry_after > policy.max_retry_after:
+                failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
+                record.error = failure.message
+                failure.call = record
+                raise failure
+        finally:
+            if lease is not None:
+                await lease.release(0, status)
+        if attempts > policy.max_retries:
+            if unreachable is not None:
+                await breaker().failed(key, unreachable)
+            if attempts > 1:
+                failure.message += f" (after {attempts} attempts)"
+            # The last attempt's status (a 503, or none for a timeout) is what the call ended on.
+            failure.call = _record(role, agent, started, attempts, status, failure.message)
+            raise failure
+        metrics.retried(agent, role, failure.kind, status)
+        with waiting():  # a long back-off must not make the turn look lost (waiting.py)
+            await asyncio.sleep(policy.delay(attempts, retry_after))
 
 
 def _started(assembler: Assembler | None) -> bool:

@@ -63,7 +63,8 @@ class JsonAgentClient:
         return [*self.url_secrets, key] if key else self.url_secrets
 
     async def complete(self, request: AgentRequest) -> AgentReply:
-        # In one frame with the masking of its errors (see agents/transport.py post_json).
+        # The call and the masking of its errors in one frame: a frame per layer is held
+        # by every turn waiting on its agent, thousands of them on a worker.
         try:
             result = await post_json(
                 url=self.url,
