@@ -87,16 +87,15 @@ def add_run_usage_on(
     """`add_run_usage` in `connection`'s transaction."""
     if not usage:
         return
-    if spent:
-        tokens, cost = usage_spend(usage)
-        connection.execute(
-            update(RUNS)
-            .where(RUNS.c.id == run_id)
-            .values(total_tokens=RUNS.c.total_tokens + tokens, total_cost=RUNS.c.total_cost + cost)
-        )
     # Locked while read and written (Postgres), so two adders cannot lose one's calls.
     stored = connection.execute(
         select(RUNS.c.usage).where(RUNS.c.id == run_id).with_for_update()
     ).scalar_one_or_none()
-    total = add_usage(stored_usage(stored), usage)
-    connection.execute(update(RUNS).where(RUNS.c.id == run_id).values(usage=usage_document(total)))
+    values: dict[str, Any] = {"usage": usage_document(add_usage(stored_usage(stored), usage))}
+    if spent:
+        tokens, cost = usage_spend(usage)
+        values |= {
+            "total_tokens": RUNS.c.total_tokens + tokens,
+            "total_cost": RUNS.c.total_cost + cost,
+        }
+    connection.execute(update(RUNS).where(RUNS.c.id == run_id).values(**values))
