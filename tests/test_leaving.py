@@ -9,27 +9,25 @@ is flushed, a thread that is not a daemon is waited for).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_cli_run import SUITE_CONFIG, submit_env
 
-SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 SCRIPT = Path(sys.executable).with_name("agenttest-submit")
 
 
 def submit(cwd: Path, demo_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """A run of the demo expense agent, plus `argv`."""
-    agent = ["--config", str(SUITE / "agenttest.yaml"), "-n", "assistants.expense"]
+    agent = ["--config", SUITE_CONFIG, "-n", "assistants.expense"]
     return command(cwd, demo_url, *agent, *argv)
 
 
 def command(cwd: Path, demo_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
-    env |= {"AGENTTEST_HOME": str(cwd / "home"), "AGENTTEST_DEMO_URL": demo_url}
+    env = submit_env(cwd / "home") | {"AGENTTEST_DEMO_URL": demo_url}
     return subprocess.run(
         [str(SCRIPT), *argv],
         cwd=cwd,
