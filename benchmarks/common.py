@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -27,10 +28,18 @@ def compile_bytecode() -> None:
         compileall.compile_dir(ROOT / package, quiet=1)
 
 
-def timed(
-    command: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)
-) -> tuple[float, int, int]:
-    """(seconds, peak RSS in KB, exit code) of a whole process, start-up included.
+@dataclass(frozen=True)
+class ProcessTimes:
+    """What one whole process took: wall seconds, peak RSS, CPU seconds, exit code."""
+
+    seconds: float
+    peak_kb: int
+    cpu_s: float  # user + system, from the kernel's rusage: steadier than the wall time
+    code: int
+
+
+def run_timed(command: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> ProcessTimes:
+    """Run `command` to its end and say what it took, start-up included.
 
     stderr goes to a file, not a pipe: a chatty process must not block on a full pipe
     while it is being timed. An exit code outside `ok` stops the benchmark with it.
@@ -45,7 +54,15 @@ def timed(
             errors.seek(0)
             tail = errors.read().decode(errors="replace")[-2000:]
             raise SystemExit(f"{command[0]} exited {code}: {tail}")
-    return elapsed, usage.ru_maxrss, code
+    return ProcessTimes(elapsed, usage.ru_maxrss, usage.ru_utime + usage.ru_stime, code)
+
+
+def timed(
+    command: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)
+) -> tuple[float, int, int]:
+    """(seconds, peak RSS in KB, exit code) of a whole process (see run_timed)."""
+    times = run_timed(command, env, ok)
+    return times.seconds, times.peak_kb, times.code
 
 
 def submit_command(cases: Path, config: Path, *extra: str) -> list[str]:

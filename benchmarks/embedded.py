@@ -9,8 +9,9 @@ For each `--parallel` value, two processes run against the same fixed-latency ag
 - agenttest: `agenttest-submit -i cases.jsonl -n bench --parallel N` with no broker
   (the embedded default: SQLite store, console report), on 1,000 single-turn cases
   with one `contains` assertion each.
-Both are timed from process start to exit (start-up included); peak RSS comes from
-the kernel's rusage. Prints seconds, the ratio to the floor, and peak memory.
+Both are timed from process start to exit (start-up included); peak RSS and CPU time
+come from the kernel's rusage. Prints seconds, the ratio to the floor, peak memory, and
+each side's CPU time (user + system) in all and per case.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import compile_bytecode, submit_command, timed
+from benchmarks.common import ProcessTimes, compile_bytecode, run_timed, submit_command
 from benchmarks.throughput import fixed_agent
 
 FLOOR = r"""
@@ -74,23 +75,36 @@ def main() -> None:
             f"agent {args.latency_ms:g} ms, whole process (best of {args.repeat})"
         )
         for parallel in args.parallel:
-            floor = min(
-                timed([sys.executable, "-c", FLOOR, agent, str(args.cases), str(parallel)], env)[:2]
-                for _ in range(args.repeat)
-            )
+            floor_command = [sys.executable, "-c", FLOOR, agent, str(args.cases), str(parallel)]
+            floor_runs = [run_timed(floor_command, env) for _ in range(args.repeat)]
             ours_runs = []
             for attempt in range(args.repeat):
                 home = tmp / f"home-{parallel}-{attempt}"
                 run_env = {**env, "AGENTTEST_HOME": str(home)}
                 command = submit_command(cases, config, "--parallel", str(parallel))
-                seconds, kb, _ = timed(command, run_env)
-                ours_runs.append((seconds, kb))
-            ours = min(ours_runs)
+                ours_runs.append(run_timed(command, run_env))
+            floor, ours = _best(floor_runs), _best(ours_runs)
             print(
-                f"  {parallel:>3} at a time: floor {floor[0]:5.2f} s ({floor[1] / 1024:4.0f} MB)"
-                f"   agenttest {ours[0]:5.2f} s ({ours[1] / 1024:4.0f} MB)"
-                f"   ratio {ours[0] / floor[0]:4.2f}"
+                f"  {parallel:>3} at a time: floor {floor.seconds:5.2f} s"
+                f" ({floor.peak_kb / 1024:4.0f} MB)"
+                f"   agenttest {ours.seconds:5.2f} s ({ours.peak_kb / 1024:4.0f} MB)"
+                f"   ratio {ours.seconds / floor.seconds:4.2f}"
             )
+            # CPU varies less than the wall time on a shared machine: what a change to the
+            # per-case path did shows here first. The least of each side's runs.
+            floor_cpu = min(run.cpu_s for run in floor_runs)
+            ours_cpu = min(run.cpu_s for run in ours_runs)
+            print(
+                f"      CPU, whole process: floor {floor_cpu:5.2f} s"
+                f" ({floor_cpu / args.cases * 1000:.2f} ms a case)"
+                f"   agenttest {ours_cpu:5.2f} s ({ours_cpu / args.cases * 1000:.2f} ms a case)"
+                f"   ratio {ours_cpu / floor_cpu:4.2f}"
+            )
+
+
+def _best(runs: list[ProcessTimes]) -> ProcessTimes:
+    """The fastest of a side's runs (each side's best against the other's)."""
+    return min(runs, key=lambda run: run.seconds)
 
 
 if __name__ == "__main__":
