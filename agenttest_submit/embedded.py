@@ -16,11 +16,12 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 
 from agenttest_submit.driving import driving
+from agenttest_submit.generate import take_generation_usage
 from agenttest_submit.human import TerminalAsker, human_question
 from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
-from agenttest_submit.runner import run_suite, write_run
+from agenttest_submit.runner import aggregate_run, run_suite, write_run
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.transport import close_session
@@ -36,10 +37,11 @@ from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import steps
 from agenttest_worker.store.buffered import BufferedStore, StoreSetup
+from agenttest_worker.store.store_process import store_work
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
-# here: a new embedded run imports it on a thread while its first conversations run
-# (see run_embedded).
+# here: a new embedded run's store work runs in a process of its own (or on a thread)
+# while its first conversations run (see run_embedded).
 
 
 def run_embedded(
@@ -58,6 +60,11 @@ def run_embedded(
     most of the time): a thread does it (StoreSetup) while they run from memory, and
     nothing is written before it is done. A store that cannot be written still fails
     the run, at its first write instead of before its first turn.
+
+    That work, the flushes and the aggregation run where AGENTTEST_STORE_PROCESS says
+    (store/store_process.py): from the command line, a child process, so that SQLAlchemy
+    and the database never hold this process's interpreter lock while the
+    conversations run.
     """
     settings = get_settings()
     if not settings.database_url:
@@ -80,44 +87,51 @@ def run_embedded(
     run_id = steps.new_run_id()
     stored_options, stored_config = options.model_dump(mode="json"), config.stored()
     deadline_at = time.time() + request.deadline if request.deadline else None
-    # The conversations start now, while the run is being stored.
-    began = datetime.now(UTC)
-    # A partial, not a lambda: its arguments are taken now, not when the thread gets to
-    # them (`label` below names something else by then).
-    setup = StoreSetup(
-        functools.partial(
-            write_run,
+    # The store's work (SQLAlchemy, the database) in a process of its own, as a rule.
+    work = store_work(settings.store_process)
+    try:
+        # The conversations start now, while the run is being stored.
+        began = datetime.now(UTC)
+        # A partial, not a lambda: its arguments are taken now, not when the thread gets
+        # to them (`label` below names something else by then).
+        setup = StoreSetup(
+            functools.partial(
+                work.call,
+                write_run,
+                url,
+                run_id,
+                records,
+                options=stored_options,
+                config=stored_config,
+                target=target,
+                label=label,
+                deadline_at=deadline_at,
+                started_at=began,
+                suite=run_suite(request, target),
+                generation_usage=take_generation_usage(),
+            )
+        )
+        store = BufferedStore.fresh(
             url,
             run_id,
             records,
             options=stored_options,
             config=stored_config,
-            target=target,
-            label=label,
             deadline_at=deadline_at,
-            started_at=began,
-            suite=run_suite(request, target),
+            setup=setup,
+            work=work,
         )
-    )
-    store = BufferedStore.fresh(
-        url,
-        run_id,
-        records,
-        options=stored_options,
-        config=stored_config,
-        deadline_at=deadline_at,
-        setup=setup,
-    )
-    # A run of repeated cases counts its conversations (each repetition is one).
-    label = "cases" if options.distinct_cases is None else "conversations"
-    progress = Progress(len(records), label=label)
-    conversations = [(case_id, 1) for case_id, _, _ in records]
-    run_async(drive(url, run_id, conversations, request.parallel, progress, store=store))
-    progress.close()
-    # The store, which the aggregator reads: see the note at the top.
-    from agenttest_worker.fleet.aggregate import aggregate
-
-    return emit_report(url, run_id, request, aggregate(url, run_id))
+        # A run of repeated cases counts its conversations (each repetition is one).
+        label = "cases" if options.distinct_cases is None else "conversations"
+        progress = Progress(len(records), label=label)
+        conversations = [(case_id, 1) for case_id, _, _ in records]
+        run_async(drive(url, run_id, conversations, request.parallel, progress, store=store))
+        progress.close()
+        built = work.call(aggregate_run, url, run_id)
+    finally:
+        # The store's process closes the database as it leaves: waited for.
+        work.close()
+    return emit_report(url, run_id, request, built)
 
 
 async def drive(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,10 +26,12 @@ from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.model import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.results import RoleUsage, UsageRole
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import steps
 
 if TYPE_CHECKING:
+    from agenttest_worker.report.model import RunReport
     from agenttest_worker.store.models import RunRow
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
@@ -156,6 +158,7 @@ def store_records(
         parent_run_id=parent_run_id,
         starter=starter,
         suite=suite,
+        generation_usage=take_generation_usage(),
     )
     return run_id, total
 
@@ -174,8 +177,12 @@ def write_run(
     starter: RunStarter | None = None,
     started_at: datetime | None = None,
     suite: str | None = None,
+    generation_usage: Mapping[UsageRole, RoleUsage] | None = None,
 ) -> int:
     """Bring the store up to date, create the run, add its cases, start it.
+
+    `generation_usage` is what the generators of its cases called (take_generation_usage,
+    taken by the caller: this may run in the store's own process, which has none).
 
     With a `starter`, each batch of cases is handed to it as soon as it is stored, so
     a fleet works on the first conversations while the rest are written. The run's
@@ -200,7 +207,7 @@ def write_run(
         deadline_at=deadline_at,
         suite=suite,
         # The generator agents called for these cases: before the run, in no conversation.
-        usage=usage_document(take_generation_usage()),
+        usage=usage_document(generation_usage or {}),
     )
     rows = (
         runs.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
@@ -229,6 +236,14 @@ def write_run(
     if starter is not None:
         starter.started(run_id, every_case_ended)
     return total
+
+
+def aggregate_run(url: str, run_id: str) -> RunReport | None:
+    """fleet.aggregate.aggregate, imported where it runs: an embedded run aggregates in
+    the process that does its store's work (store/store_process.py)."""
+    from agenttest_worker.fleet.aggregate import aggregate  # the store: see the note at the top
+
+    return aggregate(url, run_id)
 
 
 def resolve_run(url: str, ref: str) -> RunRow:

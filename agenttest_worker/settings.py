@@ -19,12 +19,16 @@ import re
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agenttest_worker.errors import ConfigError, InputProblem, redact_url
 
 PREFIX = "AGENTTEST_"
+
+# Where an embedded run's store work runs (store/store_process.py).
+StoreProcessChoice = Literal["auto", "always", "never"]
 
 # The stores this project runs on: Postgres (any psycopg-style spelling) and SQLite.
 # Checked here, without importing SQLAlchemy, so that a mistyped URL is an input
@@ -101,6 +105,12 @@ class Settings(BaseModel):
         le=65535,
         description="Port each worker serves Prometheus metrics on (/metrics); unset: no "
         "metrics and no port opened",
+    )
+    store_process: StoreProcessChoice = Field(
+        default="auto",
+        description="Where an embedded run's store work (SQLAlchemy, writing the run, its "
+        "flushes, its reports) runs: a child process of its own ('always'), this process "
+        "('never'), or a child unless this process already imported SQLAlchemy ('auto')",
     )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 

@@ -32,6 +32,7 @@ from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.buffered import BufferedStore, StoreSetup
 from agenttest_worker.store.db import session_scope, upgrade
 from agenttest_worker.store.models import CaseRow, RunReportRow, RunRow, TurnRow
+from agenttest_worker.store.store_process import StoreWork
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 SUITE_CASES = str(SUITE / "expense-suite.jsonl")
@@ -336,9 +337,12 @@ def test_a_run_started_before_its_conversations_end_is_finished_by_them(
 # -- a new embedded run: conversations start while the run is being stored -----------------
 
 
-def fresh_suite(work: Any) -> tuple[str, str, BufferedStore, list[Any]]:
+def fresh_suite(
+    work: Any, store_work: StoreWork | None = None
+) -> tuple[str, str, BufferedStore, list[Any]]:
     """The suite as a new embedded run's BufferedStore, its setup running `work(store
-    the run)` on a thread: (url, run id, store, records)."""
+    the run)` on a thread, its flushes written by `store_work` (default: this process):
+    (url, run id, store, records)."""
     config = load_config(SUITE_CONFIG)
     cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
     records = [(c.id, "assistants.expense", c.to_record()) for c in cases]
@@ -351,7 +355,9 @@ def fresh_suite(work: Any) -> tuple[str, str, BufferedStore, list[Any]]:
                   deadline_at=None, **stored)  # fmt: skip
 
     setup = StoreSetup(lambda: work(store_the_run))
-    store = BufferedStore.fresh(db, run_id, records, deadline_at=None, setup=setup, **stored)
+    store = BufferedStore.fresh(
+        db, run_id, records, deadline_at=None, setup=setup, work=store_work, **stored
+    )
     store.flush_every = 0  # every maybe_flush would write, if it could
     return db, run_id, store, records
 

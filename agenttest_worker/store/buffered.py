@@ -10,7 +10,10 @@ last half second of turns, which `agenttest-submit resume` runs again.
 Nothing here imports SQLAlchemy until it touches the database: a new embedded run's
 BufferedStore starts from the cases in memory while another thread imports the store
 and writes the run (`BufferedStore.fresh`), so its first conversations overlap that
-start-up instead of waiting for it.
+start-up instead of waiting for it. What a flush writes is handed as plain data
+(flush_batch.py) to `flush_writes.write_flush`, wherever the run's store work runs
+(`StoreWork`: a process of its own for a new run from the command line, see
+store_process.py, or this one).
 """
 
 from __future__ import annotations
@@ -18,31 +21,28 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agenttest_worker.results import RoleUsage, UsageRole, usage_spend
 from agenttest_worker.store import reservations, steps
 from agenttest_worker.store.buffered_run import BufferedRun, RunChanges
+from agenttest_worker.store.flush_batch import (
+    BufferedStep,
+    CaseValues,
+    CaseWrite,
+    FlushBatch,
+    RunTotals,
+    StepRecord,
+    StepRefused,
+    take_off,
+)
 from agenttest_worker.store.setup_thread import StoreSetup as StoreSetup  # re-exported
-
-if TYPE_CHECKING:
-    from sqlalchemy import Connection, Update
+from agenttest_worker.store.store_process import InThisProcess, Reply, StoreWork
 
 _TIMER_TICK = 0.05  # seconds: the shortest wait of flush_on_timer
-
-
-@dataclass(frozen=True)
-class _Record:
-    """A case's record as written (pydantic's JSON text) and what the counters take."""
-
-    text: steps.JsonText
-    status: str
-    total_turns: int
 
 
 @dataclass
@@ -55,21 +55,10 @@ class _Conversation:
     # into objects only for the database, once per flush.
     state: steps.JsonDocument | None
     deliveries: int
-    result: _Record | None = None
+    result: StepRecord | None = None
 
-
-@dataclass
-class _Step:
-    """A saved step not yet written: the conversation as it left it, and what it adds."""
-
-    turn: int  # the turn it ran (its guard)
-    next_turn: int
-    phase: str
-    state: steps.JsonDocument
-    result: _Record | None
-    rows: steps.StepRows
-    tokens: int
-    cost: float
+    def values(self) -> CaseValues:
+        return CaseValues(self.next_turn, self.phase, self.state, self.result)
 
 
 @dataclass
@@ -77,7 +66,16 @@ class _Unwritten:
     """A conversation's steps since the last write, and the conversation as written."""
 
     written: _Conversation
-    steps: list[_Step]
+    steps: list[BufferedStep]
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A write handed to the store's work: what it holds, and its outcome to come."""
+
+    unwritten: dict[str, _Unwritten]
+    changes: RunChanges
+    reply: Reply[list[StepRefused]]
 
 
 @dataclass(frozen=True)
@@ -89,30 +87,6 @@ class Refused:
     reason: str
     # The status its refused steps had ended the case with (already counted), if any.
     ended_as: str | None
-
-
-@cache
-def _flush_case(sqlite: bool) -> Update:
-    """The conversations' UPDATE. SQLite gets the state and the record as pydantic's text:
-    parsing it for the JSON type to write it again was most of a flush's CPU."""
-    # The store's SQLAlchemy modules only once it is used: see the module docstring.
-    from sqlalchemy import Text, bindparam, update
-
-    from agenttest_worker.store._sql import CASES, JSON_OR_NULL
-
-    json_type = Text() if sqlite else JSON_OR_NULL
-    return (
-        update(CASES)
-        .where(CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case"))
-        .values(
-            next_turn=bindparam("b_next"),
-            phase=bindparam("b_phase"),
-            state=bindparam("b_state", type_=json_type),
-            status=bindparam("b_status"),
-            result=bindparam("b_result", type_=json_type),
-            deliveries=0,
-        )
-    )
 
 
 class BufferedStore(reservations.MemoryReservations):
@@ -127,8 +101,11 @@ class BufferedStore(reservations.MemoryReservations):
         *,
         flush_every: float = 0.5,
         setup: StoreSetup | None = None,
+        work: StoreWork | None = None,
     ) -> None:
         self.url = url
+        # Where the flushes are written: see store_process.py.
+        self.work: StoreWork = work if work is not None else InThisProcess()
         self.run_id = run_id
         self.run = run
         self.conversations = conversations
@@ -137,6 +114,8 @@ class BufferedStore(reservations.MemoryReservations):
         self._last_flush = time.monotonic()
         self._unwritten: dict[str, _Unwritten] = {}
         self._changes = RunChanges()
+        # The write handed to the store's work whose outcome is not yet taken.
+        self._sent: _Sent | None = None
         self._refused: list[Refused] = []
 
     @classmethod
@@ -150,6 +129,7 @@ class BufferedStore(reservations.MemoryReservations):
         config: dict[str, Any],
         deadline_at: float | None,
         setup: StoreSetup,
+        work: StoreWork | None = None,
     ) -> BufferedStore:
         """A run not yet started: its cases as `runs.add_cases` stores them, the run as
         `runs.start_run` leaves it. `setup` is storing them meanwhile; nothing is written
@@ -171,7 +151,7 @@ class BufferedStore(reservations.MemoryReservations):
             total_cost=0.0,
             counters={"passed": 0, "failed": 0, "skipped": 0, "total_turns": 0},
         )
-        return cls(url, run_id, run, conversations, setup=setup)
+        return cls(url, run_id, run, conversations, setup=setup, work=work)
 
     @classmethod
     def from_database(cls, url: str, run_id: str) -> BufferedStore:
@@ -261,11 +241,11 @@ class BufferedStore(reservations.MemoryReservations):
         found.deliveries = 0
         tokens, cost = steps.step_spend(step.spend, result)
         if result is not None:
-            found.result = _Record(
+            found.result = StepRecord(
                 steps.JsonText(result.model_dump_json()), result.status, result.total_turns
             )
         unwritten.steps.append(
-            _Step(
+            BufferedStep(
                 turn=step.expected_turn,
                 next_turn=step.next_turn,
                 phase=step.phase,
@@ -308,7 +288,7 @@ class BufferedStore(reservations.MemoryReservations):
             return
         if self._setup is not None and not self._setup.done:
             return  # the run is still being stored: keep buffering, never wait here
-        self.flush()
+        self.flush(wait=False)
 
     async def flush_on_timer(self, write: Callable[[], None]) -> None:
         """Call `write` (the caller's maybe_flush) whenever a flush falls due, until
@@ -321,177 +301,112 @@ class BufferedStore(reservations.MemoryReservations):
             await asyncio.sleep(max(due, _TIMER_TICK))
             write()
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         """Write everything saved since the last flush, in one transaction (once the
         run's setup, if any, is done: waits for it, and raises what it raised).
+
+        Without `wait`, the write is handed to the store's work and this returns at
+        once (in the store's own process it runs while the conversations go on); its
+        outcome is taken at the next flush, which raises what it raised. A write that
+        fails is rolled back, and what it held is written by the next flush.
 
         When the database refuses a value one of the steps holds (db.unstorable_reason),
         the steps are written again one by one, each in a savepoint: the others are
         written, and each conversation with a refused step goes back to how it was
-        before that step, listed by `take_refused` for its caller to end (a worker ends
-        such a case in `driver.step.commit_or_fail`; this store only learns of the
-        refusal here, after the step was played).
+        before that step (its later steps dropped), listed by `take_refused` for its
+        caller to end (a worker ends such a case in `driver.step.commit_or_fail`; this
+        store only learns of the refusal here, after the step was played).
         """
         if self._setup is not None:
             self._setup.wait()
             self._setup = None
+        self._collect()
         self._last_flush = time.monotonic()
         unwritten, self._unwritten = self._unwritten, {}
         changes, self._changes = self._changes, RunChanges()
         if not unwritten and not changes:
             return
         try:
-            try:
-                self._write(unwritten, changes)
-            except Exception as exc:
-                # The store's SQLAlchemy modules only once it is used: see the module docstring.
-                from agenttest_worker.store.db import unstorable_reason
-
-                if unstorable_reason(exc) is None:
-                    raise
-                self._refused += self._write_each(unwritten, changes)
+            reply = self.work.submit(_write_flush, self.url, self._batch(unwritten, changes))
         except BaseException:
-            # Not written (rolled back): kept for the next flush, which Ctrl-C or SIGTERM
-            # landing in this one (the run's own cleanup flushes next) or a passing
-            # database error would otherwise lose.
-            for case_id, later in self._unwritten.items():
-                if case_id in unwritten:
-                    unwritten[case_id].steps += later.steps
-                else:
-                    unwritten[case_id] = later
-            self._unwritten = unwritten
-            changes.add(self._changes)
-            self._changes = changes
+            self._put_back(unwritten, changes)
             raise
+        self._sent = _Sent(unwritten, changes, reply)
+        if wait:
+            self._collect()
+
+    def _collect(self) -> None:
+        """The outcome of the write handed over last, if any (waited for)."""
+        sent, self._sent = self._sent, None
+        if sent is None:
+            return
+        try:
+            refused = sent.reply.result()
+        except BaseException:
+            self._put_back(sent.unwritten, sent.changes)
+            raise
+        for found in refused:
+            pending = sent.unwritten[found.case_id]
+            self._refused.append(self._take_back(found.case_id, pending, found.index, found.reason))
+
+    def _put_back(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> None:
+        """A write that failed (rolled back: a database error, or Ctrl-C or SIGTERM
+        landing in it) is kept for the next flush, before what was saved since, which
+        the run's own cleanup would otherwise lose."""
+        for case_id, later in self._unwritten.items():
+            if case_id in unwritten:
+                unwritten[case_id].steps += later.steps
+            else:
+                unwritten[case_id] = later
+        self._unwritten = unwritten
+        changes.add(self._changes)
+        self._changes = changes
 
     def take_refused(self) -> list[Refused]:
         """The conversations whose steps the database refused since last asked."""
         refused, self._refused = self._refused, []
         return refused
 
-    def _write(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> None:
-        # The store's SQLAlchemy modules only once it is used: see the module docstring.
-        from agenttest_worker.store.db import get_engine
-        from agenttest_worker.store.turn_statements import insert_step_rows
-
-        rows = steps.StepRows.none()
-        for pending in unwritten.values():
-            for step in pending.steps:
-                rows.add(step.rows)
-        with get_engine(self.url).begin() as connection:
-            if unwritten:
-                sqlite = connection.dialect.name == "sqlite"
-                connection.execute(
-                    _flush_case(sqlite),
-                    [
-                        self._case_values(case_id, self.conversations[case_id], sqlite)
-                        for case_id in unwritten
-                    ],
-                )
-            insert_step_rows(connection, rows)
-            self._write_run(connection, changes)
-
-    def _write_each(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> list[Refused]:
-        # The store's SQLAlchemy modules only once it is used: see the module docstring.
-        from agenttest_worker.store.db import get_engine, unstorable_reason
-        from agenttest_worker.store.turn_statements import insert_step_rows
-
-        refused: list[Refused] = []
-        run = copy.deepcopy(self.run)
-        try:
-            with get_engine(self.url).begin() as connection:
-                for case_id, pending in unwritten.items():
-                    for index, step in enumerate(pending.steps):
-                        try:
-                            with connection.begin_nested():
-                                sqlite = connection.dialect.name == "sqlite"
-                                values = self._case_values(case_id, step, sqlite)
-                                connection.execute(_flush_case(sqlite), [values])
-                                insert_step_rows(connection, step.rows)
-                        except Exception as exc:
-                            reason = unstorable_reason(exc)
-                            if reason is None:
-                                raise
-                            refused.append(self._take_back(case_id, pending, index, reason))
-                            break
-                # The refused steps taken back: the run's counters without them.
-                self._write_run(connection, changes)
-        except BaseException:
-            # Nothing was written: every step stands again, for the next flush.
-            self.run = run
-            for found in refused:
-                last = unwritten[found.case_id].steps[-1]
-                self._set(self.conversations[found.case_id], last)
-            raise
-        return refused
+    def _batch(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> FlushBatch:
+        run = self.run
+        return FlushBatch(
+            run_id=self.run_id,
+            cases=[
+                CaseWrite(case_id, self.conversations[case_id].values(), pending.steps)
+                for case_id, pending in unwritten.items()
+            ],
+            run=RunTotals(run.finished_cases, run.total_tokens, run.total_cost, dict(run.counters)),
+            changes=changes,
+        )
 
     def _take_back(self, case_id: str, pending: _Unwritten, index: int, reason: str) -> Refused:
         """The conversation as it was before its step `index`, that step and the ones
-        after it taken off the run's counters."""
+        after it (those saved since it was handed over too) taken off the run's
+        counters."""
         conversation = self.conversations[case_id]
         before = pending.steps[index - 1] if index else None
-        dropped = pending.steps[index:]
+        newer = self._unwritten.pop(case_id, None)
+        dropped = pending.steps[index:] + (newer.steps if newer is not None else [])
         ended = next((s.result for s in dropped if s.result is not None), None)
-        run = self.run
-        for step in dropped:
-            run.total_tokens -= step.tokens
-            run.total_cost -= step.cost
+        take_off(self.run, dropped)
         status = ended.status if ended is not None else None
-        if ended is not None:
-            run.finished_cases -= 1
-            run.counters[ended.status] -= 1
-            run.counters["total_turns"] -= ended.total_turns
         self._set(conversation, pending.written if before is None else before)
         return Refused(case_id, dropped[0].turn, reason, status)
 
     @staticmethod
-    def _set(conversation: _Conversation, to: _Conversation | _Step) -> None:
+    def _set(conversation: _Conversation, to: _Conversation | BufferedStep) -> None:
         conversation.next_turn, conversation.phase = to.next_turn, to.phase
         conversation.state, conversation.result = to.state, to.result
         conversation.deliveries = 0
-
-    def _case_values(
-        self, case_id: str, written: _Conversation | _Step, sqlite: bool
-    ) -> dict[str, Any]:
-        record = written.result
-        return {
-            "b_run": self.run_id,
-            "b_case": case_id,
-            "b_next": written.next_turn,
-            "b_phase": written.phase,
-            "b_state": _json_value(written.state, sqlite),
-            "b_status": record.status if record is not None else None,
-            "b_result": _json_value(record.text, sqlite) if record is not None else None,
-        }
-
-    def _write_run(self, connection: Connection, changes: RunChanges) -> None:
-        # The store's SQLAlchemy modules only once it is used: see the module docstring.
-        from sqlalchemy import update
-
-        from agenttest_worker.store._sql import RUNS
-        from agenttest_worker.store.usage import add_run_usage_on
-
-        run = self.run
-        values: dict[str, Any] = {
-            "finished_cases": run.finished_cases,
-            "total_tokens": run.total_tokens,
-            "total_cost": run.total_cost,
-            **run.counters,
-        }
-        if changes.cancel is not None:
-            values.update(cancelled=True, cancel_reason=changes.cancel)
-        connection.execute(update(RUNS).where(RUNS.c.id == self.run_id).values(**values))
-        add_run_usage_on(connection, self.run_id, changes.usage)
 
     def snapshot(self) -> dict[str, _Conversation]:
         """A copy of the conversations (for tests and the deadline sweep)."""
         return copy.deepcopy(self.conversations)
 
 
-def _json_value(document: steps.JsonDocument | None, sqlite: bool) -> Any:
-    """A JSON document as _flush_case binds it: text on SQLite, objects elsewhere."""
-    if not sqlite:
-        return steps.as_object(document)
-    if document is None or isinstance(document, str):
-        return document
-    return json.dumps(document)
+def _write_flush(url: str, batch: FlushBatch) -> list[StepRefused]:
+    """flush_writes.write_flush, imported where it runs (this process or the store's)."""
+    # The store's SQLAlchemy modules only once it is used: see the module docstring.
+    from agenttest_worker.store.flush_writes import write_flush
+
+    return write_flush(url, batch)

@@ -1,0 +1,113 @@
+"""What one flush of the embedded store writes, as plain data (no SQLAlchemy).
+
+`BufferedStore` (buffered.py) keeps a run's conversations in memory and hands what
+changed since its last flush to `flush_writes.write_flush` as a `FlushBatch`, in this
+process or in the store's own (store_process.py): so everything here pickles, and
+nothing here imports the database's modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from agenttest_worker.store import steps
+from agenttest_worker.store.buffered_run import RunChanges
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A case's record as written (pydantic's JSON text) and what the counters take."""
+
+    text: steps.JsonText
+    status: str
+    total_turns: int
+
+
+@dataclass(frozen=True)
+class CaseValues:
+    """A conversation's row as a flush writes it (its `cases` columns that steps move)."""
+
+    next_turn: int
+    phase: str
+    state: steps.JsonDocument | None
+    result: StepRecord | None
+
+
+@dataclass
+class BufferedStep:
+    """A saved step not yet written: the conversation as it left it, and what it adds."""
+
+    turn: int  # the turn it ran (its guard)
+    next_turn: int
+    phase: str
+    state: steps.JsonDocument
+    result: StepRecord | None
+    rows: steps.StepRows
+    tokens: int
+    cost: float
+
+    def values(self) -> CaseValues:
+        return CaseValues(self.next_turn, self.phase, self.state, self.result)
+
+
+@dataclass(frozen=True)
+class CaseWrite:
+    """One conversation in a flush: its row as it stands, and its steps since the last
+    flush (written one by one only when the database refuses the batch)."""
+
+    case_id: str
+    now: CaseValues
+    steps: list[BufferedStep]
+
+
+@dataclass
+class RunTotals:
+    """The run row's counters as the store has them in memory."""
+
+    finished_cases: int
+    total_tokens: int
+    total_cost: float
+    counters: dict[str, int]
+
+
+@dataclass(frozen=True)
+class FlushBatch:
+    """Everything one flush writes, in one transaction."""
+
+    run_id: str
+    cases: list[CaseWrite]
+    run: RunTotals
+    changes: RunChanges
+
+
+@dataclass(frozen=True)
+class StepRefused:
+    """The database refused step `index` of conversation `case_id` in a flush: that step
+    and the ones after it were not written (flush_writes.write_flush)."""
+
+    case_id: str
+    index: int
+    reason: str
+
+
+class HasRunTotals(Protocol):
+    finished_cases: int
+    total_tokens: int
+    total_cost: float
+    counters: dict[str, int]
+
+
+def take_off(run: HasRunTotals, dropped: Iterable[BufferedStep]) -> None:
+    """Take steps that were not written off the run's counters: their spend, and the
+    case the first of them to end it ended."""
+    ended: StepRecord | None = None
+    for step in dropped:
+        run.total_tokens -= step.tokens
+        run.total_cost -= step.cost
+        ended = ended or step.result
+    if ended is not None:
+        run.finished_cases -= 1
+        run.counters[ended.status] -= 1
+        run.counters["total_turns"] -= ended.total_turns

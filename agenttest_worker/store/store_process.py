@@ -1,0 +1,248 @@
+"""Where an embedded run's store work runs: this process, or a child interpreter.
+
+An embedded run's conversations run on one event loop in this process, and the store's
+work (SQLAlchemy's import, ~0.25 s of CPU, storing the run and its cases, writing each
+flush, the aggregation) used to run beside them on a thread: on one interpreter lock,
+every tenth of a second of it was a tenth of a second the conversations waited
+(benchmarks/embedded.py). `StoreProcess` runs that work in a child interpreter instead,
+on another core where there is one: this process never imports SQLAlchemy for it.
+
+The work is a module-level function and its arguments, pickled to the child over its
+stdin; the result (or the exception) comes back over its stdout, in the order the
+calls went out. `call` waits for it on the pipe (not holding the interpreter lock);
+`submit` returns at once, and the reply is read when its `result()` is asked for (a
+flush goes on while the conversations do: BufferedStore.flush).
+The child ignores Ctrl-C (the run's own cleanup still writes through it when Ctrl-C
+stops the run), and leaves when its stdin closes, the parent's end included.
+
+`store_work` chooses (AGENTTEST_STORE_PROCESS): `auto`, the default, uses the child
+unless this process has already imported SQLAlchemy (a program embedding agenttest,
+the test suite), where the child would save little and cost a second interpreter.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any, Generic, ParamSpec, Protocol, TypeVar, cast
+
+from agenttest_worker.settings import StoreProcessChoice, get_settings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Reply(Protocol[R_co]):
+    """A call's result to come: `result()` waits for it, or raises what it raised."""
+
+    def result(self) -> R_co: ...
+
+
+class StoreWork(Protocol):
+    """Runs the store's work somewhere, in the order it is given.
+
+    `call(fn, *args, **kwargs)` is `fn`'s result; `submit` hands the call over and
+    returns at once (in the store's process: it runs while the caller goes on)."""
+
+    def submit(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Reply[R]: ...
+
+    def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def close(self) -> None: ...
+
+
+class _Done(Generic[R]):
+    """A call already run: its result, or what it raised."""
+
+    def __init__(self, value: R | None = None, error: BaseException | None = None) -> None:
+        self._value, self._error = value, error
+
+    def result(self) -> R:
+        if self._error is not None:
+            raise self._error
+        return cast(R, self._value)
+
+
+class InThisProcess:
+    """The store's work on the caller's own thread."""
+
+    def submit(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Reply[R]:
+        try:
+            return _Done(fn(*args, **kwargs))
+        except Exception as exc:
+            return _Done(error=exc)
+
+    def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        return fn(*args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+class StoreProcessError(RuntimeError):
+    """The store's process ended, or raised what could not be sent back whole."""
+
+
+class _Awaited(Generic[R]):
+    """A call sent to the store's process; its reply is read when asked for (the replies
+    come back in the order the calls went out)."""
+
+    def __init__(self, process: StoreProcess) -> None:
+        self._process = process
+        self.reply: _Done[R] | None = None
+
+    def result(self) -> R:
+        while self.reply is None:
+            self._process._read_reply()
+        return self.reply.result()
+
+
+class StoreProcess:
+    """A child interpreter running the store's work, in the order it is given."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._waiting: deque[_Awaited[Any]] = deque()
+        self._broken: str | None = None
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def submit(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Reply[R]:
+        with self._lock:
+            stdin = self._proc.stdin
+            if self._broken is not None or stdin is None or stdin.closed:
+                raise StoreProcessError(self._broken or "the store's process is closed")
+            try:
+                pickle.dump((fn, args, kwargs), stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                stdin.flush()
+            except OSError:
+                raise self._ended() from None
+            except BaseException:
+                # Part of a request may have gone out: nothing can follow it.
+                self._broken = "the store's process was interrupted mid-call"
+                raise
+            awaited: _Awaited[R] = _Awaited(self)
+            self._waiting.append(awaited)
+            return awaited
+
+    def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.submit(fn, *args, **kwargs).result()
+
+    def _read_reply(self) -> None:
+        """The next reply, to the oldest call still waiting for one."""
+        with self._lock:
+            if not self._waiting or self._waiting[0].reply is not None:
+                return  # another thread read it meanwhile
+            if self._broken is not None or self._proc.stdout is None:
+                raise StoreProcessError(self._broken or "the store's process is closed")
+            try:
+                ok, value = pickle.load(self._proc.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                raise self._ended() from None
+            except BaseException:
+                self._broken = "the store's process was interrupted mid-reply"
+                raise
+            self._waiting.popleft().reply = _Done(value) if ok else _Done(error=value)
+
+    def _ended(self) -> StoreProcessError:
+        code = self._proc.poll()
+        self._broken = "the store's process ended unexpectedly" + (
+            f" (exit code {code})" if code is not None else ""
+        )
+        return StoreProcessError(self._broken)
+
+    def close(self) -> None:
+        """Let the child finish what it was given (it closes the database as it leaves)
+        and wait for it."""
+        with self._lock:
+            if self._proc.stdin is not None and not self._proc.stdin.closed:
+                with contextlib.suppress(OSError):
+                    self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+
+
+def store_work(choice: StoreProcessChoice) -> StoreWork:
+    """The store's work for a new embedded run, as AGENTTEST_STORE_PROCESS chooses."""
+    if choice == "never" or (choice == "auto" and "sqlalchemy" in sys.modules):
+        return InThisProcess()
+    return StoreProcess()
+
+
+def _reply(value: Any, ok: bool) -> bytes:
+    """The reply's bytes: the exception itself if it crosses whole, else its text."""
+    try:
+        data = pickle.dumps((ok, value), protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(data)  # an exception that pickles may still not unpickle
+        return data
+    except Exception:
+        if ok:
+            value = StoreProcessError(f"the store's result could not be sent: {type(value)}")
+        else:
+            value = StoreProcessError(f"{type(value).__name__}: {value}")
+        return pickle.dumps((False, value), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+    """Run each call read from `requests`, its reply to `replies`, until end of input."""
+    while True:
+        try:
+            fn, args, kwargs = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            reply = _reply(fn(*args, **kwargs), True)
+        except Exception as exc:
+            if get_settings().debug:
+                traceback.print_exc()
+            reply = _reply(exc, False)
+        replies.write(reply)
+        replies.flush()
+
+
+def main() -> None:
+    # Ctrl-C reaches the whole foreground process group: the parent handles it (its
+    # cleanup flushes through this process), so it must not end this one.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The replies go out on the original stdout; anything the work prints goes to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(sys.stdin.buffer, replies)
+    # What the interpreter's teardown would do that matters (the atexit handlers: the
+    # SQLite store's last close folds its write-ahead log back into one file), then
+    # leave: freeing SQLAlchemy and the rest one object at a time took ~0.1 s that the
+    # parent, waiting for this process to close the database, would wait for too.
+    atexit._run_exitfuncs()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    # By the module's own name, not as __main__: the exceptions it sends back must be
+    # this module's classes for the parent to read them.
+    from agenttest_worker.store.store_process import main as serve_parent
+
+    serve_parent()

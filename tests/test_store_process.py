@@ -1,0 +1,164 @@
+"""An embedded run's store work in a process of its own (store/store_process.py), and
+flushes handed over without waiting for them (BufferedStore.flush(wait=False))."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_run_store import RUN_ID, SUITE_CASES, SUITE_CONFIG, case_rows, fresh_suite
+
+from agenttest_worker.driver.step import Advance, prepare
+from agenttest_worker.results import AgentCallRecord, TurnResult, Usage
+from agenttest_worker.store import results, runs, steps
+from agenttest_worker.store.store_process import InThisProcess, StoreProcess, StoreProcessError
+
+
+@pytest.fixture
+def store_process() -> Iterator[StoreProcess]:
+    work = StoreProcess()
+    try:
+        yield work
+    finally:
+        work.close()
+
+
+def _submit_in_a_process(home: Path, choice: str) -> tuple[int, str, bool]:
+    """`agenttest-submit` on the demo suite in a fresh interpreter with
+    AGENTTEST_STORE_PROCESS=choice: (exit code, stdout, whether that interpreter
+    imported SQLAlchemy)."""
+    script = (
+        "import sys\n"
+        "from agenttest_submit.cli import main\n"
+        f"code = main(['-i', {SUITE_CASES!r}, '-n', 'assistants.expense',"
+        f" '--config', {SUITE_CONFIG!r}])\n"
+        "print('SQLALCHEMY', 'sqlalchemy' in sys.modules)\n"
+        "sys.exit(code)\n"
+    )
+    env = {**os.environ, "AGENTTEST_HOME": str(home), "AGENTTEST_STORE_PROCESS": choice}
+    env.pop("AGENTTEST_DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    imported = "SQLALCHEMY True" in done.stdout
+    assert ("SQLALCHEMY False" in done.stdout) != imported, done.stderr
+    return done.returncode, done.stdout, imported
+
+
+def test_a_command_line_run_keeps_sqlalchemy_out_of_its_own_process(
+    demo: Path, tmp_path: Path
+) -> None:
+    """The default (`auto`) stores the run, writes its turns and aggregates it in the
+    store's process: the submitter's interpreter never imports SQLAlchemy, and the run
+    is stored exactly as when the store's work runs in the submitter (`never`)."""
+    stored = {}
+    for choice, in_submitter in (("auto", False), ("never", True)):
+        home = tmp_path / choice
+        code, out, imported = _submit_in_a_process(home, choice)
+        assert code == 1, out  # the demo suite fails one case on purpose
+        assert imported == in_submitter
+        assert "Total turns:" in out
+        # Before this test opens it: whoever wrote it folded its write-ahead log back.
+        assert "agenttest.db-wal" not in os.listdir(home)
+        found = RUN_ID.search(out)
+        assert found is not None, out
+        db = f"sqlite:///{home / 'agenttest.db'}"
+        run = runs.get_run(db, found.group(1))
+        assert run is not None and run.status == "done"
+        rows = case_rows(db, found.group(1))
+        stored[choice] = (
+            (run.total_cases, run.finished_cases, run.passed, run.failed, run.skipped),
+            (run.total_turns, run.total_tokens),
+            sorted((c, row.phase, row.status, row.next_turn) for c, row in rows.items()),
+            sorted(results.count_turn_rows(db, found.group(1))),
+        )
+    assert stored["auto"] == stored["never"]
+
+
+def _refusable_step(run_id: str, turn: int, state: str) -> steps.Step:
+    """Turn `turn` of T001 with a call reporting more tokens than SQLite's 64 bits hold."""
+    huge = Usage(prompt_tokens=10**20, completion_tokens=1, total_tokens=10**20 + 1)
+    call = AgentCallRecord(role="target", agent="a", latency_ms=1, usage=huge)
+    played = TurnResult(turn=turn, input="hi", output="ok", calls=[call])
+    return steps.Step(
+        run_id=run_id, case_id="T001", expected_turn=turn, next_turn=turn + 1,
+        phase="ready", state=steps.JsonText(state), new_turns=[played],
+    )  # fmt: skip
+
+
+def test_a_refusal_learned_a_flush_later_takes_back_the_steps_saved_since(
+    demo: Path, store_process: StoreProcess
+) -> None:
+    """A flush handed over without waiting learns of a refused step only at the next
+    flush, by which time its conversation may have played on: the refused step and
+    every later one are taken back, none of them written, and the run's counters are
+    as if they never ran."""
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run(), store_process)
+    store.flush()
+    prepared = prepare(store, run_id, "T001", 1)
+    assert not isinstance(prepared, Advance)
+    state = prepared.state.model_dump_json()
+    assert store.save_step(_refusable_step(run_id, 1, state)).saved
+    store.flush(wait=False)  # handed over; its outcome is taken at the next flush
+    later = TurnResult(turn=2, input="and then", output="ok")
+    assert store.save_step(steps.Step(
+        run_id=run_id, case_id="T001", expected_turn=2, next_turn=3, phase="ready",
+        state=steps.JsonText(state), new_turns=[later],
+    )).saved  # fmt: skip
+    assert store.take_refused() == []
+
+    store.flush()
+    (refused,) = store.take_refused()
+    assert (refused.case_id, refused.turn) == ("T001", 1)
+    assert "too large" in refused.reason
+    loaded = store.load_case(run_id, "T001")
+    assert loaded is not None and loaded.next_turn == 1, "back to before the refused step"
+    assert results.count_turn_rows(db, run_id) == [], "neither step was written"
+    assert case_rows(db, run_id)["T001"].next_turn == 1
+    run = runs.get_run(db, run_id)
+    assert run is not None and (run.finished_cases, run.total_tokens) == (0, 0)
+
+
+def test_an_error_in_the_store_process_comes_back_whole(store_process: StoreProcess) -> None:
+    with pytest.raises(ValueError, match="invalid literal"):
+        store_process.call(int, "not a number")
+    assert store_process.call(int, "42") == 42, "the process serves on after an error"
+    with pytest.raises(StoreProcessError, match="could not be sent"):
+        store_process.call(threading.Lock)  # a result that cannot cross
+    assert store_process.submit(int, "7").result() == 7
+
+
+def test_the_store_process_ignores_ctrl_c(store_process: StoreProcess) -> None:
+    """Ctrl-C reaches the whole process group; the run's cleanup, which the parent runs
+    on it, still writes through the store's process."""
+    assert store_process.call(int, "1") == 1
+    os.kill(store_process.pid, signal.SIGINT)
+    assert store_process.call(int, "2") == 2
+
+
+def test_a_store_process_that_died_fails_the_flush_and_loses_nothing(
+    demo: Path, store_process: StoreProcess
+) -> None:
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run(), store_process)
+    store.flush()
+    prepared = prepare(store, run_id, "T001", 1)
+    assert not isinstance(prepared, Advance)
+    played = TurnResult(turn=1, input="hi", output="ok")
+    assert store.save_step(steps.Step(
+        run_id=run_id, case_id="T001", expected_turn=1, next_turn=2, phase="ready",
+        state=steps.JsonText(prepared.state.model_dump_json()), new_turns=[played],
+    )).saved  # fmt: skip
+    os.kill(store_process.pid, signal.SIGKILL)
+    with pytest.raises(StoreProcessError, match="ended unexpectedly"):
+        store.flush()
+    assert results.count_turn_rows(db, run_id) == []
+
+    store.work = InThisProcess()  # what the failed flush held is still to be written
+    store.flush()
+    assert results.count_turn_rows(db, run_id) == [("T001", 1, 1)]
