@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from agenttest_submit.arg_types import (
     Parser,
@@ -50,6 +51,9 @@ from agenttest_submit.stopping import (
 from agenttest_submit.subcommand_args import SUBCOMMANDS, parse_subcommand
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import starting
+
+if TYPE_CHECKING:
+    from agenttest_worker.store.store_process import StoreWork
 
 # The rest (pydantic, the report formats, the store) is imported once `main` has called
 # heap.starting(): they are start-up's heaviest imports, and the garbage collector's
@@ -297,6 +301,39 @@ def parse_run(argv: Sequence[str]) -> RunRequest:
     return run_request(build_parser().parse_args(list(argv)))
 
 
+# Words that make an invocation something other than a new run (or stop it at once).
+_NOT_A_RUN = frozenset({"--dry-run", "--reeval", "-h", "--help", "--version"})
+
+
+def _early_store_work(args: list[str]) -> StoreWork | None:
+    """An embedded run's store process, started before anything else is imported or
+    parsed: its own imports (~0.4 s of CPU: SQLAlchemy, the store) then run on another
+    core while this process imports, parses and checks the cases (see
+    store/store_process.py). Guessed from the words alone: None where they show no
+    embedded run can follow (a dry run, a re-evaluation, help, a fleet, settings that
+    are wrong, which the run reports where it reads them); one started for what turns
+    out to be no run is ended unused (`_runs_embedded`)."""
+    from agenttest_submit.storing import STORE_PROCESS_LATER, STORE_PROCESS_MODULES
+    from agenttest_worker.errors import ConfigError
+    from agenttest_worker.settings import get_settings
+    from agenttest_worker.store.store_process import store_work
+
+    if not args or any(arg in _NOT_A_RUN for arg in args):
+        return None
+    try:
+        settings = get_settings()
+    except ConfigError:
+        return None
+    if settings.distributed:
+        return None
+    return store_work(settings.store_process, STORE_PROCESS_MODULES, STORE_PROCESS_LATER)
+
+
+def _runs_embedded(request: RunRequest) -> bool:
+    """Whether `request` may store and run a new run (here: the fleet was ruled out)."""
+    return not request.dry_run and request.reeval is None and bool(request.inputs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     starting()  # see heap.py
@@ -329,11 +366,19 @@ def main(argv: list[str] | None = None) -> int:
                 from agenttest_submit.commands import run_subcommand
 
                 return run_subcommand(command)
-            request = parse_run(args_list)
-            warn_about_flags(request)
-            from agenttest_submit.submit import submit  # after heap.starting(): see the top
+            work = _early_store_work(args_list)
+            try:
+                request = parse_run(args_list)
+                warn_about_flags(request)
+                if work is not None and not _runs_embedded(request):
+                    work.close()  # never given any work: ended at once
+                    work = None
+                from agenttest_submit.submit import submit  # after heap.starting(): see the top
 
-            return submit(request)
+                return submit(request, work)
+            finally:
+                if work is not None:
+                    work.close()
     except InputError as exc:
         print_problems(exc.problems, nothing_ran=not subcommand)
         return EXIT_INPUT

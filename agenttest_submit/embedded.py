@@ -21,8 +21,14 @@ from agenttest_submit.human import TerminalAsker, human_question
 from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
-from agenttest_submit.runner import aggregate_run, run_suite, write_run
+from agenttest_submit.runner import run_suite
 from agenttest_submit.stopping import run_async
+from agenttest_submit.storing import (
+    STORE_PROCESS_LATER,
+    STORE_PROCESS_MODULES,
+    aggregate_run,
+    write_run,
+)
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.transport import close_session
 from agenttest_worker.driver.step import (
@@ -37,7 +43,7 @@ from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import steps
 from agenttest_worker.store.buffered import BufferedStore, StoreSetup
-from agenttest_worker.store.store_process import store_work
+from agenttest_worker.store.store_process import StoreWork, store_work
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
 # here: a new embedded run's store work runs in a process of its own (or on a thread)
@@ -52,6 +58,7 @@ def run_embedded(
     config: ProjectConfig,
     target: str | None,
     label: str,
+    work: StoreWork | None = None,
 ) -> int:
     """Run checked cases in this process, storing the run while it starts.
 
@@ -64,7 +71,8 @@ def run_embedded(
     That work, the flushes and the aggregation run where AGENTTEST_STORE_PROCESS says
     (store/store_process.py): from the command line, a child process, so that SQLAlchemy
     and the database never hold this process's interpreter lock while the
-    conversations run.
+    conversations run. `work` is that process when the caller started it already (its
+    imports then overlap this process's own: cli.py); it is closed here either way.
     """
     settings = get_settings()
     if not settings.database_url:
@@ -88,7 +96,8 @@ def run_embedded(
     stored_options, stored_config = options.model_dump(mode="json"), config.stored()
     deadline_at = time.time() + request.deadline if request.deadline else None
     # The store's work (SQLAlchemy, the database) in a process of its own, as a rule.
-    work = store_work(settings.store_process)
+    if work is None:
+        work = store_work(settings.store_process, STORE_PROCESS_MODULES, STORE_PROCESS_LATER)
     try:
         # The conversations start now, while the run is being stored.
         began = datetime.now(UTC)

@@ -9,7 +9,7 @@ and left out, and the rest run. A generator that fails, returns nothing, or retu
 nothing valid is an input error: nothing runs.
 
 What the generator calls cost is kept for the run these cases are stored in
-(`take_generation_usage`, called where the run is created: runner.write_run): they
+(`take_generation_usage`, called by whoever creates the run: storing.write_run takes it): they
 were made before the run existed and belong to no conversation.
 """
 

@@ -7,14 +7,37 @@ can take it on two cores, while the submitter reads the next batch from its spoo
 Each batch is handed to the `RunStarter` in input order, once it and every batch
 before it are stored, as when they were written one after the other. SQLite takes one
 writer at a time: one batch in flight there.
+
+`write_run` stores a run (the run row, its cases, its start) and `aggregate_run`
+aggregates one: an embedded run calls both in its store's process
+(store/store_process.py), which imports this module and the store, not the rest of
+the client. The store (SQLAlchemy) is imported where it is used.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agenttest_worker.settings import get_settings
+
+if TYPE_CHECKING:
+    from agenttest_worker.report.model import RunReport
+    from agenttest_worker.results import RoleUsage, UsageRole
+    from agenttest_worker.store import steps
+
+# What an embedded run's store process imports before its first call (store_process.py):
+# storing the run and writing its flushes, and, after that first call, its aggregation.
+STORE_PROCESS_MODULES = (
+    "agenttest_submit.storing",
+    "agenttest_worker.store.runs",
+    "agenttest_worker.store.flush_writes",
+)
+STORE_PROCESS_LATER = ("agenttest_worker.fleet.aggregate",)
 
 # Batches being stored at once on Postgres (each on its own connection), and how many
 # more wait read: enough to keep a two-core server busy; a batch is a few hundred KB.
@@ -126,3 +149,103 @@ def write_batches(
         writer.close(failed=True)
         raise
     return writer.close()
+
+
+def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    iterator = iter(items)
+    while batch := list(islice(iterator, size)):
+        yield batch
+
+
+class RunStarter(Protocol):
+    """Starts a run's conversations while the rest of its cases are still being stored."""
+
+    def stored(self, run_id: str, first: int, last: int) -> None:
+        """Cases `first`..`last` (their positions in the run) are stored."""
+
+    def started(self, run_id: str, every_case_ended: bool) -> None:
+        """Every case is stored and the run is running; its conversations may all have
+        ended already (then nobody else will enqueue its aggregation)."""
+
+
+def write_run(
+    url: str,
+    run_id: str,
+    records: Iterable[steps.StoredCase],
+    *,
+    options: dict[str, Any],
+    config: dict[str, Any],
+    target: str | None,
+    label: str,
+    deadline_at: float | None,
+    parent_run_id: str | None = None,
+    starter: RunStarter | None = None,
+    started_at: datetime | None = None,
+    suite: str | None = None,
+    generation_usage: Mapping[UsageRole, RoleUsage] | None = None,
+) -> int:
+    """Bring the store up to date, create the run, add its cases, start it.
+
+    `generation_usage` is what the generators of its cases called (take_generation_usage,
+    taken by the caller: this may run in the store's own process, which has none).
+
+    With a `starter`, each batch of cases is handed to it as soon as it is stored, so
+    a fleet works on the first conversations while the rest are written. The run's
+    start (what its reports' duration counts from) is `started_at` if given (an
+    embedded run's conversations begin before it is stored), else when the first batch
+    was handed out, else now.
+    """
+    # The store: see the top.
+    from agenttest_worker.store import runs
+    from agenttest_worker.store.db import is_sqlite, upgrade
+    from agenttest_worker.store.usage import usage_document
+
+    upgrade(url)
+    runs.create_run(
+        url,
+        run_id=run_id,
+        agent=target,
+        input_label=label,
+        options=options,
+        config=config,
+        parent_run_id=parent_run_id,
+        deadline_at=deadline_at,
+        suite=suite,
+        # The generator agents called for these cases: before the run, in no conversation.
+        usage=usage_document(generation_usage or {}),
+    )
+    rows = (
+        runs.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
+        for i, (case_id, agent, record) in enumerate(records)
+    )
+    first_started: datetime | None = None
+
+    def stored(first: int, last: int) -> None:
+        nonlocal first_started
+        if starter is not None:
+            first_started = first_started or datetime.now(UTC)
+            starter.stored(run_id, first, last)
+
+    try:
+        total = write_batches(
+            _batches(rows, get_settings().enqueue_batch),
+            lambda batch: runs.add_cases(url, run_id, batch),
+            stored,
+            writers=1 if is_sqlite(url) else POSTGRES_WRITERS,
+        )
+    except BaseException:
+        # Conversations of the batches already started find their run gone and stop.
+        runs.delete_run(url, run_id)
+        raise
+    every_case_ended = runs.start_run(url, run_id, total, started_at=started_at or first_started)
+    if starter is not None:
+        starter.started(run_id, every_case_ended)
+    return total
+
+
+def aggregate_run(url: str, run_id: str) -> RunReport | None:
+    """fleet.aggregate.aggregate, imported where it runs: an embedded run aggregates in
+    the process that does its store's work (store/store_process.py)."""
+    from agenttest_worker.fleet.aggregate import aggregate  # the store: see the top
+
+    return aggregate(url, run_id)

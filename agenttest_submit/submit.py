@@ -29,14 +29,18 @@ from agenttest_worker.cases.checks import check_ref
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
 from agenttest_worker.settings import get_settings
+from agenttest_worker.store.store_process import StoreWork
 
 # reeval.py and distributed.py are imported where they are used: both import the store
 # (SQLAlchemy), which an embedded run imports on a thread while its first conversations
 # run (see embedded.run_embedded).
 
 
-def submit(request: RunRequest) -> int:
-    """Check the request, then run its cases (or re-judge or print them); the exit code."""
+def submit(request: RunRequest, work: StoreWork | None = None) -> int:
+    """Check the request, then run its cases (or re-judge or print them); the exit code.
+
+    `work` is the store's process the caller started for an embedded run (cli.py), if
+    any: the run uses it, and closes it."""
     forget_generation_usage()  # an earlier submission's generators are not this run's
     if request.interactive and request.skip_interactive:
         raise InputError("--interactive and --skip-interactive contradict each other")
@@ -93,7 +97,7 @@ def submit(request: RunRequest) -> int:
         stream.finish()
         print_warnings(stream.warnings)
         return reeval_cases(request, config, cases)
-    return run_cases(request, config, stream, sources, target)
+    return run_cases(request, config, stream, sources, target, work)
 
 
 # What json.dumps(ensure_ascii=False) leaves raw and a terminal would obey: DEL, the C1
@@ -130,6 +134,7 @@ def run_cases(
     stream: CaseStream,
     sources: list[InputSource],
     target: str | None,
+    work: StoreWork | None = None,
 ) -> int:
     """Store the stream's cases (rejecting bad input before anything runs), run, report."""
     settings = get_settings()
@@ -150,7 +155,8 @@ def run_cases(
         if spool.repeated:
             options = options.model_copy(update={"distinct_cases": spool.cases})
         if not settings.distributed:
-            return run_embedded(request, url, list(spool.records()), options, config, target, label)
+            records = list(spool.records())
+            return run_embedded(request, url, records, options, config, target, label, work)
         from agenttest_submit.distributed import FleetStarter, run_distributed
 
         run_id, total = store_records(

@@ -20,7 +20,8 @@ from agenttest_submit.embedded import drive
 from agenttest_submit.expand import expand
 from agenttest_submit.inputs import parse_input
 from agenttest_submit.progress import Progress
-from agenttest_submit.runner import run_options, store_records, store_run, write_run
+from agenttest_submit.runner import run_options, store_records, store_run
+from agenttest_submit.storing import write_run
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare, run_step
 from agenttest_worker.engine import HumanPrompt, RunOptions

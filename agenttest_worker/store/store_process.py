@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import pickle
 import signal
@@ -32,10 +33,13 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
 from agenttest_worker.settings import StoreProcessChoice, get_settings
+
+# Between the modules a child imports first and those it imports after its first call.
+_LATER = "--later"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -110,12 +114,16 @@ class _Awaited(Generic[R]):
 class StoreProcess:
     """A child interpreter running the store's work, in the order it is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: Sequence[str] = (), later: Sequence[str] = ()) -> None:
+        """`preload`: modules the child imports before it reads its first call (those
+        arrive meanwhile, and wait in the pipe); `later`: ones it imports once it has
+        answered its first call (what the run needs only at its end)."""
         self._lock = threading.RLock()
         self._waiting: deque[_Awaited[Any]] = deque()
         self._broken: str | None = None
+        self._given_work = False
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", __name__, *preload, _LATER, *later],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -139,6 +147,7 @@ class StoreProcess:
                 # Part of a request may have gone out: nothing can follow it.
                 self._broken = "the store's process was interrupted mid-call"
                 raise
+            self._given_work = True
             awaited: _Awaited[R] = _Awaited(self)
             self._waiting.append(awaited)
             return awaited
@@ -171,8 +180,11 @@ class StoreProcess:
 
     def close(self) -> None:
         """Let the child finish what it was given (it closes the database as it leaves)
-        and wait for it."""
+        and wait for it; one never given any work (the run stopped at its input) is
+        ended at once, without waiting for its imports."""
         with self._lock:
+            if not self._given_work and self._proc.poll() is None:
+                self._proc.kill()
             if self._proc.stdin is not None and not self._proc.stdin.closed:
                 with contextlib.suppress(OSError):
                     self._proc.stdin.close()
@@ -185,11 +197,14 @@ class StoreProcess:
                 self._proc.stdout.close()
 
 
-def store_work(choice: StoreProcessChoice) -> StoreWork:
-    """The store's work for a new embedded run, as AGENTTEST_STORE_PROCESS chooses."""
+def store_work(
+    choice: StoreProcessChoice, preload: Sequence[str] = (), later: Sequence[str] = ()
+) -> StoreWork:
+    """The store's work for a new embedded run, as AGENTTEST_STORE_PROCESS chooses (see
+    StoreProcess for `preload` and `later`)."""
     if choice == "never" or (choice == "auto" and "sqlalchemy" in sys.modules):
         return InThisProcess()
-    return StoreProcess()
+    return StoreProcess(preload, later)
 
 
 def _reply(value: Any, ok: bool) -> bytes:
@@ -206,8 +221,10 @@ def _reply(value: Any, ok: bool) -> bytes:
         return pickle.dumps((False, value), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
-    """Run each call read from `requests`, its reply to `replies`, until end of input."""
+def serve(requests: IO[bytes], replies: IO[bytes], later: Sequence[str] = ()) -> None:
+    """Run each call read from `requests`, its reply to `replies`, until end of input;
+    import the modules `later` names once the first reply is out."""
+    answered = 0
     while True:
         try:
             fn, args, kwargs = pickle.load(requests)
@@ -221,6 +238,10 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             reply = _reply(exc, False)
         replies.write(reply)
         replies.flush()
+        answered += 1
+        if answered == 1:
+            for name in later:
+                importlib.import_module(name)
 
 
 def main() -> None:
@@ -230,7 +251,11 @@ def main() -> None:
     # The replies go out on the original stdout; anything the work prints goes to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    serve(sys.stdin.buffer, replies)
+    names = sys.argv[1:]
+    split = names.index(_LATER) if _LATER in names else len(names)
+    for name in names[:split]:
+        importlib.import_module(name)
+    serve(sys.stdin.buffer, replies, names[split + 1 :])
     # What the interpreter's teardown would do that matters (the atexit handlers: the
     # SQLite store's last close folds its write-ahead log back into one file), then
     # leave: freeing SQLAlchemy and the rest one object at a time took ~0.1 s that the
