@@ -15,7 +15,7 @@ BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def compile_bytecode() -> None:
+def compile_bytecode(root: Path = ROOT) -> None:
     """Compile the project's modules, as installing a wheel does.
 
     From an editable checkout with PYTHONDONTWRITEBYTECODE set (as on CI machines),
@@ -26,7 +26,7 @@ def compile_bytecode() -> None:
     import compileall
 
     for package in ("agenttest_worker", "agenttest_submit", "benchmarks"):
-        compileall.compile_dir(ROOT / package, quiet=1)
+        compileall.compile_dir(root / package, quiet=1)
 
 
 @dataclass(frozen=True)

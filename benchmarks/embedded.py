@@ -1,6 +1,7 @@
 """The embedded default against a bare aiohttp loop, whole processes, measured together.
 
     python -m benchmarks.embedded --cases 1000 --latency-ms 50 --parallel 100 20
+    python -m benchmarks.embedded --repeat 8 --against /tmp/before  # another commit too
 
 For each `--parallel` value, two processes run against the same fixed-latency agent
 (its own process, started once):
@@ -9,9 +10,12 @@ For each `--parallel` value, two processes run against the same fixed-latency ag
 - agenttest: `agenttest-submit -i cases.jsonl -n bench --parallel N` with no broker
   (the embedded default: SQLite store, console report), on 1,000 single-turn cases
   with one `contains` assertion each.
-Both are timed from process start to exit (start-up included); peak RSS and CPU time
-come from the kernel's rusage. Prints seconds, the ratio to the floor, peak memory, and
-each side's CPU time (user + system) in all and per case.
+Both are timed from process start to exit (start-up included); CPU time comes from the
+kernel's rusage (children included), peak RSS from it and from sampling the process and
+its children (an embedded run's store process) together. Prints seconds (best and
+median), the ratios to the floor, peak memory, and each side's CPU time (user + system)
+in all and per case. `--against DIR` runs a checkout of another commit as a third side
+(`before`), the three alternating, so that a change is measured against the same drift.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -54,9 +59,20 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument("--parallel", type=int, nargs="+", default=[100, 20])
     parser.add_argument("--repeat", type=int, default=3, help="runs per side; the best counts")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a checkout of another commit (git worktree add DIR REV): run it too, "
+        "alternating with this one and the floor, and print its figures beside",
+    )
     args = parser.parse_args()
     compile_bytecode()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
+    sides = {"agenttest": env}
+    if args.against is not None:
+        compile_bytecode(args.against)
+        # Its modules before this checkout's (an editable install finds its own last).
+        sides = {"before": {**env, "PYTHONPATH": str(args.against)}, "agenttest": env}
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
         tmp = Path(tmpdir)
         cases = tmp / "cases.jsonl"
@@ -72,34 +88,44 @@ def main() -> None:
         config.write_text(f"agents:\n  bench:\n    base_url: {agent}\n    model: bench\n")
         print(
             f"embedded default: {args.cases:,} single-turn cases, one `contains` each, "
-            f"agent {args.latency_ms:g} ms, whole process (best of {args.repeat})"
+            f"agent {args.latency_ms:g} ms, whole process (best and median of {args.repeat}, "
+            "the sides alternating; memory: the process and its children)"
         )
         for parallel in args.parallel:
             floor_command = [sys.executable, "-c", FLOOR, agent, str(args.cases), str(parallel)]
-            floor_runs = [run_timed(floor_command, env) for _ in range(args.repeat)]
-            ours_runs = []
+            command = submit_command(cases, config, "--parallel", str(parallel))
+            runs: dict[str, list[ProcessTimes]] = {"floor": [], **{name: [] for name in sides}}
             for attempt in range(args.repeat):
-                home = tmp / f"home-{parallel}-{attempt}"
-                run_env = {**env, "AGENTTEST_HOME": str(home)}
-                command = submit_command(cases, config, "--parallel", str(parallel))
-                ours_runs.append(run_timed(command, run_env))
-            floor, ours = _best(floor_runs), _best(ours_runs)
-            print(
-                f"  {parallel:>3} at a time: floor {floor.seconds:5.2f} s"
-                f" ({floor.peak_kb / 1024:4.0f} MB)"
-                f"   agenttest {ours.seconds:5.2f} s ({ours.peak_kb / 1024:4.0f} MB)"
-                f"   ratio {ours.seconds / floor.seconds:4.2f}"
-            )
-            # CPU varies less than the wall time on a shared machine: what a change to the
-            # per-case path did shows here first. The least of each side's runs.
-            floor_cpu = min(run.cpu_s for run in floor_runs)
-            ours_cpu = min(run.cpu_s for run in ours_runs)
-            print(
-                f"      CPU, whole process: floor {floor_cpu:5.2f} s"
-                f" ({floor_cpu / args.cases * 1000:.2f} ms a case)"
-                f"   agenttest {ours_cpu:5.2f} s ({ours_cpu / args.cases * 1000:.2f} ms a case)"
-                f"   ratio {ours_cpu / floor_cpu:4.2f}"
-            )
+                runs["floor"].append(run_timed(floor_command, env))
+                for name, side_env in sides.items():
+                    home = tmp / f"home-{name}-{parallel}-{attempt}"
+                    runs[name].append(run_timed(command, {**side_env, "AGENTTEST_HOME": str(home)}))
+            floor = runs["floor"]
+            print(f"  {parallel:>3} at a time:")
+            for name, measured in runs.items():
+                _print_side(name, measured, floor, args.cases)
+
+
+def _print_side(name: str, runs: list[ProcessTimes], floor: list[ProcessTimes], cases: int) -> None:
+    best, median = _best(runs).seconds, statistics.median(run.seconds for run in runs)
+    floor_best = _best(floor).seconds
+    floor_median = statistics.median(run.seconds for run in floor)
+    # CPU varies less than the wall time on a shared machine: what a change to the
+    # per-case path did shows here first. The least of each side's runs.
+    cpu, floor_cpu = min(run.cpu_s for run in runs), min(run.cpu_s for run in floor)
+    ratios = (
+        ""
+        if runs is floor
+        else (
+            f"   ratio {best / floor_best:4.2f} (median {median / floor_median:4.2f})"
+            f"   CPU ratio {cpu / floor_cpu:4.2f}"
+        )
+    )
+    print(
+        f"    {name:<9} {best:5.2f} s (median {median:5.2f})"
+        f"  {max(run.peak_kb for run in runs) / 1024:4.0f} MB"
+        f"  CPU {cpu:5.2f} s ({cpu / cases * 1000:.2f} ms a case){ratios}"
+    )
 
 
 def _best(runs: list[ProcessTimes]) -> ProcessTimes:
