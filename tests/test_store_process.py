@@ -162,3 +162,13 @@ def test_a_store_process_that_died_fails_the_flush_and_loses_nothing(
     store.work = InThisProcess()  # what the failed flush held is still to be written
     store.flush()
     assert results.count_turn_rows(db, run_id) == [("T001", 1, 1)]
+
+
+def test_closing_reads_the_replies_nobody_took() -> None:
+    """A run stopped before it read its last replies still closes its store process at
+    once: the child is not left blocked writing them to a full pipe."""
+    work = StoreProcess()
+    for _ in range(8):
+        work.submit(bytes, 256 * 1024)  # 2 MB of replies, far past a pipe's buffer
+    work.close()
+    assert work._proc.returncode == 0

@@ -27,6 +27,7 @@ import contextlib
 import importlib
 import os
 import pickle
+import queue
 import signal
 import subprocess
 import sys
@@ -112,52 +113,70 @@ class _Awaited(Generic[R]):
 
 
 class StoreProcess:
-    """A child interpreter running the store's work, in the order it is given."""
+    """A child interpreter running the store's work, in the order it is given.
+
+    A call is pickled on the caller's thread (what it sends is taken then) and written
+    to the child by a thread of its own: the caller never waits on the pipe while the
+    child reads (a flush's batch is ~1 MB for 500 cases). Replies are read by whoever
+    asks for one, in order."""
 
     def __init__(self, preload: Sequence[str] = (), later: Sequence[str] = ()) -> None:
         """`preload`: modules the child imports before it reads its first call (those
         arrive meanwhile, and wait in the pipe); `later`: ones it imports once it has
         answered its first call (what the run needs only at its end)."""
-        self._lock = threading.RLock()
+        self._send_lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self._waiting: deque[_Awaited[Any]] = deque()
         self._broken: str | None = None
-        self._given_work = False
+        self._closed = False
         self._proc = subprocess.Popen(
             [sys.executable, "-m", __name__, *preload, _LATER, *later],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
         )
+        self._requests: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
         return self._proc.pid
 
     def submit(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Reply[R]:
-        with self._lock:
-            stdin = self._proc.stdin
-            if self._broken is not None or stdin is None or stdin.closed:
+        request = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            if self._broken is not None or self._closed:
                 raise StoreProcessError(self._broken or "the store's process is closed")
-            try:
-                pickle.dump((fn, args, kwargs), stdin, protocol=pickle.HIGHEST_PROTOCOL)
-                stdin.flush()
-            except OSError:
-                raise self._ended() from None
-            except BaseException:
-                # Part of a request may have gone out: nothing can follow it.
-                self._broken = "the store's process was interrupted mid-call"
-                raise
-            self._given_work = True
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_requests, name="agenttest-store-requests", daemon=True
+                )
+                self._writer.start()
             awaited: _Awaited[R] = _Awaited(self)
             self._waiting.append(awaited)
+            self._requests.put(request)
             return awaited
 
     def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         return self.submit(fn, *args, **kwargs).result()
 
+    def _write_requests(self) -> None:
+        """The writer thread: each request to the child, in order, until close()."""
+        stdin = self._proc.stdin
+        assert stdin is not None
+        try:
+            while (request := self._requests.get()) is not None:
+                stdin.write(request)
+                stdin.flush()
+        except OSError:
+            return  # the child is gone: whoever reads its next reply is told
+        finally:
+            with contextlib.suppress(OSError):
+                stdin.close()
+
     def _read_reply(self) -> None:
         """The next reply, to the oldest call still waiting for one."""
-        with self._lock:
+        with self._read_lock:
             if not self._waiting or self._waiting[0].reply is not None:
                 return  # another thread read it meanwhile
             if self._broken is not None or self._proc.stdout is None:
@@ -182,19 +201,33 @@ class StoreProcess:
         """Let the child finish what it was given (it closes the database as it leaves)
         and wait for it; one never given any work (the run stopped at its input) is
         ended at once, without waiting for its imports."""
-        with self._lock:
-            if not self._given_work and self._proc.poll() is None:
-                self._proc.kill()
-            if self._proc.stdin is not None and not self._proc.stdin.closed:
+        with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+            writer = self._writer
+        if writer is None:
+            self._proc.kill()
+            if self._proc.stdin is not None:
                 with contextlib.suppress(OSError):
                     self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-            if self._proc.stdout is not None:
-                self._proc.stdout.close()
+        else:
+            self._requests.put(None)  # the writer closes the child's stdin once it is done
+            writer.join()
+            # Replies nobody took (a run stopped before it read them): read, so that the
+            # child is not left blocked writing them to a full pipe.
+            while self._waiting and self._waiting[-1].reply is None:
+                try:
+                    self._read_reply()
+                except Exception:
+                    break
+        try:
+            self._proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def store_work(
