@@ -25,7 +25,17 @@ from agenttest_worker.cases.model import (
     Turn,
 )
 from agenttest_worker.cases.validation import Located, validate_case
-from agenttest_worker.cases.yaml_model import YamlTest
+
+# `YamlTest` (yaml_model.py) is imported when asked for: its models cost every run ~5 ms
+# of start-up, and only runs of tdx YAML files need them (files.py reads those).
+
+
+def __getattr__(name: str) -> object:
+    if name == "YamlTest":
+        from agenttest_worker.cases.yaml_model import YamlTest
+
+        return YamlTest
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CASE_SUFFIXES",

@@ -18,7 +18,6 @@ from pathlib import Path
 from agenttest_worker.cases.json_reader import half_way, read_json, read_jsonl, read_jsonl_lines
 from agenttest_worker.cases.model import Case
 from agenttest_worker.cases.validation import Located, validate_case
-from agenttest_worker.cases.yaml_reader import read_yaml
 from agenttest_worker.errors import InputError, InputProblem
 
 CASE_SUFFIXES = {
@@ -107,6 +106,9 @@ def iter_line_cases(
 def _read_cases(path: Path) -> Iterator[Case | InputProblem]:
     kind = CASE_SUFFIXES[path.suffix.lower()]
     if kind == "yaml":
+        # Imported here: the tdx models cost a run of JSONL files ~5 ms of start-up.
+        from agenttest_worker.cases.yaml_reader import read_yaml
+
         yield from read_yaml(path)
         return
     reader = read_jsonl if kind == "jsonl" else read_json
