@@ -172,3 +172,42 @@ def test_closing_reads_the_replies_nobody_took() -> None:
         work.submit(bytes, 256 * 1024)  # 2 MB of replies, far past a pipe's buffer
     work.close()
     assert work._proc.returncode == 0
+
+
+def _store_processes_of_this_one() -> list[int]:
+    """This process's children that are (or were: zombies too) store processes."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            command = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and (b"store_process" in command or not command):
+            found.append(int(name))
+    return found
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-n", "assistants.expense", "--config", SUITE_CONFIG],  # no input: exit 2
+        ["-i", SUITE_CASES, "-n", "nobody", "--config", SUITE_CONFIG],  # unknown agent
+        ["-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG],  # a run
+    ],
+)
+def test_the_command_line_leaves_no_store_process_behind(
+    demo: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """The store's process starts before the command line is parsed; whether the
+    command turns out to be no run, a rejected one or a run, it is gone (ended, and
+    waited for) when the command returns."""
+    from agenttest_submit.cli import main
+
+    monkeypatch.setenv("AGENTTEST_STORE_PROCESS", "always")
+    code = main(argv)
+    assert code in (1, 2)
+    assert _store_processes_of_this_one() == []

@@ -37,6 +37,7 @@ def __getattr__(name: str) -> object:
         return YamlTest
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "CASE_SUFFIXES",
     "Attachment",
