@@ -5,7 +5,9 @@ and the messages for unknown names list what is registered."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -204,3 +206,70 @@ def test_a_registered_protocol_is_configured_and_called(tmp_path: Path, echo: No
     assert isinstance(client, EchoClient)
     reply = run(client.complete(AgentRequest("target", [{"role": "user", "content": "hi"}])))
     assert reply.content == "parrot: hi"
+
+
+# -- how a turn's assertions run ---------------------------------------------------------------
+
+
+class SlowAssertion(AssertionSpec):
+    """Waits `seconds`, then passes unless `broken` (it raises)."""
+
+    type: Literal["slow_check"]
+    seconds: float
+    broken: bool = False
+
+
+async def check_slow(spec: SlowAssertion, ctx: AssertionContext) -> AssertionOutcome:
+    started.append(spec.seconds)
+    await asyncio.sleep(spec.seconds)
+    if spec.broken:
+        raise RuntimeError("the judge fell over")
+    return AssertionOutcome(True, f"waited {spec.seconds}")
+
+
+started: list[float] = []
+
+
+@pytest.fixture
+def slow_check() -> Iterator[None]:
+    register(SlowAssertion)(check_slow)
+    register(WordCountAssertion)(check_word_count)
+    try:
+        yield
+    finally:
+        unregister("slow_check")
+        unregister("word_count")
+
+
+def test_a_turns_async_assertions_run_together_and_fail_alone(slow_check: None) -> None:
+    """Plain checkers are done at once, async ones concurrently (two 0.3 s judges take
+    0.3 s, not 0.6), one that raises fails only itself, and the results keep the order
+    the assertions were written in."""
+    from agenttest_worker.engine.assess import run_assertions
+
+    specs: list[Any] = [
+        SlowAssertion(type="slow_check", seconds=0.3),
+        WordCountAssertion(type="word_count", at_most=1),
+        SlowAssertion(type="slow_check", seconds=0.31, broken=True),
+        WordCountAssertion(type="word_count", at_most=5),
+    ]
+    ctx = AssertionContext(
+        output="three short words", document={}, tool_calls=[], input="hi", messages=[],
+        final=False, case_id="c1",
+    )  # fmt: skip
+    started.clear()
+    began = time.monotonic()
+    results = asyncio.run(run_assertions(specs, ctx))
+    assert time.monotonic() - began < 0.55
+    assert started == [0.3, 0.31]
+    assert [(r.type, r.passed) for r in results] == [
+        ("slow_check", True),
+        ("word_count", False),
+        ("slow_check", False),
+        ("word_count", True),
+    ]
+    assert results[2].error == "RuntimeError: the judge fell over"
+    assert results[1].reason == "3 words (at most 1)"
+
+    one = asyncio.run(run_assertions([specs[0]], ctx))  # a lone async one: awaited as it is
+    assert [r.passed for r in one] == [True]

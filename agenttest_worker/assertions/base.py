@@ -22,7 +22,7 @@ registered spec models (built when those models are); the messages for an unknow
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -202,15 +202,37 @@ Assertion = Annotated[AssertionSpec, _RegisteredSpecs()]
 
 async def evaluate(spec: AssertionSpec, ctx: AssertionContext) -> AssertionOutcome:
     """Run one assertion; a checker that raises fails the assertion, never the run."""
+    begun = begin(spec, ctx)
+    return await begun if inspect.isawaitable(begun) else begun
+
+
+def begin(
+    spec: AssertionSpec, ctx: AssertionContext
+) -> AssertionOutcome | Coroutine[Any, Any, AssertionOutcome]:
+    """Start one assertion: a plain checker's outcome at once, an async one's to await
+    (evaluate's, without a coroutine for the plain ones: most assertions)."""
     try:
         outcome = checker_for(spec.type)(spec, ctx)
         if inspect.isawaitable(outcome):
-            outcome = await outcome
+            return _finished(outcome)
         assert isinstance(outcome, AssertionOutcome)
         return outcome
     except Exception as exc:  # one broken assertion must not sink the case's other results
-        return AssertionOutcome(
-            passed=False,
-            reason=f"assertion could not be evaluated: {exc}",
-            error=f"{type(exc).__name__}: {exc}",
-        )
+        return _broken(exc)
+
+
+async def _finished(outcome: Awaitable[AssertionOutcome]) -> AssertionOutcome:
+    try:
+        done = await outcome
+        assert isinstance(done, AssertionOutcome)
+        return done
+    except Exception as exc:
+        return _broken(exc)
+
+
+def _broken(exc: Exception) -> AssertionOutcome:
+    return AssertionOutcome(
+        passed=False,
+        reason=f"assertion could not be evaluated: {exc}",
+        error=f"{type(exc).__name__}: {exc}",
+    )

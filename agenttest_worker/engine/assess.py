@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
-from agenttest_worker.assertions import Assertion, AssertionContext, evaluate
+from agenttest_worker.assertions import Assertion, AssertionContext
+from agenttest_worker.assertions.base import begin
 from agenttest_worker.results import (
+    AssertionOutcome,
     AssertionResult,
     TurnResult,
 )
@@ -14,7 +17,20 @@ from agenttest_worker.results import (
 async def run_assertions(
     assertions: list[Assertion], ctx: AssertionContext
 ) -> list[AssertionResult]:
-    outcomes = await asyncio.gather(*(evaluate(a, ctx) for a in assertions))
+    # Plain checkers (most) are done at once; the async ones (an agent judging) run
+    # together, in tasks only when there are several: a task per assertion cost every
+    # turn a task and a pass of the event loop.
+    begun = [begin(a, ctx) for a in assertions]
+    waiting = [
+        (i, found) for i, found in enumerate(begun) if not isinstance(found, AssertionOutcome)
+    ]
+    if len(waiting) == 1:
+        begun[waiting[0][0]] = await waiting[0][1]
+    elif waiting:
+        done = await asyncio.gather(*(found for _, found in waiting))
+        for (i, _), outcome in zip(waiting, done, strict=True):
+            begun[i] = outcome
+    outcomes = [cast(AssertionOutcome, found) for found in begun]
     results = []
     for spec, outcome in zip(assertions, outcomes, strict=True):
         written = spec.model_dump(mode="json", exclude_unset=True)
