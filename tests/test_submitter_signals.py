@@ -111,12 +111,18 @@ def test_sigterm_while_waiting_leaves_the_run_to_the_workers(
     assert [status for _, _, status in case_rows(pg_database, run_id)] == ["passed"] * 3
 
 
+@pytest.mark.parametrize(
+    ("stop", "code", "word"),
+    [("sigterm", 143, "terminated"), ("ctrl-c", 130, "interrupted")],
+)
 def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
-    demo_url: str, tmp_path: Path
+    demo_url: str, tmp_path: Path, stop: str, code: int, word: str
 ) -> None:
     """An embedded run keeps its conversations in memory and writes them every half
     second; terminated, it writes what it has first, so `resume` plays only the turns
-    that had not been played (killed outright, the last half second is played again)."""
+    that had not been played (killed outright, the last half second is played again).
+    Ctrl-C at a terminal reaches the whole process group, the store's process too
+    (store/store_process.py): it goes on, and the run's last write goes through it."""
     parallel, total = 4, 20
     with WatchingAgent(demo_url, delay=0.015) as agent:
 
@@ -136,17 +142,21 @@ def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
+            start_new_session=True,  # a process group of its own, as a terminal's job
         )
         try:
             wait_until(lambda: len(turns_seen()) >= 30, 60.0, "30 turns started", step=0.01)
-            process.send_signal(signal.SIGTERM)
+            if stop == "sigterm":
+                process.send_signal(signal.SIGTERM)
+            else:
+                os.killpg(process.pid, signal.SIGINT)
             _, stderr = process.communicate(timeout=30)
         finally:
             if process.poll() is None:
                 process.kill()
         started = turns_seen()
-        assert process.returncode == 143, stderr
-        assert "terminated" in stderr and "Traceback" not in stderr
+        assert process.returncode == code, stderr
+        assert word in stderr and "Traceback" not in stderr
 
         url = get_settings().effective_database_url()
         run = runs.latest_run(url)
