@@ -237,6 +237,10 @@ def store_work(
     StoreProcess for `preload` and `later`)."""
     if choice == "never" or (choice == "auto" and "sqlalchemy" in sys.modules):
         return InThisProcess()
+    if not sys.executable:
+        # An interpreter that cannot name itself (embedded in another program) cannot
+        # start a second one: the store's work stays here.
+        return InThisProcess()
     return StoreProcess(preload, later)
 
 
