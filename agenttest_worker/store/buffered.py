@@ -347,7 +347,9 @@ class BufferedStore(reservations.MemoryReservations):
             raise
         for found in refused:
             pending = sent.unwritten[found.case_id]
-            self._refused.append(self._take_back(found.case_id, pending, found.index, found.reason))
+            self._refused.append(
+                self._take_back(found.case_id, pending, found.position, found.reason)
+            )
 
     def _put_back(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> None:
         """A write that failed (rolled back: a database error, or Ctrl-C or SIGTERM
