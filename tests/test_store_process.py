@@ -211,3 +211,14 @@ def test_the_command_line_leaves_no_store_process_behind(
     code = main(argv)
     assert code in (1, 2)
     assert _store_processes_of_this_one() == []
+
+
+def only_here() -> str:
+    """A function of this test module, which the store's process cannot import."""
+    return "here"
+
+
+def test_a_call_the_store_process_cannot_import_fails_alone(store_process: StoreProcess) -> None:
+    with pytest.raises(ModuleNotFoundError, match="test_store_process"):
+        store_process.call(only_here)
+    assert store_process.call(int, "5") == 5, "it serves on, its replies in order"

@@ -1,9 +1,9 @@
 """Where an embedded run's store work runs: this process, or a child interpreter.
 
-An embedded run's conversations run on one event loop in this process, and the store's
+An embedded run's conversations run on one event loop in this process. The store's
 work (SQLAlchemy's import, ~0.25 s of CPU, storing the run and its cases, writing each
-flush, the aggregation) used to run beside them on a thread: on one interpreter lock,
-every tenth of a second of it was a tenth of a second the conversations waited
+flush, the aggregation) on a thread beside them shares their interpreter lock: every
+tenth of a second of it is a tenth of a second the conversations wait
 (benchmarks/embedded.py). `StoreProcess` runs that work in a child interpreter instead,
 on another core where there is one: this process never imports SQLAlchemy for it.
 
@@ -29,6 +29,7 @@ import os
 import pickle
 import queue
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -41,6 +42,8 @@ from agenttest_worker.settings import StoreProcessChoice, get_settings
 
 # Between the modules a child imports first and those it imports after its first call.
 _LATER = "--later"
+# Each request's length, before it.
+_FRAME = struct.Struct("!Q")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -143,7 +146,10 @@ class StoreProcess:
         return self._proc.pid
 
     def submit(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Reply[R]:
-        request = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        # Framed by its length: one the child cannot read whole (a function it cannot
+        # import) is skipped whole, not read on into the next.
+        pickled = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        request = _FRAME.pack(len(pickled)) + pickled
         with self._send_lock:
             if self._broken is not None or self._closed:
                 raise StoreProcessError(self._broken or "the store's process is closed")
@@ -258,15 +264,30 @@ def _reply(value: Any, ok: bool) -> bytes:
         return pickle.dumps((False, value), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def _read_frame(stream: IO[bytes]) -> bytes | None:
+    """The next request's bytes, or None at the end of the stream (or a request cut short)."""
+    head = stream.read(_FRAME.size)
+    if len(head) < _FRAME.size:
+        return None
+    (size,) = _FRAME.unpack(head)
+    body = stream.read(size)
+    return body if len(body) == size else None
+
+
 def serve(requests: IO[bytes], replies: IO[bytes], later: Sequence[str] = ()) -> None:
     """Run each call read from `requests`, its reply to `replies`, until end of input;
     import the modules `later` names once the first reply is out."""
     answered = 0
     while True:
+        request = _read_frame(requests)
+        if request is None:
+            return  # the parent is done, or left (killed) in the middle of a request
         try:
-            fn, args, kwargs = pickle.load(requests)
-        except EOFError:
-            return
+            fn, args, kwargs = pickle.loads(request)
+        except Exception as exc:  # what the request names cannot be imported here
+            replies.write(_reply(exc, False))
+            replies.flush()
+            continue
         try:
             reply = _reply(fn(*args, **kwargs), True)
         except Exception as exc:
