@@ -54,11 +54,12 @@ def _submit_in_a_process(home: Path, choice: str) -> tuple[int, str, bool]:
 def test_a_command_line_run_keeps_sqlalchemy_out_of_its_own_process(
     demo: Path, tmp_path: Path
 ) -> None:
-    """The default (`auto`) stores the run, writes its turns and aggregates it in the
-    store's process: the submitter's interpreter never imports SQLAlchemy, and the run
-    is stored exactly as when the store's work runs in the submitter (`never`)."""
+    """In the store's process (`always`, and `auto` where a second CPU is free) the run
+    is stored, its turns written and its reports built there: the submitter's
+    interpreter never imports SQLAlchemy, and the run is stored exactly as when the
+    store's work runs in the submitter (`never`)."""
     stored = {}
-    for choice, in_submitter in (("auto", False), ("never", True)):
+    for choice, in_submitter in (("always", False), ("never", True)):
         home = tmp_path / choice
         code, out, imported = _submit_in_a_process(home, choice)
         assert code == 1, out  # the demo suite fails one case on purpose
@@ -78,7 +79,7 @@ def test_a_command_line_run_keeps_sqlalchemy_out_of_its_own_process(
             sorted((c, row.phase, row.status, row.next_turn) for c, row in rows.items()),
             sorted(results.count_turn_rows(db, found.group(1))),
         )
-    assert stored["auto"] == stored["never"]
+    assert stored["always"] == stored["never"]
 
 
 def _refusable_step(run_id: str, turn: int, state: str) -> steps.Step:
@@ -222,3 +223,26 @@ def test_a_call_the_store_process_cannot_import_fails_alone(store_process: Store
     with pytest.raises(ModuleNotFoundError, match="test_store_process"):
         store_process.call(only_here)
     assert store_process.call(int, "5") == 5, "it serves on, its replies in order"
+
+
+def test_auto_keeps_the_store_work_here_on_one_cpu() -> None:
+    """On one CPU the child's work would be the conversations' loss: `auto` keeps it in
+    the submitter there, and uses the child where a second CPU is free."""
+    script = (
+        "import os, sys\n"
+        "from agenttest_worker.store.store_process import store_work\n"
+        "cpus = sorted(os.sched_getaffinity(0))\n"
+        "os.sched_setaffinity(0, cpus[:int(sys.argv[1])])\n"
+        "work = store_work('auto')\n"
+        "print(type(work).__name__)\n"
+        "work.close()\n"
+    )
+    one = subprocess.run(
+        [sys.executable, "-c", script, "1"], capture_output=True, text=True, timeout=60
+    )
+    assert one.stdout.strip() == "InThisProcess", one.stderr
+    if len(os.sched_getaffinity(0)) >= 2:
+        two = subprocess.run(
+            [sys.executable, "-c", script, "2"], capture_output=True, text=True, timeout=60
+        )
+        assert two.stdout.strip() == "StoreProcess", two.stderr
