@@ -16,6 +16,9 @@ its children (an embedded run's store process) together. Prints seconds (best an
 median), the ratios to the floor, peak memory, and each side's CPU time (user + system)
 in all and per case. `--against DIR` runs a checkout of another commit as a third side
 (`before`), the three alternating, so that a change is measured against the same drift.
+`--store-process never always` runs agenttest once per AGENTTEST_STORE_PROCESS value;
+`--cpus 0` pins the floor and agenttest (its store process included) to CPU 0, the
+agent to the rest: the figures of a one-core machine.
 """
 
 from __future__ import annotations
@@ -65,15 +68,31 @@ def main() -> None:
         help="a checkout of another commit (git worktree add DIR REV): run it too, "
         "alternating with this one and the floor, and print its figures beside",
     )
+    parser.add_argument(
+        "--store-process",
+        nargs="+",
+        choices=["auto", "always", "never"],
+        help="run agenttest once per AGENTTEST_STORE_PROCESS value given, as sides of its own",
+    )
+    parser.add_argument(
+        "--cpus",
+        help="CPUs the floor and agenttest (with its children) run on, as taskset takes "
+        "them (`0`: one core); the agent runs on the others",
+    )
     args = parser.parse_args()
     compile_bytecode()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
     sides = {"agenttest": env}
+    if args.store_process:
+        sides = {f"store {c}": {**env, "AGENTTEST_STORE_PROCESS": c} for c in args.store_process}
     if args.against is not None:
         compile_bytecode(args.against)
         # Its modules before this checkout's (an editable install finds its own last).
-        sides = {"before": {**env, "PYTHONPATH": str(args.against)}, "agenttest": env}
+        sides = {"before": {**env, "PYTHONPATH": str(args.against)}, **sides}
+    pinned = ["taskset", "-c", args.cpus] if args.cpus else []
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
+        if args.cpus:
+            _pin_elsewhere(agent.pid, args.cpus)
         tmp = Path(tmpdir)
         cases = tmp / "cases.jsonl"
         with cases.open("w") as handle:
@@ -92,8 +111,16 @@ def main() -> None:
             "the sides alternating; memory: the process and its children)"
         )
         for parallel in args.parallel:
-            floor_command = [sys.executable, "-c", FLOOR, agent, str(args.cases), str(parallel)]
-            command = submit_command(cases, config, "--parallel", str(parallel))
+            floor_command = [
+                *pinned,
+                sys.executable,
+                "-c",
+                FLOOR,
+                agent,
+                str(args.cases),
+                str(parallel),
+            ]
+            command = [*pinned, *submit_command(cases, config, "--parallel", str(parallel))]
             runs: dict[str, list[ProcessTimes]] = {"floor": [], **{name: [] for name in sides}}
             for attempt in range(args.repeat):
                 runs["floor"].append(run_timed(floor_command, env))
@@ -104,6 +131,17 @@ def main() -> None:
             print(f"  {parallel:>3} at a time:")
             for name, measured in runs.items():
                 _print_side(name, measured, floor, args.cases)
+
+
+def _pin_elsewhere(pid: int, cpus: str) -> None:
+    """The agent's process on the CPUs `cpus` (a taskset list) leaves out, if any."""
+    taken: set[int] = set()
+    for part in cpus.split(","):
+        first, _, last = part.partition("-")
+        taken.update(range(int(first), int(last or first) + 1))
+    others = set(os.sched_getaffinity(0)) - taken
+    if others:
+        os.sched_setaffinity(pid, others)
 
 
 def _print_side(name: str, runs: list[ProcessTimes], floor: list[ProcessTimes], cases: int) -> None:
@@ -122,7 +160,7 @@ def _print_side(name: str, runs: list[ProcessTimes], floor: list[ProcessTimes], 
         )
     )
     print(
-        f"    {name:<9} {best:5.2f} s (median {median:5.2f})"
+        f"    {name:<12} {best:5.2f} s (median {median:5.2f})"
         f"  {max(run.peak_kb for run in runs) / 1024:4.0f} MB"
         f"  CPU {cpu:5.2f} s ({cpu / cases * 1000:.2f} ms a case){ratios}"
     )

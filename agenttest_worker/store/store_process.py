@@ -248,8 +248,9 @@ def store_work(
         return InThisProcess()
     if choice == "auto" and ("sqlalchemy" in sys.modules or usable_cpus() < 2):
         # A second interpreter pays off only on a core of its own: on one, its imports
-        # (~0.35 s of CPU) are the conversations' loss (1,000 cases, 100 at a time, on
-        # one core: 1.32-1.46 s in this process, 1.67-1.77 s with the child).
+        # (~0.35 s of CPU) are the conversations' loss (`benchmarks.embedded --cpus 0
+        # --store-process never always`: 1,000 cases 100 at a time in 1.34 s here, 1.65 s
+        # with the child).
         return InThisProcess()
     if not sys.executable:
         # An interpreter that cannot name itself (embedded in another program) cannot
