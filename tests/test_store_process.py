@@ -246,3 +246,47 @@ def test_auto_keeps_the_store_work_here_on_one_cpu() -> None:
             [sys.executable, "-c", script, "2"], capture_output=True, text=True, timeout=60
         )
         assert two.stdout.strip() == "StoreProcess", two.stderr
+
+
+def test_a_flush_handed_over_that_fails_is_written_by_a_later_one(
+    demo: Path, store_process: StoreProcess
+) -> None:
+    """A write handed over without waiting that the database rolls back is reported by
+    the next flush, and what it held is kept: a later flush writes it, before and with
+    what was saved since."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run(), store_process)
+    store.flush()
+    path = make_url(db).database
+    assert path
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE write_trouble (x INTEGER); INSERT INTO write_trouble VALUES (1);"
+            "CREATE TRIGGER trouble BEFORE INSERT ON turns"
+            " WHEN (SELECT count(*) FROM write_trouble) > 0"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;"
+        )
+
+    def save_turn_one(case_id: str) -> None:
+        prepared = prepare(store, run_id, case_id, 1)
+        assert not isinstance(prepared, Advance)
+        played = TurnResult(turn=1, input="hi", output="ok")
+        assert store.save_step(steps.Step(
+            run_id=run_id, case_id=case_id, expected_turn=1, next_turn=2, phase="ready",
+            state=steps.JsonText(prepared.state.model_dump_json()), new_turns=[played],
+        )).saved  # fmt: skip
+
+    save_turn_one("T001")
+    store.flush(wait=False)  # handed over: it fails in the store's process meanwhile
+    save_turn_one("T002")
+    with pytest.raises(Exception, match="disk trouble"):
+        store.flush()  # T001's outcome, taken first
+    assert results.count_turn_rows(db, run_id) == []
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM write_trouble")
+    store.flush()
+    assert sorted(results.count_turn_rows(db, run_id)) == [("T001", 1, 1), ("T002", 1, 1)]
