@@ -8,6 +8,8 @@ import json
 import re
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -363,6 +365,31 @@ def fresh_suite(
     return db, run_id, store, records
 
 
+@contextmanager
+def turn_writes_failing(db: str) -> Iterator[None]:
+    """While inside, the SQLite store `db` refuses every new turn row ("disk trouble",
+    an error that is not the value's fault), as a disk or a database in trouble would."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    path = make_url(db).database
+    assert path
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            "CREATE TABLE IF NOT EXISTS write_trouble (x INTEGER);"
+            "INSERT INTO write_trouble VALUES (1);"
+            "CREATE TRIGGER IF NOT EXISTS trouble BEFORE INSERT ON turns"
+            " WHEN (SELECT count(*) FROM write_trouble) > 0"
+            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;"
+        )
+    try:
+        yield
+    finally:
+        with sqlite3.connect(path) as conn:
+            conn.execute("DELETE FROM write_trouble")
+
+
 def step_in(store: BufferedStore, case_id: str, turn: int) -> Any:
     async def once() -> Any:
         from agenttest_worker.agents.transport import close_session
@@ -416,30 +443,14 @@ def test_a_flush_that_fails_keeps_what_it_did_not_write(demo: Path) -> None:
     """A write of the buffer that fails (a database error, or Ctrl-C or SIGTERM landing in
     it) is rolled back, and what it held is written by the next flush (the run's cleanup
     flushes once more), not lost."""
-    import sqlite3
-
-    from sqlalchemy.engine import make_url
-
     db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run())
     store.flush()  # the run and its cases are stored
     assert step_in(store, "T001", 1).saved
-    path = make_url(db).database
-    assert path
-    with sqlite3.connect(path) as conn:
-        conn.executescript(
-            "CREATE TABLE write_trouble (x INTEGER);"
-            "INSERT INTO write_trouble VALUES (1);"
-            "CREATE TRIGGER trouble BEFORE INSERT ON turns"
-            " WHEN (SELECT count(*) FROM write_trouble) > 0"
-            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;"
-        )
-    with pytest.raises(Exception, match="disk trouble"):
-        store.flush()
-    assert results.count_turn_rows(db, run_id) == []
-    assert case_rows(db, run_id)["T001"].next_turn == 1, "rolled back with the turn"
-
-    with sqlite3.connect(path) as conn:
-        conn.execute("DELETE FROM write_trouble")
+    with turn_writes_failing(db):
+        with pytest.raises(Exception, match="disk trouble"):
+            store.flush()
+        assert results.count_turn_rows(db, run_id) == []
+        assert case_rows(db, run_id)["T001"].next_turn == 1, "rolled back with the turn"
     store.flush()
     assert results.count_turn_rows(db, run_id) == [("T001", 1, 1)]
     assert (case_rows(db, run_id)["T001"].next_turn, case_rows(db, run_id)["T001"].phase) == (

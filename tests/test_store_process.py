@@ -12,7 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_run_store import RUN_ID, SUITE_CASES, SUITE_CONFIG, case_rows, fresh_suite
+from test_run_store import (
+    RUN_ID,
+    SUITE_CASES,
+    SUITE_CONFIG,
+    case_rows,
+    fresh_suite,
+    turn_writes_failing,
+)
 
 from agenttest_worker.driver.step import Advance, prepare
 from agenttest_worker.results import AgentCallRecord, TurnResult, Usage
@@ -254,21 +261,8 @@ def test_a_flush_handed_over_that_fails_is_written_by_a_later_one(
     """A write handed over without waiting that the database rolls back is reported by
     the next flush, and what it held is kept: a later flush writes it, before and with
     what was saved since."""
-    import sqlite3
-
-    from sqlalchemy.engine import make_url
-
     db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run(), store_process)
     store.flush()
-    path = make_url(db).database
-    assert path
-    with sqlite3.connect(path) as conn:
-        conn.executescript(
-            "CREATE TABLE write_trouble (x INTEGER); INSERT INTO write_trouble VALUES (1);"
-            "CREATE TRIGGER trouble BEFORE INSERT ON turns"
-            " WHEN (SELECT count(*) FROM write_trouble) > 0"
-            " BEGIN SELECT RAISE(ABORT, 'disk trouble'); END;"
-        )
 
     def save_turn_one(case_id: str) -> None:
         prepared = prepare(store, run_id, case_id, 1)
@@ -279,14 +273,12 @@ def test_a_flush_handed_over_that_fails_is_written_by_a_later_one(
             state=steps.JsonText(prepared.state.model_dump_json()), new_turns=[played],
         )).saved  # fmt: skip
 
-    save_turn_one("T001")
-    store.flush(wait=False)  # handed over: it fails in the store's process meanwhile
-    save_turn_one("T002")
-    with pytest.raises(Exception, match="disk trouble"):
-        store.flush()  # T001's outcome, taken first
-    assert results.count_turn_rows(db, run_id) == []
-
-    with sqlite3.connect(path) as conn:
-        conn.execute("DELETE FROM write_trouble")
+    with turn_writes_failing(db):
+        save_turn_one("T001")
+        store.flush(wait=False)  # handed over: it fails in the store's process meanwhile
+        save_turn_one("T002")
+        with pytest.raises(Exception, match="disk trouble"):
+            store.flush()  # T001's outcome, taken first
+        assert results.count_turn_rows(db, run_id) == []
     store.flush()
     assert sorted(results.count_turn_rows(db, run_id)) == [("T001", 1, 1), ("T002", 1, 1)]
