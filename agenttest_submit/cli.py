@@ -306,17 +306,16 @@ _NOT_A_RUN = frozenset({"--dry-run", "--reeval", "-h", "--help", "--version"})
 
 
 def _early_store_work(args: list[str]) -> StoreWork | None:
-    """An embedded run's store process, started before anything else is imported or
-    parsed: its own imports (~0.4 s of CPU: SQLAlchemy, the store) then run on another
-    core while this process imports, parses and checks the cases (see
+    """An embedded run's store process, started before the run is parsed and the rest
+    of it imported: its own imports (~0.4 s of CPU: SQLAlchemy, the store) then run on
+    another core while this process imports, parses and checks the cases (see
     store/store_process.py). Guessed from the words alone: None where they show no
     embedded run can follow (a dry run, a re-evaluation, help, a fleet, settings that
     are wrong, which the run reports where it reads them); one started for what turns
     out to be no run is ended unused (`_runs_embedded`)."""
-    from agenttest_submit.storing import STORE_PROCESS_LATER, STORE_PROCESS_MODULES
+    from agenttest_submit.storing import embedded_store_work
     from agenttest_worker.errors import ConfigError
     from agenttest_worker.settings import get_settings
-    from agenttest_worker.store.store_process import store_work
 
     if not args or any(arg in _NOT_A_RUN for arg in args):
         return None
@@ -326,7 +325,7 @@ def _early_store_work(args: list[str]) -> StoreWork | None:
         return None
     if settings.distributed:
         return None
-    return store_work(settings.store_process, STORE_PROCESS_MODULES, STORE_PROCESS_LATER)
+    return embedded_store_work(settings.store_process)
 
 
 def _runs_embedded(request: RunRequest) -> bool:

@@ -14,6 +14,7 @@ import functools
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from agenttest_submit.driving import driving
 from agenttest_submit.generate import take_generation_usage
@@ -23,12 +24,7 @@ from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
 from agenttest_submit.runner import run_suite
 from agenttest_submit.stopping import run_async
-from agenttest_submit.storing import (
-    STORE_PROCESS_LATER,
-    STORE_PROCESS_MODULES,
-    aggregate_run,
-    write_run,
-)
+from agenttest_submit.storing import aggregate_run, embedded_store_work, write_run
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.transport import close_session
 from agenttest_worker.driver.step import (
@@ -43,7 +39,9 @@ from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import steps
 from agenttest_worker.store.buffered import BufferedStore, StoreSetup
-from agenttest_worker.store.store_process import StoreWork, store_work
+
+if TYPE_CHECKING:
+    from agenttest_worker.store.store_process import StoreWork
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
 # here: a new embedded run's store work runs in a process of its own (or on a thread)
@@ -97,7 +95,7 @@ def run_embedded(
     deadline_at = time.time() + request.deadline if request.deadline else None
     # The store's work (SQLAlchemy, the database) in a process of its own, as a rule.
     if work is None:
-        work = store_work(settings.store_process, STORE_PROCESS_MODULES, STORE_PROCESS_LATER)
+        work = embedded_store_work(settings.store_process)
     try:
         # The conversations start now, while the run is being stored.
         began = datetime.now(UTC)

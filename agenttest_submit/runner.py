@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from agenttest_worker.store.models import RunRow
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
-# here: a new embedded run imports it on a thread while its first conversations run
+# here: a new embedded run leaves it to its store's work while its first conversations run
 # (see embedded.run_embedded).
 
 

@@ -28,16 +28,18 @@ from agenttest_worker.settings import get_settings
 if TYPE_CHECKING:
     from agenttest_worker.report.model import RunReport
     from agenttest_worker.results import RoleUsage, UsageRole
+    from agenttest_worker.settings import StoreProcessChoice
     from agenttest_worker.store import steps
+    from agenttest_worker.store.store_process import StoreWork
 
 # What an embedded run's store process imports before its first call (store_process.py):
 # storing the run and writing its flushes, and, after that first call, its aggregation.
-STORE_PROCESS_MODULES = (
+_STORE_PROCESS_MODULES = (
     "agenttest_submit.storing",
     "agenttest_worker.store.runs",
     "agenttest_worker.store.flush_writes",
 )
-STORE_PROCESS_LATER = ("agenttest_worker.fleet.aggregate",)
+_STORE_PROCESS_LATER = ("agenttest_worker.fleet.aggregate",)
 
 # Batches being stored at once on Postgres (each on its own connection), and how many
 # more wait read: enough to keep a two-core server busy; a batch is a few hundred KB.
@@ -241,6 +243,14 @@ def write_run(
     if starter is not None:
         starter.started(run_id, every_case_ended)
     return total
+
+
+def embedded_store_work(choice: StoreProcessChoice) -> StoreWork:
+    """Where a new embedded run's store work runs (AGENTTEST_STORE_PROCESS): a store
+    process imports what `write_run`, the flushes and `aggregate_run` need."""
+    from agenttest_worker.store.store_process import store_work
+
+    return store_work(choice, _STORE_PROCESS_MODULES, _STORE_PROCESS_LATER)
 
 
 def aggregate_run(url: str, run_id: str) -> RunReport | None:

@@ -14,6 +14,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agenttest_submit.embedded import run_embedded
 from agenttest_submit.exits import EXIT_OK
@@ -29,11 +30,13 @@ from agenttest_worker.cases.checks import check_ref
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.store_process import StoreWork
+
+if TYPE_CHECKING:
+    from agenttest_worker.store.store_process import StoreWork
 
 # reeval.py and distributed.py are imported where they are used: both import the store
-# (SQLAlchemy), which an embedded run imports on a thread while its first conversations
-# run (see embedded.run_embedded).
+# (SQLAlchemy), which an embedded run leaves to its store's work while its first
+# conversations run (see embedded.run_embedded).
 
 
 def submit(request: RunRequest, work: StoreWork | None = None) -> int:

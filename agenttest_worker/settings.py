@@ -110,7 +110,8 @@ class Settings(BaseModel):
         default="auto",
         description="Where an embedded run's store work (SQLAlchemy, writing the run, its "
         "flushes, its reports) runs: a child process of its own ('always'), this process "
-        "('never'), or a child unless this process already imported SQLAlchemy ('auto')",
+        "('never'), or a child unless this process may use only one CPU or already "
+        "imported SQLAlchemy ('auto')",
     )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 

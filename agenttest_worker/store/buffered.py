@@ -389,8 +389,7 @@ class BufferedStore(reservations.MemoryReservations):
         before = pending.steps[index - 1] if index else None
         newer = self._unwritten.pop(case_id, None)
         dropped = pending.steps[index:] + (newer.steps if newer is not None else [])
-        ended = next((s.result for s in dropped if s.result is not None), None)
-        take_off(self.run, dropped)
+        ended = take_off(self.run, dropped)
         status = ended.status if ended is not None else None
         self._set(conversation, pending.written if before is None else before)
         return Refused(case_id, dropped[0].turn, reason, status)

@@ -96,9 +96,9 @@ class HasRunTotals(Protocol):
     counters: dict[str, int]
 
 
-def take_off(run: HasRunTotals, dropped: Iterable[BufferedStep]) -> None:
+def take_off(run: HasRunTotals, dropped: Iterable[BufferedStep]) -> StepRecord | None:
     """Take steps that were not written off the run's counters: their spend, and the
-    case the first of them to end it ended."""
+    case the first of them to end it ended; that case's record, if one did."""
     ended: StepRecord | None = None
     for step in dropped:
         run.total_tokens -= step.tokens
@@ -108,3 +108,4 @@ def take_off(run: HasRunTotals, dropped: Iterable[BufferedStep]) -> None:
         run.finished_cases -= 1
         run.counters[ended.status] -= 1
         run.counters["total_turns"] -= ended.total_turns
+    return ended
