@@ -9,6 +9,13 @@ turns in flight those sets were ~15% of the memory each turn held while it waite
 agent (benchmarks/in_flight.py). A model deriving from `UntrackedFields` keeps none: its
 `model_fields_set` is always empty, so `exclude_unset` would leave everything out —
 never use it on one (tests/test_untracked.py checks that no module does).
+
+A case is the other thing a turn in flight holds: its Case, every Turn and every
+assertion, each with a fields-set of its own (~1.6 KB for a two-turn case with one
+assertion a turn). Those are dumped with `exclude_unset` (a case's record), so they keep
+their fields-sets; but a worker's validated cases are never changed, and the cases of
+one suite are of a few shapes. `share_fields_sets` makes the models of one case use one
+read-only set per distinct set of names, shared by every case given to it.
 """
 
 from __future__ import annotations
@@ -49,3 +56,71 @@ class UntrackedFields(BaseModel):
     @__pydantic_fields_set__.setter
     def __pydantic_fields_set__(self, value: set[str]) -> None:
         pass
+
+
+class _SharedFields(set[str]):
+    """A fields-set shared by the read-only models of one shape: changing it would change
+    them all, so its methods that change a set refuse (pydantic changes a fields-set
+    with `add` and `update`). A copy (`model_copy`, `copy.copy`, a pickle) is a plain set
+    of the copy's own."""
+
+    def _refuse(self) -> TypeError:
+        return TypeError("a shared fields-set: copy the model (model_copy) before changing it")
+
+    def add(self, name: str) -> None:
+        raise self._refuse()
+
+    def update(self, *others: Iterable[Any]) -> None:
+        raise self._refuse()
+
+    def discard(self, name: object) -> None:
+        raise self._refuse()
+
+    def remove(self, name: str) -> None:
+        raise self._refuse()
+
+    def pop(self) -> str:
+        raise self._refuse()
+
+    def clear(self) -> None:
+        raise self._refuse()
+
+    def __copy__(self) -> set[str]:
+        return set(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> set[str]:
+        return set(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (set, (list(self),))
+
+
+# One shared set per distinct set of names. Bounded: past it, models keep their own (a
+# suite with thousands of shapes gains nothing from sharing anyway).
+_SHARED: dict[frozenset[str], _SharedFields] = {}
+_SHARED_MOST = 4096
+
+
+def share_fields_sets(model: BaseModel) -> None:
+    """Give `model` and every model it holds (in fields, lists, tuples and dict values)
+    the shared fields-set of its shape. Only for models nothing changes afterwards:
+    assigning a field of one then raises TypeError (the set it shares stays as it was)."""
+    pending: list[Any] = [model]
+    while pending:
+        found = pending.pop()
+        held = found.__pydantic_fields_set__
+        if not isinstance(held, (_SharedFields, _NoFields)):
+            key = frozenset(held)
+            shared = _SHARED.get(key)
+            if shared is None and len(_SHARED) < _SHARED_MOST:
+                # setdefault: two threads sharing the same new shape end with one set.
+                shared = _SHARED.setdefault(key, _SharedFields(key))
+            if shared is not None:
+                object.__setattr__(found, "__pydantic_fields_set__", shared)
+        for value in found.__dict__.values():
+            if isinstance(value, BaseModel):
+                pending.append(value)
+            elif isinstance(value, list | tuple):
+                pending.extend(v for v in value if isinstance(v, BaseModel))
+            elif isinstance(value, dict):
+                pending.extend(v for v in value.values() if isinstance(v, BaseModel))

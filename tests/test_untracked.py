@@ -5,22 +5,27 @@ in every way the project uses them, hold no set of their own, and no model dumpe
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 import re
 import types
 import typing
+import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 import agenttest_worker.assertions  # noqa: F401  (registers every assertion spec)
 from agenttest_worker.assertions.base import AssertionSpec
 from agenttest_worker.cases.model import Case
 from agenttest_worker.cases.yaml_model import YamlTest
+from agenttest_worker.driver.run_cache import case_of
 from agenttest_worker.engine.state import ConversationState, PendingInput
 from agenttest_worker.results import AgentCallRecord, TurnResult, Usage
-from agenttest_worker.untracked import UntrackedFields
+from agenttest_worker.store import steps
+from agenttest_worker.untracked import UntrackedFields, share_fields_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,3 +119,74 @@ def _subclasses(model: type[BaseModel]) -> list[type[BaseModel]]:
     for sub in model.__subclasses__():
         found += _subclasses(sub)
     return found
+
+
+def _stored_case(case_id: str) -> str:
+    """A case as a run stores it: its record's text."""
+    case = Case.model_validate(
+        {
+            "id": case_id,
+            "turns": [
+                {"input": "hi", "assertions": [{"type": "contains", "value": "x"}]},
+                {"input": "and then", "assertions": [{"type": "regex", "pattern": "y+"}]},
+            ],
+            "final_assertions": [{"type": "contains", "value": "done"}],
+        }
+    )
+    return json.dumps(case.to_run_record())
+
+
+def _loaded(case_id: str) -> steps.LoadedCase:
+    return steps.LoadedCase(
+        run_id=f"run-{uuid.uuid4().hex}",
+        case_id=case_id,
+        case=_stored_case(case_id),
+        agent=None,
+        phase="new",
+        next_turn=1,
+        state=None,
+        deliveries=1,
+        run_cancelled=False,
+        cancel_reason=None,
+        run_options={},
+        run_config={},
+        deadline_at=None,
+    )
+
+
+def test_the_cases_a_worker_plays_share_one_fields_set_per_shape() -> None:
+    first, second = case_of(_loaded("one")), case_of(_loaded("two"))
+    assert first.__pydantic_fields_set__ is second.__pydantic_fields_set__
+    for mine, theirs in zip(first.turns, second.turns, strict=True):
+        assert mine.__pydantic_fields_set__ is theirs.__pydantic_fields_set__
+        assert mine.assertions[0].__pydantic_fields_set__ is (
+            theirs.assertions[0].__pydantic_fields_set__
+        )
+    # Different shapes keep different sets: the two turns' assertions set other fields.
+    contains, regex = first.turns[0].assertions[0], first.turns[1].assertions[0]
+    assert contains.__pydantic_fields_set__ is not regex.__pydantic_fields_set__
+    assert first.final_assertions[0].__pydantic_fields_set__ is (contains.__pydantic_fields_set__)
+    # What exclude_unset reads is what validation set: the record is the same.
+    fresh = Case.model_validate_json(_stored_case("one"))
+    assert first.to_record() == fresh.to_record()
+    assert first.model_fields_set == fresh.model_fields_set
+
+
+def test_a_shared_fields_set_refuses_changes_and_copies_are_plain() -> None:
+    case = Case.model_validate_json(_stored_case("one"))
+    other = Case.model_validate_json(_stored_case("two"))
+    share_fields_sets(case)
+    share_fields_sets(other)
+    before = set(other.model_fields_set)
+    with pytest.raises(TypeError, match="shared fields-set"):
+        case.tags = ["changed"]
+    assert other.model_fields_set == before and "tags" not in other.model_fields_set
+    for copied in (
+        case.model_copy(update={"id": "three"}),
+        copy.deepcopy(case),
+        pickle.loads(pickle.dumps(case)),
+    ):
+        assert type(copied.__pydantic_fields_set__) is set
+        copied.__pydantic_fields_set__.add("tags")  # a copy's own, changed freely
+    assert "tags" not in other.model_fields_set
+    assert case.model_copy(update={"id": "three"}).model_fields_set >= {"id", "turns"}
