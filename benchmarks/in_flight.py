@@ -14,10 +14,10 @@ Three runs, the first two each with a worker of its own:
 - the slow agent: N conversations of `--turns` turns against an agent answering after
   `--latency-s` seconds, so that N turns are in flight at once when the worker keeps up.
 The ideal rate against the slow agent is min(N / latency, the floor's rate); the
-benchmark prints the rate reached (turns saved per second in the window from one
-latency after the first turn was saved to one latency before the last, from the rows'
-own timestamps; a run too short for that, with few turns each: the whole run, from one
-latency before its first turn was saved), its share of the ideal, the turns in flight
+benchmark prints the rate reached (in the window from one latency after the first turn
+was saved to one latency before the last, from the rows' own timestamps, by Little's
+law: see `rate_within`; a run too short for that, with few turns each: the whole run,
+from one latency before its first turn was saved), its share of the ideal, the turns in flight
 that rate implies (Little's law: rate × the time a turn takes), the worker's CPU per
 turn, and its peak RSS, with the memory per turn in flight beside the memory floor's per
 request (each the peak less the process's RSS before its first call: the worker's once
@@ -137,10 +137,6 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
                 # conversations looked up to twice as fast as N / latency allows.
                 low, high = float(first) - latency_s, float(last)
                 span = "the whole run"
-            in_window = conn.execute(
-                "SELECT count(*) FROM turns WHERE extract(epoch FROM created_at) BETWEEN %s AND %s",
-                (low, high),
-            ).fetchone()[0]  # type: ignore[index]
             median_ms = conn.execute(
                 "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) FROM turns"
             ).fetchone()[0]  # type: ignore[index]
@@ -149,7 +145,7 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
                 " extract(epoch FROM created_at) FROM turns"
             ).fetchall()
         worker.stop()
-    steady = in_window / (high - low)
+    steady = rate_within(spans, low, high)
     return Rate(
         total,
         steady,
@@ -160,6 +156,25 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
         most_at_once(spans),
         span,
     )
+
+
+def rate_within(spans: list[tuple[Any, Any]], low: float, high: float) -> float:
+    """Turns per second between `low` and `high`, by Little's law: the turns' time under
+    way inside the window (each turn's span clipped to it) over the window's length is
+    how many were in flight on average; divided by the mean time a turn takes, the rate.
+
+    Counting the rows saved inside the window instead misreads a run whose
+    conversations move in step: against a 20 s agent every wave of 3,000 turns is saved
+    within a few seconds, and a window whose ends fall between waves counted 175 turns/s
+    where 3,000 in flight allow 150. Here each turn counts for the share of its span in
+    the window, wherever its end falls."""
+    spans_f = [(float(start), float(end)) for start, end in spans]
+    mean = sum(end - start for start, end in spans_f) / len(spans_f)
+    inside = sum(max(0.0, min(end, high) - max(start, low)) for start, end in spans_f)
+    if mean <= 0:
+        # Turns recorded as taking no time: count the ones that ended in the window.
+        return sum(1 for _, end in spans_f if low <= end <= high) / (high - low)
+    return inside / mean / (high - low)
 
 
 def most_at_once(spans: list[tuple[Any, Any]]) -> int:
