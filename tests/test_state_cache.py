@@ -284,3 +284,39 @@ def test_a_duplicate_of_a_kept_turn_changes_nothing(pg_database: str, agent: Age
     assert KEPT.token(run_id, "K1") is None  # the case ended: nothing to keep
     state, result, records = _row(pg_database, run_id)
     assert result["status"] == "failed" and state["error"] == "stopped" and records == 0
+
+
+def test_a_turn_holds_its_case_and_state_parsed_not_as_text(
+    pg_database: str, agent: AgentServer
+) -> None:
+    """A turn waits on its agent holding what it plays on, validated and parsed; the
+    texts they came from are dropped (thousands of turns wait on one worker), the case's
+    too, and the turn still plays to the same record."""
+    import asyncio
+
+    from agenttest_worker.agents.transport import close_session
+    from agenttest_worker.driver.step import PoolCache, Prepared, commit, execute, prepare
+
+    store = SqlStore(pg_database)
+    run_id = _run(pg_database, agent)
+    for turn in (1, 2):
+        KEPT.clear()  # the second turn reads its state from the store
+        prepared = prepare(store, run_id, "K1", turn)
+        assert isinstance(prepared, Prepared)
+        assert prepared.loaded.case == "" and prepared.loaded.state is None
+        assert prepared.loaded.turn_records is None
+        assert prepared.case.id == "K1" and len(prepared.case.turns) == TURNS
+
+        async def play(prepared: Prepared = prepared) -> Any:
+            try:
+                pool = PoolCache().for_run(run_id, prepared.loaded.run_config)
+                return await execute(prepared, pool)
+            finally:
+                await close_session()
+
+        advance = commit(store, prepared, asyncio.run(play()))
+        assert advance.saved and advance.next_turn == turn + 1
+    turn_now: int | None = 3
+    while turn_now is not None:
+        turn_now = _step(store, run_id, "K1", turn_now).next_turn
+    assert _row(pg_database, run_id)[1]["status"] == "passed"

@@ -131,10 +131,11 @@ def _prepared(
     loaded, stored = found
     case, options = case_of(loaded), options_of(loaded)
     if loaded.deadline_at is None:
-        # Parsed: a turn waiting on its agent need not hold the state's text as well
-        # (thousands wait on a worker). A run with a --deadline reads it again when a turn
-        # is cut short (execute_until_deadline).
-        loaded = dataclasses.replace(loaded, state=None, turn_records=None)
+        # Parsed: a turn waiting on its agent need not hold the state's text as well, nor
+        # the case's, which it holds validated (thousands wait on a worker). A run with a
+        # --deadline reads the state again when a turn is cut short
+        # (execute_until_deadline), from the case for its first turn.
+        loaded = dataclasses.replace(loaded, state=None, turn_records=None, case="")
     return Prepared(loaded, case, stored.state, options, turn, counted, stored.archived)
 
 
