@@ -59,7 +59,12 @@ def _case(case_id: str) -> dict[str, Any]:
     ]
     turns[1]["tool_mocks"] = {"lookup": {"found": 2, "items": ["a", "b"]}}
     turns[1]["assertions"].append({"type": "tool_called", "name": "lookup"})
-    return {"id": case_id, "turns": turns}
+    # Read at the end, over every turn: the earlier ones must be back by then.
+    final = [
+        {"type": "json_path", "path": "$.turns[0].content", "value": "reply 1: " + "words " * 40},
+        {"type": "json_path", "path": f"$.turns[{TURNS - 1}].content"},
+    ]
+    return {"id": case_id, "turns": turns, "final_assertions": final}
 
 
 def _run(database_url: str, agent: AgentServer, case_id: str = "K1") -> str:
@@ -168,7 +173,7 @@ def test_every_path_ends_with_the_same_record(pg_database: str, agent: AgentServ
     _play(WholeStore(pg_database), whole_run, kept=False)
 
     records = [_row(pg_database, run)[1] for run in (kept_run, read_run, whole_run)]
-    assert records[0]["status"] == "passed" and len(records[0]["turns"]) == TURNS
+    assert records[0]["status"] == "passed" and len(records[0]["turns"]) == TURNS, json.dumps(records[0].get("final_assertions"))[:1500]
     assert _comparable(records[0]) == _comparable(records[1]) == _comparable(records[2])
     # The whole state is stored at the end, as every reader of a finished case expects.
     for run in (kept_run, read_run):
@@ -320,3 +325,71 @@ def test_a_turn_holds_its_case_and_state_parsed_not_as_text(
     while turn_now is not None:
         turn_now = _step(store, run_id, "K1", turn_now).next_turn
     assert _row(pg_database, run_id)[1]["status"] == "passed"
+
+
+def test_a_conversation_between_steps_holds_its_earlier_turns_as_text(
+    pg_database: str, agent: AgentServer
+) -> None:
+    """Kept or read back, a conversation's state holds only its last turn as an object:
+    the earlier ones stay the text they were stored as until its end, which reads them
+    (its final assertions over every turn pass, its record lists them all)."""
+    from agenttest_worker.driver import state_cache
+
+    store = SqlStore(pg_database)
+    run_id = _run(pg_database, agent)
+    for turn in (1, 2, 3):
+        assert _step(store, run_id, "K1", turn).next_turn == turn + 1
+    token = KEPT.token(run_id, "K1")
+    assert token is not None
+    kept = KEPT.take(run_id, "K1", token).stored
+    state = kept.state
+    assert kept.archived == state.earlier_turns == 2 and state.earlier_run == 2
+    assert [t.turn for t in state.turns] == [3] and state.turns_run == 3
+    texts = [t for text in state.earlier_records for t in json.loads(text)]
+    assert [t["turn"] for t in texts] == [1, 2] and texts[0]["output"].startswith("reply 1")
+    # Read back by a process that kept nothing: the records' text, unparsed.
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and not loaded.state_kept
+    read = state_cache.parse(loaded)
+    assert read.state.earlier_records == (loaded.turn_records,)
+    assert [t.turn for t in read.state.turns] == [3] and read.state.turns_run == 3
+    read.state.restore_turns()
+    assert [t.turn for t in read.state.turns] == [1, 2, 3]
+    assert read.state.earlier_turns is None and read.state.earlier_records == ()
+    # Played on from there (kept again after each step), it ends with every turn.
+    turn: int | None = 4
+    while turn is not None:
+        turn = _step(store, run_id, "K1", turn).next_turn
+    _, record, records_left = _row(pg_database, run_id)
+    assert record["status"] == "passed", record
+    assert [t["turn"] for t in record["turns"]] == list(range(1, TURNS + 1))
+    assert all(a["passed"] for a in record["final_assertions"]) and records_left == 0
+
+
+def test_a_state_stored_before_it_counted_its_earlier_turns_is_read_back_whole(
+    pg_database: str, agent: AgentServer
+) -> None:
+    """A compact state stored without `earlier_run` (by an earlier version) gets its
+    turns back at once, and plays on to the same record."""
+    from agenttest_worker.driver import state_cache
+
+    store = SqlStore(pg_database)
+    run_id = _run(pg_database, agent)
+    for turn in (1, 2, 3):
+        _step(store, run_id, "K1", turn)
+    KEPT.clear()
+    with session_scope(pg_database) as session:
+        row = session.execute(select(CaseRow).where(CaseRow.run_id == run_id)).scalar_one()
+        stored = dict(row.state)
+        stored.pop("earlier_run")
+        row.state = stored
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None
+    read = state_cache.parse(loaded)
+    assert [t.turn for t in read.state.turns] == [1, 2, 3] and read.state.earlier_turns is None
+    assert read.archived == 2
+    turn: int | None = 4
+    while turn is not None:
+        turn = _step(store, run_id, "K1", turn).next_turn
+    _, record, _ = _row(pg_database, run_id)
+    assert record["status"] == "passed" and len(record["turns"]) == TURNS

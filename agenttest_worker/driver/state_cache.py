@@ -17,8 +17,13 @@ measures a turn at turn ~3 and ~50.
   holds only its last turn; the earlier turns' results are rows of their own
   (models.TurnRecordRow), each written once, by the step after the one that played it
   (when the next turn can no longer change it), and read back, in one statement with
-  the state, only when the state was not kept. The step that ends the case stores the
-  whole state (what reports and re-evaluations read) and drops the records.
+  the state, only when the state was not kept. A step plays on a state without its
+  earlier turns (it counts how many ran): they stay the text they were written or read
+  as until the conversation's end, when its final assertions and its record read them
+  (ConversationState.restore_turns). So neither a step's CPU nor a waiting
+  conversation's memory holds every earlier turn as objects. The step that ends the
+  case stores the whole state (what reports and re-evaluations read) and drops the
+  records.
 
 A run with an agent read from its chat history (`history:` in agenttest.yaml) saves
 whole states: reading the history may rewrite earlier turns (engine/history.py). So
@@ -33,17 +38,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from agenttest_worker.driver.run_cache import case_of, run_config, validated
 from agenttest_worker.engine import ConversationState, start_conversation
 from agenttest_worker.errors import ConfigError
-from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
 from agenttest_worker.store.base import ConversationStore
 from agenttest_worker.store.kept_states import KEPT
-
-_TURNS: TypeAdapter[list[TurnResult]] = TypeAdapter(list[TurnResult])
 
 
 @dataclass
@@ -79,22 +79,25 @@ def take_kept(loaded: steps.LoadedCase) -> Stored | None:
 
 
 def parse(loaded: steps.LoadedCase) -> Stored:
-    """The stored state of `loaded` (not None), with its turn records put back in."""
+    """The stored state of `loaded` (not None). Its earlier turns, when stored as turn
+    records, stay the text they were loaded as until the conversation's end reads them
+    (ConversationState.restore_turns): a step does not parse every earlier turn."""
     assert loaded.state is not None
     state = validated(ConversationState, loaded.state)
     count = state.earlier_turns
     if count is None:
         return Stored(state, None)
-    earlier = _TURNS.validate_json(loaded.turn_records) if loaded.turn_records else []
-    if len(earlier) != count:
+    if count and not loaded.turn_records:
         # A store that does not hand turn records back (a wrapper, or the embedded store
         # over a fleet's run): better to stop than to play on without the turns.
         raise LookupError(
             f"conversation {loaded.case_id} of run {loaded.run_id}: its state holds its "
-            f"turns after the first {count}, and {len(earlier)} earlier turns were loaded"
+            f"turns after the first {count}, and no earlier turns were loaded"
         )
-    state.turns[:0] = earlier
-    state.earlier_turns = None
+    state.earlier_records = (loaded.turn_records,) if count and loaded.turn_records else ()
+    if state.earlier_run is None:
+        # Stored before states counted their earlier turns run: read them back now.
+        state.restore_turns()
     return Stored(state, count)
 
 
@@ -113,19 +116,42 @@ def forget(loaded: steps.LoadedCase) -> None:
 
 def stored_form(
     state: ConversationState, archived: int | None, compact: bool
-) -> tuple[steps.JsonText, Sequence[tuple[int, str]], int | None]:
-    """(the state's text to store, the turn records to add, how many turns are archived
-    once they are): `state` whole, or without its earlier turns when `compact`."""
+) -> tuple[steps.JsonText, Sequence[tuple[int, str]], ConversationState | None]:
+    """(the state's text to store, the turn records to add, the state to keep in
+    memory: None when it is stored whole): `state` whole, or without its earlier turns
+    when `compact`.
+
+    The state kept holds what was stored: its turns after the archived ones, and the
+    archived ones as the text just written and the text they were loaded or kept as
+    (`earlier_records`): a conversation waiting for its next turn holds its earlier
+    results as text, not as objects (~1.4 KB against ~3.7 KB a turn with a reply of
+    1,000 characters)."""
     if not compact or archived is None or state.phase == "done":
+        state.restore_turns()
         return steps.JsonText(state.model_dump_json()), (), None
+    held = state.earlier_turns or 0  # turns before `state.turns`, already archived
+    assert held == archived or held == 0, (held, archived)
     # The last turn stays in the state: the next step may still complete it (a
     # simulator's verdict, a person's reply), and a person's terminal reads it there.
-    keep_from = max(archived, len(state.turns) - 1)
-    archive = [(i, state.turns[i].model_dump_json()) for i in range(archived, keep_from)]
+    keep_from = max(archived, held + len(state.turns) - 1)
+    archive = [(i, state.turns[i - held].model_dump_json()) for i in range(archived, keep_from)]
+    moved = state.turns[: keep_from - held]
+    records = state.earlier_records
+    if held < archived:
+        # Read back whole (stored before states counted their turns run): what was
+        # archived before is among `moved` without its text.
+        records = ("[" + ",".join(t.model_dump_json() for t in moved[: archived - held]) + "]",)
+    if archive:
+        records = (*records, "[" + ",".join(text for _, text in archive) + "]")
     compact_state = state.model_copy(
-        update={"turns": state.turns[keep_from:], "earlier_turns": keep_from}
+        update={
+            "turns": state.turns[keep_from - held :],
+            "earlier_turns": keep_from,
+            "earlier_run": (state.earlier_run or 0) + sum(1 for t in moved if t.input is not None),
+            "earlier_records": records,
+        }
     )
-    return steps.JsonText(compact_state.model_dump_json()), archive, keep_from
+    return steps.JsonText(compact_state.model_dump_json()), archive, compact_state
 
 
 _history_runs: dict[str, bool] = {}
@@ -203,9 +229,10 @@ def save(
     docstring), and then kept for the next turn. A run with a --deadline reads the
     state again when a turn is cut short at it (driver/step.py
     execute_until_deadline): its states are not kept."""
-    text, archive, now_archived = stored_form(state, archived, compacts(store, loaded))
+    text, archive, compact = stored_form(state, archived, compacts(store, loaded))
     written = steps.Step(state=text, archive=archive, **step)
     saved = store.save_step(written)
     if saved.saved and loaded.deadline_at is None:
-        keep(loaded, saved, written, Stored(state, now_archived))
+        kept = Stored(state, None) if compact is None else Stored(compact, compact.earlier_turns)
+        keep(loaded, saved, written, kept)
     return saved

@@ -41,8 +41,10 @@ def final_context(case: Case, state: ConversationState, roles: RoleSession) -> A
 
 
 async def finish(case: Case, state: ConversationState, pool: AgentPool) -> None:
-    """The conversation is complete: run final_assertions."""
+    """The conversation is complete: run final_assertions (over every turn: the earlier
+    ones are read back into the state first)."""
     state.phase = "done"
+    state.restore_turns()
     if not case.final_assertions:
         return
     started = time.monotonic()
@@ -68,7 +70,9 @@ def case_result(
 ) -> CaseResult:
     """The case's record: failed if anything failed or errored, else skipped, else passed.
 
-    `config` prices its calls (`usage_by_role`); without it every call costs 0."""
+    `config` prices its calls (`usage_by_role`); without it every call costs 0. The
+    state's earlier turns, if it holds them as text, are read back into it first."""
+    state.restore_turns()
     failed = (
         state.error is not None
         or any(t.error is not None or t.status == "failed" for t in state.turns)

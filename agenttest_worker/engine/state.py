@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
 from agenttest_worker.agents.config import DEFAULT_AWAITING_TOOLS
 from agenttest_worker.cases.model import Case, OnMissingInput
@@ -92,15 +92,43 @@ class ConversationState(UntrackedFields):
     final_assertions: list[AssertionResult] = Field(default_factory=list)
     elapsed_ms: int = 0
     prompt: HumanPrompt | None = None
-    # Only as stored by a store that keeps turn records: `turns` then holds the turns
-    # after the first `earlier_turns`, whose results are stored apart, one row each
-    # (driver/state_cache.py). Never set on a state the engine plays; left out when None,
-    # so that a whole state is written as it always was.
+    # With a store that keeps turn records (driver/state_cache.py): `turns` holds the
+    # turns after the first `earlier_turns`, whose results are stored apart, one row
+    # each, and `earlier_run` of those had an input. A step plays on such a state: only
+    # the end of the conversation reads the earlier turns (`restore_turns`: its final
+    # assertions, its record), which stay until then the text they were stored as,
+    # `earlier_records`, in this process's memory only. Both counts are left out when
+    # None, so that a whole state is written as it always was.
     earlier_turns: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    earlier_run: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    # JSON arrays of the earlier turns' results, in order (never stored).
+    earlier_records: tuple[str, ...] = Field(default=(), exclude=True)
 
     @property
     def turns_run(self) -> int:
-        return sum(1 for t in self.turns if t.input is not None)
+        return (self.earlier_run or 0) + sum(1 for t in self.turns if t.input is not None)
+
+    def restore_turns(self) -> None:
+        """Put the earlier turns back in `turns`, read from `earlier_records`: what the
+        end of a conversation reads. A no-op on a state that holds every turn.
+
+        LookupError when the records do not hold as many turns as the state counts (a
+        store that did not hand them back)."""
+        count = self.earlier_turns
+        if count is None:
+            return
+        earlier = [turn for text in self.earlier_records for turn in _TURNS.validate_json(text)]
+        if len(earlier) != count:
+            raise LookupError(
+                f"conversation {self.case_id}: its state holds its turns after the first "
+                f"{count}, and {len(earlier)} earlier turns were loaded"
+            )
+        self.turns[:0] = earlier
+        self.earlier_turns = self.earlier_run = None
+        self.earlier_records = ()
+
+
+_TURNS: TypeAdapter[list[TurnResult]] = TypeAdapter(list[TurnResult])
 
 
 # -- starting ------------------------------------------------------------------------------
