@@ -136,6 +136,9 @@ class Round:
     last: Window
     samples: list[Sample] = field(default_factory=list)
     elapsed: float = 0.0
+    # The worker's peak RSS and its RSS once ready, in MB: what its conversations held.
+    worker_peak_mb: float = 0.0
+    worker_ready_mb: float = 0.0
 
 
 def span(text: str) -> tuple[float, float]:
@@ -194,6 +197,8 @@ def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
         worker.stop()
     result = Round(Window(*args.early), Window(*args.late), Window(args.turns, args.turns))
     result.samples, result.elapsed = samples, elapsed
+    result.worker_peak_mb = worker.peak_kb / 1024
+    result.worker_ready_mb = worker.rss_kb_at_ready / 1024
     for before, after in itertools.pairwise(samples):
         for window in (result.early, result.late, result.last):
             window.add(before, after)
@@ -224,6 +229,10 @@ def report(args: argparse.Namespace, number: int, measured: Round) -> None:
         f"{late.cost / early.cost:.2f} (target <= 1.25); worker "
         f"{late.per_turn('worker') / early.per_turn('worker'):.2f}, Postgres "
         f"{late.per_turn('postgres') / early.per_turn('postgres'):.2f}"
+    )
+    print(
+        f"  worker peak RSS {measured.worker_peak_mb:.0f} MB "
+        f"({measured.worker_ready_mb:.0f} MB once ready)"
     )
 
 
