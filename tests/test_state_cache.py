@@ -173,7 +173,7 @@ def test_every_path_ends_with_the_same_record(pg_database: str, agent: AgentServ
     _play(WholeStore(pg_database), whole_run, kept=False)
 
     records = [_row(pg_database, run)[1] for run in (kept_run, read_run, whole_run)]
-    assert records[0]["status"] == "passed" and len(records[0]["turns"]) == TURNS, json.dumps(records[0].get("final_assertions"))[:1500]
+    assert records[0]["status"] == "passed" and len(records[0]["turns"]) == TURNS
     assert _comparable(records[0]) == _comparable(records[1]) == _comparable(records[2])
     # The whole state is stored at the end, as every reader of a finished case expects.
     for run in (kept_run, read_run):

@@ -274,10 +274,6 @@ async def run_turn(
     remaining = _remaining(options.case_timeout, state)
     turn_limited = options.turn_timeout is not None and options.turn_timeout < remaining
     budget = options.turn_timeout if turn_limited and options.turn_timeout else remaining
-    if turn_limited:
-        late = f"timeout after {format_duration(budget)} (the turn's time limit)"
-    else:
-        late = f"timeout after {format_duration(options.case_timeout)} (the case's time limit)"
     body = _turn_body(case, state, pool, options, roles, turn, pending, assertions, started, log)
     try:
         if budget <= 0:
@@ -288,6 +284,12 @@ async def run_turn(
         async with asyncio.timeout(budget):
             return await body
     except TimeoutError:
+        # (Written here, not before the call: a turn waiting on its agent holds no text
+        # it will most likely never show.)
+        if turn_limited:
+            late = f"timeout after {format_duration(budget)} (the turn's time limit)"
+        else:
+            late = f"timeout after {format_duration(options.case_timeout)} (the case's time limit)"
         if any(recorded is turn for recorded in state.turns):
             # The turn itself was recorded; what timed out came after it (a judge's or the
             # simulator's call): the case fails with the reason.
