@@ -393,3 +393,28 @@ def test_a_state_stored_before_it_counted_its_earlier_turns_is_read_back_whole(
         turn = _step(store, run_id, "K1", turn).next_turn
     _, record, _ = _row(pg_database, run_id)
     assert record["status"] == "passed" and len(record["turns"]) == TURNS
+
+
+def test_a_state_whose_earlier_turns_did_not_come_back_is_refused(
+    pg_database: str, agent: AgentServer
+) -> None:
+    """Better to stop than to play on, or end, without the earlier turns: a load without
+    them is refused at once, and records missing a turn when the end reads them."""
+    import dataclasses
+
+    from agenttest_worker.driver import state_cache
+
+    store = SqlStore(pg_database)
+    run_id = _run(pg_database, agent)
+    for turn in (1, 2, 3):
+        _step(store, run_id, "K1", turn)
+    KEPT.clear()
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and loaded.turn_records is not None
+    with pytest.raises(LookupError, match="after the first 2, and no earlier turns"):
+        state_cache.parse(dataclasses.replace(loaded, turn_records=None))
+    first_only = json.dumps(json.loads(loaded.turn_records)[:1])
+    read = state_cache.parse(dataclasses.replace(loaded, turn_records=first_only))
+    assert read.state.turns_run == 3  # counted without reading them
+    with pytest.raises(LookupError, match="after the first 2, and 1 earlier turns"):
+        read.state.restore_turns()
