@@ -20,6 +20,7 @@ read-only set per distinct set of names, shared by every case given to it.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable
 from typing import Any
 
@@ -102,14 +103,16 @@ _SHARED_MOST = 4096
 
 
 def share_fields_sets(model: BaseModel) -> None:
-    """Give `model` and every model it holds (in fields, lists, tuples and dict values)
-    the shared fields-set of its shape. Only for models nothing changes afterwards:
-    assigning a field of one then raises TypeError (the set it shares stays as it was)."""
+    """Give `model` and every model it holds (in fields typed to hold models: directly,
+    in lists, tuples, dict values and unions) the shared fields-set of its shape. Only
+    for models nothing changes afterwards: assigning a field of one then raises
+    TypeError (the set it shares stays as it was)."""
     pending: list[Any] = [model]
     while pending:
         found = pending.pop()
         held = found.__pydantic_fields_set__
-        if not isinstance(held, (_SharedFields, _NoFields)):
+        # (Exactly a set: a shared one, or an untracked model's, is a subclass.)
+        if type(held) is set:
             key = frozenset(held)
             shared = _SHARED.get(key)
             if shared is None and len(_SHARED) < _SHARED_MOST:
@@ -117,10 +120,38 @@ def share_fields_sets(model: BaseModel) -> None:
                 shared = _SHARED.setdefault(key, _SharedFields(key))
             if shared is not None:
                 object.__setattr__(found, "__pydantic_fields_set__", shared)
-        for value in found.__dict__.values():
-            if isinstance(value, BaseModel):
+        values = found.__dict__
+        for name in _model_fields(type(found)):
+            value = values.get(name)
+            if value is None:
+                continue
+            if isinstance(value, list | tuple):
+                for item in value:
+                    if isinstance(item, BaseModel):
+                        pending.append(item)
+            elif isinstance(value, BaseModel):
                 pending.append(value)
-            elif isinstance(value, list | tuple):
-                pending.extend(v for v in value if isinstance(v, BaseModel))
             elif isinstance(value, dict):
-                pending.extend(v for v in value.values() if isinstance(v, BaseModel))
+                for item in value.values():
+                    if isinstance(item, BaseModel):
+                        pending.append(item)
+
+
+_WALKED: dict[type[BaseModel], tuple[str, ...]] = {}
+
+
+def _model_fields(cls: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of `cls` whose type can hold a model: the only ones worth walking
+    (walking every field cost more than validating the case)."""
+    found = _WALKED.get(cls)
+    if found is None:
+        found = _WALKED[cls] = tuple(
+            name for name, field in cls.model_fields.items() if _holds_models(field.annotation)
+        )
+    return found
+
+
+def _holds_models(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_models(arg) for arg in typing.get_args(annotation))
