@@ -17,8 +17,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import threading
-from collections.abc import Callable
-from typing import cast
 
 # Young-generation threshold: allocations (net) between collections; the older
 # generations keep CPython's ratios.
@@ -66,47 +64,83 @@ def settle(young_threshold: int = YOUNG_THRESHOLD) -> None:
 # was free while its RSS peaked (RESULTS.md). malloc_trim returns the free pages inside
 # a heap too; ctypes lets go of the interpreter lock while it runs.
 
-TRIM_INTERVAL = 2.0  # seconds between trims in a worker
+TRIM_INTERVAL = 2.0  # seconds between looks at the heap in a worker
+
+# A trim only when this much of the heap is free: a busy worker's heap keeps a few MB
+# free that it reuses at once, and pages given back are faulted in again when reused.
+TRIM_WHEN_FREE = 16 << 20
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None (another C library: musl, macOS)."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The process's C library when it is glibc (2.33 or later: mallinfo2), else None
+    (musl, macOS: nothing here then)."""
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+        libc.mallinfo2.argtypes = []
+        libc.mallinfo2.restype = _MallInfo2
     except (AttributeError, OSError):
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return cast("Callable[[int], int]", trim)
+    return libc
 
 
-_trim = _malloc_trim()
+_libc = _glibc()
+
+
+def heap_free_bytes() -> int | None:
+    """Bytes the C heap holds free (resident or already given back), or None where the
+    C library does not say."""
+    if _libc is None:
+        return None
+    return int(_libc.mallinfo2().fordblks)
 
 
 def trim_heap() -> bool:
     """Return the C heap's free pages to the system; False where the C library cannot."""
-    if _trim is None:
+    if _libc is None:
         return False
-    _trim(0)
+    _libc.malloc_trim(0)
     return True
 
 
 class HeapTrimmer:
-    """A thread that trims the C heap every `interval` seconds until stopped.
+    """A thread that trims the C heap every `interval` seconds, when at least
+    `when_free` bytes of it are free, until stopped.
 
     On a thread of its own rather than on a worker's event loop: a trim walks the whole
-    heap (a few milliseconds at 100 MB), and the loop must not wait for it.
+    heap (up to ~8 ms at 100 MB), and the loop must not wait for it. Looking costs
+    ~0.1 ms (mallinfo2).
     """
 
-    def __init__(self, interval: float = TRIM_INTERVAL) -> None:
+    def __init__(self, interval: float = TRIM_INTERVAL, when_free: int = TRIM_WHEN_FREE) -> None:
         self.interval = interval
-        self.trims = 0
+        self.when_free = when_free
+        self.trims = 0  # trims made (looks that found less free are not counted)
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> bool:
         """Start trimming; False (and no thread) where the C library cannot."""
-        if _trim is None or self._thread is not None:
+        if _libc is None or self._thread is not None:
             return False
         self._thread = threading.Thread(target=self._run, name="agenttest-heap", daemon=True)
         self._thread.start()
@@ -119,5 +153,6 @@ class HeapTrimmer:
 
     def _run(self) -> None:
         while not self._stopped.wait(self.interval):
-            trim_heap()
-            self.trims += 1
+            free = heap_free_bytes()
+            if free is not None and free >= self.when_free and trim_heap():
+                self.trims += 1
