@@ -139,9 +139,11 @@ class HeapTrimmer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> bool:
-        """Start trimming; False (and no thread) where the C library cannot."""
-        if _libc is None or self._thread is not None:
+        """Start trimming (again, after a stop); False (and no new thread) where the C
+        library cannot, or while it trims already."""
+        if _libc is None or (self._thread is not None and self._thread.is_alive()):
             return False
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agenttest-heap", daemon=True)
         self._thread.start()
         return True

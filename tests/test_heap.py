@@ -58,6 +58,13 @@ def test_the_trimmer_trims_until_it_is_stopped() -> None:
     stopped_at = trimmer.trims
     time.sleep(0.1)
     assert trimmer.trims == stopped_at
+    # A pool started again trims again.
+    assert trimmer.start()
+    deadline = time.monotonic() + 10
+    while trimmer.trims == stopped_at and time.monotonic() < deadline:
+        time.sleep(0.01)
+    trimmer.stop()
+    assert trimmer.trims > stopped_at
 
 
 def test_the_trimmer_leaves_a_heap_with_little_free_alone() -> None:
