@@ -23,7 +23,8 @@ turn, and its peak RSS, with the memory per turn in flight beside the memory flo
 request (each the peak less the process's RSS before its first call: the worker's once
 ready, the floor's with aiohttp imported and its session open; the worker's divided by
 the most turns it had under way at once, from the turns' rows: a worker whose CPU
-cannot start N turns within one latency never holds N). `--skip-floor` runs
+cannot start N turns within one latency never holds N), and its RSS once it has idled
+3 s after the run ended (what it keeps after a burst). `--skip-floor` runs
 only the slow agent. It fails loudly if a turn is lost or recorded twice, or the worker
 dies.
 """
@@ -36,6 +37,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,10 +51,14 @@ from benchmarks.throughput import (
     fixed_agent,
     log,
     redis_db,
+    resident_kb,
     stopping_workers,
     wait_for_run,
     write_suite,
 )
+
+# How long the worker idles after its run before its RSS is read again.
+SETTLE_SECONDS = 3.0
 
 
 class Rate(NamedTuple):
@@ -69,6 +75,8 @@ class Rate(NamedTuple):
     most_in_flight: int
     # Where `steady` was measured: "the middle of the run", or "the whole run" (short).
     span: str = "the middle of the run"
+    # The worker's RSS SETTLE_SECONDS after its run ended (aggregated), idle.
+    worker_settled_mb: float = 0.0
 
 
 def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, label: str) -> Rate:
@@ -144,6 +152,10 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
                 "SELECT extract(epoch FROM created_at) - duration_ms / 1000.0,"
                 " extract(epoch FROM created_at) FROM turns"
             ).fetchall()
+        # What the worker keeps once the burst is over: what it gives back to the system
+        # (heap.HeapTrimmer looks every 2 s) shows here, not in its peak.
+        time.sleep(SETTLE_SECONDS)
+        settled_kb = resident_kb(worker.proc.pid)
         worker.stop()
     steady = rate_within(spans, low, high)
     return Rate(
@@ -155,6 +167,7 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
         worker.rss_kb_at_ready / 1024,
         most_at_once(spans),
         span,
+        settled_kb / 1024,
     )
 
 
@@ -279,7 +292,7 @@ def main() -> None:
         f"  worker CPU per turn {slow.worker_cpu_per_turn * 1000:.2f} ms; "
         f"peak RSS {slow.worker_peak_mb:.0f} MB ({slow.worker_ready_mb:.0f} MB once ready; "
         f"at most {slow.most_in_flight} turns in flight at once: ~{per_turn_kb:.1f} KB more "
-        f"per turn)"
+        f"per turn); {slow.worker_settled_mb:.0f} MB {SETTLE_SECONDS:g} s after the run ended"
     )
     if held is not None:
         per_request_kb = (held.peak_mb - held.before_mb) * 1024 / n
