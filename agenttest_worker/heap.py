@@ -14,9 +14,13 @@ collected; memory holds what they pin a little longer.
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import gc
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctypes
 
 # Young-generation threshold: allocations (net) between collections; the older
 # generations keep CPython's ratios.
@@ -61,8 +65,9 @@ def settle(young_threshold: int = YOUNG_THRESHOLD) -> None:
 # memory to the system only from the top of a heap, so a worker that held 10,000 turns
 # in flight and moved on keeps tens of MB of free pages resident: measured on
 # `benchmarks.in_flight --in-flight 10000 --latency-s 40 --turns 3`, 52 MB of the heap
-# was free while its RSS peaked (RESULTS.md). malloc_trim returns the free pages inside
-# a heap too; ctypes lets go of the interpreter lock while it runs.
+# was free when the run's aggregation grew it by 28 MB more (RESULTS.md). malloc_trim
+# returns the free pages inside a heap too; ctypes lets go of the interpreter lock while
+# it runs.
 
 TRIM_INTERVAL = 2.0  # seconds between looks at the heap in a worker
 
@@ -71,54 +76,56 @@ TRIM_INTERVAL = 2.0  # seconds between looks at the heap in a worker
 TRIM_WHEN_FREE = 16 << 20
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     """The process's C library when it is glibc (2.33 or later: mallinfo2), else None
-    (musl, macOS: nothing here then)."""
+    (musl, macOS: nothing here then). Looked up at the first use, not at import: the
+    submitter imports this module first thing, and only a worker's pool trims."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
     try:
         libc = ctypes.CDLL(None)
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
         libc.mallinfo2.argtypes = []
-        libc.mallinfo2.restype = _MallInfo2
+        libc.mallinfo2.restype = MallInfo2
     except (AttributeError, OSError):
         return None
     return libc
 
 
-_libc = _glibc()
-
-
 def heap_free_bytes() -> int | None:
     """Bytes the C heap holds free (resident or already given back), or None where the
     C library does not say."""
-    if _libc is None:
+    libc = _glibc()
+    if libc is None:
         return None
-    return int(_libc.mallinfo2().fordblks)
+    return int(libc.mallinfo2().fordblks)
 
 
 def trim_heap() -> bool:
     """Return the C heap's free pages to the system; False where the C library cannot."""
-    if _libc is None:
+    libc = _glibc()
+    if libc is None:
         return False
-    _libc.malloc_trim(0)
+    libc.malloc_trim(0)
     return True
 
 
@@ -141,7 +148,7 @@ class HeapTrimmer:
     def start(self) -> bool:
         """Start trimming (again, after a stop); False (and no new thread) where the C
         library cannot, or while it trims already."""
-        if _libc is None or (self._thread is not None and self._thread.is_alive()):
+        if _glibc() is None or (self._thread is not None and self._thread.is_alive()):
             return False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agenttest-heap", daemon=True)
