@@ -27,8 +27,8 @@ from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
 from agenttest_submit.stopping import interrupted_exit_code, interrupted_word, run_async
 from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.exchange import close_session
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.transport import close_session
 from agenttest_worker.driver.step import Advance, answer_human
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem

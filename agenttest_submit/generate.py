@@ -24,8 +24,8 @@ from agenttest_submit.inputs import GeneratorInput
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.exchange import close_session
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.transport import close_session
 from agenttest_worker.cases.checks import check_case_refs
 from agenttest_worker.cases.files import Located, validate_case
 from agenttest_worker.cases.model import Case

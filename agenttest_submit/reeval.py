@@ -34,8 +34,8 @@ from agenttest_submit.request import RunRequest
 from agenttest_submit.runner import resolve_run, run_options, run_suite, store_run
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.exchange import close_session
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.transport import close_session
 from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.rejudge import reevaluate
 from agenttest_worker.engine import ConversationState, RunOptions, case_result

@@ -15,9 +15,9 @@ from typing import Any
 from agenttest_submit.stopping import run_async
 from agenttest_worker.agents.base import AgentError, AgentRequest
 from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.exchange import close_session
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.refs import parse_ref
-from agenttest_worker.agents.transport import close_session
 from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import InputProblem
 from agenttest_worker.report import RunReport

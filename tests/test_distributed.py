@@ -403,7 +403,7 @@ def _worker_step(database_url: str, run_id: str, case_id: str, turn: int) -> Any
     """One turn as a worker runs it (max 3 deliveries), minus enqueueing what follows."""
     import asyncio
 
-    from agenttest_worker.agents.transport import close_session
+    from agenttest_worker.agents.exchange import close_session
     from agenttest_worker.driver.step import PoolCache, run_step
 
     async def step() -> Any:

@@ -71,7 +71,7 @@ def stored_suite(options: RunOptions | None = None) -> tuple[str, str]:
 
 def step(db: str, run_id: str, case_id: str, turn: int) -> Any:
     async def once() -> Any:
-        from agenttest_worker.agents.transport import close_session
+        from agenttest_worker.agents.exchange import close_session
 
         try:
             return await run_step(SqlStore(db), PoolCache(), run_id, case_id, turn, None)
@@ -392,7 +392,7 @@ def turn_writes_failing(db: str) -> Iterator[None]:
 
 def step_in(store: BufferedStore, case_id: str, turn: int) -> Any:
     async def once() -> Any:
-        from agenttest_worker.agents.transport import close_session
+        from agenttest_worker.agents.exchange import close_session
 
         try:
             return await run_step(store, PoolCache(), store.run_id, case_id, turn, None)

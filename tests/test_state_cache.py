@@ -90,7 +90,7 @@ def _run(database_url: str, agent: AgentServer, case_id: str = "K1") -> str:
 def _step(store: SqlStore, run_id: str, case_id: str, turn: int) -> Any:
     import asyncio
 
-    from agenttest_worker.agents.transport import close_session
+    from agenttest_worker.agents.exchange import close_session
     from agenttest_worker.driver.step import PoolCache, run_step
 
     async def step() -> Any:
@@ -234,7 +234,7 @@ def test_another_worker_plays_the_next_turn_after_this_one_kept_it(
 
 _OTHER_WORKER = """
 import asyncio, sys
-from agenttest_worker.agents.transport import close_session
+from agenttest_worker.agents.exchange import close_session
 from agenttest_worker.driver.step import PoolCache, run_step
 from agenttest_worker.store.base import SqlStore
 
@@ -299,7 +299,7 @@ def test_a_turn_holds_its_case_and_state_parsed_not_as_text(
     too, and the turn still plays to the same record."""
     import asyncio
 
-    from agenttest_worker.agents.transport import close_session
+    from agenttest_worker.agents.exchange import close_session
     from agenttest_worker.driver.step import PoolCache, Prepared, commit, execute, prepare
 
     store = SqlStore(pg_database)

@@ -29,7 +29,7 @@ def _played(store: ConversationStore, run_id: str, case_id: str, copies: int) ->
     """`copies` copies of a conversation's first turn played at once on `store`."""
 
     async def all_of_them() -> list[Advance]:
-        from agenttest_worker.agents.transport import close_session
+        from agenttest_worker.agents.exchange import close_session
 
         pools = PoolCache()
         try:

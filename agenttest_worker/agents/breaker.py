@@ -131,8 +131,11 @@ def unreachable_reason(exc: Any) -> str:
     """An aiohttp ClientConnectorError in words, without aiohttp's noise: "Cannot connect
     to host 127.0.0.1:9 ssl:default [Connect call failed ('127.0.0.1', 9)]" reads
     "cannot connect to 127.0.0.1:9: Connection refused"."""
-    os_error: OSError = exc.os_error
-    certificate = getattr(exc, "certificate_error", None)
+    return connect_reason(exc.host, exc.port, exc.os_error, getattr(exc, "certificate_error", None))
+
+
+def connect_reason(host: str, port: int | None, os_error: OSError, certificate: Any = None) -> str:
+    """Why connecting to host:port failed, in words: the same for every HTTP client."""
     errno = os_error.errno
     if certificate is not None:
         detail = str(certificate)
@@ -140,7 +143,7 @@ def unreachable_reason(exc: Any) -> str:
         detail = os.strerror(errno)  # "Connection refused", not "Connect call failed (...)"
     else:
         detail = os_error.strerror or str(os_error) or type(os_error).__name__
-    return f"cannot connect to {exc.host}:{exc.port}: {detail}"
+    return f"cannot connect to {host}:{port}: {detail}"
 
 
 class LocalBreaker:

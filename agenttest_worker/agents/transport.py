@@ -1,99 +1,34 @@
 """HTTP calls to agents, with retries, timing and bounded bodies.
 
-aiohttp rather than httpx.AsyncClient: under a hundred concurrent conversations the
-latter's connection pool collapses (encode/httpx#3215); DESIGN.md's measurements put
-aiohttp at several times the throughput on the same machine. One session per event
-loop, with a keep-alive pool per agent host.
+Each attempt goes through exchange.py: the lean client for a plain-HTTP reply read
+whole, aiohttp for the rest (not httpx.AsyncClient: under a hundred concurrent
+conversations its connection pool collapses, encode/httpx#3215; DESIGN.md's
+measurements put aiohttp at several times its throughput on the same machine).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
-import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agenttest_worker.agents.base import AgentError
-from agenttest_worker.agents.breaker import breaker, endpoint_key, unreachable_reason
+from agenttest_worker.agents.breaker import breaker, endpoint_key
+from agenttest_worker.agents.exchange import MAX_BODY_BYTES, Attempt, clients, describe
+from agenttest_worker.agents.http_connection import ConnectFailure, HttpFailure
+from agenttest_worker.agents.plain_http import Redirected
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
-from agenttest_worker.agents.streaming import (
-    Assembler,
-    StreamFailure,
-    StreamSpec,
-    elapsed_ms,
-    read_stream,
-)
+from agenttest_worker.agents.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
 from agenttest_worker.agents.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
 from agenttest_worker.observe import metrics
 from agenttest_worker.results import AgentCallRecord, AgentRole
 
-if TYPE_CHECKING:
-    import aiohttp
-
-# aiohttp is imported where a call is made, not here: a submitter that only enqueues
-# a run to the fleet never calls an agent, and importing aiohttp (which builds its TLS
-# contexts at import) was a tenth of its start-up.
-
-MAX_BODY_BYTES = 16 * 1024 * 1024
 _SNIPPET = 200
-
-_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
-    weakref.WeakKeyDictionary()
-)
-_pool_size = 200
-
-
-def configure_pool(size: int) -> None:
-    """Connections kept per event loop (set before the first call)."""
-    global _pool_size
-    _pool_size = size
-
-
-_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
-
-
-def _proxied() -> bool:
-    """Whether to honour proxy settings from the environment.
-
-    aiohttp's trust_env also reads ~/.netrc and the proxy variables on every request,
-    through a thread hop each time; that is only worth it when a proxy is configured.
-    """
-    return any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARS)
-
-
-def session() -> aiohttp.ClientSession:
-    """The shared session of the running event loop."""
-    import aiohttp  # at the first call, not at import (see above)
-
-    loop = asyncio.get_running_loop()
-    current = _sessions.get(loop)
-    if current is None or current.closed:
-        connector = aiohttp.TCPConnector(
-            limit=_pool_size, limit_per_host=_pool_size, ttl_dns_cache=300
-        )
-        current = aiohttp.ClientSession(
-            connector=connector,
-            # Bodies are parsed by us (lenient, with clear errors), not by aiohttp.
-            json_serialize=json.dumps,
-            raise_for_status=False,
-            trust_env=_proxied(),
-        )
-        _sessions[loop] = current
-    return current
-
-
-async def close_session() -> None:
-    """Close the running loop's session (end of an embedded run, worker shutdown)."""
-    loop = asyncio.get_running_loop()
-    current = _sessions.pop(loop, None)
-    if current is not None and not current.closed:
-        await current.close()
 
 
 @dataclass
@@ -122,20 +57,6 @@ class HttpResult:
 def snippet(text: str) -> str:
     flat = " ".join(text.split())
     return json.dumps(flat if len(flat) <= _SNIPPET else flat[:_SNIPPET] + "…", ensure_ascii=False)
-
-
-async def _read_body(stream: Any, limit: int) -> bytes:
-    """The body, up to `limit` bytes. aiohttp's `read(n)` returns what has arrived so far
-    (up to n), not n bytes: a reply of a few hundred KB came back cut short."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await stream.read(limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def masked(error: AgentError, hidden: Collection[str]) -> AgentError:
@@ -181,162 +102,121 @@ async def post_json(
     any content arrived is retried as any other; after that the call fails at once,
     keeping what arrived (`AgentError.partial`).
     """
+    # One coroutine, not a wrapper around another: each coroutine a waiting call holds
+    # costs its frame, at thousands of calls in flight.
     try:
-        return await _post_json(
-            url=url,
-            body=body,
-            headers=headers,
-            timeout=timeout,
-            policy=policy,
-            role=role,
-            agent=agent,
-            method=method,
-            limits=limits,
-            stream=stream,
-        )
+        # No body at all for None (a GET of a chat history), not the JSON text "null".
+        payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
+        accept = "text/event-stream" if stream is not None and stream.framing == "sse" else None
+        if stream is not None and stream.framing == "ndjson":
+            accept = "application/x-ndjson"
+        all_headers = {
+            **({"Content-Type": "application/json"} if payload is not None else {}),
+            "Accept": accept or "application/json",
+            **headers,
+        }
+        started = time.monotonic()
+        attempts = 0
+        key = endpoint_key(agent, url)
+        unreachable: str | None = None  # why the last attempt could not connect
+        while True:
+            attempts += 1
+            tripped = await breaker().admit(key)
+            if tripped is not None:
+                # The agent is down (agents/breaker.py): fail now, not after every retry.
+                if unreachable is not None:  # this call, too, ended unable to connect
+                    await breaker().failed(key, unreachable)
+                made = attempts - 1
+                failure = AgentError("connection", tripped.message(agent))
+                failure.message += f" (after {made} attempts)" if made > 1 else ""
+                failure.call = _record(role, agent, started, made, None, failure.message)
+                raise failure
+            unreachable = None
+            retry_after: float | None = None
+            attempt = Attempt(method, url, payload, all_headers, timeout, stream)
+            lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
+            try:
+                async with clients().plain.gate:
+                    try:
+                        reply = await attempt.exchange()
+                    except Redirected as moved:  # to https:// (say): aiohttp goes on from there
+                        reply = await attempt.follow(moved)
+            except StreamFailure as exc:
+                failure = AgentError("stream", exc.message, raw=exc.raw)
+                if not exc.retryable or _started(attempt.assembler):
+                    raise _broken(failure, attempt, role, agent, started, attempts) from None
+            except TimeoutError:
+                failure = AgentError("timeout", f"timeout after {timeout:g}s")
+                if attempt.streamed and _started(attempt.assembler):
+                    failure.message = f"timeout: {agent}'s stream went silent for {timeout:g}s"
+                    raise _broken(failure, attempt, role, agent, started, attempts) from None
+            except ConnectFailure as exc:
+                unreachable = exc.reason
+                failure = AgentError(
+                    "connection", f"agent error: cannot reach {agent} ({unreachable})"
+                )
+            except HttpFailure as exc:
+                failure = AgentError(
+                    "connection", f"agent error: cannot reach {agent} ({describe(exc)})"
+                )
+                if attempt.streamed:
+                    failure.message = f"agent error: {agent}'s stream broke off ({describe(exc)})"
+                    if _started(attempt.assembler):
+                        raise _broken(failure, attempt, role, agent, started, attempts) from None
+            else:
+                await breaker().reached(key)
+                status, response_headers, raw = reply.status, reply.headers, reply.body
+                attempt.status = status
+                text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
+                record = _record(role, agent, started, attempts, status)
+                if 200 <= status < 300:
+                    if len(raw) > MAX_BODY_BYTES:
+                        raise AgentError(
+                            "parse",
+                            f"agent error: reply over {MAX_BODY_BYTES >> 20} MB",
+                            call=record,
+                        )
+                    if not attempt.streamed:
+                        return HttpResult(status, response_headers, text, record)
+                    assembler = attempt.assembler
+                    assert assembler is not None
+                    record.first_token_ms = elapsed_ms(started, assembler.first_token_at)
+                    return HttpResult(status, response_headers, text, record, assembler)
+                failure = AgentError(
+                    "http",
+                    f"agent error: HTTP {status} from {agent}: {snippet(text)}",
+                    raw=text[:4096],
+                )
+                if not is_retryable_status(status):
+                    record.error = failure.message
+                    failure.call = record
+                    raise failure
+                retry_after = parse_retry_after(response_headers)
+                if status == 429 and limits is not None:
+                    await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
+                if retry_after is not None and retry_after > policy.max_retry_after:
+                    failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
+                    record.error = failure.message
+                    failure.call = record
+                    raise failure
+            finally:
+                if lease is not None:
+                    await lease.release(0, attempt.status)
+            if attempts > policy.max_retries:
+                if unreachable is not None:
+                    await breaker().failed(key, unreachable)
+                if attempts > 1:
+                    failure.message += f" (after {attempts} attempts)"
+                # The last attempt's status (a 503, or none for a timeout): what it ended on.
+                failure.call = _record(
+                    role, agent, started, attempts, attempt.status, failure.message
+                )
+                raise failure
+            metrics.retried(agent, role, failure.kind, attempt.status)
+            with waiting():  # a long back-off must not make the turn look lost (waiting.py)
+                await asyncio.sleep(policy.delay(attempts, retry_after))
     except AgentError as error:
         raise masked(error, [*url_secrets(url), *hidden]) from None
-
-
-async def _post_json(
-    *,
-    url: str,
-    body: Any,
-    headers: dict[str, str],
-    timeout: float,
-    policy: RetryPolicy,
-    role: AgentRole,
-    agent: str,
-    method: str,
-    limits: Limits | None,
-    stream: StreamSpec | None = None,
-) -> HttpResult:
-    import aiohttp  # at the first call, not at import (see above)
-
-    # No body at all for None (a GET of a chat history), not the JSON text "null".
-    payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
-    accept = "text/event-stream" if stream is not None and stream.framing == "sse" else None
-    if stream is not None and stream.framing == "ndjson":
-        accept = "application/x-ndjson"
-    all_headers = {
-        **({"Content-Type": "application/json"} if payload is not None else {}),
-        "Accept": accept or "application/json",
-        **headers,
-    }
-    if stream is None:
-        limit = aiohttp.ClientTimeout(total=timeout)
-    else:
-        limit = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
-    started = time.monotonic()
-    attempts = 0
-    key = endpoint_key(agent, url)
-    unreachable: str | None = None  # why the last attempt could not connect
-    while True:
-        attempts += 1
-        tripped = await breaker().admit(key)
-        if tripped is not None:
-            # The agent is down (agents/breaker.py): fail now, not after every retry.
-            if unreachable is not None:  # this call, too, ended unable to connect
-                await breaker().failed(key, unreachable)
-            made = attempts - 1
-            failure = AgentError("connection", tripped.message(agent))
-            failure.message += f" (after {made} attempts)" if made > 1 else ""
-            failure.call = _record(role, agent, started, made, None, failure.message)
-            raise failure
-        unreachable = None
-        retry_after: float | None = None
-        status: int | None = None
-        lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
-        assembler = stream.assembler() if stream is not None else None
-        streamed = False
-        try:
-            async with session().request(
-                method, url, data=payload, headers=all_headers, timeout=limit
-            ) as response:
-                status = response.status
-                response_headers = {k: v for k, v in response.headers.items()}
-                if stream is not None and assembler is not None and 200 <= status < 300:
-                    # An agent asked for events that answers with one JSON body (it does
-                    # not stream) is read as a whole reply: HttpResult.stream stays None.
-                    # (NDJSON is often served as application/json: it is read as events.)
-                    whole = stream.framing == "sse" and response.content_type == "application/json"
-                    streamed = not whole
-                if streamed and stream is not None and assembler is not None:
-                    await read_stream(response.content, stream.framing, assembler)
-                    raw = b""
-                else:
-                    raw = await _read_body(response.content, MAX_BODY_BYTES + 1)
-        except StreamFailure as exc:
-            failure = AgentError("stream", exc.message, raw=exc.raw)
-            if not exc.retryable or _started(assembler):
-                raise _broken(failure, assembler, role, agent, started, attempts, status) from None
-        except TimeoutError:
-            failure = AgentError("timeout", f"timeout after {timeout:g}s")
-            if streamed and _started(assembler):
-                failure.message = f"timeout: {agent}'s stream went silent for {timeout:g}s"
-                raise _broken(failure, assembler, role, agent, started, attempts, status) from None
-        except aiohttp.TooManyRedirects as exc:
-            # (Its own text is "0, message='', url=...": say what happened.)
-            last = exc.request_info.real_url
-            failure = AgentError(
-                "connection", f"agent error: cannot reach {agent} (too many redirects, to {last})"
-            )
-        except aiohttp.ClientConnectorError as exc:
-            unreachable = unreachable_reason(exc)  # (aiohttp's own text is noisy)
-            failure = AgentError("connection", f"agent error: cannot reach {agent} ({unreachable})")
-        except aiohttp.ClientError as exc:
-            failure = AgentError(
-                "connection", f"agent error: cannot reach {agent} ({describe(exc)})"
-            )
-            if streamed:
-                failure.message = f"agent error: {agent}'s stream broke off ({describe(exc)})"
-                if _started(assembler):
-                    raise _broken(
-                        failure, assembler, role, agent, started, attempts, status
-                    ) from None
-        else:
-            await breaker().reached(key)
-            text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
-            record = _record(role, agent, started, attempts, status)
-            if 200 <= status < 300:
-                if len(raw) > MAX_BODY_BYTES:
-                    raise AgentError(
-                        "parse", f"agent error: reply over {MAX_BODY_BYTES >> 20} MB", call=record
-                    )
-                if not streamed:
-                    return HttpResult(status, response_headers, text, record)
-                assert assembler is not None
-                record.first_token_ms = elapsed_ms(started, assembler.first_token_at)
-                return HttpResult(status, response_headers, text, record, assembler)
-            failure = AgentError(
-                "http", f"agent error: HTTP {status} from {agent}: {snippet(text)}", raw=text[:4096]
-            )
-            if not is_retryable_status(status):
-                record.error = failure.message
-                failure.call = record
-                raise failure
-            retry_after = parse_retry_after(response_headers)
-            if status == 429 and limits is not None:
-                await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
-            if retry_after is not None and retry_after > policy.max_retry_after:
-                failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
-                record.error = failure.message
-                failure.call = record
-                raise failure
-        finally:
-            if lease is not None:
-                await lease.release(0, status)
-        if attempts > policy.max_retries:
-            if unreachable is not None:
-                await breaker().failed(key, unreachable)
-            if attempts > 1:
-                failure.message += f" (after {attempts} attempts)"
-            # The last attempt's status (a 503, or none for a timeout) is what the call ended on.
-            failure.call = _record(role, agent, started, attempts, status, failure.message)
-            raise failure
-        metrics.retried(agent, role, failure.kind, status)
-        with waiting():  # a long back-off must not make the turn look lost (waiting.py)
-            await asyncio.sleep(policy.delay(attempts, retry_after))
 
 
 def _started(assembler: Assembler | None) -> bool:
@@ -345,15 +225,15 @@ def _started(assembler: Assembler | None) -> bool:
 
 def _broken(
     failure: AgentError,
-    assembler: Assembler | None,
+    attempt: Attempt,
     role: AgentRole,
     agent: str,
     started: float,
     attempts: int,
-    status: int | None,
 ) -> AgentError:
     """A stream that failed for good: its call record, and what it had sent."""
-    failure.call = _record(role, agent, started, attempts, status, failure.message)
+    failure.call = _record(role, agent, started, attempts, attempt.status, failure.message)
+    assembler = attempt.assembler
     if assembler is not None:
         failure.call.first_token_ms = elapsed_ms(started, assembler.first_token_at)
         failure.partial = assembler.reply()
@@ -363,11 +243,6 @@ def _broken(
         failure.message += f" (after {attempts} attempts)"
         failure.call.error = failure.message
     return failure
-
-
-def describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…"
 
 
 def _record(

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from agenttest_worker.agents.transport import close_session
+from agenttest_worker.agents.exchange import close_session
 
 T = TypeVar("T")
 

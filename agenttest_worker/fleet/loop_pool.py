@@ -159,11 +159,11 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
 
     def on_start(self) -> None:
         global _active
-        from agenttest_worker.agents import transport
+        from agenttest_worker.agents import exchange
 
         # Nothing below the consumer may cap the turns in flight: one connection and
         # one file descriptor per turn waiting on an agent.
-        transport.configure_pool(connections_for(self.limit))
+        exchange.configure_pool(exchange.connections_for(self.limit))
         raise_open_files_limit(self.limit * 2 + 256)
         self.store_threads = ThreadPoolExecutor(self.STORE_THREADS, "agenttest-store")
         self._task_threads = ThreadPoolExecutor(self.TASK_THREADS, "agenttest-task")
@@ -217,7 +217,7 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
                 _active = None
 
     async def _wind_down(self, cancel: bool) -> None:
-        from agenttest_worker.agents.transport import close_session
+        from agenttest_worker.agents.exchange import close_session
 
         if cancel:
             for task in list(self._playing):
@@ -330,14 +330,3 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
     @property
     def num_processes(self) -> int:
         return self.limit or 0
-
-
-def connections_for(concurrency: int | None) -> int:
-    """Agent connections per loop: AGENTTEST_HTTP_POOL_SIZE when set, else enough for
-    every turn in flight (never fewer than the setting's default)."""
-    from agenttest_worker.settings import get_settings
-
-    settings = get_settings()
-    if "http_pool_size" in settings.model_fields_set:
-        return settings.http_pool_size
-    return max(settings.http_pool_size, concurrency or 0)

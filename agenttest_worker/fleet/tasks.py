@@ -163,7 +163,9 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
     """Do now what the first tasks would do on their own, then settle the heap (heap.py).
 
     Imports: a hundred turns taking their first step at once would each wait on the
-    import lock and the GIL for modules kept off the submitter's start-up path.
+    import lock and the GIL for modules kept off the submitter's start-up path. Not
+    aiohttp: most agents are called through the lean client (agents/exchange.py), and
+    aiohttp, ~10 MB once imported, is imported by the first call that needs it.
 
     Connections, where tasks run in this process (the loop pool, threads): the database,
     whose schema `worker_process_init` brings current only in prefork's children, so
@@ -175,7 +177,6 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
     forked again later, would inherit those connections. What cannot be reached now,
     the first task tries again.
     """
-    import aiohttp  # noqa: F401  (agents/transport.py imports it where a call is made)
     from celery.concurrency.prefork import TaskPool as PreforkPool
 
     if not isinstance(getattr(sender, "pool", None), PreforkPool):
