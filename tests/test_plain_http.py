@@ -100,6 +100,28 @@ def test_the_agent_sees_the_same_headers_from_either_client() -> None:
     served(lambda request: reply(), test)
 
 
+def test_a_large_request_is_sent_whole_while_the_agent_reads_it() -> None:
+    """8 MB, more than a socket takes at once: the rest goes as the agent reads."""
+    text = "x" * (8 << 20)
+
+    async def test(server: RawServer) -> None:
+        result = await post_json(
+            url=server.url("/big"),
+            body={"q": text},
+            headers={},
+            timeout=30,
+            policy=ONCE,
+            role="target",
+            agent="raw",
+        )
+        assert result.status == 200
+        assert json.loads(server.requests[0].body) == {"q": text}
+        assert (await call(server.url("/after"))).status == 200  # the connection is fine
+        assert server.connections == 1
+
+    served(lambda request: reply(), test)
+
+
 def test_a_header_that_smuggles_another_in_is_refused() -> None:
     async def test(server: RawServer) -> None:
         with pytest.raises(ValueError, match="header injection"):

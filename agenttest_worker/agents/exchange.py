@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import weakref
 from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING
@@ -93,7 +94,8 @@ class _Clients:
 
     def __init__(self) -> None:
         self.plain = PlainClient(_pool_size)
-        self.proxied = _proxied()
+        # (Windows' default loop cannot watch a socket of its own: aiohttp there.)
+        self.proxied = _proxied() or sys.platform == "win32"
 
 
 def clients() -> _Clients:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 USER_AGENT = "agenttest"
 ACCEPT_ENCODING = "gzip, deflate"
 MAX_HEAD_BYTES = 64 * 1024
+_READ_SIZE = 64 * 1024
 _MAX_LINE = 8 * 1024
 
 # What an idle connection holds instead of a buffer, a body and headers of its own (a
@@ -89,8 +91,14 @@ def request_head(method: str, target: Target, headers: dict[str, str], length: i
     return "\r\n".join(lines).encode("utf-8")
 
 
-class Connection(asyncio.Protocol):
-    """One kept-alive connection, reading one reply at a time into its future."""
+class Connection:
+    """One kept-alive connection, reading one reply at a time into its future.
+
+    It owns its socket and watches it only while a reply is awaited (the event loop's
+    `add_reader`), not through an asyncio transport: a transport and its bookkeeping
+    hold ~0.9 KB a connection, one connection per call in flight. An idle connection
+    is not watched; whether its agent closed it is looked at when it is taken again
+    (`usable`)."""
 
     __slots__ = (
         "_body",
@@ -99,21 +107,29 @@ class Connection(asyncio.Protocol):
         "_headers",
         "_left",
         "_limit",
+        "_loop",
         "_mode",
         "_no_body",
+        "_reading",
         "_status",
+        "_unsent",
         "_waiter",
         "closed",
         "idle_since",
         "key",
-        "transport",
+        "sock",
     )  # fmt: skip
 
-    def __init__(self, key: tuple[str, int]) -> None:
+    def __init__(
+        self, key: tuple[str, int], sock: socket.socket, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self.key = key
-        self.transport: asyncio.Transport | None = None
+        self.sock = sock
+        self._loop = loop
         self.idle_since = 0.0
         self.closed = False
+        self._reading = False
+        self._unsent: memoryview | None = None
         self._waiter: asyncio.Future[PlainReply] | None = None
         self._buffer = _NOTHING
         self._limit = 0
@@ -128,15 +144,94 @@ class Connection(asyncio.Protocol):
         self._left = 0
         self._body = _NOTHING
 
-    # -- asyncio.Protocol ------------------------------------------------------------------
+    def usable(self) -> bool:
+        """Whether an idle connection can carry a request: not closed by its agent, and
+        with nothing unasked for waiting on it."""
+        if self.closed:
+            return False
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return True  # nothing to read: open and quiet
+        except OSError:
+            pass
+        return False  # closed by its agent (b""), or bytes nobody asked for
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    # -- a request -------------------------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
-        if self._waiter is None:  # a server talking out of turn: not to be trusted again
-            self.close()
+    def send(
+        self, head: bytes, body: bytes | None, limit: int, no_body: bool
+    ) -> asyncio.Future[PlainReply]:
+        self._waiter = waiter = self._loop.create_future()
+        self._limit = limit
+        self._no_body = no_body
+        data = head + body if body else head
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._ended(exc)
+            return waiter
+        if sent < len(data):  # the rest when the socket can take it
+            self._unsent = memoryview(data)[sent:]
+            self._loop.add_writer(self.sock.fileno(), self._writable)
+        self._reading = True
+        self._loop.add_reader(self.sock.fileno(), self._readable)
+        return waiter
+
+    def time_out(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(TimeoutError())
+        self.close()
+
+    def close(self) -> None:
+        self._unwatch()
+        self.closed = True
+        self._waiter = None
+        self.sock.close()
+
+    abort = close
+
+    def _unwatch(self) -> None:
+        # Before the socket is closed: the loop's selector would otherwise keep a closed
+        # descriptor, which the next socket given the same number would trip over.
+        if self.sock.fileno() < 0:
+            return
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self.sock.fileno())
+        if self._unsent is not None:
+            self._unsent = None
+            self._loop.remove_writer(self.sock.fileno())
+
+    def _writable(self) -> None:
+        unsent = self._unsent
+        if unsent is None:
+            return
+        try:
+            sent = self.sock.send(unsent)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._ended(exc)
+            return
+        if sent < len(unsent):
+            self._unsent = unsent[sent:]
+        else:
+            self._unsent = None
+            self._loop.remove_writer(self.sock.fileno())
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._ended(exc)
+            return
+        if not data:
+            self._ended(None)
             return
         if self._buffer is _NOTHING:
             self._buffer = bytearray(data)
@@ -147,48 +242,12 @@ class Connection(asyncio.Protocol):
         except HttpFailure as exc:
             self._fail(exc)
 
-    def eof_received(self) -> bool:
-        self._ended(None)
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._ended(exc)
-
-    # -- a request -------------------------------------------------------------------------
-
-    def send(
-        self, head: bytes, body: bytes | None, limit: int, no_body: bool
-    ) -> asyncio.Future[PlainReply]:
-        assert self.transport is not None
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._limit = limit
-        self._no_body = no_body
-        self.transport.write(head + body if body else head)
-        return self._waiter
-
-    def time_out(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(TimeoutError())
-        self.close()
-
-    def close(self) -> None:
-        self.closed = True
-        self._waiter = None
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        self.closed = True
-        self._waiter = None
-        if self.transport is not None:
-            self.transport.abort()
-
     # -- reading a reply -------------------------------------------------------------------
 
     def _ended(self, exc: Exception | None) -> None:
-        waiting = self._waiter is not None
-        self.closed = True
-        if not waiting:
+        """The agent closed the connection (`exc` None) or it broke, mid-reply."""
+        if self._waiter is None:
+            self.close()
             return
         if exc is None and self._status and self._mode == _TO_CLOSE:
             self._finish()
@@ -342,6 +401,8 @@ class Connection(asyncio.Protocol):
         self._reset()
         if close:
             self.close()
+        else:
+            self._unwatch()
         if waiter is not None and not waiter.done():
             waiter.set_result(reply)
 

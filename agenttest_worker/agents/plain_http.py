@@ -186,12 +186,9 @@ class PlainClient:
         now = time.monotonic()
         while idle:
             connection = idle.pop()
-            if connection.closed:
-                continue
-            if now - connection.idle_since > KEEPALIVE_SECONDS:
-                connection.close()
-                continue
-            return connection
+            if now - connection.idle_since <= KEEPALIVE_SECONDS and connection.usable():
+                return connection
+            connection.close()
         async with asyncio.timeout_at(deadline):
             return await self._connect(target)
 
@@ -204,18 +201,21 @@ class PlainClient:
             raise ConnectFailure(connect_reason(target.host, target.port, exc)) from None
         first: OSError | None = None
         for family, _, proto, _, address in addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM, proto)
             try:
-                _, connection = await loop.create_connection(
-                    lambda: Connection(key), host=address[0], port=address[1],
-                    family=family, proto=proto,
-                )  # fmt: skip
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, address)
             except OSError as exc:
+                sock.close()
                 first = first or exc
                 continue
-            return connection
-        raise ConnectFailure(
-            connect_reason(target.host, target.port, first or OSError("no address"))
-        )
+            except BaseException:
+                sock.close()
+                raise
+            return Connection(key, sock, loop)
+        reason = connect_reason(target.host, target.port, first or OSError("no address"))
+        raise ConnectFailure(reason)
 
     async def _resolve(self, target: Target) -> list[Any]:
         key = (target.host, target.port)
