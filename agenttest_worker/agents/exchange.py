@@ -20,7 +20,7 @@ import os
 import sys
 import weakref
 from collections.abc import Awaitable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.agents.breaker import unreachable_reason
 from agenttest_worker.agents.http_connection import (
@@ -141,13 +141,18 @@ async def close_session() -> None:
 
 
 class Attempt:
-    """One attempt of a call: what it sends, and what is known of its reply so far."""
+    """One attempt of a call: what it sends, and what is known of its reply so far.
+
+    It keeps the body as the caller's object, not as the JSON bytes it is sent as: those
+    are made for each send (a retry, a redirect) and let go once sent, not held while
+    the reply is awaited (a conversation's whole history, at thousands of calls in
+    flight)."""
 
     __slots__ = (
         "assembler",
+        "body",
         "headers",
         "method",
-        "payload",
         "started",
         "status",
         "stream",
@@ -160,14 +165,14 @@ class Attempt:
         self,
         method: str,
         url: str,
-        payload: bytes | None,
+        body: Any,
         headers: dict[str, str],
         timeout: float,
         stream: StreamSpec | None,
     ) -> None:
         self.method = method
         self.url = url
-        self.payload = payload
+        self.body = body
         self.headers = headers
         self.timeout = timeout
         self.stream = stream
@@ -176,6 +181,13 @@ class Attempt:
         self.started = 0.0
         self.streamed = False  # the reply is being read as a stream of events
 
+    def payload(self) -> bytes | None:
+        """The body as sent: JSON; none at all for None (a GET of a chat history), not
+        the JSON text "null"."""
+        if self.body is None:
+            return None
+        return json.dumps(self.body, ensure_ascii=False).encode()
+
     def exchange(self) -> Awaitable[PlainReply]:
         """Send the request and read the reply, whose body is at most MAX_BODY_BYTES + 1
         bytes (empty when streamed). Not a coroutine of its own: the caller awaits the
@@ -183,12 +195,12 @@ class Attempt:
         raises Redirected: go on with `follow`."""
         found = clients()
         if self.stream is not None or found.proxied or target(self.url) is None:
-            return self._aiohttp(self.method, self.url, self.payload, MAX_REDIRECTS, self.timeout)
+            return self._aiohttp(self.method, self.url, self.payload(), MAX_REDIRECTS, self.timeout)
         self.started = asyncio.get_running_loop().time()
         limit = MAX_BODY_BYTES + 1
         return found.plain.request(
             self.method, self.url, self.headers, self.payload, self.timeout, limit
-        )
+        )  # (the method: the client makes the bytes for each send)
 
     async def follow(self, moved: Redirected) -> PlainReply:
         """Go on through aiohttp from a redirect the lean client does not follow (to

@@ -24,6 +24,7 @@ import collections
 import contextvars
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -74,8 +75,12 @@ class _Call:
     method: str
     target: Target
     headers: dict[str, str]
-    body: bytes | None
+    payload: Callable[[], bytes | None]  # the body, made for each send
     hops: int = 0
+    bodiless: bool = False  # a redirect turned it into a GET without its body
+
+    def body(self) -> bytes | None:
+        return None if self.bodiless else self.payload()
 
     def follow(self, status: int, location: str) -> None:
         """Follow a redirect as aiohttp does; Redirected where this client cannot."""
@@ -89,12 +94,12 @@ class _Call:
         if following.scheme not in ("http", "https"):
             raise HttpFailure(f"redirect to a URL that is not HTTP: {location[:200]}")
         if status == 303 or (status in (301, 302) and self.method == "POST"):
-            self.method, self.body = "GET", None
+            self.method, self.bodiless = "GET", True
         if following.origin() != self.target.url.origin():
             self.headers = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
         where = target(str(following))
         if where is None:
-            raise Redirected(self.method, str(following), self.body, self.hops)
+            raise Redirected(self.method, str(following), self.body(), self.hops)
         self.target = where
 
 
@@ -139,7 +144,7 @@ class PlainClient:
         method: str,
         url: str,
         headers: dict[str, str],
-        body: bytes | None,
+        payload: Callable[[], bytes | None],
         timeout: float,
         limit: int,
     ) -> PlainReply:
@@ -152,14 +157,15 @@ class PlainClient:
         deadline = loop.time() + timeout
         where = target(url)
         assert where is not None, url
-        call = _Call(method, where, headers, body)
+        call = _Call(method, where, headers, payload)
         again = method in IDEMPOTENT_METHODS  # sent once more if the connection drops
         while True:
             connection = await self._connection(call.target, deadline)
-            length = len(call.body) if call.body is not None else None
+            body = call.body()
+            length = len(body) if body is not None else None
             head = request_head(call.method, call.target, call.headers, length)
-            waiter = connection.send(head, call.body, limit, call.method == "HEAD")
-            del head  # (not kept while the reply is awaited)
+            waiter = connection.send(head, body, limit, call.method == "HEAD")
+            del head, body  # (not kept while the reply is awaited)
             timer = loop.call_at(deadline, connection.time_out, context=_NO_CONTEXT)
             try:
                 reply = await waiter

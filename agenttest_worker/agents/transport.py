@@ -105,13 +105,11 @@ async def post_json(
     # One coroutine, not a wrapper around another: each coroutine a waiting call holds
     # costs its frame, at thousands of calls in flight.
     try:
-        # No body at all for None (a GET of a chat history), not the JSON text "null".
-        payload = json.dumps(body, ensure_ascii=False).encode() if body is not None else None
         accept = "text/event-stream" if stream is not None and stream.framing == "sse" else None
         if stream is not None and stream.framing == "ndjson":
             accept = "application/x-ndjson"
         all_headers = {
-            **({"Content-Type": "application/json"} if payload is not None else {}),
+            **({"Content-Type": "application/json"} if body is not None else {}),
             "Accept": accept or "application/json",
             **headers,
         }
@@ -133,7 +131,7 @@ async def post_json(
                 raise failure
             unreachable = None
             retry_after: float | None = None
-            attempt = Attempt(method, url, payload, all_headers, timeout, stream)
+            attempt = Attempt(method, url, body, all_headers, timeout, stream)
             lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
             try:
                 async with clients().plain.gate:
