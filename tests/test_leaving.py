@@ -20,14 +20,18 @@ from test_cli_run import SUITE_CONFIG, submit_env
 SCRIPT = Path(sys.executable).with_name("agenttest-submit")
 
 
-def submit(cwd: Path, demo_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    """A run of the demo expense agent, plus `argv`."""
+def submit(
+    cwd: Path, demo_url: str, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A run of the demo expense agent, plus `argv` (and `env` added to its environment)."""
     agent = ["--config", SUITE_CONFIG, "-n", "assistants.expense"]
-    return command(cwd, demo_url, *agent, *argv)
+    return command(cwd, demo_url, *agent, *argv, env=env)
 
 
-def command(cwd: Path, demo_url: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = submit_env(cwd / "home") | {"AGENTTEST_DEMO_URL": demo_url}
+def command(
+    cwd: Path, demo_url: str, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = submit_env(cwd / "home") | {"AGENTTEST_DEMO_URL": demo_url} | (env or {})
     return subprocess.run(
         [str(SCRIPT), *argv],
         cwd=cwd,

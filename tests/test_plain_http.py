@@ -8,14 +8,19 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import subprocess
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from agent_servers import refused_url, run
 from raw_http import Answer, RawRequest, RawServer, reply
+from test_leaving import command as leaving_command
+from test_leaving import submit as leaving_submit
+from test_leaving import write_cases
 
 from agenttest_worker.agents import exchange
 from agenttest_worker.agents.base import AgentError
@@ -414,3 +419,37 @@ def test_the_pool_size_bounds_calls_under_way() -> None:
         served(lambda request: Answer(reply().pieces, pause=0.1), test)
     finally:
         exchange.configure_pool(200)
+
+
+# -- start-up ------------------------------------------------------------------------------------
+
+
+def _imported(done: subprocess.CompletedProcess[str]) -> set[str]:
+    """The modules a process imported, from its PYTHONPROFILEIMPORTTIME lines."""
+    lines = (line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines())
+    return {line for line in lines if line and " " not in line}
+
+
+def test_an_embedded_run_of_plain_http_agents_never_imports_aiohttp(
+    demo_url: str, tmp_path: Path
+) -> None:
+    """Its agents all take the lean client: aiohttp (~0.15 s, ~10 MB) is not imported.
+    A streamed agent needs it, and the run imports it before its first call."""
+    cases = write_cases(tmp_path / "cases.jsonl", 5, "Hello")
+    plain = leaving_submit(
+        tmp_path, demo_url, "-i", str(cases), env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    modules = _imported(plain)
+    assert "agenttest_worker.agents.plain_http" in modules and "aiohttp" not in modules
+
+    config = tmp_path / "streamed.yaml"
+    config.write_text(
+        f"agents:\n  streamed:\n    base_url: {demo_url}\n    model: expense\n    stream: true\n"
+    )
+    streamed = leaving_command(
+        tmp_path, demo_url, "--config", str(config), "-n", "streamed", "-i", str(cases),
+        env={"PYTHONPROFILEIMPORTTIME": "1"},
+    )  # fmt: skip
+    assert streamed.returncode in (0, 1), streamed.stderr[-2000:]  # (it ran its cases)
+    assert "aiohttp" in _imported(streamed), streamed.stderr[-2000:]
