@@ -5,8 +5,8 @@ bug in agenttest; it must say which service, at which address (password hidden),
 what the driver said, in one line instead of an "internal error" with the driver's
 exception class. Exit code 3 either way: nothing about the cases was wrong.
 
-Only the modules a run has already imported are consulted (SQLAlchemy, kombu), so this
-costs the command's start-up nothing. `safe_url` is also how the subcommands show the
+Only the modules a run has already imported are consulted (SQLAlchemy, psycopg, kombu),
+so this costs the command's start-up nothing. `safe_url` is also how the subcommands show the
 database's address.
 """
 
@@ -34,6 +34,15 @@ def unreachable_service(exc: BaseException) -> str | None:
         if is_connection_lost(exc):
             where = safe_url(settings.effective_database_url())
             return f"cannot reach the database at {where}: {error_reason(exc)}"
+    # A run stored through psycopg alone (store/postgres_run.py): the driver's own error.
+    postgres_run = sys.modules.get("agenttest_worker.store.postgres_run")
+    if postgres_run is not None and postgres_run.connection_lost(exc):
+        from agenttest_worker.errors import redact
+        from agenttest_worker.store.db import error_reason  # see above
+
+        where = safe_url(settings.effective_database_url())
+        # libpq may quote the address it was given: any URL in its words is redacted.
+        return f"cannot reach the database at {where}: {redact(error_reason(exc))}"
     kombu_exc = sys.modules.get("kombu.exceptions")
     if kombu_exc is not None and isinstance(exc, kombu_exc.OperationalError):
         from agenttest_worker.store.db import error_reason  # kombu's errors: see above

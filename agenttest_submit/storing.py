@@ -24,6 +24,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agenttest_worker.settings import get_settings
+from agenttest_worker.store.new_run import NewCase, NewRun, RunWrites
 
 if TYPE_CHECKING:
     from agenttest_worker.report.model import RunReport
@@ -41,9 +42,7 @@ _STORE_PROCESS_MODULES = (
 )
 _STORE_PROCESS_LATER = ("agenttest_worker.fleet.aggregate",)
 
-# Batches being stored at once on Postgres (each on its own connection), and how many
-# more wait read: enough to keep a two-core server busy; a batch is a few hundred KB.
-POSTGRES_WRITERS = 2
+# Batches waiting read for each writer (RunWrites.writers): a batch is a few hundred KB.
 WAITING_PER_WRITER = 2
 
 _DONE = None
@@ -197,27 +196,73 @@ def write_run(
     embedded run's conversations begin before it is stored), else when the first batch
     was handed out, else now.
     """
+    writes = _run_writes(url)
+    try:
+        return _write_run(
+            writes,
+            NewRun(
+                run_id=run_id,
+                agent=target,
+                input_label=label,
+                options=options,
+                config=config,
+                parent_run_id=parent_run_id,
+                deadline_at=deadline_at,
+                suite=suite,
+                # What the generator agents called for these cases: before the run, in
+                # no conversation (store/usage.py, whose SQLAlchemy is needed only then).
+                usage=_usage_document(generation_usage) if generation_usage else None,
+            ),
+            records,
+            starter,
+            started_at,
+        )
+    finally:
+        writes.close()
+
+
+def _usage_document(usage: Mapping[UsageRole, RoleUsage]) -> dict[str, Any] | None:
+    from agenttest_worker.store.usage import usage_document  # the store: see the top
+
+    return usage_document(usage)
+
+
+def _run_writes(url: str) -> RunWrites:
+    """Where the run is written, once the store's schema is current: through psycopg
+    alone on Postgres (no SQLAlchemy on the way to a fleet's first conversation:
+    store/postgres_run.py), through the SQLAlchemy store elsewhere."""
+    from agenttest_worker.store.postgres_run import PostgresRunWrites, libpq_url
+
+    libpq = libpq_url(url)
+    if libpq is not None:
+        writes = PostgresRunWrites(libpq)
+        try:
+            current = writes.current_schema()
+        except BaseException:
+            writes.close()
+            raise
+        if current:
+            return writes
+        writes.close()
     # The store: see the top.
-    from agenttest_worker.store import runs
-    from agenttest_worker.store.db import is_sqlite, upgrade
-    from agenttest_worker.store.usage import usage_document
+    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.runs import SqlAlchemyRunWrites
 
     upgrade(url)
-    runs.create_run(
-        url,
-        run_id=run_id,
-        agent=target,
-        input_label=label,
-        options=options,
-        config=config,
-        parent_run_id=parent_run_id,
-        deadline_at=deadline_at,
-        suite=suite,
-        # The generator agents called for these cases: before the run, in no conversation.
-        usage=usage_document(generation_usage or {}),
-    )
+    return PostgresRunWrites(libpq) if libpq is not None else SqlAlchemyRunWrites(url)
+
+
+def _write_run(
+    writes: RunWrites,
+    run: NewRun,
+    records: Iterable[steps.StoredCase],
+    starter: RunStarter | None,
+    started_at: datetime | None,
+) -> int:
+    writes.create_run(run)
+    run_id = run.run_id
     rows = (
-        runs.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
+        NewCase(seq=i, case_id=case_id, case=record, agent=agent)
         for i, (case_id, agent, record) in enumerate(records)
     )
     first_started: datetime | None = None
@@ -231,15 +276,15 @@ def write_run(
     try:
         total = write_batches(
             _batches(rows, get_settings().enqueue_batch),
-            lambda batch: runs.add_cases(url, run_id, batch),
+            lambda batch: writes.add_cases(run_id, batch),
             stored,
-            writers=1 if is_sqlite(url) else POSTGRES_WRITERS,
+            writers=writes.writers,
         )
     except BaseException:
         # Conversations of the batches already started find their run gone and stop.
-        runs.delete_run(url, run_id)
+        writes.delete_run(run_id)
         raise
-    every_case_ended = runs.start_run(url, run_id, total, started_at=started_at or first_started)
+    every_case_ended = writes.start_run(run_id, total, started_at=started_at or first_started)
     if starter is not None:
         starter.started(run_id, every_case_ended)
     return total

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import DBAPIError
 
 from agenttest_submit.cli import main, parse_run
 from agenttest_submit.embedded import drive
@@ -304,7 +304,8 @@ def test_a_batch_the_database_refuses_removes_the_run_with_every_batch_stored(
     starter = PlayingStarter(pg_database, play_them=False)
     config = load_config(SUITE_CONFIG)
     records = [(f"c{i}", "x" * (300 if i == 9 else 5), {"id": f"c{i}"}) for i in range(40)]
-    with pytest.raises(DBAPIError):
+    # The run is written through psycopg alone (store/postgres_run.py): its own error.
+    with pytest.raises(psycopg.errors.StringDataRightTruncation):
         store_records(
             pg_database,
             iter(records),

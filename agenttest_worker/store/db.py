@@ -25,6 +25,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
+from agenttest_worker.store.postgres_run import connection_lost
+from agenttest_worker.store.schema_revision import HEAD_REVISION as HEAD_REVISION
 from agenttest_worker.store.storable import dumps_storable
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -91,11 +93,6 @@ def get_engine(url: str) -> Engine:
 
 RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 
-# SQLSTATEs of a server going away or not there yet: class 08 (connection exception),
-# admin_shutdown, crash_shutdown, cannot_connect_now ("the database system is starting
-# up" / "shutting down").
-_GONE_STATES = ("57P01", "57P02", "57P03")
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -144,15 +141,7 @@ def is_connection_lost(exc: DBAPIError) -> bool:
     """
     if exc.connection_invalidated:
         return True
-    try:
-        import psycopg  # here: ~0.1 s that an embedded (SQLite) run never needs
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        return False
-    orig = exc.orig
-    if not isinstance(orig, psycopg.OperationalError):
-        return False
-    state = orig.sqlstate
-    return state is None or state.startswith("08") or state in _GONE_STATES
+    return exc.orig is not None and connection_lost(exc.orig)
 
 
 def reconnecting(fn: F) -> F:
@@ -217,12 +206,6 @@ def session_scope(url: str) -> Iterator[Session]:
 
 _upgraded: set[str] = set()
 _upgrade_lock = threading.Lock()
-
-
-# The newest migration. tests/test_migrations.py checks it against Alembic's head, so
-# that a database already there can be recognized without importing Alembic (which
-# costs a noticeable share of a small run's start-up).
-HEAD_REVISION = "0010"
 
 
 def current_revision(connection: Any) -> str | None:

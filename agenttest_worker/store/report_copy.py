@@ -18,20 +18,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from agenttest_worker.store.new_run import copy_escaped
+
 # Pieces are gathered up to this many characters before each write to the server.
 _WRITE_CHARS = 1 << 20
-
-
-def copy_escaped(piece: str) -> str:
-    """`piece` as a field of COPY's text format (a NUL, which Postgres text cannot hold,
-    as U+FFFD, like the records it comes from)."""
-    return (
-        piece.replace("\\", "\\\\")
-        .replace("\n", "\\n")
-        .replace("\r", "\\r")
-        .replace("\t", "\\t")
-        .replace("\x00", "\ufffd")
-    )
 
 
 def interleaved_parts(reports: Mapping[str, Iterable[str]]) -> Iterator[tuple[str, int, str]]:

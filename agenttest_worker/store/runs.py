@@ -7,33 +7,21 @@ start), `running` once `start_run` knows their number, then `aggregating` and `d
 
 from __future__ import annotations
 
-import getpass
 import json
-import socket
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, false, select, text, update
+from sqlalchemy import delete, false, select, update
 from sqlalchemy.exc import DBAPIError
 
-from agenttest_worker.json_values import dumps
 from agenttest_worker.store._sql import RUNS, insert_ignoring
 from agenttest_worker.store.db import is_sqlite, session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
-from agenttest_worker.store.report_copy import copy_escaped
+from agenttest_worker.store.new_run import COPY_CASES, NewRun, submitted_by, write_cases
+from agenttest_worker.store.new_run import NewCase as NewCase  # where callers found it
 from agenttest_worker.store.steps import CaseText, claimed
-from agenttest_worker.store.storable import dumps_storable, storable_json
 from agenttest_worker.store.turn_statements import started_after_claim
-
-
-def submitted_by() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 def create_run(
@@ -72,98 +60,21 @@ def create_run(
         )
 
 
-# Not frozen, for the same reason as cases.validation.Located: one per case stored.
-@dataclass(slots=True)
-class NewCase:
-    seq: int
-    case_id: str
-    # The normalized record, or its text as the submitter's spool holds it.
-    case: dict[str, Any] | CaseText
-    agent: str | None
-
-    @property
-    def test_id(self) -> str | None:
-        """A repetition's case id (the record says which repetition it is); else None."""
-        if isinstance(self.case, CaseText):
-            return self.case.test_id
-        return self.case.get("id") if "repetition" in self.case else None
-
-
-# On Postgres a batch of cases is written with COPY, each case's record as the text the
-# spool holds: the server neither parses, plans nor answers a statement per row, nor
-# takes the batch apart as a JSON array (the INSERT ... SELECT over
-# json_array_elements below, which took ~40% longer per batch and the submitter
-# twice the CPU: benchmarks/RESULTS.md, "Submission, 2026-12-02, later"). The columns
-# and values are the ORM insert's (its defaults written out).
-_COPY_CASES = (
-    'COPY cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
-    " deliveries, reserved_tokens, reserved_cost) FROM STDIN"
-)
-
-# COPY has no conflict rule: a batch holding a case already stored (never one the
-# submitter writes: its ids are checked unique, its run new) is written again with this
-# statement, which keeps the stored row, as the ORM insert would.
-_ADD_CASES = text(
-    'INSERT INTO cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
-    " deliveries, reserved_tokens, reserved_cost)"
-    " SELECT :run_id, e->>0, e->>1, CAST(e->>2 AS integer), e->4, e->>3,"
-    " 'pending', 1, 0, 0, 0"
-    " FROM json_array_elements(CAST(:cases AS json)) AS e"
-    " ON CONFLICT DO NOTHING"
-)
-
-
-def _record_text(case: NewCase) -> str:
-    """The case's record as the column's type writes it (storable.py), or as given."""
-    if isinstance(case.case, CaseText):
-        return storable_json(case.case.text)
-    return dumps_storable(case.case)
-
-
-def _case_element(case: NewCase) -> str:
-    """[case id, test id, seq, agent, record] as JSON (for `_ADD_CASES`)."""
-    head = dumps([case.case_id, case.test_id, case.seq, case.agent])
-    return f"{head[:-1]}, {_record_text(case)}]"
-
-
-def _copy_value(value: str | None) -> str:
-    return "\\N" if value is None else copy_escaped(value)
-
-
-def _copy_rows(run_id: str, batch: list[NewCase]) -> str:
-    """The batch as COPY's text format, one line per case (see `_COPY_CASES`)."""
-    run = copy_escaped(run_id)
-    return "".join(
-        f"{run}\t{copy_escaped(c.case_id)}\t{_copy_value(c.test_id)}\t{c.seq}\t"
-        f"{copy_escaped(_record_text(c))}\t{_copy_value(c.agent)}\tpending\t1\t0\t0\t0\n"
-        for c in batch
-    )
-
-
 def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
     batch = list(cases)
     if not is_sqlite(url):
         # Here, not at the top: an embedded run (SQLite) never imports the driver.
         from psycopg import Error
-        from psycopg.errors import UniqueViolation
 
         try:
             with session_scope(url) as session:
                 driver = session.connection().connection.driver_connection
                 assert driver is not None  # a live connection of this session's transaction
-                with driver.cursor() as cursor, cursor.copy(_COPY_CASES) as copy:
-                    copy.write(_copy_rows(run_id, batch))
-            return len(batch)
-        except UniqueViolation:
-            pass  # a case already stored: see `_ADD_CASES`
+                return write_cases(driver, run_id, batch)
         except Error as exc:
             # The driver's own error, raised as SQLAlchemy would have wrapped it: callers
             # tell a refused value from a lost connection by DBAPIError (db.py).
-            raise DBAPIError.instance(_COPY_CASES, None, exc, Error) from exc
-        with session_scope(url) as session:
-            document = "[" + ", ".join(map(_case_element, batch)) + "]"
-            session.execute(_ADD_CASES, {"run_id": run_id, "cases": document})
-        return len(batch)
+            raise DBAPIError.instance(COPY_CASES, None, exc, Error) from exc
     with session_scope(url) as session:
         rows = [
             {
@@ -266,3 +177,39 @@ def delete_run(url: str, run_id: str) -> None:
         session.execute(delete(AssertionResultRow).where(AssertionResultRow.run_id == run_id))
         session.execute(delete(AgentCallRow).where(AgentCallRow.run_id == run_id))
         session.execute(delete(RunRow).where(RunRow.id == run_id))
+
+
+class SqlAlchemyRunWrites:
+    """A new run's writes (new_run.RunWrites) through this module: on SQLite, and on a
+    Postgres URL naming a driver other than psycopg 3 (postgres_run.py otherwise)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        # SQLite takes one writer at a time.
+        self.writers = 1 if is_sqlite(url) else 2
+
+    def create_run(self, run: NewRun) -> None:
+        create_run(
+            self.url,
+            run_id=run.run_id,
+            agent=run.agent,
+            input_label=run.input_label,
+            options=run.options,
+            config=run.config,
+            parent_run_id=run.parent_run_id,
+            deadline_at=run.deadline_at,
+            suite=run.suite,
+            usage=run.usage,
+        )
+
+    def add_cases(self, run_id: str, batch: Sequence[NewCase]) -> int:
+        return add_cases(self.url, run_id, batch)
+
+    def start_run(self, run_id: str, total: int, started_at: datetime | None = None) -> bool:
+        return start_run(self.url, run_id, total, started_at)
+
+    def delete_run(self, run_id: str) -> None:
+        delete_run(self.url, run_id)
+
+    def close(self) -> None:
+        pass
