@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agenttest_worker.agents.plain_http import Target
+    from yarl import URL
 
 USER_AGENT = "agenttest"
 ACCEPT_ENCODING = "gzip, deflate"
@@ -71,6 +71,17 @@ def _check_header(text: str) -> str:
             "Forbidden control character detected in headers. Potential header injection attack."
         )
     return text
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A URL as a request needs it, parsed once per URL (plain_http.target)."""
+
+    url: URL
+    host: str  # to connect to
+    port: int
+    host_header: str
+    path: str  # the request target: path and query, quoted
 
 
 def request_head(method: str, target: Target, headers: dict[str, str], length: int | None) -> bytes:

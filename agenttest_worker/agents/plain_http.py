@@ -37,6 +37,7 @@ from agenttest_worker.agents.http_connection import (
     Connection,
     HttpFailure,
     PlainReply,
+    Target,
     header,
     request_head,
 )
@@ -101,17 +102,6 @@ class _Call:
         if where is None:
             raise Redirected(self.method, str(following), self.body(), self.hops)
         self.target = where
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A URL as a request needs it, parsed once per URL."""
-
-    url: URL
-    host: str  # to connect to
-    port: int
-    host_header: str
-    path: str  # the request target: path and query, quoted
 
 
 @lru_cache(maxsize=4096)
