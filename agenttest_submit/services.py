@@ -6,8 +6,8 @@ what the driver said, in one line instead of an "internal error" with the driver
 exception class. Exit code 3 either way: nothing about the cases was wrong.
 
 Only the modules a run has already imported are consulted (SQLAlchemy, psycopg, kombu),
-so this costs the command's start-up nothing. `safe_url` is also how the subcommands show the
-database's address.
+so this costs the command's start-up nothing. `safe_url` is also how the subcommands
+show the database's address.
 """
 
 from __future__ import annotations
@@ -27,21 +27,12 @@ def safe_url(url: str) -> str:
 def unreachable_service(exc: BaseException) -> str | None:
     """The message for `exc` when it is the database or the broker not answering."""
     settings = get_settings()
-    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
-    if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.DBAPIError):
-        from agenttest_worker.store.db import error_reason, is_connection_lost  # see above
-
-        if is_connection_lost(exc):
-            where = safe_url(settings.effective_database_url())
-            return f"cannot reach the database at {where}: {error_reason(exc)}"
-    # A run stored through psycopg alone (store/postgres_run.py): the driver's own error.
-    postgres_run = sys.modules.get("agenttest_worker.store.postgres_run")
-    if postgres_run is not None and postgres_run.connection_lost(exc):
+    if _database_lost(exc):
         from agenttest_worker.errors import redact
         from agenttest_worker.store.db import error_reason  # see above
 
         where = safe_url(settings.effective_database_url())
-        # libpq may quote the address it was given: any URL in its words is redacted.
+        # The driver may quote the address it was given: any URL in its words is redacted.
         return f"cannot reach the database at {where}: {redact(error_reason(exc))}"
     kombu_exc = sys.modules.get("kombu.exceptions")
     if kombu_exc is not None and isinstance(exc, kombu_exc.OperationalError):
@@ -50,3 +41,15 @@ def unreachable_service(exc: BaseException) -> str | None:
         where = safe_url(settings.broker_url or "")
         return f"cannot reach the broker at {where}: {error_reason(exc)}"
     return None
+
+
+def _database_lost(exc: BaseException) -> bool:
+    """Whether `exc` is the database out of reach: SQLAlchemy's error, or psycopg's own
+    where a run was stored through psycopg alone (store/postgres_run.py)."""
+    sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
+    if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.DBAPIError):
+        from agenttest_worker.store.db import is_connection_lost  # see above
+
+        return is_connection_lost(exc)
+    postgres_run = sys.modules.get("agenttest_worker.store.postgres_run")
+    return postgres_run is not None and bool(postgres_run.connection_lost(exc))

@@ -234,22 +234,23 @@ def _run_writes(url: str) -> RunWrites:
     from agenttest_worker.store.postgres_run import PostgresRunWrites, libpq_url
 
     libpq = libpq_url(url)
-    if libpq is not None:
-        writes = PostgresRunWrites(libpq)
-        try:
-            current = writes.current_schema()
-        except BaseException:
-            writes.close()
-            raise
-        if current:
-            return writes
-        writes.close()
-    # The store: see the top.
-    from agenttest_worker.store.db import upgrade
-    from agenttest_worker.store.runs import SqlAlchemyRunWrites
+    if libpq is None:
+        # The store: see the top.
+        from agenttest_worker.store.db import upgrade
+        from agenttest_worker.store.runs import SqlAlchemyRunWrites
 
-    upgrade(url)
-    return PostgresRunWrites(libpq) if libpq is not None else SqlAlchemyRunWrites(url)
+        upgrade(url)
+        return SqlAlchemyRunWrites(url)
+    writes = PostgresRunWrites(libpq)
+    try:
+        if not writes.current_schema():
+            from agenttest_worker.store.db import upgrade  # Alembic: only then
+
+            upgrade(url)
+    except BaseException:
+        writes.close()
+        raise
+    return writes
 
 
 def _write_run(

@@ -32,6 +32,11 @@ def submitted_by() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+# Batches of cases a run's writes store at once on Postgres, each on its own
+# connection: enough to keep a two-core server busy (agenttest_submit/storing.py).
+POSTGRES_WRITERS = 2
+
+
 @dataclass(frozen=True)
 class NewRun:
     """A run row as its submitter creates it (the rest of its columns take their

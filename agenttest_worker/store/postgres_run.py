@@ -24,7 +24,13 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.store.new_run import NewCase, NewRun, submitted_by, write_cases
+from agenttest_worker.store.new_run import (
+    POSTGRES_WRITERS,
+    NewCase,
+    NewRun,
+    submitted_by,
+    write_cases,
+)
 from agenttest_worker.store.schema_revision import HEAD_REVISION
 from agenttest_worker.store.storable import dumps_storable
 
@@ -100,9 +106,7 @@ class PostgresRunWrites:
     runs (the cases are stored by more than one thread at once: storing.py); every
     connection is closed by `close`."""
 
-    # Batches of cases stored at once, each on its own connection: enough to keep a
-    # two-core server busy (storing.py).
-    writers = 2
+    writers = POSTGRES_WRITERS
 
     def __init__(self, url: str) -> None:
         self._url = url

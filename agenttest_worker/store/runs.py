@@ -18,7 +18,13 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_worker.store._sql import RUNS, insert_ignoring
 from agenttest_worker.store.db import is_sqlite, session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
-from agenttest_worker.store.new_run import COPY_CASES, NewRun, submitted_by, write_cases
+from agenttest_worker.store.new_run import (
+    COPY_CASES,
+    POSTGRES_WRITERS,
+    NewRun,
+    submitted_by,
+    write_cases,
+)
 from agenttest_worker.store.new_run import NewCase as NewCase  # where callers found it
 from agenttest_worker.store.steps import CaseText, claimed
 from agenttest_worker.store.turn_statements import started_after_claim
@@ -186,7 +192,7 @@ class SqlAlchemyRunWrites:
     def __init__(self, url: str) -> None:
         self.url = url
         # SQLite takes one writer at a time.
-        self.writers = 1 if is_sqlite(url) else 2
+        self.writers = 1 if is_sqlite(url) else POSTGRES_WRITERS
 
     def create_run(self, run: NewRun) -> None:
         create_run(
