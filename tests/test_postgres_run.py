@@ -14,6 +14,7 @@ import psycopg
 import pytest
 import redis
 
+from agenttest_submit.storing import write_run
 from agenttest_worker.store import runs, steps
 from agenttest_worker.store.db import upgrade
 from agenttest_worker.store.new_run import NewCase, NewRun, RunWrites
@@ -183,3 +184,22 @@ def test_a_fleet_submission_stores_its_run_without_sqlalchemy(
     finally:
         for key in client.keys(f"{queue}*"):
             client.delete(key)
+
+
+def test_a_run_written_to_an_empty_database_migrates_it_first(empty_pg_database: str) -> None:
+    """No schema yet: Alembic brings it to the head, then psycopg writes the run."""
+    run_id = f"new-{secrets.token_hex(4)}"
+    records = [(c.case_id, c.agent, c.case) for c in _cases()]
+    stored = write_run(
+        empty_pg_database,
+        run_id,
+        records,
+        options={},
+        config={},
+        target=None,
+        label="empty",
+        deadline_at=None,
+    )
+    assert stored == 3
+    assert _row(empty_pg_database, "runs", "id", run_id)[0]["status"] == "running"
+    assert len(_row(empty_pg_database, "cases", "run_id", run_id)) == 3
