@@ -25,9 +25,10 @@ from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 
-# Celery and the publishing of tasks (agenttest_worker.fleet.enqueue) are imported where
-# they are used, not here: import_celery_meanwhile imports them on a thread while the
-# run is stored. The tasks themselves (fleet.tasks) are the workers' alone.
+# The publishing of tasks (agenttest_worker.fleet.enqueue: redis-py on a Redis broker,
+# Celery on any other) is imported where it is used, not here: import_publisher_meanwhile
+# imports it on a thread while the run is stored. The tasks themselves (fleet.tasks) are
+# the workers' alone.
 
 
 def database_url() -> str:
@@ -42,13 +43,14 @@ def database_url() -> str:
     return settings.database_url
 
 
-def import_celery_meanwhile() -> None:
-    """Import Celery and what publishes tasks on a thread while the run is being stored.
+def import_publisher_meanwhile() -> None:
+    """Import what publishes tasks on a thread while the run is being stored.
 
-    They take ~0.2 s to import, all of it before the first conversation can start;
-    storing the run is mostly waiting on the database, time the import can use.
-    `FleetStarter` (or `enqueue_run`) then finds them imported (or waits on the import
-    lock until they are).
+    It is imported before the first conversation can start; storing the run is mostly
+    waiting on the database, time the import can use. `FleetStarter` (or `enqueue_run`)
+    then finds it imported (or waits on the import lock until it is). On a Redis broker
+    that is redis-py alone: Celery's ~0.2 s import, which the first batch's publish
+    waited for, is not needed to publish there (fleet/publish.py).
     """
 
     def load() -> None:
@@ -66,7 +68,7 @@ def enqueue_run(run_id: str, total: int) -> None:
     Workers expand each batch into turn tasks (only for conversations not yet started),
     so the submitter's cost does not grow with one publish per case.
     """
-    # Celery: see the note at the top.
+    # The publisher: see the note at the top.
     from agenttest_worker.fleet.enqueue import enqueue_starts
 
     if total:
@@ -93,12 +95,12 @@ class FleetStarter:
     def stored(self, run_id: str, first: int, last: int) -> None:
         if self.parallel is not None:
             return  # started once the run is running, `parallel` at a time
-        from agenttest_worker.fleet.enqueue import enqueue_start  # Celery: see the top
+        from agenttest_worker.fleet.enqueue import enqueue_start  # the publisher: see the top
 
         enqueue_start(run_id, first, last)
 
     def started(self, run_id: str, every_case_ended: bool) -> None:
-        # Celery: see the note at the top.
+        # The publisher: see the note at the top.
         from agenttest_worker.fleet.enqueue import enqueue_aggregate, enqueue_starts
 
         if every_case_ended:  # they ended before the run was running: nobody else will

@@ -37,7 +37,7 @@ POLL_SECONDS = 0.5
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
-    from agenttest_worker.fleet.enqueue import follow_up as enqueue  # Celery: see the top
+    from agenttest_worker.fleet.enqueue import follow_up as enqueue  # see distributed.py
 
     enqueue(run_id, case_id, advance)
 

@@ -133,7 +133,7 @@ class FleetCollector:
         from kombu.transport.redis import Channel
         from prometheus_client.core import GaugeMetricFamily
 
-        from agenttest_worker.fleet.app import queue_lists
+        from agenttest_worker.fleet.queues import queue_lists
 
         if self._redis is None:
             import redis

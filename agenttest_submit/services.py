@@ -5,7 +5,8 @@ bug in agenttest; it must say which service, at which address (password hidden),
 what the driver said, in one line instead of an "internal error" with the driver's
 exception class. Exit code 3 either way: nothing about the cases was wrong.
 
-Only the modules a run has already imported are consulted (SQLAlchemy, psycopg, kombu),
+Only the modules a run has already imported are consulted (SQLAlchemy, psycopg, kombu,
+redis-py),
 so this costs the command's start-up nothing. `safe_url` is also how the subcommands
 show the database's address.
 """
@@ -34,13 +35,25 @@ def unreachable_service(exc: BaseException) -> str | None:
         where = safe_url(settings.effective_database_url())
         # The driver may quote the address it was given: any URL in its words is redacted.
         return f"cannot reach the database at {where}: {redact(error_reason(exc))}"
-    kombu_exc = sys.modules.get("kombu.exceptions")
-    if kombu_exc is not None and isinstance(exc, kombu_exc.OperationalError):
-        from agenttest_worker.store.db import error_reason  # kombu's errors: see above
+    if _broker_lost(exc):
+        from agenttest_worker.errors import redact
+        from agenttest_worker.store.db import error_reason  # see above
 
         where = safe_url(settings.broker_url or "")
-        return f"cannot reach the broker at {where}: {error_reason(exc)}"
+        return f"cannot reach the broker at {where}: {redact(error_reason(exc))}"
     return None
+
+
+def _broker_lost(exc: BaseException) -> bool:
+    """Whether `exc` is the broker out of reach: kombu's error (Celery publishing), or
+    redis-py's own where tasks were published on Redis without Celery (fleet/publish.py)."""
+    kombu_exc = sys.modules.get("kombu.exceptions")
+    if kombu_exc is not None and isinstance(exc, kombu_exc.OperationalError):
+        return True
+    redis_exc = sys.modules.get("redis.exceptions")
+    return redis_exc is not None and isinstance(
+        exc, (redis_exc.ConnectionError, redis_exc.TimeoutError)
+    )
 
 
 def _database_lost(exc: BaseException) -> bool:

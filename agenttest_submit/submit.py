@@ -147,11 +147,11 @@ def run_cases(
     label = input_label(sources, 0)
     url = settings.effective_database_url()
     if settings.distributed:
-        # The store and Celery: see the note at the top.
-        from agenttest_submit.distributed import database_url, import_celery_meanwhile
+        # The store and the publisher: see the note at the top.
+        from agenttest_submit.distributed import database_url, import_publisher_meanwhile
 
         url = database_url()
-        import_celery_meanwhile()
+        import_publisher_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
     with Spool(stream, target, repeat=request.repeat) as spool:
         print_warnings(stream.warnings)

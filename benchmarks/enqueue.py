@@ -31,7 +31,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from agenttest_worker.fleet.app import queue_lists
+from agenttest_worker.fleet.queues import queue_lists
 from benchmarks.common import compile_bytecode, submit_command, timed
 from benchmarks.throughput import database, redis_db
 

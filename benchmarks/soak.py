@@ -55,7 +55,7 @@ from fault_kit import Fault, FaultAgent, PostgresServer, openai_agent, write_con
 from fleet import WORKER_ENV, RedisServer, _die_with_parent, expense_case, greeting_case  # noqa: E402
 
 from agenttest_worker.demo.server import DemoServer  # noqa: E402
-from agenttest_worker.fleet.app import queue_lists  # noqa: E402
+from agenttest_worker.fleet.queues import queue_lists  # noqa: E402
 
 QUEUE = "agenttest"
 FAULTS = ("kill", "429", "redis", "outage", "deploy", "postgres")

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agenttest_worker.fleet.app import queue_lists
+from agenttest_worker.fleet.queues import queue_lists
 from agenttest_worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

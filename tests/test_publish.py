@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,15 @@ enqueue_turns("r1", [("c2", 1), ("c3", 1)])
 turn.apply_async(("r1", "c9", 1), priority=9, argsrepr="('r1', 'c9', 1)", kwargsrepr="{}")
 """
 
-# Fields that differ between any two messages: each task's id and delivery tag.
-_PER_MESSAGE = {("headers", "id"), ("headers", "root_id"), ("properties", "correlation_id")}
+# Fields that differ between any two messages: each task's id and delivery tag; and
+# where a reply would go, Celery's per publishing thread, the Redis publisher's per
+# process (no task has a result).
+_PER_MESSAGE = {
+    ("headers", "id"),
+    ("headers", "root_id"),
+    ("properties", "correlation_id"),
+    ("properties", "reply_to"),
+}
 
 
 def _publish(broker: str) -> None:
@@ -44,7 +52,7 @@ def _comparable(text: bytes) -> dict[str, Any]:
     message = json.loads(text)
     message["body"] = json.loads(base64.b64decode(message["body"]))
     for part, key in _PER_MESSAGE:
-        assert message[part][key], (part, key)
+        uuid.UUID(message[part][key])  # each of them a UUID
         message[part][key] = "(per message)"
     assert message["headers"]["root_id"] != message["properties"]["delivery_tag"]
     message["properties"]["delivery_tag"] = "(per message)"
@@ -122,21 +130,26 @@ def test_start_batches_and_the_aggregation_are_the_messages_celery_writes(
         assert message == celerys
 
 
-def test_publishing_imports_no_task_body() -> None:
+def test_publishing_on_redis_imports_no_task_body_nor_celery(redis_db: str) -> None:
     """The submitter publishes through fleet.enqueue: the worker's tasks, driver pool
-    and metrics stay out of its start-up."""
+    and metrics stay out of its start-up, and on a Redis broker Celery and kombu too."""
     probe = (
-        "import sys; import agenttest_worker.fleet.enqueue; "
+        "import sys; from agenttest_worker.fleet.enqueue import enqueue_starts; "
+        "enqueue_starts('r1', 0, 0); "
         "print(sorted(m for m in sys.modules if m in ("
         "'agenttest_worker.fleet.tasks', 'agenttest_worker.fleet.metrics', "
-        "'agenttest_worker.fleet.loop_pool', 'prometheus_client')))"
+        "'agenttest_worker.fleet.loop_pool', 'prometheus_client', 'celery', 'kombu')))"
     )
-    env = {**os.environ, "AGENTTEST_BROKER_URL": "redis://127.0.0.1:6379/0"}
+    client = redis.Redis.from_url(redis_db)
+    client.delete("agenttest", "agenttest:9")  # the session's database: other tests' messages
+    env = {**os.environ, "AGENTTEST_BROKER_URL": redis_db, "AGENTTEST_QUEUE": "agenttest"}
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+    (published,) = client.lrange("agenttest:9", 0, -1)
+    assert _comparable(published)["body"][0] == ["r1", 0, 0]
 
 
 OTHER_BROKER = """

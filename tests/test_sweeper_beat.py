@@ -16,7 +16,7 @@ import pytest
 import redis
 from fleet import Fleet, fleet_on, greeting_case, turn_rows, write_cases, write_project
 
-from agenttest_worker.fleet.app import queue_lists
+from agenttest_worker.fleet.queues import queue_lists
 from agenttest_worker.store import runs
 
 # Every test here runs a Celery worker and `celery beat`.

@@ -23,6 +23,11 @@ from __future__ import annotations
 
 from celery import Celery
 
+from agenttest_worker.fleet.queues import (
+    PRIORITY_SEPARATOR,
+    PRIORITY_STEPS,
+    PUBLISH_RETRY_POLICY,
+)
 from agenttest_worker.fleet.transport import use_shared_clients
 from agenttest_worker.settings import get_settings
 
@@ -31,20 +36,6 @@ settings = get_settings()
 # The default pool, named so that importing the app does not import it (Celery loads
 # it when the worker starts).
 LOOP_POOL = "agenttest_worker.fleet.loop_pool:TaskPool"
-
-# Redis priorities (kombu): 0 is popped first. Only these two steps exist, so workers
-# watch two lists per queue; ":" keeps the second list's name readable for monitoring
-# (deploy/k8s/keda-scaledobject.yaml watches both).
-CONTINUING = 0
-NEW_CONVERSATION = 9
-PRIORITY_STEPS = (CONTINUING, NEW_CONVERSATION)
-PRIORITY_SEPARATOR = ":"
-
-
-def queue_lists(queue: str) -> list[str]:
-    """The Redis lists holding `queue`'s messages, the first popped first."""
-    return [queue if step == 0 else f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS]
-
 
 app = Celery(
     "agenttest_worker",
@@ -90,12 +81,7 @@ app.conf.update(
     # acknowledgment means at most a redelivery, which the turn guard makes a no-op.
     worker_cancel_long_running_tasks_on_connection_loss=False,
     task_publish_retry=True,
-    task_publish_retry_policy={
-        "max_retries": 10,
-        "interval_start": 0.2,
-        "interval_step": 0.5,
-        "interval_max": 3,
-    },
+    task_publish_retry_policy=PUBLISH_RETRY_POLICY,
     # Flower and `celery events` show tasks as workers receive, start and finish them.
     # Off unless asked for: three broker messages per turn cost about 1 ms of worker CPU
     # per turn (benchmarks/throughput.py) whether anyone watches or not, and Flower

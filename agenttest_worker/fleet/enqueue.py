@@ -1,19 +1,18 @@
 """Publishing the fleet's tasks by name: turns, start batches, the aggregation.
 
 Apart from the task bodies (tasks.py) so that a process that only publishes (the
-submitter, `resume`) imports the Celery app and the publisher, not the worker's
-driver, pool and metrics. On Redis each task goes out as the
-message Celery writes, in one LPUSH (several in one pipeline: publish.py); on any
-other broker Celery publishes it (`send_task`, one producer for a batch). tasks.py
-registers its tasks under these names.
-"""
+submitter, `resume`) imports the publisher, not the worker's driver, pool and metrics.
+On Redis each task goes out as the message Celery writes, in one LPUSH (several in one
+pipeline: publish.py), and Celery itself is not imported; on any other broker Celery
+publishes it (`send_task`, one producer for a batch). tasks.py registers its tasks
+under these names."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
 from agenttest_worker.fleet.publish import RedisPublisher, TaskMessage
+from agenttest_worker.fleet.queues import CONTINUING, NEW_CONVERSATION
 from agenttest_worker.settings import get_settings
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ def _publisher() -> RedisPublisher | None:
     broker = settings.broker_url or ""
     if broker not in _publishers:
         redis = broker.startswith(("redis://", "rediss://"))
-        _publishers[broker] = RedisPublisher(app, settings.queue) if redis else None
+        _publishers[broker] = RedisPublisher(broker, settings.queue) if redis else None
     return _publishers[broker]
 
 
@@ -52,6 +51,9 @@ def publish(messages: list[TaskMessage], producer: Any = None) -> None:
     if publisher is not None:
         publisher.publish(messages)
         return
+    # Celery: only for a broker other than Redis (see the module docstring).
+    from agenttest_worker.fleet.app import app
+
     with app.producer_or_acquire(producer) as acquired:
         for message in messages:
             app.send_task(

@@ -7,8 +7,13 @@ about a tenth of a worker's CPU per turn (benchmarks/throughput.py). On Redis th
 message is instead built here, as Celery's task protocol 2 writes it (the same headers,
 properties and body, so workers, Flower and `celery inspect` see the same task), and
 pushed onto the list kombu's Redis transport would have chosen for its priority, with
-the publish retry policy the app configures (fleet/app.py). Several messages (a start
+the publish retry policy the app configures (queues.py). Several messages (a start
 batch's first turns) go in one pipeline.
+
+Neither Celery nor kombu is imported here: the submitter publishes its run's start
+without importing them (~0.2 s of its start-up, which the first conversation waited
+for). The client is redis-py's, on the broker's URL as redis-py reads it (the same
+`redis://` and `rediss://` URLs, `?ssl_cert_reqs=` included), kept for the process.
 
 Any other broker is published to through `apply_async`, unchanged.
 `tests/test_publish.py` holds the message to what `apply_async` writes, field by field,
@@ -20,24 +25,28 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import socket
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery
-from celery.utils.nodenames import anon_nodename
-from kombu.exceptions import OperationalError as KombuOperationalError
-from kombu.utils.functional import retry_over_time
+import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agenttest_worker.fleet.app import PRIORITY_STEPS, queue_lists
+from agenttest_worker.fleet.queues import PUBLISH_RETRY_POLICY, queue_list
 
 log = logging.getLogger("agenttest.tasks")
 
 # The part of a task's body after its arguments: no callbacks, errbacks, chain or chord.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+# What kombu's Redis channel sets on its connections beyond the URL's own settings:
+# a connection idle this long is checked before it is used again.
+_HEALTH_CHECK_SECONDS = 25
 
 
 @dataclass(frozen=True)
@@ -51,12 +60,10 @@ class TaskMessage:
     priority: int
 
 
-def queue_list(queue: str, priority: int) -> str:
-    """The Redis list kombu's transport pushes a message of `priority` onto (its
-    `_q_for_pri`: the highest priority step not above it)."""
-    clamped = max(min(priority, 9), 0)
-    steps = [step for step in PRIORITY_STEPS if step <= clamped]
-    return queue_lists(queue)[len(steps) - 1]
+def origin() -> str:
+    """The publishing process, as Celery names one that is not a worker (its
+    `anon_nodename`): gen<pid>@<host>."""
+    return f"gen{os.getpid()}@{socket.gethostname()}"
 
 
 def encode(task: TaskMessage, queue: str, origin: str, reply_to: str) -> str:
@@ -104,53 +111,55 @@ def encode(task: TaskMessage, queue: str, origin: str, reply_to: str) -> str:
 
 
 class RedisPublisher:
-    """Pushes task messages onto a Redis broker's queue lists (see the module docstring)."""
+    """Pushes task messages onto a Redis broker's queue lists (see the module docstring).
 
-    def __init__(self, app: Celery, queue: str) -> None:
-        self.app = app
+    Safe to share between threads: every command takes a connection from the client's
+    pool."""
+
+    def __init__(self, broker_url: str, queue: str) -> None:
+        self.client = redis.Redis.from_url(
+            broker_url, health_check_interval=_HEALTH_CHECK_SECONDS, socket_keepalive=True
+        )
         self.queue = queue
-        self.origin = anon_nodename()
-        policy = app.conf.task_publish_retry_policy or {}
-        self.max_retries = int(policy.get("max_retries", 3))
-        self.interval_start = float(policy.get("interval_start", 0))
-        self.interval_step = float(policy.get("interval_step", 0.2))
-        self.interval_max = float(policy.get("interval_max", 1))
+        self.origin = origin()
+        # Where a reply would go (Celery's `reply_to`, one per publishing thread there);
+        # no task here has a result, so one per process says as much.
+        self.reply_to = str(uuid.uuid4())
+        policy = PUBLISH_RETRY_POLICY
+        self.max_retries = int(policy["max_retries"])
+        self.interval_start = float(policy["interval_start"])
+        self.interval_step = float(policy["interval_step"])
+        self.interval_max = float(policy["interval_max"])
 
     def publish(self, tasks: Sequence[TaskMessage]) -> None:
         """Push every task (one pipeline for several), retrying a lost connection with
         the app's publish retry policy; the last error is raised (what the broker never
         got, the sweeper re-enqueues from the store)."""
-        reply_to = str(self.app.thread_oid)
         pushes = [
-            (queue_list(self.queue, t.priority), encode(t, self.queue, self.origin, reply_to))
+            (queue_list(self.queue, t.priority), encode(t, self.queue, self.origin, self.reply_to))
             for t in tasks
         ]
-
-        def retrying(exc: Exception, intervals: Iterator[float], _: int) -> float:
-            log.warning("publishing %d task(s) failed (%s); retrying", len(pushes), exc)
-            return next(intervals)
-
-        # kombu's retry loop, which Celery's own publish retries with (Connection.ensure).
-        retry_over_time(  # type: ignore[no-untyped-call]
-            self._push,
-            # (A command that lost its connection; a connection kombu could not make.)
-            (RedisConnectionError, RedisTimeoutError, KombuOperationalError),
-            (pushes,),
-            errback=retrying,
-            max_retries=self.max_retries,
-            interval_start=self.interval_start,
-            interval_step=self.interval_step,
-            interval_max=self.interval_max,
-        )
+        wait = self.interval_start
+        for attempt in range(self.max_retries + 1):
+            try:
+                self._push(pushes)
+                return
+            # (A command that lost its connection; a connection that could not be made.)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if attempt == self.max_retries:
+                    raise
+                log.warning("publishing %d task(s) failed (%s); retrying", len(pushes), exc)
+                time.sleep(wait)
+                wait = min(wait + self.interval_step, self.interval_max)
 
     def _push(self, pushes: list[tuple[str, str]]) -> None:
-        with self.app.producer_or_acquire() as producer:
-            channel: Any = producer.channel
-            with channel.conn_or_acquire() as client:
-                if len(pushes) == 1:
-                    client.lpush(*pushes[0])
-                    return
-                with client.pipeline(transaction=False) as pipe:
-                    for key, text in pushes:
-                        pipe.lpush(key, text)
-                    pipe.execute()
+        if len(pushes) == 1:
+            self.client.lpush(*pushes[0])
+            return
+        with self.client.pipeline(transaction=False) as pipe:
+            for key, text in pushes:
+                pipe.lpush(key, text)
+            pipe.execute()
+
+    def close(self) -> None:
+        self.client.close()
