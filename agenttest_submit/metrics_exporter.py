@@ -134,11 +134,14 @@ class FleetCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         from agenttest_worker.fleet.queues import queue_lists
+        from agenttest_worker.settings import redis_py_url
 
         if self._redis is None:
             import redis
 
-            self._redis = redis.Redis.from_url(self.broker_url or "", socket_timeout=5)
+            self._redis = redis.Redis.from_url(
+                redis_py_url(self.broker_url or ""), socket_timeout=5
+            )
         lists = queue_lists(self.queue)
         pipe = self._redis.pipeline(transaction=False)
         for name in lists:

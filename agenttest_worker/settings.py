@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -176,3 +177,22 @@ def _shown(value: object) -> object:
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings.from_environment()
+
+
+# kombu (the workers' consumer) reads `ssl_cert_reqs` in ssl's constant names as well as
+# in redis-py's words; the task publisher (fleet/publish.py), the fleet-wide rate limits
+# and breakers (agents/ratelimit.py) and the metrics exporter reach the same Redis
+# through redis-py, which reads only the words.
+_CERT_REQS_WORDS = {"CERT_REQUIRED": "required", "CERT_OPTIONAL": "optional", "CERT_NONE": "none"}
+
+
+def redis_py_url(broker_url: str) -> str:
+    """`broker_url` as redis-py reads what kombu reads from it (`ssl_cert_reqs`)."""
+    parts = urlsplit(broker_url)
+    if "CERT_" not in parts.query:
+        return broker_url
+    query = [
+        (key, _CERT_REQS_WORDS.get(value, value) if key == "ssl_cert_reqs" else value)
+        for key, value in parse_qsl(parts.query, keep_blank_values=True)
+    ]
+    return urlunsplit(parts._replace(query=urlencode(query)))

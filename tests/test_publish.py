@@ -236,3 +236,26 @@ def test_a_publish_while_the_broker_is_away_is_retried_until_it_is_back(tmp_path
         if publishing.poll() is None:
             publishing.kill()
         server.stop()
+
+
+def test_a_tls_broker_is_published_to_with_kombus_spelling_of_its_certificate_rule(
+    tmp_path: Path,
+) -> None:
+    """kombu (the workers' consumer) reads `ssl_cert_reqs=CERT_NONE` as redis-py reads
+    `none`: the Redis publisher reads both, over a real TLS connection."""
+    from agenttest_worker.fleet.publish import RedisPublisher, TaskMessage
+    from agenttest_worker.settings import redis_py_url
+
+    with RedisServer(tmp_path / "redis", tls=True) as server:
+        kombus = server.url.replace("ssl_cert_reqs=none", "ssl_cert_reqs=CERT_NONE")
+        assert redis_py_url(kombus) == server.url
+        publisher = RedisPublisher(kombus, "agenttest")
+        try:
+            publisher.publish([TaskMessage("agenttest.turn", ("r1", "c1", 2), "x", 0)])
+            publisher.publish([TaskMessage("agenttest.turn", ("r1", "c2", 1), "y", 9)])
+        finally:
+            publisher.close()
+        reader = redis.Redis.from_url(server.url)
+        assert _comparable(reader.lrange("agenttest", 0, -1)[0])["body"][0] == ["r1", "c1", 2]
+        assert _comparable(reader.lrange("agenttest:9", 0, -1)[0])["body"][0] == ["r1", "c2", 1]
+    assert redis_py_url("redis://:p%40ss@host:6379/3") == "redis://:p%40ss@host:6379/3"

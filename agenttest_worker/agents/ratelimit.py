@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from agenttest_worker.agents.config import RateLimit
 from agenttest_worker.agents.waiting import Waits
 from agenttest_worker.observe import metrics
-from agenttest_worker.settings import get_settings
+from agenttest_worker.settings import get_settings, redis_py_url
 
 log = logging.getLogger("agenttest.ratelimit")
 
@@ -313,7 +313,7 @@ class RedisLimiter:
             RedisConnectionError,
             RedisTimeoutError,
         )
-        self.client: Any = aioredis.Redis.from_url(url)
+        self.client: Any = aioredis.Redis.from_url(redis_py_url(url))
         self.prefix = prefix
         self.outage_grace = outage_grace
         self._script: Any = self.client.register_script(_ACQUIRE)

@@ -13,7 +13,8 @@ batch's first turns) go in one pipeline.
 Neither Celery nor kombu is imported here: the submitter publishes its run's start
 without importing them (~0.2 s of its start-up, which the first conversation waited
 for). The client is redis-py's, on the broker's URL as redis-py reads it (the same
-`redis://` and `rediss://` URLs, `?ssl_cert_reqs=` included), kept for the process.
+`redis://` and `rediss://` URLs; `?ssl_cert_reqs=` in kombu's spellings too), kept for
+the process.
 
 Any other broker is published to through `apply_async`, unchanged.
 `tests/test_publish.py` holds the message to what `apply_async` writes, field by field,
@@ -38,6 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agenttest_worker.fleet.queues import PUBLISH_RETRY_POLICY, queue_list
+from agenttest_worker.settings import redis_py_url
 
 log = logging.getLogger("agenttest.tasks")
 
@@ -118,7 +120,9 @@ class RedisPublisher:
 
     def __init__(self, broker_url: str, queue: str) -> None:
         self.client = redis.Redis.from_url(
-            broker_url, health_check_interval=_HEALTH_CHECK_SECONDS, socket_keepalive=True
+            redis_py_url(broker_url),
+            health_check_interval=_HEALTH_CHECK_SECONDS,
+            socket_keepalive=True,
         )
         self.queue = queue
         self.origin = origin()
