@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import redis
 from fleet import (
     Fleet,
     WatchingAgent,
@@ -26,6 +27,7 @@ from fleet import (
 )
 
 from agenttest_worker.fleet.loop_pool import DEFERRED, raise_open_files_limit
+from agenttest_worker.fleet.publish import PUBLISHER_NAME
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def test_the_open_files_limit_is_raised_toward_the_turns_in_flight() -> None:
 
 @pytest.mark.fleet
 @pytest.mark.parametrize("pool_args", [(), ("--pool", "threads")], ids=["loop", "threads"])
-def test_a_worker_brings_the_schema_current_before_its_first_task(
+def test_a_worker_brings_the_schema_current_and_connects_its_publisher_before_its_first_task(
     redis_db: str, empty_pg_database: str, demo_url: str, tmp_path: Path, pool_args: tuple[str, ...]
 ) -> None:
     # Where tasks run in the worker's own process, Celery sends no `worker_process_init`:
@@ -139,6 +141,11 @@ def test_a_worker_brings_the_schema_current_before_its_first_task(
         with psycopg.connect(plain) as conn:
             row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
         assert row == (HEAD_REVISION,)
+        # And the connection its turns are published on is open (fleet/publish.py).
+        db = int(redis_db.rsplit("/", 1)[1])
+        clients = redis.Redis.from_url(redis_db).client_list()
+        named = [c for c in clients if c.get("name") == PUBLISHER_NAME and int(c["db"]) == db]
+        assert named, clients
 
 
 @pytest.mark.fleet

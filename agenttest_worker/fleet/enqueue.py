@@ -35,6 +35,18 @@ def _publisher() -> RedisPublisher | None:
     return _publishers[broker]
 
 
+def connect() -> None:
+    """Open the connection tasks are published on (a worker's warm-up, tasks.py)."""
+    publisher = _publisher()
+    if publisher is not None:
+        publisher.client.ping()
+        return
+    from agenttest_worker.fleet.app import app  # Celery: see the module docstring
+
+    with app.producer_or_acquire() as producer:
+        producer.channel  # noqa: B018  (connects)
+
+
 def _task(name: str, args: tuple[Any, ...], priority: int) -> TaskMessage:
     # The arguments' display form (what Flower shows) is written here rather than left
     # to Celery's `saferepr`, which walks the arguments on every publish; the arguments

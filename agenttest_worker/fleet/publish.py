@@ -46,6 +46,9 @@ log = logging.getLogger("agenttest.tasks")
 # The part of a task's body after its arguments: no callbacks, errbacks, chain or chord.
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
+# Its connections' name in Redis's CLIENT LIST: where the turns are published from.
+PUBLISHER_NAME = "agenttest-publisher"
+
 # What kombu's Redis channel sets on its connections beyond the URL's own settings:
 # a connection idle this long is checked before it is used again.
 _HEALTH_CHECK_SECONDS = 25
@@ -123,6 +126,7 @@ class RedisPublisher:
             redis_py_url(broker_url),
             health_check_interval=_HEALTH_CHECK_SECONDS,
             socket_keepalive=True,
+            client_name=PUBLISHER_NAME,
         )
         self.queue = queue
         self.origin = origin()

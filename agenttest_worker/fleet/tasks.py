@@ -38,6 +38,7 @@ from agenttest_worker.fleet.enqueue import (
     enqueue_turns,
     follow_up,
 )
+from agenttest_worker.fleet.enqueue import connect as connect_publisher
 from agenttest_worker.fleet.isolation import LOOP_TURNS, TURNS
 from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
@@ -182,8 +183,7 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
     if not isinstance(getattr(sender, "pool", None), PreforkPool):
         try:
             database_url()
-            with app.producer_or_acquire() as producer:
-                producer.channel  # noqa: B018  (connects)
+            connect_publisher()
         except Exception as exc:
             log.warning("could not connect at start-up; the first task will: %s", error_reason(exc))
     settle()
