@@ -6,9 +6,8 @@ what the driver said, in one line instead of an "internal error" with the driver
 exception class. Exit code 3 either way: nothing about the cases was wrong.
 
 Only the modules a run has already imported are consulted (SQLAlchemy, psycopg, kombu,
-redis-py),
-so this costs the command's start-up nothing. `safe_url` is also how the subcommands
-show the database's address.
+redis-py), so this costs the command's start-up nothing. `safe_url` is also how the
+subcommands show the database's address.
 """
 
 from __future__ import annotations
@@ -29,19 +28,18 @@ def unreachable_service(exc: BaseException) -> str | None:
     """The message for `exc` when it is the database or the broker not answering."""
     settings = get_settings()
     if _database_lost(exc):
-        from agenttest_worker.errors import redact
-        from agenttest_worker.store.db import error_reason  # see above
-
-        where = safe_url(settings.effective_database_url())
-        # The driver may quote the address it was given: any URL in its words is redacted.
-        return f"cannot reach the database at {where}: {redact(error_reason(exc))}"
+        return _cannot_reach("the database", settings.effective_database_url(), exc)
     if _broker_lost(exc):
-        from agenttest_worker.errors import redact
-        from agenttest_worker.store.db import error_reason  # see above
-
-        where = safe_url(settings.broker_url or "")
-        return f"cannot reach the broker at {where}: {redact(error_reason(exc))}"
+        return _cannot_reach("the broker", settings.broker_url or "", exc)
     return None
+
+
+def _cannot_reach(service: str, url: str, exc: BaseException) -> str:
+    from agenttest_worker.errors import redact
+    from agenttest_worker.store.db import error_reason  # see above
+
+    # The driver may quote the address it was given: any URL in its words is redacted.
+    return f"cannot reach {service} at {safe_url(url)}: {redact(error_reason(exc))}"
 
 
 def _broker_lost(exc: BaseException) -> bool:

@@ -54,6 +54,19 @@ PUBLISHER_NAME = "agenttest-publisher"
 _HEALTH_CHECK_SECONDS = 25
 
 
+def _waits(policy: dict[str, float]) -> tuple[float, ...]:
+    """The waits between a publish's attempts under Celery's retry `policy`: from
+    interval_start, interval_step longer each time up to interval_max."""
+    waits, wait = [], policy["interval_start"]
+    for _ in range(int(policy["max_retries"])):
+        waits.append(wait)
+        wait = min(wait + policy["interval_step"], policy["interval_max"])
+    return tuple(waits)
+
+
+_PUBLISH_WAITS = _waits(PUBLISH_RETRY_POLICY)
+
+
 @dataclass(frozen=True)
 class TaskMessage:
     """One task to publish: its name, positional arguments (plain ids and numbers),
@@ -133,11 +146,6 @@ class RedisPublisher:
         # Where a reply would go (Celery's `reply_to`, one per publishing thread there);
         # no task here has a result, so one per process says as much.
         self.reply_to = str(uuid.uuid4())
-        policy = PUBLISH_RETRY_POLICY
-        self.max_retries = int(policy["max_retries"])
-        self.interval_start = float(policy["interval_start"])
-        self.interval_step = float(policy["interval_step"])
-        self.interval_max = float(policy["interval_max"])
 
     def publish(self, tasks: Sequence[TaskMessage]) -> None:
         """Push every task (one pipeline for several), retrying a lost connection with
@@ -147,18 +155,16 @@ class RedisPublisher:
             (queue_list(self.queue, t.priority), encode(t, self.queue, self.origin, self.reply_to))
             for t in tasks
         ]
-        wait = self.interval_start
-        for attempt in range(self.max_retries + 1):
+        for wait in (*_PUBLISH_WAITS, None):
             try:
                 self._push(pushes)
                 return
             # (A command that lost its connection; a connection that could not be made.)
             except (RedisConnectionError, RedisTimeoutError) as exc:
-                if attempt == self.max_retries:
+                if wait is None:
                     raise
                 log.warning("publishing %d task(s) failed (%s); retrying", len(pushes), exc)
                 time.sleep(wait)
-                wait = min(wait + self.interval_step, self.interval_max)
 
     def _push(self, pushes: list[tuple[str, str]]) -> None:
         if len(pushes) == 1:
