@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agenttest_worker.driver import budget
+from agenttest_worker.driver.continuing import continuing
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
+    Prepared,
     _after_commit,
     _stopped,
     commit_or_fail,
@@ -44,7 +46,14 @@ async def run_step_offloaded(
     calls are blocking and go through `offload` (a few threads), so that a database
     round trip never stops the loop. `then(advance)` runs on the same thread right
     after the save (the fleet publishes what comes next there: one hand-off, not two).
-    Otherwise the same step as `run_step_sync`."""
+    A continuing turn whose conversation this process kept plays without reading it
+    first (continuing.py). Otherwise the same step as `run_step_sync`."""
+    if not turn.redelivered and (kept := continuing(turn.run_id, turn.case_id, turn.turn)):
+        played = await play_on_fleet(pools, kept)
+        landed = await offload(_save, store, kept, played, then, True)
+        if landed is not None:
+            return landed
+        # Not saved: read, and decided as any delivery (continuing.py).
     prepared = await offload(
         prepare,
         store,
@@ -65,15 +74,26 @@ async def run_step_offloaded(
         state = end_without_running(prepared, "skip", spent)
     if state is None:
         state = await play_on_fleet(pools, prepared)
-    saved: ConversationState = state
+    saved = await offload(_save, store, prepared, state, then, False)
+    assert saved is not None
+    return saved
 
-    def save() -> Advance:
-        advance = _after_commit(store, prepared, commit_or_fail(store, prepared, saved))
-        if then is not None:
-            then(advance)
-        return advance
 
-    return await offload(save)
+def _save(
+    store: ConversationStore,
+    prepared: Prepared,
+    state: ConversationState,
+    then: Callable[[Advance], None] | None,
+    only_if_saved: bool,
+) -> Advance | None:
+    """Save the step and hand what comes next to `then`, on a store thread; None (and
+    nothing handed on) when `only_if_saved` and the step was not saved."""
+    advance = _after_commit(store, prepared, commit_or_fail(store, prepared, state))
+    if only_if_saved and not advance.saved:
+        return None
+    if then is not None:
+        then(advance)
+    return advance
 
 
 @dataclass(frozen=True)

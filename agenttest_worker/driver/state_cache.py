@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.run_cache import case_of, run_config, validated
 from agenttest_worker.engine import ConversationState, start_conversation
 from agenttest_worker.errors import ConfigError
@@ -62,6 +63,44 @@ class _Kept:
     stored: Stored
     next_turn: int
     phase: str
+    # What the step that saved it had read, and its case: the next turn may be played
+    # on them without reading the conversation (driver/continuing.py).
+    loaded: steps.LoadedCase | None = None
+    case: Case | None = None
+
+
+def take_continuing(
+    run_id: str, case_id: str, turn: int
+) -> tuple[steps.LoadedCase, Case, Stored] | None:
+    """What this process kept of a conversation waiting for turn `turn`, taken out (the
+    step now owns it), as the read of a continuing turn would have found it
+    (driver/continuing.py); None, and nothing taken, when it kept nothing of it for
+    that turn."""
+
+    def for_turn(value: object) -> bool:
+        return (
+            isinstance(value, _Kept)
+            and value.loaded is not None
+            and value.case is not None
+            and (value.next_turn, value.phase) == (turn, "ready")
+        )
+
+    found = KEPT.take_if(run_id, case_id, for_turn)
+    if found is None:
+        return None
+    kept: _Kept = found.value
+    assert kept.loaded is not None and kept.case is not None
+    loaded = replace(
+        kept.loaded,
+        phase="ready",
+        next_turn=turn,
+        deliveries=0,  # each step resets it (turn_statements._STEP_VALUES)
+        step_token=found.token,
+        state_kept=True,
+        state=None,
+        turn_records=None,
+    )
+    return loaded, kept.case, kept.stored
 
 
 def take_kept(loaded: steps.LoadedCase) -> Stored | None:
@@ -101,12 +140,24 @@ def parse(loaded: steps.LoadedCase) -> Stored:
     return Stored(state, count)
 
 
-def keep(loaded: steps.LoadedCase, saved: steps.Saved, step: steps.Step, stored: Stored) -> None:
-    """Keep the state of a saved step (`stored`: as it is now stored) for the next turn."""
+def keep(
+    loaded: steps.LoadedCase,
+    saved: steps.Saved,
+    step: steps.Step,
+    stored: Stored,
+    case: Case | None = None,
+) -> None:
+    """Keep the state of a saved step (`stored`: as it is now stored) for the next turn,
+    with what the step had read and its `case`."""
     if saved.token is None or step.phase == "done":
         KEPT.forget(loaded.run_id, loaded.case_id)
         return
-    kept = _Kept(stored, step.next_turn, step.phase)
+    # What the step read, for the next turn to play on without reading it again
+    # (continuing.py), but not in a run with a budget, whose turns reserve against the
+    # run's totals as read. Not the texts it read: the state kept holds its own objects,
+    # the case is held validated; a conversation between turns holds them once.
+    read = None if step.budgeted else replace(loaded, state=None, turn_records=None, case="")
+    kept = _Kept(stored, step.next_turn, step.phase, read, case)
     KEPT.keep(loaded.run_id, loaded.case_id, saved.token, kept)
 
 
@@ -222,6 +273,8 @@ def save(
     loaded: steps.LoadedCase,
     archived: int | None,
     state: ConversationState,
+    *,
+    case: Case | None = None,
     **step: Any,
 ) -> steps.Saved:
     """Save the step of `loaded` that leaves it in `state` (`step`: the other fields of
@@ -234,5 +287,5 @@ def save(
     saved = store.save_step(written)
     if saved.saved and loaded.deadline_at is None:
         kept = Stored(state, None) if compact is None else Stored(compact, compact.earlier_turns)
-        keep(loaded, saved, written, kept)
+        keep(loaded, saved, written, kept, case)
     return saved

@@ -73,6 +73,9 @@ class Prepared:
     counted: bool = False
     # How many of the state's first turns are stored as turn records (state_cache.py).
     archived: int | None = None
+    # Played on the state this process kept with this token, the conversation not read
+    # first: its save checks what the read would have (driver/continuing.py).
+    kept_token: str | None = None
 
 
 def _spend(
@@ -238,6 +241,7 @@ def commit(
         loaded,
         prepared.archived,
         state,
+        case=prepared.case,
         run_id=loaded.run_id,
         case_id=loaded.case_id,
         expected_turn=prepared.turn,
@@ -251,6 +255,7 @@ def commit(
         budgeted=prepared.options.budgeted,
         budget_turns=len(new_turns) if prepared.options.budgeted else 0,
         stop_run=_fail_fast_reason(prepared, result.status if result else None),
+        kept_token=prepared.kept_token,
     )
     if not saved.saved:
         # Played but not recorded: its calls count in the run's usage all the same.
@@ -361,6 +366,7 @@ async def answer_human(
             loaded,
             parked.archived,
             new_state,
+            case=parked.case,
             run_id=run_id,
             case_id=case_id,
             expected_turn=loaded.next_turn,

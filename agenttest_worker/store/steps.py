@@ -133,6 +133,10 @@ class Step:
     # text): stored as turn records (models.TurnRecordRow), only by a store whose
     # `keeps_turn_records` says so. A step that ends the case deletes its records.
     archive: Sequence[tuple[int, str]] = ()
+    # The step played on the state this process kept with this token, without reading
+    # the conversation first (driver/continuing.py): saved only if the row still holds
+    # that token and the run is not cancelled.
+    kept_token: str | None = None
 
 
 @dataclass(frozen=True)
