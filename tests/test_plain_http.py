@@ -377,7 +377,7 @@ def test_redirects_are_followed_as_aiohttp_follows_them() -> None:
 
     async def test(server: RawServer) -> None:
         kept = (await call(server.url("/temporary"))).json("raw")
-        assert kept == {"method": "POST", "body": '{"q": "hi"}'}  # 307 keeps the method and body
+        assert kept == {"method": "POST", "body": '{"q":"hi"}'}  # 307 keeps the method and body
         changed = (await call(server.url("/found"))).json("raw")
         assert changed == {"method": "GET", "body": ""}  # 302 after a POST is a GET
 

@@ -31,6 +31,7 @@ from agenttest_worker.agents.http_connection import (
 )
 from agenttest_worker.agents.plain_http import MAX_REDIRECTS, PlainClient, Redirected, target
 from agenttest_worker.agents.streaming import Assembler, StreamSpec, read_stream
+from agenttest_worker.json_values import body_bytes
 
 if TYPE_CHECKING:
     import aiohttp
@@ -186,7 +187,7 @@ class Attempt:
         the JSON text "null"."""
         if self.body is None:
             return None
-        return json.dumps(self.body, ensure_ascii=False).encode()
+        return body_bytes(self.body)
 
     def exchange(self) -> Awaitable[PlainReply]:
         """Send the request and read the reply, whose body is at most MAX_BODY_BYTES + 1

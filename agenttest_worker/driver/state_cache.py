@@ -179,7 +179,7 @@ def stored_form(
     1,000 characters)."""
     if not compact or archived is None or state.phase == "done":
         state.restore_turns()
-        return steps.JsonText(state.model_dump_json()), (), None
+        return steps.JsonText(state.stored_json()), (), None
     held = state.earlier_turns or 0  # turns before `state.turns`, already archived
     assert held == archived or held == 0, (held, archived)
     # The last turn stays in the state: the next step may still complete it (a
@@ -202,7 +202,7 @@ def stored_form(
             "earlier_records": records,
         }
     )
-    return steps.JsonText(compact_state.model_dump_json()), archive, compact_state
+    return steps.JsonText(compact_state.stored_json()), archive, compact_state
 
 
 _history_runs: dict[str, bool] = {}

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from agenttest_worker.agents.config import DEFAULT_AWAITING_TOOLS
 from agenttest_worker.cases.model import Case, OnMissingInput
+from agenttest_worker.json_values import compact_json
 from agenttest_worker.results import (
     AgentCallRecord,
     AssertionResult,
@@ -127,8 +128,20 @@ class ConversationState(UntrackedFields):
         self.earlier_turns = self.earlier_run = None
         self.earlier_records = ()
 
+    def stored_json(self) -> str:
+        """The state's JSON text as stored: `model_dump_json`'s document, its messages
+        first and written by orjson. They are the conversation as its agent is sent it,
+        stored with every step, the part of a state that grows with each turn: pydantic
+        wrote them ~2.5x slower (benchmarks/long_conversation.py)."""
+        messages = compact_json(self.messages)
+        if messages is None:
+            return self.model_dump_json()
+        rest = self.model_dump_json(exclude=_MESSAGES)
+        return '{"messages":' + messages.decode() + "," + rest[1:]
+
 
 _TURNS: TypeAdapter[list[TurnResult]] = TypeAdapter(list[TurnResult])
+_MESSAGES = {"messages"}
 
 
 # -- starting ------------------------------------------------------------------------------
