@@ -18,10 +18,11 @@ allow at that total, and about how many cores the side kept busy), and the peak 
 the worker(s) and submitter.
 
 `--workers 1,2` measures both sides with one worker process each, then two, in the same
-run, and prints how each side scaled. With 100 threads per worker, one process already
-keeps most of a 2-core machine busy (its Python, Postgres, Redis and the agent); with
-a few (`--concurrency 3`) neither side fills the cores, which shows how worker
-processes scale where the cores allow it.
+run, and prints how each side scaled. `--rounds N` measures everything N times, the
+sides alternating, and prints each round's ratios and their medians. With 100 threads
+per worker, one process already keeps most of a 2-core machine busy (its Python,
+Postgres, Redis and the agent); with a few (`--concurrency 3`) neither side fills the
+cores, which shows how worker processes scale where the cores allow it.
 Needs Redis at 127.0.0.1:6379 and Postgres at 127.0.0.1:5432 (user postgres).
 """
 
@@ -33,6 +34,7 @@ import os
 import resource
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -575,6 +577,22 @@ def report_scaling(runs: list[Measured]) -> None:
         )
 
 
+def report_rounds(rounds: list[list[Measured]]) -> None:
+    """Each round's ratios, agenttest to the floor, and their medians, per worker count."""
+    for index, first in enumerate(rounds[0]):
+        sides = [(runs[index].floor, runs[index].ours) for runs in rounds]
+        end_to_end = [ours.turns_per_second / floor.turns_per_second for floor, ours in sides]
+        steady = [
+            ours.steady_turns_per_second / floor.steady_turns_per_second for floor, ours in sides
+        ]
+        print(
+            f"over {len(rounds)} rounds, {first.workers} worker(s): end to end "
+            f"{', '.join(f'{r:.2f}' for r in end_to_end)} (median "
+            f"{statistics.median(end_to_end):.2f}); steady "
+            f"{', '.join(f'{r:.2f}' for r in steady)} (median {statistics.median(steady):.2f})"
+        )
+
+
 def worker_counts(text: str) -> list[int]:
     counts = [int(part) for part in text.split(",")]
     if not counts or min(counts) < 1:
@@ -612,19 +630,33 @@ def main() -> None:
         help="the agenttest workers' --pool (default: their own, the event-loop pool; "
         "threads to compare); the floor always runs Celery's threads pool",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure both sides this many times, alternating, and print each round's "
+        "ratios and their medians (this machine's speed swings more than a change's effect)",
+    )
     args = parser.parse_args()
     compile_bytecode()
     import tempfile
 
+    rounds: list[list[Measured]] = []
     with (
         tempfile.TemporaryDirectory() as tmpdir,
         fixed_agent(args.latency_ms, args.reply_chars) as agent,
     ):
-        runs = [measure(args, count, agent, Path(tmpdir)) for count in args.workers]
-    for run in runs:
-        report(args, run)
-    if len(runs) > 1:
-        report_scaling(runs)
+        for number in range(args.rounds):
+            if args.rounds > 1:
+                log(f"round {number + 1} of {args.rounds}")
+            rounds.append([measure(args, count, agent, Path(tmpdir)) for count in args.workers])
+    for runs in rounds:
+        for run in runs:
+            report(args, run)
+        if len(runs) > 1:
+            report_scaling(runs)
+    if len(rounds) > 1:
+        report_rounds(rounds)
     own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  (benchmark process peak {own_mb:.0f} MB)")
 
