@@ -28,7 +28,9 @@ COMPLETED = "completed"
 # A sentence ends at . ! ? (and closing quotes, brackets or markdown emphasis right after
 # them, as in "**Is this correct?** Reply yes.") followed by whitespace, at a CJK full
 # stop or question mark, or at a line break.
-_SENTENCE_END = re.compile(r"([.!?][\"'”’)\]*_`]*)(?=\s|$)|([。？！])|\n+")
+# (The lookahead first: every alternative starts with one of its characters, and the
+# scan skips to them instead of trying each alternative at every position.)
+_SENTENCE_END = re.compile(r"(?=[.!?。？！\n])(?:([.!?][\"'”’)\]*_`]*)(?=\s|$)|([。？！])|\n+)")
 # Markdown and quoting around a sentence do not change what it asks.
 _DECORATION = " \t*_`>\"'()[]-•·:"
 _QUESTION_START = re.compile(
@@ -50,6 +52,11 @@ _ANSWER_INSTRUCTION = re.compile(
     re.IGNORECASE,
 )
 _CONFIRM_WORD = re.compile(r"\b(?:confirm|verify|proceed|continue)\b", re.IGNORECASE)
+# Every way of asking to confirm above needs one of these words: a reply without any is
+# looked at once, not searched sentence by sentence (benchmarks/RESULTS.md: most of the
+# detection's time on a long reply).
+_CONFIRM_WORDS = ("confirm", "verify", "proceed", "continue")
+_CONFIRM_ANYWHERE = re.compile("|".join(_CONFIRM_WORDS), re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -80,13 +87,22 @@ def asks_to_confirm(sentence: str) -> bool:
     return bool(_ANSWER_INSTRUCTION.search(sentence) and _CONFIRM_WORD.search(sentence))
 
 
+def _may_ask_to_confirm(text: str) -> bool:
+    """Whether `text` holds a word `asks_to_confirm` needs, as its patterns match it."""
+    if text.isascii():  # then lower() folds exactly what IGNORECASE does
+        lowered = text.lower()
+        return any(word in lowered for word in _CONFIRM_WORDS)
+    return _CONFIRM_ANYWHERE.search(text) is not None
+
+
 def looks_like_question(text: str | None) -> bool:
     if not text:
         return False
+    may_confirm = _may_ask_to_confirm(text)
     for sentence in sentences(text):
         if sentence.endswith(("?", "？")):
             return True
-        if _QUESTION_START.match(sentence) or asks_to_confirm(sentence):
+        if _QUESTION_START.match(sentence) or (may_confirm and asks_to_confirm(sentence)):
             return True
     return False
 
