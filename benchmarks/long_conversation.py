@@ -25,7 +25,7 @@ printed on its own.
 
 The floor is the early window's cost in the same run: the target is the late window
 within 1.25× of it (worker + Postgres CPU per turn). `--rounds N` repeats the run N
-times (fresh database each time) and prints each.
+times (fresh database each time) and prints each, and the ratios' median.
 The machine's other load moves both windows' figures (they are measured ~20 s apart):
 read several rounds, and compare before/after in alternating rounds.
 Needs Redis at 127.0.0.1:6379 and Postgres at 127.0.0.1:5432 (user postgres).
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -263,9 +264,17 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmpdir,
         fixed_agent(args.latency_ms, args.reply_chars) as agent,
     ):
+        ratios = []
         for number in range(1, args.rounds + 1):
-            report(args, number, run_round(args, agent, Path(tmpdir)))
+            measured = run_round(args, agent, Path(tmpdir))
+            report(args, number, measured)
+            ratios.append(measured.late.cost / measured.early.cost)
             sys.stdout.flush()
+    if len(ratios) > 1:
+        print(
+            f"over {len(ratios)} rounds: {', '.join(f'{r:.2f}' for r in ratios)} "
+            f"(median {statistics.median(ratios):.2f}; target <= 1.25)"
+        )
 
 
 if __name__ == "__main__":
