@@ -12,15 +12,20 @@ threads. Whatever path each turn takes, the conversation ends with the same reco
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from agent_servers import AgentServer
-from test_state_cache import _OTHER_WORKER, TURNS, _case, _comparable, _reply, _row, _run
+from test_state_cache import (
+    TURNS,
+    _case,
+    _comparable,
+    _reply,
+    _row,
+    _run,
+    play_turn_2_elsewhere,
+)
 
 from agenttest_worker.driver.loop_step import TurnAddress, run_step_offloaded
 from agenttest_worker.driver.step import Advance, PoolCache
@@ -170,15 +175,7 @@ def test_a_continuing_turn_recorded_elsewhere_is_played_once_more_and_discarded(
     store = CountingStore(pg_database)
     run_id = _run(pg_database, agent)
     assert _step(store, run_id, 1).next_turn == 2
-    other = subprocess.run(
-        [sys.executable, "-c", _OTHER_WORKER, pg_database, run_id],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).parent,
-    )
-    assert other.returncode == 0, other.stderr
-    assert other.stdout.split() == ["True", "3"]
+    play_turn_2_elsewhere(pg_database, run_id)
 
     copy = _step(store, run_id, 2)
     assert not copy.saved and copy.next_turn is None

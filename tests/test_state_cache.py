@@ -213,15 +213,7 @@ def test_another_worker_plays_the_next_turn_after_this_one_kept_it(
     run_id = _run(pg_database, agent)
     assert _step(store, run_id, "K1", 1).next_turn == 2
     assert KEPT.token(run_id, "K1") is not None
-    other = subprocess.run(
-        [sys.executable, "-c", _OTHER_WORKER, pg_database, run_id],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).parent,
-    )
-    assert other.returncode == 0, other.stderr
-    assert other.stdout.split() == ["True", "3"]
+    play_turn_2_elsewhere(pg_database, run_id)
     loaded = store.load_case(run_id, "K1")
     assert loaded is not None and not loaded.state_kept  # turn 2 was written elsewhere
     turn: int | None = 3
@@ -230,6 +222,19 @@ def test_another_worker_plays_the_next_turn_after_this_one_kept_it(
         assert advance.saved
         turn = advance.next_turn
     assert _comparable(_row(pg_database, run_id)[1]) == _comparable(_row(pg_database, reference)[1])
+
+
+def play_turn_2_elsewhere(database_url: str, run_id: str) -> None:
+    """Turn 2 of K1 played and saved by another process (another worker)."""
+    other = subprocess.run(
+        [sys.executable, "-c", _OTHER_WORKER, database_url, run_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,
+    )
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split() == ["True", "3"]
 
 
 _OTHER_WORKER = """
