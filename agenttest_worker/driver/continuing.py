@@ -11,6 +11,10 @@ nothing wrote the conversation since) and the run is not cancelled. When it does
 land, the turn's work is discarded, its calls counted in the run's usage as unrecorded
 (as a losing duplicate's are), and the turn is read and decided as any delivery is: in
 a cancelled run it ends skipped, and it is nothing more when a copy of it was recorded.
+The price: a copy of a turn that another worker already played, reaching the process
+that played the turn before it, calls its agent once more before its save is refused,
+where the read would have stopped it first (copies are rare: a message the sweeper
+published again while the first was still on its way).
 
 Only for a first delivery (a redelivery is counted, and runs alone: fleet/isolation.py),
 in a run without a budget (its turns reserve against the run's totals as read: the
