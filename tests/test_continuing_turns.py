@@ -12,6 +12,7 @@ threads. Whatever path each turn takes, the conversation ends with the same reco
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from test_state_cache import (
 from agenttest_worker.driver.loop_step import TurnAddress, run_step_offloaded
 from agenttest_worker.driver.step import Advance, PoolCache
 from agenttest_worker.engine import RunOptions
+from agenttest_worker.settings import get_settings
 from agenttest_worker.store import runs, steps, usage
 from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.kept_states import KEPT
@@ -113,6 +115,27 @@ def test_a_redelivered_turn_reads_its_conversation(pg_database: str, agent: Agen
     # And the state it saved is kept as usual: the next first delivery reads nothing.
     assert _step(store, run_id, 3).next_turn == 4
     assert store.reads == 2
+
+
+def test_a_state_kept_longer_ago_than_half_the_stall_period_is_read_first(
+    pg_database: str, agent: AgentServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper publishes a turn again once its run has not moved for
+    AGENTTEST_STALL_SECONDS: a state kept that long ago may be a turn's that another
+    worker has played since, which only the read can tell."""
+    monkeypatch.setenv("AGENTTEST_STALL_SECONDS", "2")
+    get_settings.cache_clear()
+    try:
+        store = CountingStore(pg_database)
+        run_id = _run(pg_database, agent)
+        assert _step(store, run_id, 1).next_turn == 2
+        time.sleep(1.2)  # past half the stall period
+        assert _step(store, run_id, 2).next_turn == 3
+        assert store.reads == 2
+        assert _step(store, run_id, 3).next_turn == 4  # kept just now: not read
+        assert store.reads == 2
+    finally:
+        get_settings.cache_clear()
 
 
 def test_a_run_with_a_budget_reads_every_turn(pg_database: str, agent: AgentServer) -> None:

@@ -13,8 +13,11 @@ land, the turn's work is discarded, its calls counted in the run's usage as unre
 a cancelled run it ends skipped, and it is nothing more when a copy of it was recorded.
 The price: a copy of a turn that another worker already played, reaching the process
 that played the turn before it, calls its agent once more before its save is refused,
-where the read would have stopped it first (copies are rare: a message the sweeper
-published again while the first was still on its way).
+where the read would have stopped it first. The sweeper's copies cannot: it publishes a
+turn again only once its run has not moved for AGENTTEST_STALL_SECONDS, and what was
+kept longer ago than half that (at most CONTINUING_SECONDS) is read as before. What is
+left is a publish retried after a reply lost on its way back, whose two copies come
+together.
 
 Only for a first delivery (a redelivery is counted, and runs alone: fleet/isolation.py),
 in a run without a budget (its turns reserve against the run's totals as read: the
@@ -29,13 +32,20 @@ from __future__ import annotations
 from agenttest_worker.driver import state_cache
 from agenttest_worker.driver.run_cache import options_of
 from agenttest_worker.driver.step import Prepared
+from agenttest_worker.settings import get_settings
+
+# The longest a kept state is played on without reading the conversation: a continuing
+# turn normally comes within seconds of the step before it (its message goes ahead of
+# new conversations'), and a copy the sweeper published comes after a stall period.
+CONTINUING_SECONDS = 30.0
 
 
 def continuing(run_id: str, case_id: str, turn: int) -> Prepared | None:
     """Turn `turn` of the conversation, on what this process kept of it: a step whose
     save checks what a read would have (see above); None when it kept nothing for that
     turn, and the turn reads its conversation as usual."""
-    found = state_cache.take_continuing(run_id, case_id, turn)
+    within = min(CONTINUING_SECONDS, get_settings().stall_seconds / 2)
+    found = state_cache.take_continuing(run_id, case_id, turn, within)
     if found is None:
         return None
     loaded, case, stored = found

@@ -34,6 +34,7 @@ or by a store without them), to its end.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -67,15 +68,18 @@ class _Kept:
     # on them without reading the conversation (driver/continuing.py).
     loaded: steps.LoadedCase | None = None
     case: Case | None = None
+    # When it was kept (time.monotonic()).
+    kept_at: float = 0.0
 
 
 def take_continuing(
-    run_id: str, case_id: str, turn: int
+    run_id: str, case_id: str, turn: int, within: float
 ) -> tuple[steps.LoadedCase, Case, Stored] | None:
     """What this process kept of a conversation waiting for turn `turn`, taken out (the
     step now owns it), as the read of a continuing turn would have found it
     (driver/continuing.py); None, and nothing taken, when it kept nothing of it for
-    that turn."""
+    that turn, or kept it more than `within` seconds ago."""
+    kept_since = time.monotonic() - within
 
     def for_turn(value: object) -> bool:
         return (
@@ -83,6 +87,7 @@ def take_continuing(
             and value.loaded is not None
             and value.case is not None
             and (value.next_turn, value.phase) == (turn, "ready")
+            and value.kept_at >= kept_since
         )
 
     found = KEPT.take_if(run_id, case_id, for_turn)
@@ -157,7 +162,7 @@ def keep(
     # run's totals as read. Not the texts it read: the state kept holds its own objects,
     # the case is held validated; a conversation between turns holds them once.
     read = None if step.budgeted else replace(loaded, state=None, turn_records=None, case="")
-    kept = _Kept(stored, step.next_turn, step.phase, read, case)
+    kept = _Kept(stored, step.next_turn, step.phase, read, case, time.monotonic())
     KEPT.keep(loaded.run_id, loaded.case_id, saved.token, kept)
 
 
