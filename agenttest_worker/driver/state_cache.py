@@ -102,8 +102,6 @@ def take_continuing(
         deliveries=0,  # each step resets it (turn_statements._STEP_VALUES)
         step_token=found.token,
         state_kept=True,
-        state=None,
-        turn_records=None,
     )
     return loaded, kept.case, kept.stored
 
@@ -159,9 +157,10 @@ def keep(
         return
     # What the step read, for the next turn to play on without reading it again
     # (continuing.py), but not in a run with a budget, whose turns reserve against the
-    # run's totals as read. Not the texts it read: the state kept holds its own objects,
-    # the case is held validated; a conversation between turns holds them once.
-    read = None if step.budgeted else replace(loaded, state=None, turn_records=None, case="")
+    # run's totals as read. Already without the texts it read (step._prepared drops them
+    # where no --deadline needs them again, and only such states are kept): the state
+    # kept holds its own objects, the case is held validated.
+    read = None if step.budgeted else loaded
     kept = _Kept(stored, step.next_turn, step.phase, read, case, time.monotonic())
     KEPT.keep(loaded.run_id, loaded.case_id, saved.token, kept)
 
