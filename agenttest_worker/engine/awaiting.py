@@ -51,11 +51,11 @@ _ANSWER_INSTRUCTION = re.compile(
     r"(?:let me know|tell me|reply|respond|answer|type|say|click|write)\b",
     re.IGNORECASE,
 )
-_CONFIRM_WORD = re.compile(r"\b(?:confirm|verify|proceed|continue)\b", re.IGNORECASE)
+_CONFIRM_WORDS = ("confirm", "verify", "proceed", "continue")
+_CONFIRM_WORD = re.compile(rf"\b(?:{'|'.join(_CONFIRM_WORDS)})\b", re.IGNORECASE)
 # Every way of asking to confirm above needs one of these words: a reply without any is
 # looked at once, not searched sentence by sentence (benchmarks/RESULTS.md: most of the
 # detection's time on a long reply).
-_CONFIRM_WORDS = ("confirm", "verify", "proceed", "continue")
 _CONFIRM_ANYWHERE = re.compile("|".join(_CONFIRM_WORDS), re.IGNORECASE)
 
 
