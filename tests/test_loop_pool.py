@@ -18,6 +18,7 @@ from fleet import (
     Fleet,
     WatchingAgent,
     case_rows,
+    expense_case,
     fleet_on,
     greeting_case,
     turn_rows,
@@ -159,3 +160,73 @@ def test_a_worker_whose_database_is_away_at_start_still_becomes_ready(
         worker = fleet.start("early")  # returns once it logs "ready."
         assert "could not connect at start-up; the first task will" in worker.log()
         assert "agenttest_no_such_database" in worker.log()
+
+
+def _loaded_uvloop(pid: int) -> bool:
+    """Whether uvloop's compiled loop is mapped into process `pid`."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return any("/uvloop/loop." in line for line in maps.splitlines())
+
+
+@pytest.mark.fleet
+@pytest.mark.parametrize(("choice", "on_uvloop"), [("auto", True), ("asyncio", False)])
+def test_turns_play_on_the_event_loop_agenttest_event_loop_names(
+    fleet: Fleet, tmp_path: Path, demo_url: str, choice: str, on_uvloop: bool
+) -> None:
+    config = write_project(tmp_path, demo_url)
+    cases = write_cases(tmp_path, [expense_case(f"E{i}") for i in range(4)])
+    worker = fleet.start("loop", event_loop=choice)
+    run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "slow.expense", "--config", str(config)])
+    fleet.wait_done(run_id, timeout=60)
+
+    assert turn_rows(fleet.database_url, run_id) == {
+        (f"E{i}", turn): 1 for i in range(4) for turn in (1, 2, 3)
+    }
+    assert {status for _, _, status in case_rows(fleet.database_url, run_id)} == {"passed"}
+    assert _loaded_uvloop(worker.pid) is on_uvloop
+
+
+_WITHOUT_UVLOOP = """
+import sys
+sys.modules["uvloop"] = None  # as on a platform uvloop is not built for
+from agenttest_worker.driver.event_loops import new_event_loop
+from agenttest_worker.errors import ConfigError
+print(type(new_event_loop("auto")).__module__)
+try:
+    new_event_loop("uvloop")
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+def test_without_uvloop_auto_falls_back_to_asyncio_and_asking_for_it_is_an_error() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_UVLOOP], capture_output=True, text=True, check=True
+    )
+    fallback, refusal = done.stdout.splitlines()
+    assert fallback.startswith("asyncio.")
+    assert refusal.startswith("AGENTTEST_EVENT_LOOP=uvloop, but uvloop is not installed")
+
+
+def test_new_event_loop_makes_the_kind_asked_for() -> None:
+    import asyncio
+
+    import uvloop
+
+    from agenttest_worker.driver.event_loops import new_event_loop
+
+    for choice, kind in (("auto", uvloop.Loop), ("uvloop", uvloop.Loop)):
+        loop = new_event_loop(choice)  # type: ignore[arg-type]
+        try:
+            assert isinstance(loop, kind)
+        finally:
+            loop.close()
+    loop = new_event_loop("asyncio")
+    try:
+        assert not isinstance(loop, uvloop.Loop)
+        assert isinstance(loop, asyncio.BaseEventLoop)
+    finally:
+        loop.close()

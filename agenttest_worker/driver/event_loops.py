@@ -6,6 +6,13 @@ with that loop's aiohttp connections. Handing every call to one shared I/O threa
 instead cost a cross-thread wake-up and a GIL hand-off per call, which on a busy
 worker doubled the CPU spent per turn (benchmarks/throughput.py). Loops belong to
 the thread and the process that made them, so a forked child makes its own.
+
+`new_event_loop` makes the loops a worker plays turns on, here and in the fleet's loop
+pool: uvloop's where it is installed (AGENTTEST_EVENT_LOOP). A fleet turn's Python is
+spread thin over the loop's machinery (a select per wake-up, a handle per callback, the
+transports of its agent connections, a future per store call handed back from a
+thread): on uvloop, which does those in C, a worker spent 7-17% less CPU per turn
+(benchmarks/throughput.py, the sides alternating; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from agenttest_worker.agents.exchange import close_session
+from agenttest_worker.errors import ConfigError
+from agenttest_worker.settings import EventLoopChoice, get_settings
 
 T = TypeVar("T")
 
@@ -25,11 +34,30 @@ _all_lock = threading.Lock()
 _all: list[asyncio.AbstractEventLoop] = []
 
 
+def new_event_loop(choice: EventLoopChoice | None = None) -> asyncio.AbstractEventLoop:
+    """A new event loop of the kind `choice` names (default: AGENTTEST_EVENT_LOOP):
+    uvloop's, asyncio's own, or uvloop's where it is installed ('auto')."""
+    if choice is None:
+        choice = get_settings().event_loop
+    if choice == "asyncio":
+        return asyncio.new_event_loop()
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "AGENTTEST_EVENT_LOOP=uvloop, but uvloop is not installed here "
+                "(pip install uvloop; it does not run on Windows)"
+            ) from None
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 def get_loop() -> asyncio.AbstractEventLoop:
     """This thread's loop (made on first use in this thread and process)."""
     loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
     if loop is None or loop.is_closed() or getattr(_local, "pid", None) != os.getpid():
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         _local.loop, _local.pid = loop, os.getpid()
         with _all_lock:
             _all.append(loop)

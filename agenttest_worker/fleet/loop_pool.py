@@ -167,9 +167,13 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         raise_open_files_limit(self.limit * 2 + 256)
         self.store_threads = ThreadPoolExecutor(self.STORE_THREADS, "agenttest-store")
         self._task_threads = ThreadPoolExecutor(self.TASK_THREADS, "agenttest-task")
+        from agenttest_worker.driver.event_loops import new_event_loop
+
+        # Made here, so that a wrong AGENTTEST_EVENT_LOOP stops the worker as it starts.
+        loop = new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(
-            target=self._run_loop, args=(ready,), name="agenttest-turns", daemon=True
+            target=self._run_loop, args=(loop, ready), name="agenttest-turns", daemon=True
         )
         self._thread.start()
         ready.wait()
@@ -177,8 +181,8 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         _trace_log.addFilter(_DROP_DEFERRED)
         _active = self
 
-    def _run_loop(self, ready: threading.Event) -> None:
-        loop = self.loop = asyncio.new_event_loop()
+    def _run_loop(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+        self.loop = loop
         asyncio.set_event_loop(loop)
         self._idle = asyncio.Event()
         self._idle.set()
