@@ -1,9 +1,10 @@
 """kombu's Redis transport with these changes: a channel keeps its Redis client; a
 channel closed with its connection leaves its unacknowledged messages to the restore
 sweep instead of stopping the worker (`QoS`); and a consumer's bookkeeping of the
-messages it holds costs one Redis round trip per message instead of two, without
-encoding each message again (`QoS.append`, `QoS.ack`); the messages it holds share
-their envelopes' keys and short values (`_shared_strings`).
+messages it holds costs one Redis round trip per message instead of two, one script
+recording the message taken and removing those acknowledged since, without encoding
+each message again (`QoS.append`, `QoS.ack`); the messages it holds share their
+envelopes' keys and short values (`_shared_strings`).
 
 kombu's Redis channel builds a new `redis.Redis` client for every publish, fanout
 (task event) and acknowledgment outside the consumer's poll (`conn_or_acquire`). The
@@ -52,6 +53,22 @@ ACK_DELAY_SECONDS = 0.05
 # was ~4% of a busy worker's CPU; the text it was read from says the same.
 _received = threading.local()
 
+
+# What `QoS.append` does in one command: record a message taken (its delivery time in
+# the unacked index, the message in the unacked hash, as kombu's own MULTI/EXEC writes
+# them, so that kombu's restore reads them back unchanged) and remove the messages
+# acknowledged since (ARGV[4] on). redis-py's work for the transaction (six commands
+# and six replies for a message and one acknowledgment) cost the consumer thread
+# 40-70 us more per message than the script's (benchmarks/unacked_bookkeeping.py).
+_RECORD = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+for i = 4, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
+return 1
+"""
 
 # Longer values (the body, the arguments' display form) are each message's own.
 _SHARED_VALUE_CHARS = 64
@@ -109,11 +126,12 @@ class QoS(kombu_redis.QoS):
 
     Acknowledgments made on the worker's event loop (where Celery acknowledges a task
     that finished on a pool thread) are not sent at once: the next message's `append`,
-    which records it in the unacked hash, removes them from it in the same transaction,
-    or a timer does after ACK_DELAY_SECONDS if no message comes. A busy worker thus pays
-    one round trip per message instead of two. A worker killed in between leaves those
-    messages in the unacked hash, like one killed just before acknowledging: they are
-    given back after the visibility timeout and find their step already recorded.
+    which records it in the unacked hash, removes them from it in the same script
+    (`_RECORD`), or a timer does after ACK_DELAY_SECONDS if no message comes. A busy
+    worker thus pays one round trip per message instead of two. A worker killed in
+    between leaves those messages in the unacked hash, like one killed just before
+    acknowledging: they are given back after the visibility timeout and find their step
+    already recorded.
     Closing the channel (a warm shutdown) sends them first.
     """
 
@@ -122,6 +140,7 @@ class QoS(kombu_redis.QoS):
         self._acks_lock = threading.Lock()
         self._acks_due: list[Any] = []
         self._acks_timer: Any = None
+        self._record: Any = None
 
     def _connection_gone(self) -> bool:
         connection = self.channel.connection
@@ -146,20 +165,26 @@ class QoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: Any) -> None:
         delivery = message.delivery_info
         exchange, routing_key = delivery["exchange"], delivery["routing_key"]
+        stored = _stored_form(message, exchange, routing_key)
         due = self._take_acks_due()
         try:
-            with self.pipe_or_acquire() as pipe:
-                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
-                pipe.hset(
-                    self.unacked_key, delivery_tag, _stored_form(message, exchange, routing_key)
+            with self.channel.conn_or_acquire() as client:
+                self._record_script(client)(
+                    keys=[self.unacked_index_key, self.unacked_key],
+                    args=[time.time(), delivery_tag, stored, *due],
                 )
-                for tag in due:
-                    self._remove_from_indices(tag, pipe)  # type: ignore[no-untyped-call]
-                pipe.execute()
         except BaseException:
             self._give_back_acks(due)
             raise
         kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
+    def _record_script(self, client: Any) -> Any:
+        """`_RECORD` as a redis-py script of `client` (loaded again by redis-py if the
+        server lost it, as a restarted Redis has)."""
+        script = self._record
+        if script is None or script.registered_client is not client:
+            script = self._record = client.register_script(_RECORD)
+        return script
 
     def _flush_acks(self) -> None:
         """Send the acknowledgments still due (the timer's, and a closing channel's)."""
