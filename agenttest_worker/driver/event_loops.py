@@ -11,8 +11,8 @@ the thread and the process that made them, so a forked child makes its own.
 pool: uvloop's where it is installed (AGENTTEST_EVENT_LOOP). A fleet turn's Python is
 spread thin over the loop's machinery (a select per wake-up, a handle per callback, the
 transports of its agent connections, a future per store call handed back from a
-thread): on uvloop, which does those in C, a worker spent 7-17% less CPU per turn
-(benchmarks/throughput.py, the sides alternating; benchmarks/RESULTS.md).
+thread): on uvloop, which does those in C, a worker spent a median 9% less CPU per
+turn (benchmarks/throughput.py, nine pairs alternating; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
