@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -127,3 +128,23 @@ def submit_command(cases: Path, config: Path, *extra: str) -> list[str]:
         str(config),
         *extra,
     ]
+
+
+def _setting(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+def add_settings_option(parser: argparse.ArgumentParser) -> None:
+    """`--env AGENTTEST_X=VALUE` (repeatable): a setting given to the agenttest workers and
+    submitter the benchmark starts; `dict(args.env)` holds them."""
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="AGENTTEST_X=VALUE",
+        help="a setting for the agenttest workers and submitter (repeatable)",
+    )

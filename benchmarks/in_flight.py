@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from benchmarks.common import BIN, compile_bytecode, submit_command
+from benchmarks.common import BIN, add_settings_option, compile_bytecode, submit_command
 from benchmarks.throughput import (
     Stall,
     Worker,
@@ -95,7 +95,7 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
             # Turns wait `latency_s`: longer than that before a message is given back.
             "AGENTTEST_VISIBILITY_TIMEOUT": str(int(max(3600, latency_s * 10))),
             "AGENTTEST_STALL_SECONDS": str(int(max(600, latency_s * 10))),
-            **dict(item.split("=", 1) for item in args.env),
+            **dict(args.env),
         }
         subprocess.run(
             [str(BIN / "agenttest-submit"), "db", "upgrade"],
@@ -256,13 +256,7 @@ def main() -> None:
     parser.add_argument("--latency-s", type=float, default=8.0, help="the slow agent's latency")
     parser.add_argument("--turns", type=int, default=6, help="turns per conversation")
     parser.add_argument("--pool", help="the worker's --pool (default: its own)")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="AGENTTEST_X=VALUE",
-        help="a setting for the worker and the submitter (repeatable)",
-    )
+    add_settings_option(parser)
     parser.add_argument(
         "--skip-floor", action="store_true", help="only the slow agent (no ratio printed)"
     )

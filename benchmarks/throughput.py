@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import psycopg
 import redis
 
-from benchmarks.common import BIN, ROOT, compile_bytecode, submit_command
+from benchmarks.common import BIN, ROOT, add_settings_option, compile_bytecode, submit_command
 
 PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
@@ -440,7 +440,7 @@ def run_agenttest(
         "AGENTTEST_BROKER_URL": broker,
         "AGENTTEST_DATABASE_URL": db,
         "AGENTTEST_WORKER_CONCURRENCY": str(args.concurrency),
-        **dict(item.split("=", 1) for item in args.env),
+        **dict(args.env),
     }
     subprocess.run(
         [str(BIN / "agenttest-submit"), "db", "upgrade"], env=env, check=True, capture_output=True
@@ -615,13 +615,7 @@ def main() -> None:
         default=[1],
         help="worker processes per side; several (1,2) measure each and print the scaling",
     )
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="AGENTTEST_X=VALUE",
-        help="a setting for the agenttest workers and submitter (repeatable)",
-    )
+    add_settings_option(parser)
     parser.add_argument(
         "--only", choices=("floor", "agenttest"), help="measure one side (for profiling)"
     )

@@ -57,15 +57,12 @@ def _take_all(channel: Any, count: int, carried: bool) -> None:
         message = channel.basic_get(QUEUE, no_ack=False)
         if carried:
             if last is not None:
-                # What QoS.ack does on the event loop's thread, minus its timer.
-                channel.qos._acks_due.append(last.delivery_tag)
-                channel.qos._forget(last.delivery_tag)
+                channel.qos.defer_ack(last.delivery_tag)  # QoS.ack on the loop, but its timer
             last = message
         else:
             message.ack()
     if carried and last is not None:
-        channel.qos._acks_due.append(last.delivery_tag)
-        channel.qos._forget(last.delivery_tag)
+        channel.qos.defer_ack(last.delivery_tag)
         channel.qos._flush_acks()
 
 

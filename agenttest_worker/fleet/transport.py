@@ -226,11 +226,16 @@ class QoS(kombu_redis.QoS):
         if hub is None:
             super().ack(delivery_tag)  # type: ignore[no-untyped-call]
             return
+        self.defer_ack(delivery_tag)
+        if self._acks_timer is None:
+            self._acks_timer = hub.call_later(ACK_DELAY_SECONDS, self._flush_acks)
+
+    def defer_ack(self, delivery_tag: Any) -> None:
+        """Acknowledge the message here now, in Redis with the next `append` (or
+        `_flush_acks`): what `ack` does on the event loop, but for its timer."""
         with self._acks_lock:
             self._acks_due.append(delivery_tag)
         self._forget(delivery_tag)
-        if self._acks_timer is None:
-            self._acks_timer = hub.call_later(ACK_DELAY_SECONDS, self._flush_acks)
 
     def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         if self._connection_gone():
