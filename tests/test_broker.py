@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -156,6 +157,107 @@ def test_a_late_ack_on_a_channel_closed_with_its_connection_leaves_the_message(
     assert server.llen("late-ack-test") == 0
 
 
+def _consuming_app(broker_url: str) -> Any:
+    """A Celery app on `broker_url` whose queues have the fleet's two priority lists."""
+    from celery import Celery
+
+    from agenttest_worker.fleet.queues import PRIORITY_SEPARATOR, PRIORITY_STEPS
+    from agenttest_worker.fleet.transport import use_shared_clients
+
+    use_shared_clients()
+    app = Celery(broker=broker_url)
+    app.conf.broker_transport_options = {
+        "priority_steps": list(PRIORITY_STEPS),
+        "sep": PRIORITY_SEPARATOR,
+    }
+    return app
+
+
+def _script_calls(server: redis.Redis) -> int:
+    stats = server.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)) if isinstance(stats, dict) else 0
+
+
+def test_a_consumer_takes_the_waiting_messages_along_with_one_brpop(broker_url: str) -> None:
+    """The message BRPOP gives is recorded by one script that also takes what the
+    prefetch count leaves of the messages behind it, first the higher priority's list,
+    each in the order published; every one is held in the unacked hash as kombu stores
+    it, and acknowledged, the next read takes the next ones."""
+    from kombu import Consumer, Queue
+
+    app = _consuming_app(broker_url)
+    server = _server(broker_url)
+    queue = Queue("take-test", routing_key="take-test")
+    with app.connection_for_write() as connection:
+        with connection.Producer() as producer:
+            for n in range(6):
+                producer.publish({"n": n}, routing_key="take-test", declare=[queue], priority=9)
+            producer.publish({"n": "first"}, routing_key="take-test", declare=[queue], priority=0)
+        channel = connection.channel()
+        received: list[Any] = []
+        consumer = Consumer(channel, [queue], callbacks=[lambda _, m: received.append(m)])
+        consumer.qos(prefetch_count=4)
+        with consumer:
+            connection.drain_events(timeout=2)
+            assert [m.decode()["n"] for m in received] == ["first", 0, 1, 2]
+            assert server.hlen("unacked") == 4 and server.zcard("unacked_index") == 4
+            for message in received:
+                stored = json.loads(server.hget("unacked", message.delivery_tag) or b"null")
+                assert stored == [message._raw, message.delivery_info["exchange"], "take-test"]
+            assert server.llen("take-test:9") == 3
+
+            for message in received:
+                message.ack()
+            received.clear()
+            before = _script_calls(server)  # (the script is loaded by now)
+            connection.drain_events(timeout=2)
+            assert [m.decode()["n"] for m in received] == [3, 4, 5]
+            assert _script_calls(server) == before + 1, "three messages, one script"
+            for message in received:
+                message.ack()
+        assert server.hlen("unacked") == 0 and server.llen("take-test:9") == 0
+        channel.close()
+
+
+def test_messages_taken_along_but_not_delivered_go_back_first_in_line(broker_url: str) -> None:
+    """A consumer whose callback fails on a message: the messages taken with it and not
+    yet delivered are back at the head of their list, in order, and no longer held (the
+    one that failed stays held, as with kombu's own BRPOP, for the restore sweep)."""
+    from kombu import Consumer, Queue
+
+    app = _consuming_app(broker_url)
+    server = _server(broker_url)
+    queue = Queue("give-back-test", routing_key="give-back-test")
+    seen: list[Any] = []
+
+    def failing_on_the_second(_: Any, message: Any) -> None:
+        seen.append(message.decode()["n"])
+        if len(seen) == 2:
+            raise RuntimeError("a consumer that fails")
+
+    with app.connection_for_write() as connection:
+        with connection.Producer() as producer:
+            for n in range(5):
+                producer.publish({"n": n}, routing_key="give-back-test", declare=[queue])
+        channel = connection.channel()
+        consumer = Consumer(channel, [queue], callbacks=[failing_on_the_second])
+        consumer.qos(prefetch_count=10)
+        with consumer, pytest.raises(RuntimeError, match="a consumer that fails"):
+            connection.drain_events(timeout=2)
+        assert seen == [0, 1]
+        assert server.hlen("unacked") == 2, "the two delivered stay held"
+        left = [json.loads(raw) for raw in server.lrange("give-back-test", 0, -1)]
+        # LPUSH publishes and RPOP takes: the head of the line is the list's right end.
+        assert [kombu_body(m)["n"] for m in reversed(left)] == [2, 3, 4]
+
+
+def kombu_body(message: dict[str, Any]) -> Any:
+    """A raw kombu message's body, decoded."""
+    import base64
+
+    return json.loads(base64.b64decode(message["body"]))
+
+
 @pytest.mark.fleet
 def test_a_fleet_runs_through_a_tls_broker(pg_database: str, demo_url: str, tmp_path: Path) -> None:
     """Workers, the submitter and an agent's fleet-wide rate limit (kept in Redis) over
@@ -297,7 +399,8 @@ def test_a_busy_worker_acknowledges_every_message_and_leaves_none_held(
     assert calls["cmdstat_hdel"] == taken, "every message taken was acknowledged"
     # kombu's own transport runs one MULTI/EXEC to record a message and one to ack it.
     assert calls["cmdstat_exec"] < 1.5 * taken, calls
-    # Here a message is recorded, and the acknowledgments due removed, by one script.
-    assert calls["cmdstat_evalsha"] >= taken, calls
+    # Here a message is recorded, and the acknowledgments due removed, by one script,
+    # which takes along the messages waiting behind it (40 were queued at once).
+    assert calls["cmdstat_evalsha"] < taken, calls
     assert held == 0 and queued == 0, "a warm shutdown had nothing to give back"
     assert "could not acknowledge" not in logs and "Unrecoverable error" not in logs

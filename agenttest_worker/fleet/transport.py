@@ -1,10 +1,12 @@
 """kombu's Redis transport with these changes: a channel keeps its Redis client; a
 channel closed with its connection leaves its unacknowledged messages to the restore
-sweep instead of stopping the worker (`QoS`); and a consumer's bookkeeping of the
+sweep instead of stopping the worker (`QoS`); a consumer's bookkeeping of the
 messages it holds costs one Redis round trip per message instead of two, one script
 recording the message taken and removing those acknowledged since, without encoding
-each message again (`QoS.append`, `QoS.ack`); the messages it holds share their
-envelopes' keys and short values (`_shared_strings`).
+each message again (`QoS.append`, `QoS.ack`), and the same script takes along the
+messages waiting behind the one BRPOP gave, as many as the prefetch count allows
+(`Channel._brpop_read`); the messages it holds share their envelopes' keys and short
+values (`_shared_strings`).
 
 kombu's Redis channel builds a new `redis.Redis` client for every publish, fanout
 (task event) and acknowledgment outside the consumer's poll (`conn_or_acquire`). The
@@ -56,19 +58,55 @@ _received = threading.local()
 
 # What `QoS.append` does in one command: record a message taken (its delivery time in
 # the unacked index, the message in the unacked hash, as kombu's own MULTI/EXEC writes
-# them, so that kombu's restore reads them back unchanged) and remove the messages
-# acknowledged since (ARGV[4] on). redis-py's work for the transaction (six commands
-# and six replies for a message and one acknowledgment) cost the consumer thread
-# 40-70 us more per message than the script's (benchmarks/unacked_bookkeeping.py).
+# them, so that kombu's restore reads them back unchanged), remove the messages
+# acknowledged since (ARGV[5] on), and, when ARGV[4] is above 0, take up to that many
+# more from the queue lists (KEYS[3] on, in BRPOP's order) and record each the same
+# way, returning them as (list name, delivery tag, message) triples. redis-py's work
+# for the transaction (six commands and six replies for a message and one
+# acknowledgment) cost the consumer thread 40-70 us more per message than the script's
+# (benchmarks/unacked_bookkeeping.py); a message taken with another costs no round trip
+# of its own, nor a BRPOP. A message
+# popped is recorded in the same script, so no crash can lose it in between. One whose
+# envelope is not kombu's (no delivery tag) is returned unrecorded (tag ''), for the
+# channel to handle as it would a message BRPOP gave it.
 _RECORD = """
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+local now = ARGV[1]
+redis.call('ZADD', KEYS[1], now, ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   redis.call('ZREM', KEYS[1], ARGV[i])
   redis.call('HDEL', KEYS[2], ARGV[i])
 end
-return 1
+local wanted = tonumber(ARGV[4])
+local taken = {}
+for k = 3, #KEYS do
+  while wanted > 0 do
+    local item = redis.call('RPOP', KEYS[k])
+    if not item then break end
+    wanted = wanted - 1
+    local ok, message = pcall(cjson.decode, item)
+    local properties = ok and type(message) == 'table' and message.properties
+    local tag = type(properties) == 'table' and properties.delivery_tag
+    if type(tag) == 'string' then
+      local info = properties.delivery_info
+      if type(info) ~= 'table' then info = {} end
+      redis.call('ZADD', KEYS[1], now, tag)
+      redis.call('HSET', KEYS[2], tag, '[' .. item .. ', ' .. cjson.encode(info.exchange)
+        .. ', ' .. cjson.encode(info.routing_key) .. ']')
+    else
+      tag = ''
+    end
+    taken[#taken + 1] = KEYS[k]
+    taken[#taken + 1] = tag
+    taken[#taken + 1] = item
+  end
+end
+return taken
 """
+
+# At most this many messages taken along with one BRPOP's: each is handed to the pool
+# in the same turn of the worker's event loop, which does nothing else meanwhile.
+TAKE_AT_MOST = 32
 
 # Longer values (the body, the arguments' display form) are each message's own.
 _SHARED_VALUE_CHARS = 64
@@ -92,8 +130,12 @@ def _shared_strings(document: dict[str, Any]) -> Any:
     return kombu_object_hook(shared)
 
 
+def _decode(text: str) -> Any:
+    return kombu_loads(text, object_hook=_shared_strings)  # type: ignore[no-untyped-call]
+
+
 def _loads_keeping_text(text: str) -> Any:
-    payload = kombu_loads(text, object_hook=_shared_strings)  # type: ignore[no-untyped-call]
+    payload = _decode(text)
     _received.text = text
     _received.payload = payload
     return payload
@@ -141,6 +183,13 @@ class QoS(kombu_redis.QoS):
         self._acks_due: list[Any] = []
         self._acks_timer: Any = None
         self._record: Any = None
+        # Set by the channel while it reads a BRPOP reply: the lists `append` may take
+        # more messages from, with the one BRPOP gave (`Channel._brpop_read`).
+        self.take_from: list[str] = []
+        # What the script took along (list name, delivery tag, message text), and the
+        # tags of those recorded, until the channel delivers them.
+        self.taken: list[tuple[bytes, bytes, bytes]] = []
+        self._recorded: set[str] = set()
 
     def _connection_gone(self) -> bool:
         connection = self.channel.connection
@@ -163,20 +212,43 @@ class QoS(kombu_redis.QoS):
             self._acks_due[:0] = due
 
     def append(self, message: Any, delivery_tag: Any) -> None:
+        if delivery_tag in self._recorded:
+            # Taken and recorded by the script along with an earlier message.
+            self._recorded.discard(delivery_tag)
+            kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+            return
         delivery = message.delivery_info
         exchange, routing_key = delivery["exchange"], delivery["routing_key"]
         stored = _stored_form(message, exchange, routing_key)
+        lists = self.take_from
+        wanted = self._may_take_along() if lists else 0
         due = self._take_acks_due()
         try:
             with self.channel.conn_or_acquire() as client:
-                self._record_script(client)(
-                    keys=[self.unacked_index_key, self.unacked_key],
-                    args=[time.time(), delivery_tag, stored, *due],
+                taken = self._record_script(client)(
+                    keys=[self.unacked_index_key, self.unacked_key, *(lists if wanted > 0 else ())],
+                    args=[time.time(), delivery_tag, stored, wanted, *due],
                 )
         except BaseException:
             self._give_back_acks(due)
             raise
         kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+        if taken:
+            self.taken.extend(zip(taken[::3], taken[1::3], taken[2::3], strict=True))
+
+    def _may_take_along(self) -> int:
+        """How many messages may come along with the one being recorded: what the
+        prefetch count leaves besides it (it is not in `_delivered` yet), at most
+        TAKE_AT_MOST."""
+        room = self.can_consume_max_estimate()  # type: ignore[no-untyped-call]
+        if room is None:  # no prefetch limit
+            return TAKE_AT_MOST
+        return max(min(int(room) - 1, TAKE_AT_MOST), 0)
+
+    def mark_recorded(self, delivery_tag: str) -> None:
+        """The message of `delivery_tag` is in the unacked hash already: `append` only
+        notes it here."""
+        self._recorded.add(delivery_tag)
 
     def _record_script(self, client: Any) -> Any:
         """`_RECORD` as a redis-py script of `client` (loaded again by redis-py if the
@@ -244,9 +316,62 @@ class QoS(kombu_redis.QoS):
         super().reject(delivery_tag, requeue)  # type: ignore[no-untyped-call]
 
 
+# The channel's QoS, as its methods' annotations name it (`QoS` there is the attribute).
+_ChannelQoS = QoS
+
+
 class Channel(kombu_redis.Channel):
     QoS = QoS
     _shared_client: Any = None
+    qos: _ChannelQoS
+
+    def _brpop_read(self, **options: Any) -> Any:
+        """kombu's, but the message BRPOP gave is recorded together with up to what the
+        prefetch count leaves of the messages waiting behind it (`_RECORD`), which are
+        then delivered in turn: a busy worker takes several messages per round trip
+        instead of two round trips per message."""
+        queue_of = {
+            self._q_for_pri(queue, step): queue  # type: ignore[no-untyped-call]
+            for step in self.priority_steps
+            for queue in self._queue_cycle.consume(len(self.active_queues))
+        }
+        self.qos.take_from = list(queue_of)
+        try:
+            return super()._brpop_read(**options)  # type: ignore[no-untyped-call]
+        finally:
+            self.qos.take_from = []
+            if self.qos.taken:
+                self._deliver_taken(queue_of)
+
+    def _deliver_taken(self, queue_of: dict[str, str]) -> None:
+        taken, self.qos.taken = self.qos.taken, []
+        for index, (key, tag, item) in enumerate(taken):
+            try:
+                queue = queue_of[key.decode()]
+                if tag:
+                    self.qos.mark_recorded(tag.decode())
+                self._queue_cycle.rotate(queue)
+                self.connection._deliver(_decode(item.decode()), queue)
+            except BaseException:
+                self._give_back(taken[index + 1 :])
+                raise
+
+    def _give_back(self, taken: list[tuple[bytes, bytes, bytes]]) -> None:
+        """Put messages taken but not delivered back where they were, first in line."""
+        if not taken:
+            return
+        try:
+            with self.conn_or_acquire() as client, client.pipeline() as pipe:
+                for key, tag, item in reversed(taken):
+                    pipe.rpush(key, item)
+                    if tag:
+                        pipe.zrem(self.qos.unacked_index_key, tag)
+                        pipe.hdel(self.qos.unacked_key, tag)
+                pipe.execute()
+        except Exception as exc:
+            # Those recorded stay in the unacked hash: the restore sweep gives them
+            # back after the visibility timeout.
+            logger.warning("could not give back %d message(s): %s", len(taken), exc)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
