@@ -490,8 +490,8 @@ def run_agenttest(
     log(
         f"agenttest phases: run created at {float(created) - started_at:.2f} s, submitter "
         f"exited at {submitted:.2f} s; from the run's creation: "
-        f"first turn saved {first_turn:.1f} s, last turn {last_turn:.1f} s, "
-        f"reports stored {reports:.1f} s; total {elapsed:.1f} s"
+        f"first turn saved {first_turn:.2f} s, last turn {last_turn:.2f} s, "
+        f"reports stored {reports:.2f} s; total {elapsed:.2f} s"
     )
     expected = args.conversations * args.turns
     if turns != expected:
