@@ -205,6 +205,7 @@ def test_a_consumer_takes_the_waiting_messages_along_with_one_brpop(broker_url: 
                 stored = json.loads(server.hget("unacked", message.delivery_tag) or b"null")
                 assert stored == [message._raw, message.delivery_info["exchange"], "take-test"]
             assert server.llen("take-test:9") == 3
+            assert channel.qos.backlog, "took all it asked for: more may wait"
 
             for message in received:
                 message.ack()
@@ -213,9 +214,70 @@ def test_a_consumer_takes_the_waiting_messages_along_with_one_brpop(broker_url: 
             connection.drain_events(timeout=2)
             assert [m.decode()["n"] for m in received] == [3, 4, 5]
             assert _script_calls(server) == before + 1, "three messages, one script"
+            assert not channel.qos.backlog, "asked for three, two were left: none waits"
             for message in received:
                 message.ack()
         assert server.hlen("unacked") == 0 and server.llen("take-test:9") == 0
+        channel.close()
+
+
+def test_a_busy_consumer_waits_a_moment_for_more_free_slots_before_its_brpop(
+    broker_url: str,
+) -> None:
+    """With messages waiting and fewer than an eighth of its slots free, a consumer on an
+    event loop holds its next BRPOP until that many are free or GATHER_SECONDS have
+    passed (a timer wakes the loop); enough free slots, an empty queue, or no event loop
+    (plain `drain_events`), and it is sent at once."""
+    from kombu import Consumer, Queue
+    from kombu.asynchronous import Hub
+
+    from agenttest_worker.fleet.transport import GATHER_SECONDS
+
+    app = _consuming_app(broker_url)
+    queue = Queue("gather-test", routing_key="gather-test")
+    with app.connection_for_write() as connection:
+        with connection.Producer() as producer:
+            for n in range(70):
+                producer.publish({"n": n}, routing_key="gather-test", declare=[queue])
+        channel = connection.channel()
+        received: list[Any] = []
+        consumer = Consumer(channel, [queue], callbacks=[lambda _, m: received.append(m)])
+        consumer.qos(prefetch_count=64)  # gathers until 8 slots are free
+        with consumer:
+            while len(received) < 64:  # no event loop: each BRPOP sent at once
+                connection.drain_events(timeout=2)
+            assert channel.qos.backlog, "6 messages still wait"
+            for message in received[:3]:
+                message.ack()
+            hub = Hub()
+            connection.transport.hub = hub
+
+            channel._brpop_start()
+            assert not channel._in_poll, "3 slots free of the 8 it waits for: held"
+            assert len(hub.timer) == 1, "a timer wakes the loop to ask again"
+            channel._brpop_start()
+            assert not channel._in_poll, "asked again at once: still held"
+            time.sleep(GATHER_SECONDS * 2)
+            channel._brpop_start()
+            assert channel._in_poll, "sent once GATHER_SECONDS passed"
+            channel._brpop_read()
+            assert len(received) == 67, "the BRPOP's message and two more"
+
+            for message in received[3:12]:
+                message.ack()
+            assert channel.qos.backlog
+            channel._brpop_start()
+            assert channel._in_poll, "9 slots free: sent at once"
+            channel._brpop_read()
+            assert len(received) == 70 and not channel.qos.backlog
+
+            for message in received[12:20]:
+                message.ack()
+            channel._brpop_start()
+            assert channel._in_poll, "none waits: sent at once"
+            for message in received[20:]:
+                message.ack()
+        connection.transport.hub = None
         channel.close()
 
 
