@@ -112,12 +112,12 @@ TAKE_AT_MOST = 32
 # While messages wait behind those taken (the last script took all it asked for), the
 # next BRPOP waits until an eighth of the worker's slots (prefetch count), at most
 # GATHER_SLOTS, are free, or GATHER_SECONDS have passed since one was: a busy worker
-# then takes several messages per round trip instead of one or two (at 300 x 3, -c 100:
-# 4.3 a script instead of 1.85, ~0.2 ms less CPU per turn, benchmarks/RESULTS.md), for
-# a few milliseconds more on a turn that waits for its agent far longer. A worker whose
-# queue ran dry, or of 15 slots or fewer, sends its BRPOP at once.
+# then takes several messages per round trip instead of one or two (~0.2 ms less CPU
+# per turn at -c 100, benchmarks/RESULTS.md), for at most 10 ms more on a turn that
+# waits for its agent far longer. A worker whose queue ran dry, or of 15 slots or
+# fewer, sends its BRPOP at once.
 GATHER_SLOTS = 16
-GATHER_SECONDS = 0.005
+GATHER_SECONDS = 0.01
 
 # Longer values (the body, the arguments' display form) are each message's own.
 _SHARED_VALUE_CHARS = 64
