@@ -259,3 +259,41 @@ def test_a_tls_broker_is_published_to_with_kombus_spelling_of_its_certificate_ru
         assert _comparable(reader.lrange("agenttest", 0, -1)[0])["body"][0] == ["r1", "c1", 2]
         assert _comparable(reader.lrange("agenttest:9", 0, -1)[0])["body"][0] == ["r1", "c2", 1]
     assert redis_py_url("redis://:p%40ss@host:6379/3") == "redis://:p%40ss@host:6379/3"
+
+
+def test_a_turn_of_a_case_named_beyond_ascii_reaches_the_worker_as_published(
+    redis_db: str,
+) -> None:
+    """The message is UTF-8 JSON (orjson's): kombu's transport, taking it after BRPOP's
+    with the script that records it, hands Celery the same arguments, and keeps it in
+    the unacked hash as read."""
+    from celery import Celery
+    from kombu import Consumer, Queue
+
+    from agenttest_worker.fleet.publish import RedisPublisher, TaskMessage
+    from agenttest_worker.fleet.transport import use_shared_clients
+
+    client = redis.Redis.from_url(redis_db)
+    client.delete("utf8-test", "unacked", "unacked_index")
+    cases = ['caf\u00e9 \u6771\u4eac \U0001f600 "q"', "plain"]
+    RedisPublisher(redis_db, "utf8-test").publish(
+        [TaskMessage("agenttest.turn", ("r1", case, 2), repr(("r1", case, 2)), 0) for case in cases]
+    )
+    assert "\u6771\u4eac".encode() in (client.lindex("utf8-test", 1) or b"")
+
+    use_shared_clients()
+    received: list[Any] = []
+    with Celery(broker=redis_db).connection_for_write() as connection:
+        channel = connection.channel()
+        queue = Queue("utf8-test", routing_key="utf8-test")
+        consumer = Consumer(channel, [queue], callbacks=[lambda _, m: received.append(m)])
+        consumer.qos(prefetch_count=2)
+        with consumer:
+            connection.drain_events(timeout=2)  # BRPOP's message, and one taken along
+            assert [m.decode()[0] for m in received] == [["r1", case, 2] for case in cases]
+            for message in received:
+                assert message.headers["argsrepr"] == repr(tuple(message.decode()[0]))
+                stored = json.loads(client.hget("unacked", message.delivery_tag) or b"null")
+                assert stored[0] == message._raw
+                message.ack()
+        channel.close()
