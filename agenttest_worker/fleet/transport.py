@@ -331,10 +331,6 @@ class QoS(kombu_redis.QoS):
         super().reject(delivery_tag, requeue)  # type: ignore[no-untyped-call]
 
 
-def _tick() -> None:
-    """A timer's callback that only wakes the event loop (its next tick asks again)."""
-
-
 # The channel's QoS, as its methods' annotations name it (`QoS` there is the attribute).
 _ChannelQoS = QoS
 
@@ -344,11 +340,16 @@ class Channel(kombu_redis.Channel):
     _shared_client: Any = None
     qos: _ChannelQoS
 
-    _gathering_since: float | None = None
+    # While a BRPOP is held (GATHER_SLOTS): the timer that ends the wait, and whether it
+    # has. The timer ends it, not a clock read at the next tick: a timer firing a hair
+    # early, its tick finding the wait not quite over, left the BRPOP unsent until some
+    # other event woke the loop (seconds later).
+    _gather_timer: Any = None
+    _gather_over = False
 
     def _brpop_start(self, timeout: Any = None) -> None:
         if self._gathering():
-            return  # asked again at the event loop's next tick (see GATHER_SLOTS)
+            return  # sent by `_gathered`, or at a tick once enough slots are free
         super()._brpop_start(timeout)  # type: ignore[no-untyped-call]
 
     def _gathering(self) -> bool:
@@ -356,18 +357,35 @@ class Channel(kombu_redis.Channel):
         hub = getattr(self.connection, "hub", None)
         room = self.qos.can_consume_max_estimate()  # type: ignore[no-untyped-call]
         wanted = min(GATHER_SLOTS, (self.qos.prefetch_count or 0) // 8)
-        if hub is None or not self.qos.backlog or room is None or room >= wanted:
-            self._gathering_since = None
+        if (
+            hub is None
+            or self._gather_over
+            or not self.qos.backlog
+            or room is None
+            or room >= wanted
+        ):
+            self._stop_gathering()
             return False
-        now = time.monotonic()
-        if self._gathering_since is None:
-            self._gathering_since = now
-            hub.call_later(GATHER_SECONDS, _tick)  # wakes the loop if nothing else does
-            return True
-        if now - self._gathering_since < GATHER_SECONDS:
-            return True
-        self._gathering_since = None
-        return False
+        if self._gather_timer is None:
+            self._gather_timer = hub.call_later(GATHER_SECONDS, self._gathered)
+        return True
+
+    def _stop_gathering(self) -> None:
+        timer, self._gather_timer = self._gather_timer, None
+        self._gather_over = False
+        if timer is not None:
+            timer.cancel()
+
+    def _gathered(self) -> None:
+        """The timer: the BRPOP waits no longer, and is sent now (as a tick would)."""
+        self._gather_over = True
+        cycle = getattr(self.connection, "cycle", None)
+        try:
+            if cycle is not None and not self._in_poll and self.qos.can_consume():  # type: ignore[no-untyped-call]
+                cycle._register_BRPOP(self)
+        except Exception as exc:
+            # The next tick tries again; raising here would stop the event loop.
+            logger.warning("could not ask for the next messages: %s", exc)
 
     def _brpop_read(self, **options: Any) -> Any:
         """kombu's, but the message BRPOP gave is recorded together with up to what the
