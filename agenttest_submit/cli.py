@@ -33,6 +33,7 @@ from agenttest_submit.arg_types import (
     positive_float,
     positive_int,
 )
+from agenttest_submit.early_store import NOT_A_RUN
 from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
 from agenttest_submit.request import (
     DEFAULT_SIMULATOR,
@@ -301,39 +302,39 @@ def parse_run(argv: Sequence[str]) -> RunRequest:
     return run_request(build_parser().parse_args(list(argv)))
 
 
-# Words that make an invocation something other than a new run (or stop it at once).
-_NOT_A_RUN = frozenset({"--dry-run", "--reeval", "-h", "--help", "--version"})
-
-
 def _early_store_work(args: list[str]) -> StoreWork | None:
-    """An embedded run's store process, started before the run is parsed and the rest
-    of it imported: its own imports (~0.4 s of CPU: SQLAlchemy, the store) then run on
-    another core while this process imports, parses and checks the cases (see
-    store/store_process.py). Guessed from the words alone: None where they show no
-    embedded run can follow (a dry run, a re-evaluation, help, a fleet, settings that
-    are wrong, which the run reports where it reads them); one started for what turns
-    out to be no run is ended unused (`_runs_embedded`)."""
-    from agenttest_submit.storing import embedded_store_work
+    """A new run's store process, started before the run is parsed and the rest of it
+    imported: its own imports (an embedded run's SQLAlchemy and store, ~0.4 s of CPU; a
+    fleet run's psycopg and publisher, ~0.12 s) then run on another core while this
+    process imports, parses and checks the cases (see store/store_process.py,
+    fleet_storing.py). Guessed from the words alone: None where they show no run can
+    follow (a dry run, a re-evaluation, help, settings that are wrong, which the run
+    reports where it reads them); one started for what turns out to be no run is ended
+    unused (`_stores_a_run`)."""
     from agenttest_worker.errors import ConfigError
     from agenttest_worker.settings import get_settings
 
-    if not args or any(arg in _NOT_A_RUN for arg in args):
+    if not args or any(arg in NOT_A_RUN for arg in args):
         return None
     try:
         settings = get_settings()
     except ConfigError:
         return None
     if settings.distributed:
-        return None
+        return None  # forked by the console script, if at all (early_store.py)
+    from agenttest_submit.storing import embedded_store_work
+
     return embedded_store_work(settings.store_process)
 
 
-def _runs_embedded(request: RunRequest) -> bool:
-    """Whether `request` may store and run a new run (here: the fleet was ruled out)."""
+def _stores_a_run(request: RunRequest) -> bool:
+    """Whether `request` may store a new run."""
     return not request.dry_run and request.reeval is None and bool(request.inputs)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, store_work: StoreWork | None = None) -> int:
+    """The command line `argv` (sys.argv's by default); `store_work`, a store's process
+    the console script started for it (early_store.py)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     starting()  # see heap.py
     # After heap.starting(): see the note at the top.
@@ -345,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():
             if subcommand:
+                if store_work is not None:
+                    store_work.close()  # started for a run: never given any work
                 command = parse_subcommand(args_list)
                 if isinstance(command, ViewRequest):
                     # After heap.starting(); aiohttp's server only for this command.
@@ -365,11 +368,11 @@ def main(argv: list[str] | None = None) -> int:
                 from agenttest_submit.commands import run_subcommand
 
                 return run_subcommand(command)
-            work = _early_store_work(args_list)
+            work = store_work or _early_store_work(args_list)
             try:
                 request = parse_run(args_list)
                 warn_about_flags(request)
-                if work is not None and not _runs_embedded(request):
+                if work is not None and not _stores_a_run(request):
                     work.close()  # never given any work: ended at once
                     work = None
                 from agenttest_submit.submit import submit  # after heap.starting(): see the top
@@ -437,4 +440,7 @@ def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> No
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # As the console script (leaving.py), but for leaving through the interpreter.
+    from agenttest_submit.early_store import fleet_store_process
+
+    raise SystemExit(main(store_work=fleet_store_process(sys.argv[1:])))

@@ -14,12 +14,13 @@ from agenttest_submit.generate import generate_cases
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
 from agenttest_submit.split_check import CheckedPart, start_second_half
 from agenttest_submit.spool_lines import SpoolShape, SpoolWriter
+from agenttest_submit.spool_records import spooled_records
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.files import case_files_in, iter_cases, iter_line_cases
 from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report.common import printable
-from agenttest_worker.store.steps import CaseRecord, CaseText, StoredCase
+from agenttest_worker.store.steps import CaseRecord, StoredCase
 
 __all__ = ["CaseStream", "Expansion", "Selection", "Spool", "expand", "print_warnings"]
 
@@ -236,7 +237,8 @@ class Spool:
         of a repeated case its own conversation) rather than --dry-run's cases as
         written. `repeat`: --repeat, over each case's own `repeat`."""
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
-        self.handle = tempfile.TemporaryFile("w+b")  # noqa: SIM115
+        # Named: a fleet's run may be stored from it by the store's process (`path`).
+        self.handle = tempfile.NamedTemporaryFile("w+b", prefix="agenttest-spool-")  # noqa: SIM115
         writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat))
         for item in stream.checked(writer.shape):
             if isinstance(item, CheckedPart):
@@ -282,10 +284,13 @@ class Spool:
     def stored_records(self) -> Iterator[StoredCase]:
         """The same as `records`, each record as the text a run stores, not parsed."""
         self.handle.seek(0)
-        for line in self.handle:
-            head, _, record = line.partition(b"\t")
-            case_id, agent, test_id = json.loads(head)
-            yield case_id, agent, CaseText(record[:-1].decode("ascii"), test_id)
+        return spooled_records(self.handle)
+
+    @property
+    def path(self) -> str:
+        """The spool's file, for another process to read the records from (complete
+        once the constructor has returned; removed by close())."""
+        return self.handle.name
 
     def close(self) -> None:
         self.handle.close()

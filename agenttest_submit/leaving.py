@@ -1,5 +1,8 @@
 """The `agenttest-submit` console script: the command, then leaving at once.
 
+Before anything else is imported, a fleet run's store process is forked
+(early_store.py): its imports then run on the other core while this process's run.
+
 Once a command is done, CPython's finalization frees, one by one, everything the process
 imported and built (pydantic's schemas, SQLAlchemy, aiohttp, the run's records): about
 0.1 s of a 1,000-case embedded run (`benchmarks/embedded.py`), work nobody needs. So
@@ -27,9 +30,13 @@ __all__ = ["leave", "main"]
 
 def main() -> NoReturn:
     """The console script's entry point."""
+    # First thing: a fleet run's store process, forked before the rest is imported.
+    from agenttest_submit.early_store import fleet_store_process
+
+    work = fleet_store_process(sys.argv[1:])
     from agenttest_submit.cli import main as command
 
-    leave(command())
+    leave(command(store_work=work))
 
 
 def leave(code: int) -> NoReturn:

@@ -13,8 +13,9 @@ import hashlib
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from agenttest_submit.fleet_storing import FromSpool, SpooledRun, store_spooled
 from agenttest_submit.generate import take_generation_usage
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.request import RunRequest
@@ -121,24 +122,26 @@ def store_records(
     parent_run_id: str | None = None,
     starter: RunStarter | None = None,
     suite: str | None = None,
+    from_spool: FromSpool | None = None,
 ) -> tuple[str, int]:
-    """Create the run and store (case id, agent, record) rows a batch at a time."""
+    """Create the run and store (case id, agent, record) rows a batch at a time; with
+    `from_spool`, the store's process stores the same records read from the spool's
+    file (fleet_storing.py)."""
     run_id = steps.new_run_id()
-    total = write_run(
-        url,
-        run_id,
-        records,
-        options=options.model_dump(mode="json"),
-        config=config.stored(),
-        target=target,
-        label=label,
-        deadline_at=time.time() + deadline if deadline else None,
-        parent_run_id=parent_run_id,
-        starter=starter,
-        suite=suite,
-        generation_usage=take_generation_usage(),
-    )
-    return run_id, total
+    fields: dict[str, Any] = {
+        "options": options.model_dump(mode="json"),
+        "config": config.stored(),
+        "target": target,
+        "label": label,
+        "deadline_at": time.time() + deadline if deadline else None,
+        "parent_run_id": parent_run_id,
+        "suite": suite,
+        "generation_usage": take_generation_usage(),
+    }
+    if from_spool is not None:
+        run = SpooledRun(url, run_id, from_spool.path, starter, fields)
+        return run_id, store_spooled(from_spool.work, run)
+    return run_id, write_run(url, run_id, records, starter=starter, **fields)
 
 
 def resolve_run(url: str, ref: str) -> RunRow:

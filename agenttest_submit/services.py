@@ -56,11 +56,17 @@ def _broker_lost(exc: BaseException) -> bool:
 
 def _database_lost(exc: BaseException) -> bool:
     """Whether `exc` is the database out of reach: SQLAlchemy's error, or psycopg's own
-    where a run was stored through psycopg alone (store/postgres_run.py)."""
+    where a run was stored through psycopg alone (store/postgres_run.py; in this process
+    or the store's, fleet_storing.py)."""
     sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
     if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.DBAPIError):
         from agenttest_worker.store.db import is_connection_lost  # see above
 
         return is_connection_lost(exc)
-    postgres_run = sys.modules.get("agenttest_worker.store.postgres_run")
-    return postgres_run is not None and bool(postgres_run.connection_lost(exc))
+    if "psycopg" not in sys.modules:
+        return False  # nothing here spoke to the database through psycopg
+    # psycopg's own error: the run was stored through psycopg alone, by this process or
+    # by the store's process, whose errors come back as the same classes.
+    from agenttest_worker.store.postgres_run import connection_lost
+
+    return connection_lost(exc)

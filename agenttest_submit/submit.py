@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from agenttest_submit.embedded import run_embedded
 from agenttest_submit.exits import EXIT_OK
 from agenttest_submit.expand import CaseStream, Selection, Spool, print_warnings
+from agenttest_submit.fleet_storing import FleetStarter, FromSpool
 from agenttest_submit.generate import forget_generation_usage
 from agenttest_submit.inputs import InputSource, MessageInput, parse_inputs
 from agenttest_submit.output import output_problem
@@ -151,7 +152,8 @@ def run_cases(
         from agenttest_submit.distributed import database_url, import_publisher_meanwhile
 
         url = database_url()
-        import_publisher_meanwhile()
+        if work is None:  # stored here, not by the store's process (fleet_storing.py)
+            import_publisher_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
     with Spool(stream, target, repeat=request.repeat) as spool:
         print_warnings(stream.warnings)
@@ -160,7 +162,7 @@ def run_cases(
         if not settings.distributed:
             records = list(spool.records())
             return run_embedded(request, url, records, options, config, target, label, work)
-        from agenttest_submit.distributed import FleetStarter, run_distributed
+        from agenttest_submit.distributed import run_distributed
 
         run_id, total = store_records(
             url,
@@ -172,6 +174,7 @@ def run_cases(
             deadline=request.deadline,
             suite=run_suite(request, target),
             starter=FleetStarter(url, request.parallel if request.parallel_given else None),
+            from_spool=FromSpool(work, spool.path) if work is not None else None,
         )
 
     return run_distributed(request, url, run_id, total, config, options)

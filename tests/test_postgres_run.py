@@ -145,7 +145,9 @@ def test_a_fleet_submission_stores_its_run_without_sqlalchemy(
 ) -> None:
     """`--no-wait` on a fleet: the run and its cases stored, its start published, and
     neither SQLAlchemy, nor the watch, nor Celery (on a Redis broker) imported on the
-    way."""
+    way. Stored by the submitter's own process (AGENTTEST_STORE_PROCESS=never), whose
+    imports alone are then on stderr; the forked store's process runs the same storing
+    (test_fleet_storing.py)."""
     upgrade(pg_database)
     queue = f"test-{secrets.token_hex(4)}"  # consumed by no worker of the suite
     cases = tmp_path / "cases.jsonl"
@@ -157,6 +159,7 @@ def test_a_fleet_submission_stores_its_run_without_sqlalchemy(
         "AGENTTEST_DATABASE_URL": pg_database,
         "AGENTTEST_QUEUE": queue,
         "AGENTTEST_DEMO_URL": demo_url,
+        "AGENTTEST_STORE_PROCESS": "never",
         "PYTHONPROFILEIMPORTTIME": "1",
     }
     argv = ["-i", str(cases), "--config", SUITE_CONFIG, "-n", "assistants.expense"]

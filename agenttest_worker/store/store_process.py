@@ -35,13 +35,19 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, Generic, ParamSpec, Protocol, TypeVar, cast
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, cast
 
-from agenttest_worker.settings import StoreProcessChoice, get_settings
+if TYPE_CHECKING:
+    from agenttest_worker.settings import StoreProcessChoice
+
+# The settings (pydantic's) are imported where they are read: the submitter forks a
+# fleet run's store process before it imports them (fleet_storing.py).
 
 # Between the modules a child imports first and those it imports after its first call.
 _LATER = "--later"
@@ -68,6 +74,10 @@ class StoreWork(Protocol):
     def submit(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> Reply[R]: ...
 
     def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def interrupt(self) -> None:
+        """Stop the call under way: a call that allows it (`stopping_with_the_parent`)
+        raises StoreInterrupted where it stands."""
 
     def close(self) -> None: ...
 
@@ -96,12 +106,21 @@ class InThisProcess:
     def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         return fn(*args, **kwargs)
 
+    def interrupt(self) -> None:
+        pass  # the caller's own interrupt already stopped the call it was making
+
     def close(self) -> None:
         pass
 
 
 class StoreProcessError(RuntimeError):
     """The store's process ended, or raised what could not be sent back whole."""
+
+
+class StoreInterrupted(Exception):
+    """The parent stopped the call (`StoreProcess.interrupt`): raised in the store's
+    process where the call stood, an Exception so that it comes back as the call's
+    error instead of ending the process with a traceback."""
 
 
 class _Awaited(Generic[R]):
@@ -126,7 +145,9 @@ class StoreProcess:
     child reads (a flush's batch is ~1 MB for 500 cases). Replies are read by whoever
     asks for one, in order."""
 
-    def __init__(self, preload: Sequence[str] = (), later: Sequence[str] = ()) -> None:
+    def __init__(
+        self, preload: Sequence[str] = (), later: Sequence[str] = (), child: Any = None
+    ) -> None:
         """`preload`: modules the child imports before it reads its first call (those
         arrive meanwhile, and wait in the pipe); `later`: ones it imports once it has
         answered its first call (what the run needs only at its end)."""
@@ -135,7 +156,7 @@ class StoreProcess:
         self._waiting: deque[_Awaited[Any]] = deque()
         self._broken: str | None = None
         self._closed = False
-        self._proc = subprocess.Popen(
+        self._proc = child or subprocess.Popen(
             [sys.executable, "-m", __name__, *preload, _LATER, *later],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -168,6 +189,10 @@ class StoreProcess:
 
     def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         return self.submit(fn, *args, **kwargs).result()
+
+    def interrupt(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
 
     def _write_requests(self) -> None:
         """The writer thread: each request to the child, in order, until close()."""
@@ -316,6 +341,8 @@ def serve(requests: IO[bytes], replies: IO[bytes], later: Sequence[str] = ()) ->
         try:
             reply = _reply(fn(*args, **kwargs), True)
         except Exception as exc:
+            from agenttest_worker.settings import get_settings  # see the top
+
             if get_settings().debug:
                 traceback.print_exc()
             reply = _reply(exc, False)
@@ -327,7 +354,115 @@ def serve(requests: IO[bytes], replies: IO[bytes], later: Sequence[str] = ()) ->
                 importlib.import_module(name)
 
 
+# Set in a store's process (main): its calls were sent by a parent.
+_serving = False
+# How often a call that stops with its parent looks for it.
+PARENT_CHECK_SECONDS = 0.02
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise StoreInterrupted("stopped by the submitter")
+
+
+@contextlib.contextmanager
+def stopping_with_the_parent() -> Iterator[None]:
+    """In a store's process, while inside: SIGTERM (`StoreProcess.interrupt`) raises
+    StoreInterrupted where the call stands, so that its cleanup runs as it would in
+    the parent interrupted; and a parent that dies (SIGKILL, the out-of-memory killer)
+    ends this process at once, as the work would have ended with it, cleanup and all.
+    Elsewhere (the work in the caller's own process), nothing changes."""
+    if not _serving:
+        yield
+        return
+    parent = os.getppid()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(PARENT_CHECK_SECONDS):
+            if os.getppid() != parent:
+                os._exit(1)
+
+    watcher = threading.Thread(target=watch, name="agenttest-parent-watch", daemon=True)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        done.set()
+
+
+class _ForkedChild:
+    """A forked child as much of `subprocess.Popen` as StoreProcess uses."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("store process", timeout or 0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def forked_store_process(preload: Sequence[str] = (), later: Sequence[str] = ()) -> StoreProcess:
+    """A StoreProcess forked from this process (POSIX), which must hold no thread but
+    the main one: without a new interpreter's start-up, and sharing what this process
+    imported so far."""
+    # What this process buffered would be written twice, by the child too.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(requests_write)
+        os.close(replies_read)
+        try:
+            _serve_forked(
+                os.fdopen(requests_read, "rb"), os.fdopen(replies_write, "wb"), preload, later
+            )
+        finally:
+            os._exit(0)
+    os.close(requests_read)
+    os.close(replies_write)
+    child = _ForkedChild(pid, os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"))
+    return StoreProcess(child=child)
+
+
+def _serve_forked(
+    requests: IO[bytes], replies: IO[bytes], preload: Sequence[str], later: Sequence[str]
+) -> None:
+    global _serving
+    _serving = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in preload:
+        importlib.import_module(name)
+    serve(requests, replies, later)
+    sys.stderr.flush()
+
+
 def main() -> None:
+    global _serving
+    _serving = True
     # Ctrl-C reaches the whole foreground process group: the parent handles it (its
     # cleanup flushes through this process), so it must not end this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
