@@ -38,14 +38,19 @@ print(json.dumps({"code": code, "forked": work is not None,
 """
 
 
-def _submit(args: list[str], env: dict[str, str]) -> tuple[dict[str, object], str]:
-    done = subprocess.run(
-        [sys.executable, "-c", SUBMITTING, *args],
+def _python(script: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`script` run by a fresh interpreter with `args` and `env` besides this one's."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def _submit(args: list[str], env: dict[str, str]) -> tuple[dict[str, object], str]:
+    done = _python(SUBMITTING, args, env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -106,19 +111,13 @@ def test_no_process_is_forked_for_what_stores_no_run(redis_db: str, tmp_path: Pa
     """A subcommand, a dry run, help, nothing: the words say no run follows."""
     env = {"AGENTTEST_BROKER_URL": redis_db}
     cases = write_cases(tmp_path, [greeting_case("N1")])
+    script = (
+        "import sys\n"
+        "from agenttest_submit.early_store import fleet_store_process\n"
+        "print(fleet_store_process(sys.argv[1:]) is None)\n"
+    )
     for args in (["status", "last"], ["-i", str(cases), "--dry-run"], ["--help"], []):
-        script = (
-            "import sys\n"
-            "from agenttest_submit.early_store import fleet_store_process\n"
-            "print(fleet_store_process(sys.argv[1:]) is None)\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", script, *args],
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = _python(script, args, env)
         assert done.stdout.strip() == "True", (args, done.stderr)
 
 
