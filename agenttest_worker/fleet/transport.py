@@ -427,8 +427,7 @@ class Channel(kombu_redis.Channel):
                 for key, tag, item in reversed(taken):
                     pipe.rpush(key, item)
                     if tag:
-                        pipe.zrem(self.qos.unacked_index_key, tag)
-                        pipe.hdel(self.qos.unacked_key, tag)
+                        self.qos._remove_from_indices(tag, pipe)  # type: ignore[no-untyped-call]
                 pipe.execute()
         except Exception as exc:
             # Those recorded stay in the unacked hash: the restore sweep gives them
