@@ -33,7 +33,7 @@ from agenttest_submit.arg_types import (
     positive_float,
     positive_int,
 )
-from agenttest_submit.early_store import NOT_A_RUN
+from agenttest_submit.early_store import looks_like_a_run
 from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
 from agenttest_submit.request import (
     DEFAULT_SIMULATOR,
@@ -314,7 +314,7 @@ def _early_store_work(args: list[str]) -> StoreWork | None:
     from agenttest_worker.errors import ConfigError
     from agenttest_worker.settings import get_settings
 
-    if not args or any(arg in NOT_A_RUN for arg in args):
+    if not looks_like_a_run(args):
         return None
     try:
         settings = get_settings()

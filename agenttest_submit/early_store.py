@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import threading
 
-from agenttest_worker.store.store_process import StoreWork, forked_store_process, usable_cpus
+from agenttest_worker.store.store_process import StoreWork, child_wanted, forked_store_process
 
 # Words after which no run is stored.
-NOT_A_RUN = frozenset({"--dry-run", "--reeval", "-h", "--help", "--version"})
+_NOT_A_RUN = frozenset({"--dry-run", "--reeval", "-h", "--help", "--version"})
 
 # What the store's process imports before the run reaches it: storing through psycopg
 # (store/postgres_run.py), publishing through redis-py (fleet/enqueue.py).
@@ -27,15 +27,19 @@ PRELOAD = (
 )
 
 
+def looks_like_a_run(args: list[str]) -> bool:
+    """Whether the command line's words may store a new run: a run's start with an
+    option (a subcommand's with its name), and none says it stops short of one."""
+    return bool(args) and args[0].startswith("-") and not any(arg in _NOT_A_RUN for arg in args)
+
+
 def fleet_store_process(args: list[str]) -> StoreWork | None:
     """The store's process for the fleet run `args` look like, forked now, or None."""
     if os.name != "posix" or not os.environ.get("AGENTTEST_BROKER_URL"):
         return None
-    # A run's words start with an option; a subcommand's with its name.
-    if not args or not args[0].startswith("-") or any(arg in NOT_A_RUN for arg in args):
+    if not looks_like_a_run(args):
         return None
-    choice = os.environ.get("AGENTTEST_STORE_PROCESS", "auto").strip().lower()
-    if choice == "never" or (choice == "auto" and usable_cpus() < 2):
+    if not child_wanted(os.environ.get("AGENTTEST_STORE_PROCESS", "auto").strip().lower()):
         return None
     if threading.active_count() > 1:
         return None  # (a program calling the console script in-process)

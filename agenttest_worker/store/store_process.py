@@ -15,7 +15,10 @@ flush goes on while the conversations do: BufferedStore.flush).
 The child ignores Ctrl-C (the run's own cleanup still writes through it when Ctrl-C
 stops the run), and leaves when its stdin closes, the parent's end included.
 
-`store_work` chooses (AGENTTEST_STORE_PROCESS): `auto`, the default, uses the child
+A fleet run's submitter forks its store's process instead (`forked_store_process`,
+agenttest_submit/early_store.py), first thing, before it imports the rest.
+
+`store_work` chooses (AGENTTEST_STORE_PROCESS, `child_wanted`): `auto`, the default, uses the child
 unless this process may use only one CPU (the child's work would then be taken from
 the conversations) or has already imported SQLAlchemy (a program embedding
 agenttest, the test suite), where the child would save little and cost a second
@@ -269,19 +272,26 @@ def store_work(
 ) -> StoreWork:
     """The store's work for a new embedded run, as AGENTTEST_STORE_PROCESS chooses (see
     StoreProcess for `preload` and `later`)."""
-    if choice == "never":
-        return InThisProcess()
-    if choice == "auto" and ("sqlalchemy" in sys.modules or usable_cpus() < 2):
-        # A second interpreter pays off only on a core of its own: on one, its imports
-        # (~0.35 s of CPU) are the conversations' loss (`benchmarks.embedded --cpus 0
-        # --store-process never always`: 1,000 cases 100 at a time in 1.34 s here, 1.65 s
-        # with the child).
+    if not child_wanted(choice):
         return InThisProcess()
     if not sys.executable:
         # An interpreter that cannot name itself (embedded in another program) cannot
         # start a second one: the store's work stays here.
         return InThisProcess()
     return StoreProcess(preload, later)
+
+
+def child_wanted(choice: str) -> bool:
+    """Whether AGENTTEST_STORE_PROCESS=`choice` puts the store's work in a child here:
+    `always` does, `never` does not, `auto` unless this process may use only one CPU or
+    has already imported SQLAlchemy (a program embedding agenttest, the test suite),
+    where the child would save little and cost a second interpreter."""
+    if choice == "never":
+        return False
+    # A second process pays off only on a core of its own: on one, its imports (~0.35 s
+    # of CPU) are the conversations' loss (`benchmarks.embedded --cpus 0 --store-process
+    # never always`: 1,000 cases 100 at a time in 1.34 s here, 1.65 s with the child).
+    return choice != "auto" or ("sqlalchemy" not in sys.modules and usable_cpus() >= 2)
 
 
 def usable_cpus() -> int:
@@ -437,10 +447,12 @@ def forked_store_process(preload: Sequence[str] = (), later: Sequence[str] = ())
         os.close(requests_write)
         os.close(replies_read)
         try:
-            _serve_forked(
+            _serve_parent(
                 os.fdopen(requests_read, "rb"), os.fdopen(replies_write, "wb"), preload, later
             )
+            sys.stderr.flush()
         finally:
+            # Not the interpreter's exit: the atexit handlers are the parent's.
             os._exit(0)
     os.close(requests_read)
     os.close(replies_write)
@@ -448,32 +460,27 @@ def forked_store_process(preload: Sequence[str] = (), later: Sequence[str] = ())
     return StoreProcess(child=child)
 
 
-def _serve_forked(
+def _serve_parent(
     requests: IO[bytes], replies: IO[bytes], preload: Sequence[str], later: Sequence[str]
 ) -> None:
-    global _serving
-    _serving = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in preload:
-        importlib.import_module(name)
-    serve(requests, replies, later)
-    sys.stderr.flush()
-
-
-def main() -> None:
+    """A store's process, started (main) or forked: import `preload`, then serve."""
     global _serving
     _serving = True
     # Ctrl-C reaches the whole foreground process group: the parent handles it (its
     # cleanup flushes through this process), so it must not end this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in preload:
+        importlib.import_module(name)
+    serve(requests, replies, later)
+
+
+def main() -> None:
     # The replies go out on the original stdout; anything the work prints goes to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     names = sys.argv[1:]
     split = names.index(_LATER) if _LATER in names else len(names)
-    for name in names[:split]:
-        importlib.import_module(name)
-    serve(sys.stdin.buffer, replies, names[split + 1 :])
+    _serve_parent(sys.stdin.buffer, replies, names[:split], names[split + 1 :])
     # What the interpreter's teardown would do that matters (the atexit handlers: the
     # SQLite store's last close folds its write-ahead log back into one file), then
     # leave: freeing SQLAlchemy and the rest one object at a time took ~0.1 s that the
