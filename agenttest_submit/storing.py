@@ -288,6 +288,8 @@ def _write_run(
     every_case_ended = writes.start_run(run_id, total, started_at=started_at or first_started)
     if starter is not None:
         starter.started(run_id, every_case_ended)
+    # After the start: the conversations under way replan once it commits.
+    writes.keep_statistics(total)
     return total
 
 

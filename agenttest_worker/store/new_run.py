@@ -72,6 +72,11 @@ class RunWrites(Protocol):
 
     def delete_run(self, run_id: str) -> None: ...
 
+    def keep_statistics(self, total: int) -> None:
+        """Have the database plan with statistics that know a run of `total` cases
+        (`statistics_behind`); nothing where the database needs none."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -174,3 +179,22 @@ def write_cases(connection: Connection[Any], run_id: str, batch: Sequence[NewCas
     with connection.transaction(), connection.cursor() as cursor:
         cursor.execute(ADD_CASES, {"run_id": run_id, "cases": document})
     return len(batch)
+
+
+# Postgres plans each conversation's statements (its load, its step's save) by the
+# cases table's statistics. Without any (a table never analyzed: a new database, or
+# autovacuum off) or with statistics from before a run larger than all the table held,
+# every index leading with run_id looks like one row, and Postgres may take the smallest
+# instead of the primary key: each statement then reads every case of the run, and a
+# run of 10,000 conversations in flight kept the database's core busy with its own
+# saves (benchmarks/RESULTS.md). A run that outnumbers what the statistics know has the
+# table analyzed once it has started (its conversations replan as it commits).
+# (reltuples: the rows the statistics know; -1 for none.)
+KNOWN_CASES = "SELECT reltuples FROM pg_class WHERE oid = to_regclass('cases')"
+ANALYZE_CASES = "ANALYZE cases"
+
+
+def statistics_behind(known: Any, total: int) -> bool:
+    """Whether statistics knowing `known` cases (KNOWN_CASES's row) are behind a run of
+    `total` (see above)."""
+    return known is not None and float(known[0]) < total

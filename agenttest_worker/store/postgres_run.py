@@ -25,9 +25,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.store.new_run import (
+    ANALYZE_CASES,
+    KNOWN_CASES,
     POSTGRES_WRITERS,
     NewCase,
     NewRun,
+    statistics_behind,
     submitted_by,
     write_cases,
 )
@@ -179,6 +182,12 @@ class PostgresRunWrites:
         with self._connection() as connection, connection.transaction():
             for statement in _DELETE_RUN:
                 connection.execute(statement, {"id": run_id})
+
+    def keep_statistics(self, total: int) -> None:
+        """new_run.statistics_behind: the cases table analyzed when they are."""
+        with self._connection() as connection:
+            if statistics_behind(connection.execute(KNOWN_CASES).fetchone(), total):
+                connection.execute(ANALYZE_CASES)
 
     def close(self) -> None:
         for connection in self._opened:

@@ -12,16 +12,19 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, false, select, update
+from sqlalchemy import delete, false, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.store._sql import RUNS, insert_ignoring
 from agenttest_worker.store.db import is_sqlite, session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
 from agenttest_worker.store.new_run import (
+    ANALYZE_CASES,
     COPY_CASES,
+    KNOWN_CASES,
     POSTGRES_WRITERS,
     NewRun,
+    statistics_behind,
     submitted_by,
     write_cases,
 )
@@ -216,6 +219,15 @@ class SqlAlchemyRunWrites:
 
     def delete_run(self, run_id: str) -> None:
         delete_run(self.url, run_id)
+
+    def keep_statistics(self, total: int) -> None:
+        """new_run.statistics_behind, on Postgres (SQLite's planner finds a row by its
+        primary key without statistics)."""
+        if is_sqlite(self.url):
+            return
+        with session_scope(self.url) as session:
+            if statistics_behind(session.execute(text(KNOWN_CASES)).first(), total):
+                session.execute(text(ANALYZE_CASES))
 
     def close(self) -> None:
         pass

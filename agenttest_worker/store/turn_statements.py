@@ -169,16 +169,32 @@ _STEP_KEYS = [
     CASES.c.case_id == bindparam("b_case"),
     CASES.c.next_turn == bindparam("b_turn"),
 ]
+
+
+def _phase_is(phase: Any) -> ColumnElement[bool]:
+    """The conversation's phase is `phase`, in a form no index can serve.
+
+    Written plainly (`phase = 'ready'`), Postgres could find the row through the
+    (run_id, phase) index instead of the primary key: by statistics of earlier runs,
+    whose conversations had mostly ended, or by none (new_run.statistics_behind), both
+    look like one row. That index holds every conversation of the run in that phase,
+    thousands when thousands are in flight, and the save then read them all: ~20 ms of
+    the database's CPU per save at 10,000 in flight (benchmarks/RESULTS.md). Found by
+    its primary key, the row is one index probe away; its phase is checked on it."""
+    found: ColumnElement[bool] = func.coalesce(CASES.c.phase, "") == phase
+    return found
+
+
 # The guard: the conversation must still be at the turn this step ran (and running, or
 # parked for a person when a person's reply is what is being saved).
 SAVE_RUNNING = (
     update(CASES)
-    .where(*_STEP_KEYS, or_(CASES.c.phase == "pending", CASES.c.phase == "ready"))
+    .where(*_STEP_KEYS, or_(_phase_is("pending"), _phase_is("ready")))
     .values(**_STEP_VALUES)
 )
 SAVE_PARKED = (
     update(CASES)
-    .where(*_STEP_KEYS, CASES.c.phase == bindparam("b_expected_phase"))
+    .where(*_STEP_KEYS, _phase_is(bindparam("b_expected_phase")))
     .values(**_STEP_VALUES)
 )
 # A step played on a kept state without reading the conversation (driver/continuing.py):
@@ -188,7 +204,7 @@ SAVE_KEPT = (
     update(CASES)
     .where(
         *_STEP_KEYS,
-        CASES.c.phase == "ready",
+        _phase_is("ready"),
         _KEPT,
         ~select(RUNS.c.id).where(RUNS.c.id == bindparam("b_run"), RUNS.c.cancelled).exists(),
     )
