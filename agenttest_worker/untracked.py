@@ -96,6 +96,52 @@ class _SharedFields(set[str]):
         return (set, (list(self),))
 
 
+class _SharedEmptyList(list[Any]):
+    """The one empty list the read-only models share in place of each of theirs (a
+    case's `tags`, `attachments`, `final_assertions`...: seven in a short case, 72 bytes
+    each, held by every turn in flight). Its methods that change a list refuse; a copy is
+    a plain list of the copy's own."""
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("a shared empty list: copy the model (model_copy) before changing it")
+
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+    def __copy__(self) -> list[Any]:
+        return []
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        return []
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (list, ())
+
+
+class _SharedEmptyDict(dict[Any, Any]):
+    """The one empty dict the read-only models share (a case's `tool_mocks`...), as
+    `_SharedEmptyList`."""
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("a shared empty dict: copy the model (model_copy) before changing it")
+
+    update = setdefault = pop = popitem = clear = _refuse
+    __setitem__ = __delitem__ = __ior__ = _refuse
+
+    def __copy__(self) -> dict[Any, Any]:
+        return {}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[Any, Any]:
+        return {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, ())
+
+
+_EMPTY_LIST = _SharedEmptyList()
+_EMPTY_DICT = _SharedEmptyDict()
+
+
 # One shared set per distinct set of names. Bounded: past it, models keep their own (a
 # suite with thousands of shapes gains nothing from sharing anyway).
 _SHARED: dict[frozenset[str], _SharedFields] = {}
@@ -104,9 +150,11 @@ _SHARED_MOST = 4096
 
 def share_fields_sets(model: BaseModel) -> None:
     """Give `model` and every model it holds (in fields typed to hold models: directly,
-    in lists, tuples, dict values and unions) the shared fields-set of its shape. Only
-    for models nothing changes afterwards: assigning a field of one then raises
-    TypeError (the set it shares stays as it was)."""
+    in lists, tuples, dict values and unions) the shared fields-set of its shape, and
+    one shared empty list and dict for each of their fields that holds an empty one.
+    Only for models nothing changes afterwards: assigning a field of one, or adding to
+    a shared empty list or dict, then raises TypeError (what they share stays as it
+    was)."""
     pending: list[Any] = [model]
     while pending:
         found = pending.pop()
@@ -121,6 +169,11 @@ def share_fields_sets(model: BaseModel) -> None:
             if shared is not None:
                 object.__setattr__(found, "__pydantic_fields_set__", shared)
         values = found.__dict__
+        for name, value in values.items():
+            if not value and type(value) is list:
+                values[name] = _EMPTY_LIST
+            elif not value and type(value) is dict:
+                values[name] = _EMPTY_DICT
         for name in _model_fields(type(found)):
             value = values.get(name)
             if value is None:

@@ -203,7 +203,9 @@ def test_a_consumer_takes_the_waiting_messages_along_with_one_brpop(broker_url: 
             assert server.hlen("unacked") == 4 and server.zcard("unacked_index") == 4
             for message in received:
                 stored = json.loads(server.hget("unacked", message.delivery_tag) or b"null")
-                assert stored == [message._raw, message.delivery_info["exchange"], "take-test"]
+                envelope = message.serializable()
+                assert stored == [envelope, message.delivery_info["exchange"], "take-test"]
+                assert message._raw is None  # recorded: the decoded envelope let go
             assert server.llen("take-test:9") == 3
             assert channel.qos.backlog, "took all it asked for: more may wait"
 
@@ -366,7 +368,8 @@ def test_a_held_message_is_stored_as_read_and_given_back_whole(broker_url: str) 
     assert message is not None
     server = _server(broker_url)
     stored = json.loads(server.hget("unacked", message.delivery_tag) or b"null")
-    assert stored == [message._raw, message.delivery_info["exchange"], "held-test"]
+    assert stored == [message.serializable(), message.delivery_info["exchange"], "held-test"]
+    assert message._raw is None  # recorded: the decoded envelope let go
     assert server.zscore("unacked_index", message.delivery_tag) is not None
 
     channel.close()  # a warm shutdown gives back what it held

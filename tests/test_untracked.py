@@ -190,3 +190,34 @@ def test_a_shared_fields_set_refuses_changes_and_copies_are_plain() -> None:
         copied.__pydantic_fields_set__.add("tags")  # a copy's own, changed freely
     assert "tags" not in other.model_fields_set
     assert case.model_copy(update={"id": "three"}).model_fields_set >= {"id", "turns"}
+
+
+def test_the_cases_a_worker_plays_share_one_empty_list_and_dict() -> None:
+    """Every empty list and dict of a played case's models is one shared object (seven
+    lists and a dict in a short case, held by every turn in flight): it refuses changes;
+    a copy of the case has lists and dicts of its own; the record is the same."""
+    first, second = case_of(_loaded("one")), case_of(_loaded("two"))
+    empty_lists = [first.tags, first.attachments, first.turns[0].attachments, second.tags]
+    assert first.tags == [] and all(found is first.tags for found in empty_lists)
+    assert first.tool_mocks == {} and first.tool_mocks is second.tool_mocks
+    for change in (
+        lambda: first.tags.append("x"),
+        lambda: first.tags.extend(["x"]),
+        lambda: first.tags.insert(0, "x"),
+        lambda: first.tool_mocks.update(x=1),
+        lambda: first.tool_mocks.setdefault("x", 1),
+        lambda: first.tool_mocks.__setitem__("x", 1),
+    ):
+        with pytest.raises(TypeError, match="shared empty"):
+            change()
+    assert second.tags == [] and second.tool_mocks == {}
+    for copied in (copy.deepcopy(first), pickle.loads(pickle.dumps(first))):
+        copied.tags.append("mine")
+        copied.tool_mocks["mine"] = 1
+        assert type(copied.tags) is list and type(copied.tool_mocks) is dict
+    deep = first.model_copy(deep=True)
+    deep.tags.append("mine")
+    assert first.tags == [] and second.tags == []
+    fresh = Case.model_validate_json(_stored_case("one"))
+    assert first.to_record() == fresh.to_record()
+    assert first.model_dump_json() == fresh.model_dump_json()

@@ -164,6 +164,18 @@ def _stored_form(message: Any, exchange: str, routing_key: str) -> str:
     return str(kombu_dumps([payload, exchange, routing_key]))  # type: ignore[no-untyped-call]
 
 
+def _drop_envelope(message: Any) -> None:
+    """Let go of the envelope `message` was decoded from, once it is recorded.
+
+    kombu's message keeps the decoded envelope (`_raw`) beside the headers, properties
+    and body it took from it, for one use: the text recorded in the unacked hash. Once
+    recorded, only its own dict and the body's base64 text are the envelope's alone,
+    ~0.5 KB a message, held by every turn in flight until it ends. A message given back
+    is restored from the unacked hash, and kombu's `serializable()` rebuilds an
+    envelope from the parts it kept."""
+    message._raw = None
+
+
 class QoS(kombu_redis.QoS):
     """Acknowledgments on a channel whose connection is gone leave Redis alone.
 
@@ -229,6 +241,7 @@ class QoS(kombu_redis.QoS):
             # Taken and recorded by the script along with an earlier message.
             self._recorded.discard(delivery_tag)
             kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+            _drop_envelope(message)
             return
         delivery = message.delivery_info
         exchange, routing_key = delivery["exchange"], delivery["routing_key"]
@@ -246,6 +259,7 @@ class QoS(kombu_redis.QoS):
             self._give_back_acks(due)
             raise
         kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+        _drop_envelope(message)
         if wanted > 0:
             self.backlog = len(taken) == 3 * wanted
         if taken:
