@@ -294,6 +294,6 @@ def test_a_turn_of_a_case_named_beyond_ascii_reaches_the_worker_as_published(
             for message in received:
                 assert message.headers["argsrepr"] == repr(tuple(message.decode()[0]))
                 stored = json.loads(client.hget("unacked", message.delivery_tag) or b"null")
-                assert stored[0] == message._raw
+                assert stored[0] == message.serializable()
                 message.ack()
         channel.close()
