@@ -59,83 +59,52 @@ class UntrackedFields(BaseModel):
         pass
 
 
-class _SharedFields(set[str]):
-    """A fields-set shared by the read-only models of one shape: changing it would change
-    them all, so its methods that change a set refuse (pydantic changes a fields-set
-    with `add` and `update`). A copy (`model_copy`, `copy.copy`, a pickle) is a plain set
-    of the copy's own."""
+class _ReadOnlyShared:
+    """What the read-only models of a case share in place of their own: changing it
+    would change them all, so its methods that change it refuse (each class names
+    them); a copy (`model_copy(deep=True)`, `copy.copy`, a pickle) is a plain `_base` of
+    the copy's own."""
 
-    def _refuse(self) -> TypeError:
-        return TypeError("a shared fields-set: copy the model (model_copy) before changing it")
+    _base: type[Any]
+    _what: str
 
-    def add(self, name: str) -> None:
-        raise self._refuse()
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise TypeError(f"a shared {self._what}: copy the model (model_copy) before changing it")
 
-    def update(self, *others: Iterable[Any]) -> None:
-        raise self._refuse()
+    def __copy__(self) -> Any:
+        return self._base(self)
 
-    def discard(self, name: object) -> None:
-        raise self._refuse()
-
-    def remove(self, name: str) -> None:
-        raise self._refuse()
-
-    def pop(self) -> str:
-        raise self._refuse()
-
-    def clear(self) -> None:
-        raise self._refuse()
-
-    def __copy__(self) -> set[str]:
-        return set(self)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> set[str]:
-        return set(self)
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return self._base(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (set, (list(self),))
+        return (self._base, (self._base(self),))
 
 
-class _SharedEmptyList(list[Any]):
+class _SharedFields(_ReadOnlyShared, set[str]):
+    """A fields-set shared by the read-only models of one shape (pydantic changes a
+    fields-set with `add` and `update`)."""
+
+    _base, _what = set, "fields-set"
+    add = update = discard = remove = pop = clear = _ReadOnlyShared._refuse
+
+
+class _SharedEmptyList(_ReadOnlyShared, list[Any]):
     """The one empty list the read-only models share in place of each of theirs (a
     case's `tags`, `attachments`, `final_assertions`...: seven in a short case, 72 bytes
-    each, held by every turn in flight). Its methods that change a list refuse; a copy is
-    a plain list of the copy's own."""
+    each, held by every turn in flight)."""
 
-    def _refuse(self, *_: Any, **__: Any) -> Any:
-        raise TypeError("a shared empty list: copy the model (model_copy) before changing it")
-
-    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
-
-    def __copy__(self) -> list[Any]:
-        return []
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
-        return []
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (list, ())
+    _base, _what = list, "empty list"
+    append = extend = insert = remove = pop = clear = sort = reverse = _ReadOnlyShared._refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _ReadOnlyShared._refuse
 
 
-class _SharedEmptyDict(dict[Any, Any]):
-    """The one empty dict the read-only models share (a case's `tool_mocks`...), as
-    `_SharedEmptyList`."""
+class _SharedEmptyDict(_ReadOnlyShared, dict[Any, Any]):
+    """The one empty dict the read-only models share (a case's `tool_mocks`...)."""
 
-    def _refuse(self, *_: Any, **__: Any) -> Any:
-        raise TypeError("a shared empty dict: copy the model (model_copy) before changing it")
-
-    update = setdefault = pop = popitem = clear = _refuse
-    __setitem__ = __delitem__ = __ior__ = _refuse
-
-    def __copy__(self) -> dict[Any, Any]:
-        return {}
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> dict[Any, Any]:
-        return {}
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (dict, ())
+    _base, _what = dict, "empty dict"
+    update = setdefault = pop = popitem = clear = _ReadOnlyShared._refuse
+    __setitem__ = __delitem__ = __ior__ = _ReadOnlyShared._refuse
 
 
 _EMPTY_LIST = _SharedEmptyList()
