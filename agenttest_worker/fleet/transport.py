@@ -240,8 +240,7 @@ class QoS(kombu_redis.QoS):
         if delivery_tag in self._recorded:
             # Taken and recorded by the script along with an earlier message.
             self._recorded.discard(delivery_tag)
-            kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
-            _drop_envelope(message)
+            self._hold(message, delivery_tag)
             return
         delivery = message.delivery_info
         exchange, routing_key = delivery["exchange"], delivery["routing_key"]
@@ -258,12 +257,17 @@ class QoS(kombu_redis.QoS):
         except BaseException:
             self._give_back_acks(due)
             raise
-        kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
-        _drop_envelope(message)
+        self._hold(message, delivery_tag)
         if wanted > 0:
             self.backlog = len(taken) == 3 * wanted
         if taken:
             self.taken.extend(zip(taken[::3], taken[1::3], taken[2::3], strict=True))
+
+    def _hold(self, message: Any, delivery_tag: Any) -> None:
+        """The message recorded: kept in this process's bookkeeping, without the
+        envelope it was decoded from."""
+        kombu_virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+        _drop_envelope(message)
 
     def _may_take_along(self) -> int:
         """How many messages may come along with the one being recorded: what the
