@@ -112,7 +112,7 @@ def store_spooled(work: StoreWork, run: SpooledRun) -> int:
 
 def write_spooled_run(run: SpooledRun) -> int:
     """In the store's process: store the run from the spool's file and start it."""
-    from agenttest_worker.store.store_process import stopping_with_the_parent
+    from agenttest_worker.store.store_child import stopping_with_the_parent
 
     with stopping_with_the_parent(), open(run.spool, "rb") as handle:
         return write_run(

@@ -94,6 +94,10 @@ def main() -> None:
         if args.cpus:
             _pin_elsewhere(agent.pid, args.cpus)
         tmp = Path(tmpdir)
+        # The sides run from here, not from this checkout: a process started with
+        # `python -m` (a store's process) puts its working directory first on its path,
+        # before PYTHONPATH, and `--against`'s side would import this checkout's modules.
+        os.chdir(tmp)
         cases = tmp / "cases.jsonl"
         with cases.open("w") as handle:
             for i in range(args.cases):

@@ -124,8 +124,8 @@ def test_no_process_is_forked_for_what_stores_no_run(redis_db: str, tmp_path: Pa
 # A call that stops where it stands when told to, or when its parent dies.
 STOPPING = """
 import os, signal, sys, time
-from agenttest_worker.store.store_process import (
-    StoreInterrupted, forked_store_process, stopping_with_the_parent)
+from agenttest_worker.store.store_child import StoreInterrupted, stopping_with_the_parent
+from agenttest_worker.store.store_process import forked_store_process
 
 def waiting(seconds):
     with stopping_with_the_parent():

@@ -282,3 +282,61 @@ def test_a_flush_handed_over_that_fails_is_written_by_a_later_one(
         assert results.count_turn_rows(db, run_id) == []
     store.flush()
     assert sorted(results.count_turn_rows(db, run_id)) == [("T001", 1, 1), ("T002", 1, 1)]
+
+
+# The command line's store process, as `store_work` makes it; argv[1]: a file the
+# parent's exit handler writes to; argv[2]: "sqlalchemy" to import it first.
+MADE = """
+import atexit, os, signal, sys
+from pathlib import Path
+
+exits = Path(sys.argv[1])
+atexit.register(lambda: exits.open("a").write(f"exit {os.getpid()}\\n"))
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the parent's own handler
+if sys.argv[2] == "sqlalchemy":
+    import sqlalchemy
+from agenttest_worker.store.store_process import StoreProcessError, store_work
+
+work = store_work("always")
+child = work.call(os.getpid)
+# A forked child runs this very command line; a started one, the store's module.
+forked = Path(f"/proc/{child}/cmdline").read_bytes() == Path("/proc/self/cmdline").read_bytes()
+print("PARENT", os.getpid(), "FORKED" if forked else "STARTED", flush=True)
+work.call(print, "printed by the store's work")
+work.close()
+
+work = store_work("always")
+work.call(int, "1")
+work.interrupt()
+try:
+    work.call(int, "2")
+except StoreProcessError as exc:
+    print("INTERRUPTED", exc, flush=True)
+work.close()
+"""
+
+
+@pytest.mark.parametrize(("first", "made"), [("nothing", "FORKED"), ("sqlalchemy", "STARTED")])
+def test_the_store_process_is_forked_where_nothing_of_the_store_exists_yet(
+    tmp_path: Path, first: str, made: str
+) -> None:
+    """Forked where SQLAlchemy is not imported yet (the command line's case: the child
+    begins with what the parent imported), started afresh where it is (a forked child
+    would share its engines' connections). Either way it is the parent's only in what it
+    was given: the parent's exit handlers run once, in the parent; SIGTERM ends it
+    whatever handler the parent had; what its work prints goes to stderr, never into
+    the parent's stdout (the report)."""
+    exits = tmp_path / "exits"
+    done = subprocess.run(
+        [sys.executable, "-c", MADE, str(exits), first],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    parent = done.stdout.split()[1]
+    assert f"PARENT {parent} {made}" in done.stdout
+    assert "printed by the store's work" in done.stderr
+    assert "printed by the store's work" not in done.stdout
+    assert exits.read_text() == f"exit {parent}\n"
+    assert "INTERRUPTED the store's process ended unexpectedly" in done.stdout

@@ -7,16 +7,20 @@ tenth of a second of it is a tenth of a second the conversations wait
 (benchmarks/embedded.py). `StoreProcess` runs that work in a child interpreter instead,
 on another core where there is one: this process never imports SQLAlchemy for it.
 
-The work is a module-level function and its arguments, pickled to the child over its
-stdin; the result (or the exception) comes back over its stdout, in the order the
-calls went out. `call` waits for it on the pipe (not holding the interpreter lock);
-`submit` returns at once, and the reply is read when its `result()` is asked for (a
-flush goes on while the conversations do: BufferedStore.flush).
+The work is a module-level function and its arguments, pickled to the child over a
+pipe (a started child's stdin); the result (or the exception) comes back over another
+(its stdout), in the order the calls went out. `call` waits for it on the pipe (not
+holding the interpreter lock); `submit` returns at once, and the reply is read when its
+`result()` is asked for (a flush goes on while the conversations do:
+BufferedStore.flush). The child's side of the pipes is store_child.py.
 The child ignores Ctrl-C (the run's own cleanup still writes through it when Ctrl-C
 stops the run), and leaves when its stdin closes, the parent's end included.
 
-A fleet run's submitter forks its store's process instead (`forked_store_process`,
-agenttest_submit/early_store.py), first thing, before it imports the rest.
+Where it may (`can_fork`: nothing of the store imported yet, no other thread), the
+child is forked rather than started afresh: it begins with what the command line
+imported so far instead of importing it again beside the conversations. A fleet run's
+submitter forks its store's process first thing, before it imports the rest
+(agenttest_submit/early_store.py).
 
 `store_work` chooses (AGENTTEST_STORE_PROCESS, `child_wanted`): `auto`, the default, uses the child
 unless this process may use only one CPU (the child's work would then be taken from
@@ -27,35 +31,33 @@ interpreter.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import importlib
 import os
 import pickle
 import queue
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, cast
+
+from agenttest_worker.store import store_child
+from agenttest_worker.store.store_child import (
+    FRAME,
+    LATER,
+    StoreProcessError,
+    serve_forked,
+)
 
 if TYPE_CHECKING:
     from agenttest_worker.settings import StoreProcessChoice
 
 # The settings (pydantic's) are imported where they are read: the submitter forks a
 # fleet run's store process before it imports them (fleet_storing.py).
-
-# Between the modules a child imports first and those it imports after its first call.
-_LATER = "--later"
-# Each request's length, before it.
-_FRAME = struct.Struct("!Q")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -116,16 +118,6 @@ class InThisProcess:
         pass
 
 
-class StoreProcessError(RuntimeError):
-    """The store's process ended, or raised what could not be sent back whole."""
-
-
-class StoreInterrupted(Exception):
-    """The parent stopped the call (`StoreProcess.interrupt`): raised in the store's
-    process where the call stood, an Exception so that it comes back as the call's
-    error instead of ending the process with a traceback."""
-
-
 class _Awaited(Generic[R]):
     """A call sent to the store's process; its reply is read when asked for (the replies
     come back in the order the calls went out)."""
@@ -160,7 +152,7 @@ class StoreProcess:
         self._broken: str | None = None
         self._closed = False
         self._proc = child or subprocess.Popen(
-            [sys.executable, "-m", __name__, *preload, _LATER, *later],
+            [sys.executable, "-m", store_child.__name__, *preload, LATER, *later],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -176,7 +168,7 @@ class StoreProcess:
         # Framed by its length: one the child cannot read whole (a function it cannot
         # import) is skipped whole, not read on into the next.
         pickled = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        request = _FRAME.pack(len(pickled)) + pickled
+        request = FRAME.pack(len(pickled)) + pickled
         with self._send_lock:
             if self._broken is not None or self._closed:
                 raise StoreProcessError(self._broken or "the store's process is closed")
@@ -274,6 +266,8 @@ def store_work(
     StoreProcess for `preload` and `later`)."""
     if not child_wanted(choice):
         return InThisProcess()
+    if can_fork():
+        return forked_store_process(preload, later)
     if not sys.executable:
         # An interpreter that cannot name itself (embedded in another program) cannot
         # start a second one: the store's work stays here.
@@ -294,6 +288,22 @@ def child_wanted(choice: str) -> bool:
     return choice != "auto" or ("sqlalchemy" not in sys.modules and usable_cpus() >= 2)
 
 
+def can_fork() -> bool:
+    """Whether the store's process may be forked from this one rather than started
+    afresh: it then begins with what this process imported (pydantic, the settings, the
+    command line: ~0.1 s of CPU, and an interpreter's start-up, that a started one
+    spends again beside the conversations; `benchmarks.embedded`). Only where nothing of
+    the store exists yet that the child would share by mistake (no SQLAlchemy, no
+    psycopg: no engine, no pooled connection) and no thread but this one runs (a fork
+    copies the calling thread alone; a lock another held would stay held)."""
+    return (
+        os.name == "posix"
+        and threading.active_count() == 1
+        and "sqlalchemy" not in sys.modules
+        and "psycopg" not in sys.modules
+    )
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on: its affinity, and a cgroup's CPU quota (a
     container started with `--cpus 1` sees every core of its host)."""
@@ -308,98 +318,6 @@ def usable_cpus() -> int:
     except (OSError, ValueError):
         pass
     return cpus
-
-
-def _reply(value: Any, ok: bool) -> bytes:
-    """The reply's bytes: the exception itself if it crosses whole, else its text."""
-    try:
-        data = pickle.dumps((ok, value), protocol=pickle.HIGHEST_PROTOCOL)
-        pickle.loads(data)  # an exception that pickles may still not unpickle
-        return data
-    except Exception:
-        if ok:
-            value = StoreProcessError(f"the store's result could not be sent: {type(value)}")
-        else:
-            value = StoreProcessError(f"{type(value).__name__}: {value}")
-        return pickle.dumps((False, value), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _read_frame(stream: IO[bytes]) -> bytes | None:
-    """The next request's bytes, or None at the end of the stream (or a request cut short)."""
-    head = stream.read(_FRAME.size)
-    if len(head) < _FRAME.size:
-        return None
-    (size,) = _FRAME.unpack(head)
-    body = stream.read(size)
-    return body if len(body) == size else None
-
-
-def serve(requests: IO[bytes], replies: IO[bytes], later: Sequence[str] = ()) -> None:
-    """Run each call read from `requests`, its reply to `replies`, until end of input;
-    import the modules `later` names once the first reply is out."""
-    answered = 0
-    while True:
-        request = _read_frame(requests)
-        if request is None:
-            return  # the parent is done, or left (killed) in the middle of a request
-        try:
-            fn, args, kwargs = pickle.loads(request)
-        except Exception as exc:  # what the request names cannot be imported here
-            replies.write(_reply(exc, False))
-            replies.flush()
-            continue
-        try:
-            reply = _reply(fn(*args, **kwargs), True)
-        except Exception as exc:
-            from agenttest_worker.settings import get_settings  # see the top
-
-            if get_settings().debug:
-                traceback.print_exc()
-            reply = _reply(exc, False)
-        replies.write(reply)
-        replies.flush()
-        answered += 1
-        if answered == 1:
-            for name in later:
-                importlib.import_module(name)
-
-
-# Set in a store's process (main): its calls were sent by a parent.
-_serving = False
-# How often a call that stops with its parent looks for it.
-PARENT_CHECK_SECONDS = 0.02
-
-
-def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    raise StoreInterrupted("stopped by the submitter")
-
-
-@contextlib.contextmanager
-def stopping_with_the_parent() -> Iterator[None]:
-    """In a store's process, while inside: SIGTERM (`StoreProcess.interrupt`) raises
-    StoreInterrupted where the call stands, so that its cleanup runs as it would in
-    the parent interrupted; and a parent that dies (SIGKILL, the out-of-memory killer)
-    ends this process at once, as the work would have ended with it, cleanup and all.
-    Elsewhere (the work in the caller's own process), nothing changes."""
-    if not _serving:
-        yield
-        return
-    parent = os.getppid()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(PARENT_CHECK_SECONDS):
-            if os.getppid() != parent:
-                os._exit(1)
-
-    watcher = threading.Thread(target=watch, name="agenttest-parent-watch", daemon=True)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-    watcher.start()
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        done.set()
 
 
 class _ForkedChild:
@@ -446,53 +364,8 @@ def forked_store_process(preload: Sequence[str] = (), later: Sequence[str] = ())
     if pid == 0:  # the child
         os.close(requests_write)
         os.close(replies_read)
-        try:
-            _serve_parent(
-                os.fdopen(requests_read, "rb"), os.fdopen(replies_write, "wb"), preload, later
-            )
-            sys.stderr.flush()
-        finally:
-            # Not the interpreter's exit: the atexit handlers are the parent's.
-            os._exit(0)
+        serve_forked(requests_read, replies_write, preload, later)
     os.close(requests_read)
     os.close(replies_write)
     child = _ForkedChild(pid, os.fdopen(requests_write, "wb"), os.fdopen(replies_read, "rb"))
     return StoreProcess(child=child)
-
-
-def _serve_parent(
-    requests: IO[bytes], replies: IO[bytes], preload: Sequence[str], later: Sequence[str]
-) -> None:
-    """A store's process, started (main) or forked: import `preload`, then serve."""
-    global _serving
-    _serving = True
-    # Ctrl-C reaches the whole foreground process group: the parent handles it (its
-    # cleanup flushes through this process), so it must not end this one.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in preload:
-        importlib.import_module(name)
-    serve(requests, replies, later)
-
-
-def main() -> None:
-    # The replies go out on the original stdout; anything the work prints goes to stderr.
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    names = sys.argv[1:]
-    split = names.index(_LATER) if _LATER in names else len(names)
-    _serve_parent(sys.stdin.buffer, replies, names[:split], names[split + 1 :])
-    # What the interpreter's teardown would do that matters (the atexit handlers: the
-    # SQLite store's last close folds its write-ahead log back into one file), then
-    # leave: freeing SQLAlchemy and the rest one object at a time took ~0.1 s that the
-    # parent, waiting for this process to close the database, would wait for too.
-    atexit._run_exitfuncs()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    # By the module's own name, not as __main__: the exceptions it sends back must be
-    # this module's classes for the parent to read them.
-    from agenttest_worker.store.store_process import main as serve_parent
-
-    serve_parent()
