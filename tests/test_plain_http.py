@@ -421,6 +421,49 @@ def test_the_pool_size_bounds_calls_under_way() -> None:
         exchange.configure_pool(200)
 
 
+class _CountingLoop(asyncio.SelectorEventLoop):
+    """An event loop that counts the host names it is asked to look up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked_up: list[str] = []
+
+    async def getaddrinfo(self, host: Any, *args: Any, **kwargs: Any) -> Any:
+        self.looked_up.append(host)
+        await asyncio.sleep(0.05)  # a resolver taking its time: the calls pile up on it
+        return await super().getaddrinfo(host, *args, **kwargs)
+
+
+def test_concurrent_calls_look_a_name_up_once_and_an_address_never() -> None:
+    """A run's first calls start together: a host name is looked up once for all of
+    them (not once each, through the loop's thread pool), an IP address not at all.
+    Nor does a call cancelled while it waits cancel the lookup the others wait on."""
+
+    async def test(server: RawServer) -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, _CountingLoop)
+        port = server.url().split(":")[2].rstrip("/")
+        by_address = await asyncio.gather(*(call(server.url()) for _ in range(20)))
+        assert all(result.status == 200 for result in by_address)
+        assert loop.looked_up == []
+        by_name = f"http://localhost:{port}/"
+        impatient = asyncio.ensure_future(call(by_name))
+        waiting = [asyncio.ensure_future(call(by_name)) for _ in range(20)]
+        await asyncio.sleep(0.01)
+        impatient.cancel()
+        by_name_results = await asyncio.gather(*waiting)
+        assert all(result.status == 200 for result in by_name_results)
+        assert loop.looked_up == ["localhost"]
+
+    async def main() -> None:
+        async with RawServer(lambda request: reply()) as server:
+            await test(server)
+
+    with asyncio.Runner(loop_factory=_CountingLoop) as runner:
+        runner.run(main())
+        runner.run(exchange.close_session())
+
+
 # -- start-up ------------------------------------------------------------------------------------
 
 
