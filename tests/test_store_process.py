@@ -3,6 +3,7 @@ flushes handed over without waiting for them (BufferedStore.flush(wait=False))."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -21,9 +22,14 @@ from test_run_store import (
     turn_writes_failing,
 )
 
+from agenttest_submit.embedded import drive
+from agenttest_submit.progress import Progress
+from agenttest_submit.storing import aggregate_run
 from agenttest_worker.driver.step import Advance, prepare
-from agenttest_worker.results import AgentCallRecord, TurnResult, Usage
-from agenttest_worker.store import results, runs, steps
+from agenttest_worker.fleet.aggregate import build_report
+from agenttest_worker.report import render
+from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Usage
+from agenttest_worker.store import records_ahead, results, runs, steps
 from agenttest_worker.store.store_process import InThisProcess, StoreProcess, StoreProcessError
 
 
@@ -340,3 +346,50 @@ def test_the_store_process_is_forked_where_nothing_of_the_store_exists_yet(
     assert "printed by the store's work" not in done.stdout
     assert exits.read_text() == f"exit {parent}\n"
     assert "INTERRUPTED the store's process ended unexpectedly" in done.stdout
+
+
+def _played(store_work: StoreProcess | None) -> tuple[str, str]:
+    """The suite played to its end through a BufferedStore whose flushes `store_work`
+    writes (default: this process): (url, run id)."""
+    db, run_id, store, records = fresh_suite(lambda store_the_run: store_the_run(), store_work)
+    conversations = [(case_id, 1) for case_id, _, _ in records]
+    asyncio.run(drive(db, run_id, conversations, 4, Progress(len(records)), store=store))
+    return db, run_id
+
+
+def test_the_store_process_parses_each_ended_record_once_its_flush_is_answered(
+    demo: Path, store_process: StoreProcess
+) -> None:
+    """While the conversations go on, the store's process parses the records its flushes
+    wrote, for the run's aggregation: every record stored is there, by its text, as
+    parsing it gives it; taken once."""
+    db, run_id = _played(store_process)
+    ahead = store_process.call(records_ahead.take, run_id)
+    stored = list(results.iter_result_texts(db, run_id))
+    assert len(stored) == 4 and sorted(ahead) == sorted(stored)
+    assert all(ahead[text] == CaseResult.model_validate_json(text) for text in stored)
+    assert store_process.call(records_ahead.take, run_id) == {}
+
+
+def test_records_parsed_ahead_give_the_reports_a_fresh_reading_gives(
+    demo: Path, store_process: StoreProcess
+) -> None:
+    """The aggregation in the store's process, with the records it parsed ahead, renders
+    and stores the reports this process renders from the stored records alone; and the
+    report sent back carries the records' texts, not what was parsed ahead."""
+    db, run_id = _played(store_process)
+    built = store_process.call(aggregate_run, db, run_id)
+    assert built is not None and built.results._ahead == {}
+    fresh = build_report(db, run_id)
+    assert fresh.results._ahead == {}, "nothing parsed ahead in this process"
+    # (Timed from the run's end as the store now has it, a few ms after the aggregation's.)
+    fresh.duration_s = built.duration_s
+    for fmt in ("console", "jsonl"):
+        assert built.rendered[fmt] == render(fmt, fresh) == results.get_report(db, run_id, fmt)
+
+
+def test_the_store_work_in_this_process_parses_nothing_ahead(demo: Path) -> None:
+    """Where the store's work runs beside the conversations (one CPU, AGENTTEST_STORE_PROCESS
+    =never), parsing ahead would be their loss: nothing is."""
+    _, run_id = _played(None)
+    assert records_ahead.take(run_id) == {}

@@ -132,9 +132,17 @@ class StoredResults(Sequence[CaseResult]):
     # instead of parsed again (parsing was the JSONL report's largest cost).
     _RECENT = 64
 
-    def __init__(self, texts: list[str]) -> None:
+    def __init__(self, texts: list[str], parsed: dict[str, CaseResult] | None = None) -> None:
+        """`parsed`: records already parsed, by their text (store/records_ahead.py);
+        each is taken from there the first time it is read."""
         self._texts = texts
         self._recent: OrderedDict[int, CaseResult] = OrderedDict()
+        self._ahead = parsed or {}
+
+    def __getstate__(self) -> dict[str, object]:
+        # Sent to the caller that printed the report (an embedded run's store process):
+        # the texts, not what was parsed ahead and never read.
+        return {**self.__dict__, "_ahead": {}}
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -175,7 +183,8 @@ class StoredResults(Sequence[CaseResult]):
         # (Reporters read records and never change them, so one object serves them all.)
         record = self._recent.get(index)
         if record is None:
-            record = CaseResult.model_validate_json(self._texts[index])
+            text = self._texts[index]
+            record = self._ahead.pop(text, None) or CaseResult.model_validate_json(text)
             self._recent[index] = record
             if len(self._recent) > self._RECENT:
                 self._recent.popitem(last=False)

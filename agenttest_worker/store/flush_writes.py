@@ -24,6 +24,7 @@ from agenttest_worker.store.flush_batch import (
     StepRefused,
     take_off,
 )
+from agenttest_worker.store.records_ahead import parse_later
 from agenttest_worker.store.turn_statements import insert_step_rows
 from agenttest_worker.store.usage import add_run_usage_on
 
@@ -39,11 +40,13 @@ def write_flush(url: str, batch: FlushBatch) -> list[StepRefused]:
     """
     try:
         _write_whole(url, batch)
-        return []
     except Exception as exc:
         if unstorable_reason(exc) is None:
             raise
-    return _write_each(url, batch)
+        return _write_each(url, batch)
+    # For the run's aggregation, while the conversations go on (records_ahead.py).
+    parse_later(batch.run_id, (c.now.result.text for c in batch.cases if c.now.result))
+    return []
 
 
 @cache

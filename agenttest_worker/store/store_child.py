@@ -20,7 +20,7 @@ import struct
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import IO, Any, NoReturn
 
@@ -91,10 +91,38 @@ def serve(requests: IO[bytes], replies: IO[bytes], later: Sequence[str] = ()) ->
             reply = _reply(exc, False)
         replies.write(reply)
         replies.flush()
+        _run_after_reply()
         answered += 1
         if answered == 1:
             for name in later:
                 importlib.import_module(name)
+
+
+# Work the calls left to run once their reply is out (`after_reply`).
+_after_reply: list[Callable[[], None]] = []
+
+
+def after_reply(work: Callable[[], None]) -> bool:
+    """In a store's process, run `work` once the current call's reply is out: the parent
+    goes on meanwhile, and a call it sends waits for `work` in the pipe. Elsewhere (the
+    store's work in the caller's own process) `work` is not run: False. For work that
+    only saves a later call time; an error in it is dropped (printed with
+    AGENTTEST_DEBUG)."""
+    if _serving:
+        _after_reply.append(work)
+    return _serving
+
+
+def _run_after_reply() -> None:
+    while _after_reply:
+        work = _after_reply.pop(0)
+        try:
+            work()
+        except Exception:
+            from agenttest_worker.settings import get_settings  # see the top
+
+            if get_settings().debug:
+                traceback.print_exc()
 
 
 # Set in a store's process (main): its calls were sent by a parent.
