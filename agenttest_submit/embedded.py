@@ -143,10 +143,12 @@ def run_embedded(
         run_async(drive(url, run_id, conversations, request.parallel, progress, store=store))
         progress.close()
         built = work.call(aggregate_run, url, run_id)
+        # The store's process closes the database as it leaves (folding its write-ahead
+        # log: ~10 ms), while the report is printed; waited for below.
+        work.no_more_calls()
+        return emit_report(url, run_id, request, built)
     finally:
-        # The store's process closes the database as it leaves: waited for.
         work.close()
-    return emit_report(url, run_id, request, built)
 
 
 async def drive(

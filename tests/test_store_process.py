@@ -4,8 +4,11 @@ flushes handed over without waiting for them (BufferedStore.flush(wait=False))."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -13,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 from test_run_store import (
     RUN_ID,
     SUITE_CASES,
@@ -379,7 +383,7 @@ def test_records_parsed_ahead_give_the_reports_a_fresh_reading_gives(
     report sent back carries the records' texts, not what was parsed ahead."""
     db, run_id = _played(store_process)
     built = store_process.call(aggregate_run, db, run_id)
-    assert built is not None and built.results._ahead == {}
+    assert built is not None and built.results._ahead == {} and not built.results._recent
     fresh = build_report(db, run_id)
     assert fresh.results._ahead == {}, "nothing parsed ahead in this process"
     # (Timed from the run's end as the store now has it, a few ms after the aggregation's.)
@@ -393,3 +397,38 @@ def test_the_store_work_in_this_process_parses_nothing_ahead(demo: Path) -> None
     =never), parsing ahead would be their loss: nothing is."""
     _, run_id = _played(None)
     assert records_ahead.take(run_id) == {}
+
+
+def test_the_store_process_folds_the_write_ahead_log_once_a_flush_is_answered(
+    demo: Path, store_process: StoreProcess, tmp_path: Path
+) -> None:
+    """After each flush the store's process folds SQLite's write-ahead log into the
+    database file (not left for the run's end): the file alone, without its log, holds
+    every conversation the flushes ended."""
+    db, run_id = _played(store_process)
+    store_process.call(int, "0")  # answered once the flush's after-reply work is done
+    path = make_url(db).database
+    assert path
+    alone = tmp_path / "alone.db"
+    shutil.copyfile(path, alone)
+    with contextlib.closing(sqlite3.connect(alone)) as conn:
+        (ended,) = conn.execute(
+            "SELECT count(*) FROM cases WHERE run_id = ? AND result IS NOT NULL", (run_id,)
+        ).fetchone()
+    assert ended == 4
+
+
+def test_told_no_call_follows_the_store_process_leaves_once_it_answered() -> None:
+    """`no_more_calls`: the store's process answers what it was given and leaves
+    (closing the database) while the caller goes on; nothing more can be sent, and
+    `close` still waits for it."""
+    work = StoreProcess()
+    try:
+        reply = work.submit(int, "7")
+        work.no_more_calls()
+        assert reply.result() == 7
+        assert work._proc.wait(timeout=60) == 0, "gone before close()"
+        with pytest.raises(StoreProcessError, match="closed"):
+            work.submit(int, "8")
+    finally:
+        work.close()

@@ -140,9 +140,9 @@ class StoredResults(Sequence[CaseResult]):
         self._ahead = parsed or {}
 
     def __getstate__(self) -> dict[str, object]:
-        # Sent to the caller that printed the report (an embedded run's store process):
-        # the texts, not what was parsed ahead and never read.
-        return {**self.__dict__, "_ahead": {}}
+        # Sent to the caller that prints the report (from an embedded run's store
+        # process): the texts, not the records parsed (ahead, or lately) as objects.
+        return {**self.__dict__, "_ahead": {}, "_recent": OrderedDict()}
 
     def __len__(self) -> int:
         return len(self._texts)

@@ -35,6 +35,7 @@ import contextlib
 import os
 import pickle
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -84,6 +85,10 @@ class StoreWork(Protocol):
         """Stop the call under way: a call that allows it (`stopping_with_the_parent`)
         raises StoreInterrupted where it stands."""
 
+    def no_more_calls(self) -> None:
+        """No call follows those given: the store's process may leave (closing the
+        database) once it answered them, while the caller goes on. `close` waits."""
+
     def close(self) -> None: ...
 
 
@@ -113,6 +118,9 @@ class InThisProcess:
 
     def interrupt(self) -> None:
         pass  # the caller's own interrupt already stopped the call it was making
+
+    def no_more_calls(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -151,6 +159,7 @@ class StoreProcess:
         self._waiting: deque[_Awaited[Any]] = deque()
         self._broken: str | None = None
         self._closed = False
+        self._sending_ended = False
         self._proc = child or subprocess.Popen(
             [sys.executable, "-m", store_child.__name__, *preload, LATER, *later],
             stdin=subprocess.PIPE,
@@ -170,7 +179,7 @@ class StoreProcess:
         pickled = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         request = FRAME.pack(len(pickled)) + pickled
         with self._send_lock:
-            if self._broken is not None or self._closed:
+            if self._broken is not None or self._closed or self._sending_ended:
                 raise StoreProcessError(self._broken or "the store's process is closed")
             if self._writer is None:
                 self._writer = threading.Thread(
@@ -226,10 +235,17 @@ class StoreProcess:
         )
         return StoreProcessError(self._broken)
 
+    def no_more_calls(self) -> None:
+        with self._send_lock:
+            if self._writer is not None and not self._sending_ended:
+                self._sending_ended = True
+                self._requests.put(None)  # the writer closes the child's stdin once it is done
+
     def close(self) -> None:
         """Let the child finish what it was given (it closes the database as it leaves)
         and wait for it; one never given any work (the run stopped at its input) is
         ended at once, without waiting for its imports."""
+        self.no_more_calls()
         with self._send_lock:
             if self._closed:
                 return
@@ -241,7 +257,6 @@ class StoreProcess:
                 with contextlib.suppress(OSError):
                     self._proc.stdin.close()
         else:
-            self._requests.put(None)  # the writer closes the child's stdin once it is done
             writer.join()
             # Replies nobody took (a run stopped before it read them): read, so that the
             # child is not left blocked writing them to a full pipe.
@@ -335,6 +350,8 @@ class _ForkedChild:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None and not self._ended_within(timeout):
+            raise subprocess.TimeoutExpired("store process", timeout or 0)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
@@ -342,6 +359,19 @@ class _ForkedChild:
             time.sleep(0.005)
         assert self.returncode is not None
         return self.returncode
+
+    def _ended_within(self, timeout: float | None) -> bool:
+        """Whether the child ends within `timeout` seconds, told by the kernel the moment
+        it does (a pidfd: Linux 5.3 on); True where that cannot be asked (the polling in
+        `wait` then tells, 5 ms at a time)."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            return True
+        try:
+            return bool(select.select([pidfd], [], [], timeout)[0])
+        finally:
+            os.close(pidfd)
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
