@@ -179,7 +179,16 @@ def test_every_path_ends_with_the_same_record(pg_database: str, agent: AgentServ
     for run in (kept_run, read_run):
         state, _, records_left = _row(pg_database, run)
         assert "earlier_turns" not in state and len(state["turns"]) == TURNS
+        assert "earlier_messages" not in state
         assert records_left == 0
+    # And every message, in order, whichever path: the whole conversation's.
+    conversations = [
+        _row(pg_database, run)[0]["messages"] for run in (kept_run, read_run, whole_run)
+    ]
+    assert conversations[0] == conversations[1] == conversations[2]
+    assert [m["content"] for m in conversations[0] if m["role"] == "user"] == [
+        f"message {n}" for n in range(1, TURNS + 1)
+    ]
 
 
 def test_a_running_conversation_stores_only_its_last_turn_in_its_state(
@@ -192,6 +201,24 @@ def test_a_running_conversation_stores_only_its_last_turn_in_its_state(
     state, _, records = _row(pg_database, run_id)
     assert state["earlier_turns"] == 2 and [t["turn"] for t in state["turns"]] == [3]
     assert records == 2
+    # Its messages too are stored with the records, each once: the state holds none of
+    # the 8 so far (turn 2 called a tool: its user message, the call, the tool's result
+    # and the reply), and the stored state does not grow with the conversation.
+    assert state["earlier_messages"] == 8 and state["messages"] == []
+    with session_scope(pg_database) as session:
+        chunks = session.execute(
+            select(TurnRecordRow.messages)
+            .where(TurnRecordRow.run_id == run_id)
+            .order_by(TurnRecordRow.position)
+        ).scalars()
+        stored = [m for chunk in chunks if chunk for m in json.loads(f"[{chunk}]")]
+    roles = ["user", "assistant", "user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert [m["role"] for m in stored] == roles
+    assert [m["content"] for m in stored if m["role"] == "user"] == [
+        "message 1",
+        "message 2",
+        "message 3",
+    ]
     # The next load finds the row as this process saved it: the state is not sent.
     loaded = store.load_case(run_id, "K1")
     assert loaded is not None and loaded.state_kept and loaded.state is None
@@ -200,6 +227,7 @@ def test_a_running_conversation_stores_only_its_last_turn_in_its_state(
     loaded = store.load_case(run_id, "K1")
     assert loaded is not None and not loaded.state_kept and loaded.state is not None
     assert loaded.turn_records is not None and len(json.loads(loaded.turn_records)) == 2
+    assert loaded.turn_messages is not None and json.loads(loaded.turn_messages) == stored
 
 
 def test_another_worker_plays_the_next_turn_after_this_one_kept_it(
@@ -423,3 +451,49 @@ def test_a_state_whose_earlier_turns_did_not_come_back_is_refused(
     assert read.state.turns_run == 3  # counted without reading them
     with pytest.raises(LookupError, match="after the first 2, and 1 earlier turns"):
         read.state.restore_turns()
+    # Nor without every earlier message: the next call would send half a conversation.
+    assert loaded.turn_messages is not None
+    with pytest.raises(LookupError, match="messages after the first 8, and 0 earlier messages"):
+        state_cache.parse(dataclasses.replace(loaded, turn_messages=None))
+    some = json.dumps(json.loads(loaded.turn_messages)[:5])
+    with pytest.raises(LookupError, match="messages after the first 8, and 5 earlier messages"):
+        state_cache.parse(dataclasses.replace(loaded, turn_messages=some))
+
+
+def test_a_state_stored_with_every_message_plays_on_and_stores_them_apart(
+    pg_database: str, agent: AgentServer
+) -> None:
+    """A running conversation stored before its messages left its state (every message
+    in the state, none with its turn records) is read as it is, and its next step moves
+    them all to that step's record: it ends with the same record and conversation."""
+    from sqlalchemy import update
+
+    store = SqlStore(pg_database)
+    reference = _run(pg_database, agent)
+    _play(store, reference)
+    run_id = _run(pg_database, agent)
+    for turn in (1, 2, 3):
+        _step(store, run_id, "K1", turn)
+    KEPT.clear()
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and loaded.turn_messages is not None
+    with session_scope(pg_database) as session:
+        row = session.execute(select(CaseRow).where(CaseRow.run_id == run_id)).scalar_one()
+        stored = dict(row.state)
+        assert stored.pop("earlier_messages") == 8
+        stored["messages"] = json.loads(loaded.turn_messages)
+        row.state = stored
+        session.execute(
+            update(TurnRecordRow).where(TurnRecordRow.run_id == run_id).values(messages=None)
+        )
+    assert _step(store, run_id, "K1", 4).next_turn == 5
+    state, _, _ = _row(pg_database, run_id)
+    assert state["earlier_messages"] == 10 and state["messages"] == []
+    KEPT.clear()  # the last turn reads them back from the records
+    assert _step(store, run_id, "K1", 5).next_turn is None
+    (state, record, _), (whole, expected, _) = (
+        _row(pg_database, run_id),
+        _row(pg_database, reference),
+    )
+    assert record["status"] == "passed" and _comparable(record) == _comparable(expected)
+    assert state["messages"] == whole["messages"] and len(state["messages"]) == 12

@@ -24,6 +24,11 @@ measures a turn at turn ~3 and ~50.
   conversation's memory holds every earlier turn as objects. The step that ends the
   case stores the whole state (what reports and re-evaluations read) and drops the
   records.
+- Messages. The conversation as its agent is sent it only grows: a step stores the
+  messages added since the last it stored apart once, with its last turn record
+  (`earlier_messages`), instead of the whole conversation again (which Postgres
+  checked, compressed and logged at every step). A worker holds them all, as objects,
+  for the next call; a state read from the store gets them back from the records.
 
 A run with an agent read from its chat history (`history:` in agenttest.yaml) saves
 whole states: reading the history may rewrite earlier turns (engine/history.py). So
@@ -33,16 +38,18 @@ or by a store without them), to its end.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.run_cache import case_of, run_config, validated
 from agenttest_worker.engine import ConversationState, start_conversation
 from agenttest_worker.errors import ConfigError
+from agenttest_worker.json_values import compact_json
 from agenttest_worker.store import steps
 from agenttest_worker.store.base import ConversationStore
 from agenttest_worker.store.kept_states import KEPT
@@ -137,10 +144,27 @@ def parse(loaded: steps.LoadedCase) -> Stored:
             f"turns after the first {count}, and no earlier turns were loaded"
         )
     state.earlier_records = (loaded.turn_records,) if count and loaded.turn_records else ()
+    _restore_messages(state, loaded)
     if state.earlier_run is None:
         # Stored before states counted their earlier turns run: read them back now.
         state.restore_turns()
     return Stored(state, count)
+
+
+def _restore_messages(state: ConversationState, loaded: steps.LoadedCase) -> None:
+    """Put the messages stored apart back before the state's own: the next call sends
+    the whole conversation. LookupError when they did not all come back."""
+    apart = state.earlier_messages
+    if not apart:
+        return
+    earlier = json.loads(loaded.turn_messages) if loaded.turn_messages else []
+    if not isinstance(earlier, list) or len(earlier) != apart:
+        found = len(earlier) if isinstance(earlier, list) else 0
+        raise LookupError(
+            f"conversation {loaded.case_id} of run {loaded.run_id}: its state holds its "
+            f"messages after the first {apart}, and {found} earlier messages were loaded"
+        )
+    state.messages[:0] = earlier
 
 
 def keep(
@@ -169,12 +193,20 @@ def forget(loaded: steps.LoadedCase) -> None:
     KEPT.forget(loaded.run_id, loaded.case_id)
 
 
-def stored_form(
-    state: ConversationState, archived: int | None, compact: bool
-) -> tuple[steps.JsonText, Sequence[tuple[int, str]], ConversationState | None]:
-    """(the state's text to store, the turn records to add, the state to keep in
-    memory: None when it is stored whole): `state` whole, or without its earlier turns
-    when `compact`.
+class StoredForm(NamedTuple):
+    """How a step's state is stored (`stored_form`)."""
+
+    # The state's text to store.
+    text: steps.JsonText
+    # The turn records to add (steps.Step.archive), and the messages stored with them.
+    archive: Sequence[tuple[int, str]]
+    archive_messages: str | None
+    # The state to keep in memory; None when it is stored whole.
+    compact: ConversationState | None
+
+
+def stored_form(state: ConversationState, archived: int | None, compact: bool) -> StoredForm:
+    """`state` whole, or without its earlier turns and messages when `compact`.
 
     The state kept holds what was stored: its turns after the archived ones, and the
     archived ones as the text just written and the text they were loaded or kept as
@@ -183,7 +215,7 @@ def stored_form(
     1,000 characters)."""
     if not compact or archived is None or state.phase == "done":
         state.restore_turns()
-        return steps.JsonText(state.stored_json()), (), None
+        return StoredForm(steps.JsonText(state.stored_json()), (), None, None)
     held = state.earlier_turns or 0  # turns before `state.turns`, already archived
     assert held == archived or held == 0, (held, archived)
     # The last turn stays in the state: the next step may still complete it (a
@@ -198,15 +230,23 @@ def stored_form(
         records = ("[" + ",".join(t.model_dump_json() for t in moved[: archived - held]) + "]",)
     if archive:
         records = (*records, "[" + ",".join(text for _, text in archive) + "]")
+    # The messages since those stored apart leave with the last record (they only
+    # grow: a whole state, a history run's, is never compacted).
+    apart, messages = state.earlier_messages or 0, None
+    if archive and len(state.messages) > apart:
+        written = compact_json(state.messages[apart:])
+        if written is not None:  # else they stay in the state, written as before
+            messages, apart = written.decode()[1:-1], len(state.messages)
     compact_state = state.model_copy(
         update={
             "turns": state.turns[keep_from - held :],
             "earlier_turns": keep_from,
             "earlier_run": (state.earlier_run or 0) + sum(1 for t in moved if t.input is not None),
             "earlier_records": records,
+            "earlier_messages": apart or None,
         }
     )
-    return steps.JsonText(compact_state.stored_json()), archive, compact_state
+    return StoredForm(steps.JsonText(compact_state.stored_json()), archive, messages, compact_state)
 
 
 _history_runs: dict[str, bool] = {}
@@ -286,8 +326,8 @@ def save(
     docstring), and then kept for the next turn. A run with a --deadline reads the
     state again when a turn is cut short at it (driver/step.py
     execute_until_deadline): its states are not kept."""
-    text, archive, compact = stored_form(state, archived, compacts(store, loaded))
-    written = steps.Step(state=text, archive=archive, **step)
+    text, archive, messages, compact = stored_form(state, archived, compacts(store, loaded))
+    written = steps.Step(state=text, archive=archive, archive_messages=messages, **step)
     saved = store.save_step(written)
     if saved.saved and loaded.deadline_at is None:
         kept = Stored(state, None) if compact is None else Stored(compact, compact.earlier_turns)

@@ -104,6 +104,12 @@ class ConversationState(UntrackedFields):
     earlier_run: int | None = Field(default=None, exclude_if=lambda value: value is None)
     # JSON arrays of the earlier turns' results, in order (never stored).
     earlier_records: tuple[str, ...] = Field(default=(), exclude=True)
+    # With turn records too: how many of the first `messages` are stored apart, with the
+    # turn records (a conversation's messages only grow: a step writes the new ones once
+    # instead of the whole conversation again). In memory `messages` holds them all, as
+    # its agent is sent them; the stored state holds those after the first
+    # `earlier_messages`. None (left out) when the state stores every message.
+    earlier_messages: int | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @property
     def turns_run(self) -> int:
@@ -115,6 +121,8 @@ class ConversationState(UntrackedFields):
 
         LookupError when the records do not hold as many turns as the state counts (a
         store that did not hand them back)."""
+        # Whole again: its messages are all in memory, and all stored with it from now.
+        self.earlier_messages = None
         count = self.earlier_turns
         if count is None:
             return
@@ -132,10 +140,15 @@ class ConversationState(UntrackedFields):
         """The state's JSON text as stored: `model_dump_json`'s document, its messages
         first and written by orjson. They are the conversation as its agent is sent it,
         stored with every step, the part of a state that grows with each turn: pydantic
-        wrote them ~2.5x slower (benchmarks/long_conversation.py)."""
-        messages = compact_json(self.messages)
+        wrote them ~2.5x slower (benchmarks/long_conversation.py). Only those after the
+        first `earlier_messages`, which are stored apart."""
+        apart = self.earlier_messages
+        stored = self.messages[apart:] if apart else self.messages
+        messages = compact_json(stored)
         if messages is None:
-            return self.model_dump_json()
+            if not apart:
+                return self.model_dump_json()
+            return self.model_copy(update={"messages": stored}).model_dump_json()
         rest = self.model_dump_json(exclude=_MESSAGES)
         return '{"messages":' + messages.decode() + "," + rest[1:]
 

@@ -180,7 +180,10 @@ class TurnRecordRow(Base):
     after the first `earlier_turns` (engine/state.py): a step writes the turns that left
     its state, not every earlier turn again. Written once, by the step whose guarded
     save moved the conversation on; deleted by the step that ends the case, which stores
-    the whole state (migration 0010). Text, not JSON: read back exactly as written."""
+    the whole state (migration 0010). Text, not JSON: read back exactly as written.
+    `messages`: the conversation's messages that left its state with this record (the
+    inside of a JSON array; migration 0011), so that a step stores its new messages
+    once instead of the whole conversation again."""
 
     __tablename__ = "turn_records"
 
@@ -188,6 +191,7 @@ class TurnRecordRow(Base):
     case_id: Mapped[str] = mapped_column(String(300), primary_key=True)
     position: Mapped[int] = mapped_column(Integer, primary_key=True)
     record: Mapped[str] = mapped_column(Text)
+    messages: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         ForeignKeyConstraint(

@@ -6,4 +6,4 @@ start-up), by db.upgrade and by a submitter storing its run through psycopg alon
 (postgres_run.py).
 """
 
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0011"

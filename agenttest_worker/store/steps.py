@@ -88,6 +88,9 @@ class LoadedCase:
     # A state that holds only its later turns (engine/state.py `earlier_turns`): the
     # earlier turns' results, as one JSON array's text, in order (models.TurnRecordRow).
     turn_records: str | None = None
+    # And its earlier messages (`earlier_messages`), stored with those records, as one
+    # JSON array's text, in order; None when none are stored apart.
+    turn_messages: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,10 @@ class Step:
     # text): stored as turn records (models.TurnRecordRow), only by a store whose
     # `keeps_turn_records` says so. A step that ends the case deletes its records.
     archive: Sequence[tuple[int, str]] = ()
+    # The messages that left the state with this step (engine/state.py
+    # `earlier_messages`), as the inside of a JSON array (`a,b`): stored with the last of
+    # `archive`'s records.
+    archive_messages: str | None = None
     # The step played on the state this process kept with this token, without reading
     # the conversation first (driver/continuing.py): saved only if the row still holds
     # that token and the run is not cancelled.
@@ -273,11 +280,17 @@ def step_spend(spend: tuple[int, float] | None, result: CaseResult | None) -> tu
     return 0, 0.0
 
 
-def record_rows(
-    run_id: str, case_id: str, archive: Sequence[tuple[int, str]]
-) -> list[dict[str, Any]]:
-    """The turn records (models.TurnRecordRow) of a step's `archive`."""
+def record_rows(step: Step) -> list[dict[str, Any]]:
+    """The turn records (models.TurnRecordRow) of a step's `archive`, the last with the
+    messages that left the state with them."""
+    last = len(step.archive) - 1
     return [
-        {"run_id": run_id, "case_id": case_id, "position": position, "record": record}
-        for position, record in archive
+        {
+            "run_id": step.run_id,
+            "case_id": step.case_id,
+            "position": position,
+            "record": record,
+            "messages": step.archive_messages if i == last else None,
+        }
+        for i, (position, record) in enumerate(step.archive)
     ]

@@ -58,11 +58,20 @@ _KEPT = CASES.c.step_token == bindparam("b_known", type_=String)
 # The conversation's turn records as the inside of a JSON array (`a,b,c`), in order, or
 # NULL when it has none; one statement with the state, so that both are of one moment.
 # (Postgres's form is built in load_statement: see there.)
-_ORDERED = select(TURN_RECORDS.c.record).where(*_OF_CASE).order_by(TURN_RECORDS.c.position)
-_RECORDS_OTHER = select(func.group_concat(_ORDERED.subquery().c.record, ",")).scalar_subquery()
+# The messages stored with them likewise (NULL when none are; both aggregates skip NULLs).
+_ORDERED = (
+    select(TURN_RECORDS.c.record, TURN_RECORDS.c.messages)
+    .where(*_OF_CASE)
+    .order_by(TURN_RECORDS.c.position)
+)
 
 
-def _load(records: ColumnElement[str]) -> Select[Any]:
+def _concatenated(name: str) -> ColumnElement[str]:
+    ordered = _ORDERED.subquery()
+    return select(func.group_concat(ordered.c[name], ",")).scalar_subquery()
+
+
+def _load(records: ColumnElement[str], messages: ColumnElement[str]) -> Select[Any]:
     return (
         select(
             # As text: see steps.JsonDocument.
@@ -82,6 +91,7 @@ def _load(records: ColumnElement[str]) -> Select[Any]:
             RUNS.c.total_cases,
             CASES.c.step_token,
             case((_KEPT, null()), else_=records).label("records"),
+            case((_KEPT, null()), else_=messages).label("messages"),
         )
         .select_from(CASES.join(RUNS, RUNS.c.id == CASES.c.run_id))
         .where(CASES.c.run_id == bindparam("b_run"), CASES.c.case_id == bindparam("b_case"))
@@ -89,7 +99,7 @@ def _load(records: ColumnElement[str]) -> Select[Any]:
 
 
 # SQLite keeps the order of the rows it is given; Postgres orders the aggregate itself.
-LOAD_OTHER = _load(_RECORDS_OTHER)
+LOAD_OTHER = _load(_concatenated("record"), _concatenated("messages"))
 
 
 @lru_cache(maxsize=4)
@@ -105,7 +115,8 @@ def load_statement(dialect: str) -> Select[Any]:
 
     ordered: Any = aggregate_order_by(literal_column("','"), TURN_RECORDS.c.position)
     records = select(func.string_agg(TURN_RECORDS.c.record, ordered)).where(*_OF_CASE)
-    return _load(records.scalar_subquery())
+    messages = select(func.string_agg(TURN_RECORDS.c.messages, ordered)).where(*_OF_CASE)
+    return _load(records.scalar_subquery(), messages.scalar_subquery())
 
 
 COUNT_DELIVERY = (
@@ -140,6 +151,7 @@ class LoadedRow(NamedTuple):
     total_cases: int
     step_token: str | None
     records: str | None
+    messages: str | None
 
 
 # Parameters of the hot path that are JSON: the conversation's documents (json columns,
@@ -366,7 +378,7 @@ ROW_COLUMNS: dict[type[Base], tuple[str, ...]] = {
         "total_tokens",
         "error",
     ),
-    TurnRecordRow: ("run_id", "case_id", "position", "record"),
+    TurnRecordRow: ("run_id", "case_id", "position", "record", "messages"),
 }
 
 

@@ -125,6 +125,7 @@ def load_case(
             step_token=row.step_token,
             state_kept=known is not None and row.step_token == known,
             turn_records=None if row.records is None else f"[{row.records}]",
+            turn_messages=None if row.messages is None else f"[{row.messages}]",
         )
 
 
@@ -202,7 +203,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
     if step.kept_token is not None:
         params["b_known"] = step.kept_token
     rows = step_rows(step.run_id, step.case_id, step.new_turns, step.final_assertions)
-    rows.records = record_rows(step.run_id, step.case_id, step.archive)
+    rows.records = record_rows(step)
     tokens, cost = step_spend(step.spend, result)
     if result is not None:
         params.update(
