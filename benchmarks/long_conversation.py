@@ -23,6 +23,10 @@ turn (the conversation's start) and the last (which builds and stores the case's
 record, once per conversation) are outside both windows by default; the last one is
 printed on its own.
 
+Each window's Postgres write-ahead log per turn (`WAL`) is printed beside: what a turn
+stores, which the machine's other load does not move (the whole cluster's log: the
+benchmark's database is alone on it while it runs).
+
 The floor is the early window's cost in the same run: the target is the late window
 within 1.25× of it (worker + Postgres CPU per turn). `--rounds N` repeats the run N
 times (fresh database each time) and prints each, and the ratios' median.
@@ -69,6 +73,9 @@ class Sample:
     agent: float
     # Turn rows saved so far, by turn number.
     saved: dict[int, int]
+    # Postgres's write-ahead log written so far, in bytes: what the turns stored, a
+    # figure the machine's other load does not move.
+    wal: int = 0
 
     @property
     def count(self) -> int:
@@ -102,6 +109,7 @@ class Window:
     postgres: float = 0.0
     redis: float = 0.0
     agent: float = 0.0
+    wal: float = 0.0
 
     def add(self, before: Sample, after: Sample) -> None:
         """Charge the window its share of the interval: the interval's CPU times the
@@ -120,6 +128,7 @@ class Window:
         self.postgres += (after.postgres - before.postgres) * share
         self.redis += (after.redis - before.redis) * share
         self.agent += (after.agent - before.agent) * share
+        self.wal += (after.wal - before.wal) * share
 
     def per_turn(self, what: str) -> float:
         return float(getattr(self, what)) / self.turns if self.turns else float("nan")
@@ -140,6 +149,10 @@ class Round:
     # The worker's peak RSS and its RSS once ready, in MB: what its conversations held.
     worker_peak_mb: float = 0.0
     worker_ready_mb: float = 0.0
+
+
+# The write-ahead log's position as bytes since its start.
+_WAL_BYTES = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')"
 
 
 def span(text: str) -> tuple[float, float]:
@@ -173,6 +186,7 @@ def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
 
             def sample() -> Sample:
                 rows = conn.execute("SELECT turn, count(*) FROM turns GROUP BY turn").fetchall()
+                wal = conn.execute(_WAL_BYTES).fetchone()[0]  # type: ignore[index]
                 postgres, redis_cpu = _servers_cpu(own)
                 return Sample(
                     worker.busy_cpu(),
@@ -180,6 +194,7 @@ def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
                     redis_cpu,
                     process_cpu_seconds(agent.pid),
                     {int(turn): int(count) for turn, count in rows},
+                    int(wal),
                 )
 
             started = time.monotonic()
@@ -223,7 +238,7 @@ def report(args: argparse.Namespace, number: int, measured: Round) -> None:
             f"{window.per_turn('worker') * 1000:5.2f} ms + Postgres "
             f"{window.per_turn('postgres') * 1000:5.2f} ms = {window.cost * 1000:5.2f} ms per turn"
             f" (Redis {window.per_turn('redis') * 1000:.2f}, agent "
-            f"{window.per_turn('agent') * 1000:.2f})"
+            f"{window.per_turn('agent') * 1000:.2f}; WAL {window.per_turn('wal') / 1024:.1f} KB)"
         )
     print(
         f"  ratio {name(late)} / {name(early)} (the floor): worker + Postgres "
