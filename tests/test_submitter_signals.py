@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import psycopg
 import pytest
@@ -47,6 +49,16 @@ def _new_runs(database_url: str, known: set[str], where: str = "TRUE") -> list[t
             [list(known)],
         ).fetchall()
     return [(str(run_id), int(count)) for run_id, count in rows]
+
+
+def _lines_of(stream: IO[str] | None) -> tuple[list[str], threading.Thread]:
+    """The lines `stream` gives, appended as they come, and the thread reading it to
+    its end."""
+    assert stream is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(stream), daemon=True)
+    reader.start()
+    return lines, reader
 
 
 def _cases_of(database_url: str, run_id: str) -> int:
@@ -95,13 +107,15 @@ def test_sigterm_while_waiting_leaves_the_run_to_the_workers(
     with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
         known = _run_ids(pg_database)
         process = fleet.submit_background(["-i", str(cases), "-n", "demo", "--config", str(config)])
-        wait_until(
-            lambda: _new_runs(pg_database, known, "status = 'running'"),
-            60.0,
-            "the run stored and started",
-        )
+        # Once it says the run is enqueued, it is watching: the run shows as running a
+        # moment earlier, while the submitter still stores it (a SIGTERM then removes it).
+        said, reader = _lines_of(process.stderr)
+        wait_until(lambda: "case(s) enqueued" in "".join(said), 60.0, "the run enqueued")
+        assert _new_runs(pg_database, known, "status = 'running'")
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
+        process.wait(timeout=30)
+        reader.join(timeout=10)
+        stderr = "".join(said)
         assert process.returncode == 143, stderr
         assert "terminated: stopped watching" in stderr and "Traceback" not in stderr
         run_id = run_id_of(stderr)
