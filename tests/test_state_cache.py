@@ -128,6 +128,20 @@ def _row(database_url: str, run_id: str, case_id: str = "K1") -> tuple[Any, Any,
     return state, result, len(records)
 
 
+def _three_turns_read_back(
+    store: SqlStore, database_url: str, agent: AgentServer
+) -> tuple[str, steps.LoadedCase]:
+    """A new run whose K1 played three turns, and K1 as a worker that kept nothing
+    reads it."""
+    run_id = _run(database_url, agent)
+    for turn in (1, 2, 3):
+        _step(store, run_id, "K1", turn)
+    KEPT.clear()
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None
+    return run_id, loaded
+
+
 def _comparable(result: Any) -> str:
     """The record as JSON text, minus what differs between two plays (times) and the
     run it was played in."""
@@ -437,13 +451,8 @@ def test_a_state_whose_earlier_turns_did_not_come_back_is_refused(
 
     from agenttest_worker.driver import state_cache
 
-    store = SqlStore(pg_database)
-    run_id = _run(pg_database, agent)
-    for turn in (1, 2, 3):
-        _step(store, run_id, "K1", turn)
-    KEPT.clear()
-    loaded = store.load_case(run_id, "K1")
-    assert loaded is not None and loaded.turn_records is not None
+    _, loaded = _three_turns_read_back(SqlStore(pg_database), pg_database, agent)
+    assert loaded.turn_records is not None
     with pytest.raises(LookupError, match="after the first 2, and no earlier turns"):
         state_cache.parse(dataclasses.replace(loaded, turn_records=None))
     first_only = json.dumps(json.loads(loaded.turn_records)[:1])
@@ -471,12 +480,8 @@ def test_a_state_stored_with_every_message_plays_on_and_stores_them_apart(
     store = SqlStore(pg_database)
     reference = _run(pg_database, agent)
     _play(store, reference)
-    run_id = _run(pg_database, agent)
-    for turn in (1, 2, 3):
-        _step(store, run_id, "K1", turn)
-    KEPT.clear()
-    loaded = store.load_case(run_id, "K1")
-    assert loaded is not None and loaded.turn_messages is not None
+    run_id, loaded = _three_turns_read_back(store, pg_database, agent)
+    assert loaded.turn_messages is not None
     with session_scope(pg_database) as session:
         row = session.execute(select(CaseRow).where(CaseRow.run_id == run_id)).scalar_one()
         stored = dict(row.state)
