@@ -502,3 +502,22 @@ def test_a_state_stored_with_every_message_plays_on_and_stores_them_apart(
     )
     assert record["status"] == "passed" and _comparable(record) == _comparable(expected)
     assert state["messages"] == whole["messages"] and len(state["messages"]) == 12
+
+
+def test_on_sqlite_too_a_conversation_read_back_every_turn_ends_whole(
+    tmp_path: Path, agent: AgentServer
+) -> None:
+    """The same store on SQLite (a resumed embedded run's): its turn records and messages
+    come back in order from its own aggregate, every turn read back from the store."""
+    from agenttest_worker.store.db import upgrade
+
+    url = f"sqlite:///{tmp_path}/store.db"
+    upgrade(url)
+    read_run = _run(url, agent)
+    _play(SqlStore(url), read_run, kept=False)
+    whole_run = _run(url, agent)
+    _play(WholeStore(url), whole_run, kept=False)
+    (state, record, left), (whole, expected, _) = _row(url, read_run), _row(url, whole_run)
+    assert record["status"] == "passed" and _comparable(record) == _comparable(expected)
+    assert state["messages"] == whole["messages"] and len(state["messages"]) == 12
+    assert "earlier_messages" not in state and left == 0
