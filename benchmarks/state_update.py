@@ -113,7 +113,7 @@ def main() -> None:
             messages = _messages(turns, args.reply_chars)
             whole = _state(messages, None)
             # Apart: the state holds the last turn's two messages; the step adds a turn
-            # record with them (the inside of a JSON array), as a step of 14f663d does;
+            # record with them (the inside of a JSON array), as a step does since migration 0011;
             # whole, the record is added without them, as before.
             last = messages[-2:]
             apart = _state(last, len(messages) - 2)
