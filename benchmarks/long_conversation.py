@@ -61,6 +61,7 @@ from benchmarks.throughput import (
     process_cpu_seconds,
     redis_db,
     stopping_workers,
+    wal_bytes,
     write_suite,
 )
 
@@ -151,10 +152,6 @@ class Round:
     worker_ready_mb: float = 0.0
 
 
-# The write-ahead log's position as bytes since its start.
-_WAL_BYTES = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')"
-
-
 def span(text: str) -> tuple[float, float]:
     low, _, high = text.partition("-")
     return float(low), float(high or low)
@@ -186,7 +183,6 @@ def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
 
             def sample() -> Sample:
                 rows = conn.execute("SELECT turn, count(*) FROM turns GROUP BY turn").fetchall()
-                wal = conn.execute(_WAL_BYTES).fetchone()[0]  # type: ignore[index]
                 postgres, redis_cpu = _servers_cpu(own)
                 return Sample(
                     worker.busy_cpu(),
@@ -194,7 +190,7 @@ def run_round(args: argparse.Namespace, agent: AgentUrl, tmp: Path) -> Round:
                     redis_cpu,
                     process_cpu_seconds(agent.pid),
                     {int(turn): int(count) for turn, count in rows},
-                    int(wal),
+                    wal_bytes(conn),
                 )
 
             started = time.monotonic()

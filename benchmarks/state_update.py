@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import psycopg
 
 from benchmarks.fixed_agent import reply
-from benchmarks.throughput import database
+from benchmarks.throughput import database, process_cpu_seconds, wal_bytes
 
 CONVERSATIONS = 60
 SCHEMA = """
@@ -40,7 +39,6 @@ CREATE TABLE turn_records (
 );
 INSERT INTO cases SELECT g, '{}' FROM generate_series(0, 59) g;
 """
-WAL = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')"
 
 
 def _messages(turns: int, reply_chars: int) -> list[dict[str, Any]]:
@@ -59,23 +57,16 @@ def _state(messages: list[dict[str, Any]], apart: int | None) -> str:
     return json.dumps(document)
 
 
-def _backend_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _measure(
     conn: psycopg.Connection[Any], steps: int, step: Callable[[int], None]
 ) -> tuple[float, float]:
     """(ms of the backend's CPU, KB of write-ahead log) per step."""
     pid = conn.info.backend_pid
-    wal = int(conn.execute(WAL).fetchone()[0])  # type: ignore[index]
-    cpu = _backend_cpu(pid)
+    wal, cpu = wal_bytes(conn), process_cpu_seconds(pid)
     for i in range(steps):
         step(i)
-    cpu_ms = (_backend_cpu(pid) - cpu) / steps * 1000
-    wal_kb = (int(conn.execute(WAL).fetchone()[0]) - wal) / steps / 1024  # type: ignore[index]
+    cpu_ms = (process_cpu_seconds(pid) - cpu) / steps * 1000
+    wal_kb = (wal_bytes(conn) - wal) / steps / 1024
     return cpu_ms, wal_kb
 
 

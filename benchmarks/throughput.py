@@ -137,6 +137,14 @@ def _cpu_from_stat(text: str) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wal_bytes(conn: psycopg.Connection[Any]) -> int:
+    """Postgres's write-ahead log written so far (the whole cluster's), in bytes: what
+    the statements in between stored."""
+    row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU time a live process has used so far."""
     return _cpu_from_stat(Path(f"/proc/{pid}/stat").read_text())

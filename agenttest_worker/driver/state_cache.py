@@ -157,12 +157,12 @@ def _restore_messages(state: ConversationState, loaded: steps.LoadedCase) -> Non
     apart = state.earlier_messages
     if not apart:
         return
+    # The store hands them back as one JSON array (turns.load_case), or None.
     earlier = json.loads(loaded.turn_messages) if loaded.turn_messages else []
-    if not isinstance(earlier, list) or len(earlier) != apart:
-        found = len(earlier) if isinstance(earlier, list) else 0
+    if len(earlier) != apart:
         raise LookupError(
             f"conversation {loaded.case_id} of run {loaded.run_id}: its state holds its "
-            f"messages after the first {apart}, and {found} earlier messages were loaded"
+            f"messages after the first {apart}, and {len(earlier)} earlier messages were loaded"
         )
     state.messages[:0] = earlier
 
