@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 
 import aiohttp
 from aiohttp import web
@@ -89,6 +89,16 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, step: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(step)
+
+
+def lines_read(stream: IO[str] | None) -> tuple[list[str], threading.Thread]:
+    """The lines a process's pipe gives, appended as they come by a thread that reads it
+    to its end (a test waits on them with `wait_until`), and that thread."""
+    assert stream is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(stream), daemon=True)
+    reader.start()
+    return lines, reader
 
 
 # -- workers ---------------------------------------------------------------------------------

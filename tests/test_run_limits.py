@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet import Fleet, fleet_on, wait_until
+from fleet import Fleet, fleet_on, lines_read, wait_until
 from places import PLACES, Place
 from scripted_agent import Body, Reply, ScriptedAgent, say
 
@@ -188,10 +188,7 @@ def test_waiting_with_no_worker_says_so_and_keeps_waiting(fleet: Fleet, tmp_path
         submitter = fleet.submit_background(
             _run(_cases(tmp_path, [_greeting("W1")]), "target", config)
         )
-        stderr = submitter.stderr
-        assert stderr is not None
-        said: list[str] = []
-        threading.Thread(target=lambda: said.extend(iter(stderr.readline, "")), daemon=True).start()
+        said, _ = lines_read(submitter.stderr)
         warning = wait_until(
             lambda: next((line for line in said if "no worker" in line), None),
             10,

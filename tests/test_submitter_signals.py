@@ -8,11 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import psycopg
 import pytest
@@ -24,6 +22,7 @@ from fleet import (
     expense_case,
     fleet_on,
     greeting_case,
+    lines_read,
     run_id_of,
     turn_rows,
     wait_until,
@@ -49,16 +48,6 @@ def _new_runs(database_url: str, known: set[str], where: str = "TRUE") -> list[t
             [list(known)],
         ).fetchall()
     return [(str(run_id), int(count)) for run_id, count in rows]
-
-
-def _lines_of(stream: IO[str] | None) -> tuple[list[str], threading.Thread]:
-    """The lines `stream` gives, appended as they come, and the thread reading it to
-    its end."""
-    assert stream is not None
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(stream), daemon=True)
-    reader.start()
-    return lines, reader
 
 
 def _cases_of(database_url: str, run_id: str) -> int:
@@ -109,7 +98,7 @@ def test_sigterm_while_waiting_leaves_the_run_to_the_workers(
         process = fleet.submit_background(["-i", str(cases), "-n", "demo", "--config", str(config)])
         # Once it says the run is enqueued, it is watching: the run shows as running a
         # moment earlier, while the submitter still stores it (a SIGTERM then removes it).
-        said, reader = _lines_of(process.stderr)
+        said, reader = lines_read(process.stderr)
         wait_until(lambda: "case(s) enqueued" in "".join(said), 60.0, "the run enqueued")
         assert _new_runs(pg_database, known, "status = 'running'")
         process.send_signal(signal.SIGTERM)

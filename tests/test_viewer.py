@@ -38,7 +38,7 @@ from browser import (
     submit,
     xss_project,
 )
-from fleet import Fleet, fleet_on, wait_until
+from fleet import Fleet, fleet_on, lines_read, wait_until
 from scripted_agent import ScriptedAgent, say
 
 TOKEN = "s3cret-viewer-token"
@@ -58,13 +58,7 @@ class Viewer:
             stdin=subprocess.DEVNULL,
             text=True,
         )
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
+        self.lines, _ = lines_read(self.process.stderr)
 
     def url(self) -> str:
         def listening() -> str | None:
