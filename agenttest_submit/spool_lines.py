@@ -2,9 +2,7 @@
 
 One line per conversation: `[key, agent, test id]`, a tab, then the record as the store
 writes it (json.dumps's text), so that a fleet's run stores that text as it is
-(`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab. The
-submitter's spool and the process checking the second half of a large file
-(split_check.py) write the same lines with `SpoolWriter`.
+(`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab.
 """
 
 from __future__ import annotations
