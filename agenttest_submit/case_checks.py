@@ -2,9 +2,7 @@
 
 A case read without problems is selected (--tag, --id), given its simulator, checked
 against agenttest.yaml and warned about, and its attachments are read in. None of it
-depends on the other cases, so `CaseChecker` runs the same in the submitter and in the
-process that checks the second half of a large file (split_check.py); what does depend
-on them (duplicate ids) stays in `expand.CaseStream`.
+depends on the other cases; what does (duplicate ids) stays in `expand.CaseStream`.
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ from pathlib import Path
 from agenttest_submit.case_checks import CaseChecker, Selection
 from agenttest_submit.generate import generate_cases
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
-from agenttest_submit.split_check import CheckedPart, start_second_half
 from agenttest_submit.spool_lines import SpoolShape, SpoolWriter
 from agenttest_submit.spool_records import spooled_records
 from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.cases.files import case_files_in, iter_cases, iter_line_cases
+from agenttest_worker.cases.files import case_files_in, iter_cases
 from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report.common import printable
@@ -90,50 +89,16 @@ class CaseStream:
         self._files: dict[str, int] = {}
 
     def __iter__(self) -> Iterator[Case]:
-        for item in self._items(None):
-            if isinstance(item, Case):
-                yield item
-
-    def checked(self, shape: SpoolShape) -> Iterator[Case | CheckedPart]:
-        """The cases, as iterating gives them, but for the second half of a large file,
-        checked by another process into spool lines of `shape` (split_check.py): it is
-        given as a CheckedPart, whose problems, warnings and ids are already taken."""
-        return self._items(shape)
-
-    def _items(self, shape: SpoolShape | None) -> Iterator[Case | CheckedPart]:
         for source in self.sources:
             try:
-                if isinstance(source, FileInput) and shape is not None:
-                    items = self._file_items(source.path, shape)
-                else:
-                    items = iter_source(source, self.config, self.target)
-                for item in items:
+                for item in iter_source(source, self.config, self.target):
                     if isinstance(item, InputProblem):
                         self._take_problem(item)
-                    elif isinstance(item, CheckedPart):
-                        self._take_part(item)
-                        yield item
                     elif (case := self._check(item)) is not None:
                         self.count += 1
                         yield case
             except InputError as exc:
                 self.problems.extend(exc.problems)
-
-    def _file_items(
-        self, path: Path, shape: SpoolShape
-    ) -> Iterator[Case | InputProblem | CheckedPart]:
-        for file in case_files_in(path):
-            half = start_second_half(file, self.checker, shape)
-            if half is None:
-                yield from iter_cases(file)
-                continue
-            with half:
-                yield from iter_line_cases(file, 0, half.start)
-                part = half.finish()
-                if part is None:  # the other process could not: checked here instead
-                    yield from iter_line_cases(file, half.start, None, half.first_line)
-                else:
-                    yield part
 
     def has_id(self, case_id: str) -> bool:
         """Whether some case of the input (selected or not) has this id."""
@@ -187,20 +152,6 @@ class CaseStream:
             return None
         return self.checker.check(case, self.problems, self.warnings)
 
-    def _take_part(self, part: CheckedPart) -> None:
-        """What the other process found, taken as if this one had checked the part: a
-        duplicate's own problems and warnings are dropped, as `_check` never finds them."""
-        file = part.file
-        for event in part.events():
-            if isinstance(event, InputProblem):
-                self._take_problem(event)
-            elif self._is_new(event[0], file, event[1]):
-                if len(event) == 5:
-                    self.problems.extend(event[3])
-                    self.warnings.extend(event[4])
-                if event[2]:
-                    self.count += 1
-
     def finish(self) -> None:
         """Raise the problems found while iterating (every one), or for no cases at all."""
         if self.problems:
@@ -221,8 +172,7 @@ class Spool:
     Checking a case (parsing, validation, references) costs far more than reading its
     normalized record back; spooling lets a run reject bad input before it stores or
     runs anything, without holding a 100,000-case file in memory. The lines are
-    spool_lines.py's; a large file's second half is checked by another process into
-    lines of its own, appended in their place (split_check.py).
+    spool_lines.py's.
     """
 
     def __init__(
@@ -240,11 +190,8 @@ class Spool:
         # Named: a fleet's run may be stored from it by the store's process (`path`).
         self.handle = tempfile.NamedTemporaryFile("w+b", prefix="agenttest-spool-")  # noqa: SIM115
         writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat))
-        for item in stream.checked(writer.shape):
-            if isinstance(item, CheckedPart):
-                item.append_to(writer)
-            else:
-                writer.add(item)
+        for case in stream:
+            writer.add(case)
         self.cases = writer.cases
         self.conversations = writer.conversations
         stream.finish()

@@ -2,18 +2,16 @@
 
 One line per conversation: `[key, agent, test id]`, a tab, then the record as the store
 writes it (json.dumps's text), so that a fleet's run stores that text as it is
-(`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab. The
-submitter's spool and the process checking the second half of a large file
-(split_check.py) write the same lines with `SpoolWriter`.
+(`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from agenttest_worker.cases.model import Case, repetition_key
-from agenttest_worker.json_values import dumps
 
 
 @dataclass(frozen=True)
@@ -57,6 +55,6 @@ class SpoolWriter:
             self._write(key, agent, case.id, {**record, "repetition": number})
 
     def _write(self, key: str, agent: str | None, test_id: str | None, record: Any) -> None:
-        head = dumps([key, agent, test_id]).encode("ascii")
-        self.handle.write(head + b"\t" + dumps(record).encode("ascii") + b"\n")
+        head = json.dumps([key, agent, test_id]).encode("ascii")
+        self.handle.write(head + b"\t" + json.dumps(record).encode("ascii") + b"\n")
         self.conversations += 1

@@ -2,52 +2,17 @@
 
 They sit below all three so that none has to import another for them: reading a JSON
 reply, comparing values as JSON does, evaluating JSONPaths (response mappings of
-`http` agents, `json_path` assertions), writing a document as `json.dumps` does,
-faster (`dumps`: the submitter writes each case of a million-case run with it), and
-writing a request's body (`body_bytes`).
+`http` agents, `json_path` assertions), and writing what grows with a conversation
+(`compact_json`; a request's body, `body_bytes`).
 """
 
 from __future__ import annotations
 
 import json
-import json.encoder
-from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
 import orjson
-
-
-def _encoder() -> Callable[[Any], str]:
-    """json.dumps(value) with its defaults: the same text, written by the same C encoder,
-    made once here rather than at each call (half of json.dumps's time for a small
-    document). Without circular-reference checks: what is written is a tree (parsed
-    JSON, a model's dump); a cycle ends in RecursionError instead of ValueError."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # an interpreter without the C accelerator
-        return json.dumps
-    defaults = json.JSONEncoder()
-    encode = make(
-        None,
-        defaults.default,
-        json.encoder.encode_basestring_ascii,
-        None,
-        defaults.key_separator,
-        defaults.item_separator,
-        False,
-        False,
-        True,
-    )
-
-    def dumps(value: Any) -> str:
-        if isinstance(value, str):  # the C encoder writes containers and numbers
-            return json.encoder.encode_basestring_ascii(value)
-        return "".join(encode(value, 0))
-
-    return dumps
-
-
-dumps = _encoder()
 
 
 def compact_json(value: Any) -> bytes | None:

@@ -11,9 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
-
-from agenttest_worker.untracked import UntrackedFields
+from pydantic import BaseModel, ConfigDict, Field
 
 RESULT_VERSION = 1
 
@@ -39,7 +37,7 @@ class AssertionOutcome:
     agreement: float | None = None
 
 
-class _Record(UntrackedFields):
+class _Record(BaseModel):
     """Records leave out their optional fields when unset: `error?`, `skip_reason?`, ...
 
     Only declared fields that default to None are left out, and not those in

@@ -469,6 +469,33 @@ def test_every_problem_of_a_file_is_listed(
     )
 
 
+def test_every_problem_of_a_long_file_is_listed_in_order_at_its_line(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Blank lines keep their numbers; a bad case still takes its id; a duplicate's own
+    problems are not reported (it is not checked past its id)."""
+    lines = [json.dumps({"id": f"c{i:03d}", "input": f"message {i}"}) for i in range(300)]
+    lines[5] = json.dumps({"id": "c005", "input": "a", "typo": 1})
+    lines[250] = '{"id": "bad", "input": '
+    lines[260] = json.dumps({"id": "c003", "input": "a"})
+    lines[270] = json.dumps({"id": "c005", "input": "a", "agent": "nobody"})
+    lines[280] = json.dumps(
+        {"id": "c280", "input": "a", "assertions": [{"type": "containz", "value": "x"}]}
+    )
+    lines[200:200] = ["", "   "]
+    write(project / "cases.jsonl", "".join(line + "\n" for line in lines))
+    expect_input_error(
+        capsys,
+        "cases.jsonl",
+        "cases.jsonl:6 (test 'c005'): typo: unknown field (a typo?)",
+        "cases.jsonl:253: invalid JSON: Expecting value (column 24)",
+        "cases.jsonl:263: id: duplicate id 'c003' (first defined at cases.jsonl:4)",
+        "cases.jsonl:273: id: duplicate id 'c005' (first defined at cases.jsonl:6)",
+        f"cases.jsonl:283 (test 'c280'): assertions[0]: unknown assertion type 'containz' "
+        f"(known: {KNOWN_TYPES})",
+    )
+
+
 def test_cross_field_problems_name_their_field(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

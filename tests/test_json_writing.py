@@ -1,15 +1,20 @@
 """The JSON a turn writes each time it runs: an agent's request body, and the state
 saved with each step. Both hold the conversation so far and grow with it, so both are
 written by orjson (json_values.compact_json); they must say what json.dumps and the
-state model's own dump said, and what orjson refuses must go the old way."""
+state model's own dump said, and what orjson refuses must go the old way. A case's
+record is stored as json.dumps's text, whichever way its run is stored."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agenttest_submit.expand import CaseStream, Spool
+from agenttest_submit.inputs import FileInput
+from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.engine.state import ConversationState
 from agenttest_worker.json_values import body_bytes, compact_json
 from agenttest_worker.results import AssertionResult, ToolCall, TurnResult
@@ -81,3 +86,23 @@ def test_a_stored_state_reads_back_as_the_model_dumped_it(messages: list[dict[st
     assert json.loads(stored) == json.loads(state.model_dump_json())
     again = ConversationState.model_validate_json(stored)
     assert again.model_dump_json() == state.model_dump_json()
+
+
+def test_a_spooled_case_is_stored_as_json_dumps_text(tmp_path: Path) -> None:
+    """A fleet's run stores the spool's text as it is; an embedded run writes the parsed
+    records with json.dumps: both store the same text, escaped to ASCII."""
+    cases = [
+        {"id": "c1", "input": "héllo ✓ 日本 \u2028", "tags": ["a\tb"]},
+        {"id": "c2", "input": "twice", "repeat": 2},
+    ]
+    path = tmp_path / "cases.jsonl"
+    path.write_text("\n" + "".join(json.dumps(c) + "\n" for c in cases), encoding="utf-8")
+    config = ProjectConfig.model_validate({"agents": {"bot": {"base_url": "http://x/v1"}}})
+    stream = CaseStream([FileInput(path)], config, target="bot")
+    with Spool(stream, "bot") as spool:
+        stored = list(spool.stored_records())
+        records = list(spool.records())
+    assert [key for key, _, _ in stored] == ["c1", "c2#1", "c2#2"]
+    for (_, _, text), (_, _, record) in zip(stored, records, strict=True):
+        assert text.text == json.dumps(record) and text.text.isascii()
+    assert records[0][2]["source_line"] == 2 and records[2][2]["repetition"] == 2

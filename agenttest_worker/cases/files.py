@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from agenttest_worker.cases.json_reader import half_way, read_json, read_jsonl, read_jsonl_lines
+from agenttest_worker.cases.json_reader import read_json, read_jsonl
 from agenttest_worker.cases.model import Case
 from agenttest_worker.cases.validation import Located, validate_case
 from agenttest_worker.errors import InputError, InputProblem
@@ -35,10 +35,8 @@ __all__ = [
     "CONFIG_NAMES",
     "Located",
     "case_files_in",
-    "half_way",
     "is_case_file",
     "iter_cases",
-    "iter_line_cases",
     "load_cases",
     "validate_case",
 ]
@@ -89,18 +87,6 @@ def iter_cases(path: Path) -> Iterator[Case | InputProblem]:
     if not found:
         empty = " (it is empty)" if _is_blank(path) else ""
         yield InputProblem(f"no test cases in this file{empty}", file=str(path))
-
-
-def iter_line_cases(
-    path: Path, start: int = 0, end: int | None = None, first_line: int = 1
-) -> Iterator[Case | InputProblem]:
-    """The cases of bytes `start` to `end` of a .jsonl file read one line at a time (see
-    `half_way`), in order, or the problems found in their place, at their lines."""
-    for item in read_jsonl_lines(path, start, end, first_line):
-        if isinstance(item, InputProblem):
-            yield item
-        else:
-            yield from validate_case(item)
 
 
 def _read_cases(path: Path) -> Iterator[Case | InputProblem]:

@@ -14,8 +14,6 @@ traceback.
 from __future__ import annotations
 
 import json
-import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,65 +80,7 @@ def _json_values(text: str, name: str) -> list[Located] | None:
     return found
 
 
-def read_jsonl_lines(
-    path: Path, start: int = 0, end: int | None = None, first_line: int = 1
-) -> Iterator[Located | InputProblem]:
-    """The cases of a .jsonl file read one line at a time, from byte `start` (the start
-    of line `first_line`) to byte `end` (the start of a line; None for the end of the
-    file): a part of a large file, checked beside the rest (agenttest_submit's
-    split_check.py), is located at the same lines as when the whole file is read."""
-    yield from _iter_json_lines(path, start, end, first_line)
-
-
-def half_way(path: Path) -> tuple[int, int] | None:
-    """(byte, line) where the second half of a .jsonl file read one line at a time
-    starts (the start of the first line past its middle), or None when the file is not
-    read that way (its first case line does not parse: see `read_jsonl`) or its second
-    half is empty."""
-    try:
-        handle = path.open("rb")
-    except OSError:
-        return None
-    with handle:
-        size = os.fstat(handle.fileno()).st_size
-        first = _first_line_end(handle)
-        if first is None:
-            return None
-        if size // 2 > first:
-            handle.seek(size // 2)
-            while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
-                pass  # to the end of the line the middle falls in
-        middle = handle.tell()
-        if middle >= size:
-            return None
-        handle.seek(0)
-        lines, left = 0, middle
-        while left and (chunk := handle.read(min(left, 1 << 22))):
-            lines += chunk.count(b"\n")
-            left -= len(chunk)
-        return middle, lines + 1
-
-
-def _first_line_end(handle: Any) -> int | None:
-    """Where the first non-blank line of a binary file ends, if it is JSON; else None."""
-    for raw in _bounded_lines(handle):
-        if isinstance(raw, InputProblem):
-            return None
-        end: int = handle.tell()
-        text = raw.removeprefix(b"\xef\xbb\xbf").strip()
-        if not text:
-            continue
-        try:
-            json.loads(text)
-        except (ValueError, RecursionError):
-            return None
-        return end
-    return None
-
-
-def _iter_json_lines(
-    path: Path, start: int = 0, end: int | None = None, first_line: int = 1
-) -> Iterator[Located | InputProblem]:
+def _iter_json_lines(path: Path) -> Iterator[Located | InputProblem]:
     name = str(path)
     try:
         handle = path.open("rb")
@@ -148,10 +88,7 @@ def _iter_json_lines(
         yield InputProblem(f"cannot read: {exc.strerror}", file=name)
         return
     with handle:
-        if start:
-            handle.seek(start)
-        lines = _bounded_lines(handle, end - start if end is not None else None)
-        for number, raw in enumerate(lines, start=first_line):
+        for number, raw in enumerate(_bounded_lines(handle), start=1):
             if isinstance(raw, InputProblem):
                 yield InputProblem(raw.message, file=name, line=number)
                 continue
@@ -188,20 +125,13 @@ def _iter_json_lines(
             yield Located(data, name, number)
 
 
-def _bounded_lines(handle: Any, limit: int | None = None) -> Iterator[bytes | InputProblem]:
-    """Lines of a binary file (its next `limit` bytes, ending a line, if given); a line
-    over MAX_CASE_BYTES becomes a problem, unread."""
-    left = math.inf if limit is None else limit
-    while left > 0:
-        line = handle.readline(MAX_CASE_BYTES + 1)
-        if not line:
-            return
-        left -= len(line)
+def _bounded_lines(handle: Any) -> Iterator[bytes | InputProblem]:
+    """Lines of a binary file; a line over MAX_CASE_BYTES becomes a problem, unread."""
+    while line := handle.readline(MAX_CASE_BYTES + 1):
         if len(line) > MAX_CASE_BYTES and not line.endswith(b"\n"):
             size = len(line)
             while chunk := handle.readline(1 << 20):  # skip the rest of the line
                 size += len(chunk)
-                left -= len(chunk)
                 if chunk.endswith(b"\n"):
                     break
             yield InputProblem(

@@ -19,7 +19,6 @@ from agenttest_worker.cases.model import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.store import steps
-from agenttest_worker.untracked import share_fields_sets
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -92,16 +91,10 @@ _options_memo = _Memo(64)
 
 
 def case_of(loaded: steps.LoadedCase) -> Case:
-    made: Case = _cases_memo.get((loaded.run_id, loaded.case_id), lambda: _read_case(loaded))
+    made: Case = _cases_memo.get(
+        (loaded.run_id, loaded.case_id), lambda: validated(Case, loaded.case)
+    )
     return made
-
-
-def _read_case(loaded: steps.LoadedCase) -> Case:
-    # A turn in flight holds its case while it waits on its agent: thousands on a
-    # worker. Nothing changes a stored case, so its models share their fields-sets.
-    case = validated(Case, loaded.case)
-    share_fields_sets(case)
-    return case
 
 
 def validated(model: type[M], document: steps.JsonDocument) -> M:

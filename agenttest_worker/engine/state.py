@@ -19,7 +19,6 @@ from agenttest_worker.results import (
     InputSource,
     TurnResult,
 )
-from agenttest_worker.untracked import UntrackedFields
 
 # A target that keeps calling mocked tools is stopped after this many calls in a turn.
 MAX_TOOL_ROUNDS = 8
@@ -61,7 +60,7 @@ class RunOptions(BaseModel):
     awaiting_tools: list[str] = Field(default_factory=lambda: list(DEFAULT_AWAITING_TOOLS))
 
 
-class PendingInput(UntrackedFields):
+class PendingInput(BaseModel):
     text: str
     source: InputSource
     static_index: int | None = None
@@ -72,13 +71,13 @@ class PendingInput(UntrackedFields):
     prep_calls: list[AgentCallRecord] = Field(default_factory=list)
 
 
-class HumanPrompt(UntrackedFields):
+class HumanPrompt(BaseModel):
     question: str | None
     hint: str | None
     asked_at: float
 
 
-class ConversationState(UntrackedFields):
+class ConversationState(BaseModel):
     case_id: str
     session_id: str
     phase: Phase = "ready"

@@ -9,13 +9,13 @@ way, on the driver connection of its session.
 from __future__ import annotations
 
 import getpass
+import json
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agenttest_worker.json_values import dumps
 from agenttest_worker.store.steps import CaseText
 from agenttest_worker.store.storable import dumps_storable, storable_json
 
@@ -142,7 +142,7 @@ def record_text(case: NewCase) -> str:
 
 def _case_element(case: NewCase) -> str:
     """[case id, test id, seq, agent, record] as JSON (for `ADD_CASES`)."""
-    head = dumps([case.case_id, case.test_id, case.seq, case.agent])
+    head = json.dumps([case.case_id, case.test_id, case.seq, case.agent])
     return f"{head[:-1]}, {record_text(case)}]"
 
 
