@@ -45,7 +45,7 @@ SETTINGS_VARS = {f"AGENTTEST_{name.upper()}" for name in Settings.model_fields}
 # AGENTTEST_* variables that are not Settings fields, and where they are documented.
 DOCUMENTED_EXTRAS = {
     "AGENTTEST_DEMO_URL": SUITE / "agenttest.yaml",
-    "AGENTTEST_SCRIPTS_DIR": ROOT / "README.md",
+    "AGENTTEST_SCRIPTS_DIR": ROOT / "docs" / "fleet.md",
 }
 AGENTTEST_VAR = re.compile(r"\bAGENTTEST_[A-Z0-9_]+\b")
 
@@ -870,8 +870,8 @@ def test_flower_never_starts_without_a_login() -> None:
     assert ref.get("optional", False) is False  # a missing Secret keeps the pod from starting
     user, colon, password = _one("Secret", ref["name"])["stringData"][ref["key"]].partition(":")
     assert user and colon and password
-    readme = (ROOT / "README.md").read_text()
-    assert "Flower never runs without a login" in readme
+    guide = (ROOT / "docs" / "fleet.md").read_text()
+    assert "Flower never runs without a login" in guide
 
 
 def test_k8s_keda_scales_the_workers_on_the_queue() -> None:

@@ -244,9 +244,9 @@ def test_the_console_script_needs_no_database(tmp_path: Path) -> None:
     assert not (tmp_path / ".agenttest").exists()
 
 
-def test_the_readme_wires_the_schemas_it_generates() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Schemas for editors", 1)[1].split("\n## ", 1)[0]
+def test_the_guide_wires_the_schemas_it_generates() -> None:
+    guide = (ROOT / "docs" / "reports.md").read_text(encoding="utf-8")
+    section = guide.split("## Schemas for editors", 1)[1].split("\n## ", 1)[0]
     settings = json.loads(section.split("```json", 1)[1].split("```", 1)[0])
     generated = {
         line.split("> ")[1].strip()
