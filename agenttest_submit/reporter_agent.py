@@ -51,13 +51,17 @@ def reporter_request(report: RunReport) -> AgentRequest:
         "results_included": len(records),
         "results_total": len(report.results),
     }
+    metadata = {"test_mode": "reporter", "run_id": report.run_id, "summary": summary}
+    # The metadata in the prompt too, as the role prompts carry theirs: an agent behind a
+    # hosted API gets no `metadata` field unless its entry asks for it.
+    system = f"{REPORTER_PROMPT}\n\nTest metadata: {json.dumps(metadata, ensure_ascii=False)}"
     return AgentRequest(
         role="reporter",
         messages=[
-            {"role": "system", "content": REPORTER_PROMPT},
+            {"role": "system", "content": system},
             {"role": "user", "content": json.dumps(payload, ensure_ascii=False)},
         ],
-        metadata={"test_mode": "reporter", "run_id": report.run_id, "summary": summary},
+        metadata=metadata,
     )
 
 

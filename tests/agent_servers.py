@@ -43,6 +43,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from agenttest_worker.agents.exchange import close_session
+from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 
 START_TIMEOUT_S = 10.0
@@ -268,7 +269,8 @@ class FickleJudges:
     def __call__(self, request: Received) -> Reply:
         body = request.json
         model = str(body.get("model"))
-        metadata = body.get("metadata") or {}
+        # Where a chat model behind a hosted API reads it: the role prompt.
+        metadata = metadata_of(body)
         if metadata.get("test_mode") != "validator":
             self.targeted += 1
             return Reply(body=completion(self.target_reply, usage=self.USAGE), delay=self.delay)

@@ -64,11 +64,24 @@ def test_request_body_has_model_messages_and_metadata_object(server: AgentServer
         {"role": "user", "content": [{"type": "text", "text": "Hello"}]},
     ]
     metadata = {"locale": "fr", "nested": {"a": [1, 2]}, "flag": True}
-    call(agent(server), messages=messages, metadata=metadata)
+    call(agent(server, metadata="object"), messages=messages, metadata=metadata)
     [request] = server.requests(CHAT)
     assert request.method == "POST"
     assert request.headers["Content-Type"] == "application/json"
-    assert request.json == {"model": "expense", "messages": messages, "metadata": metadata}
+    # OpenAI takes `metadata` only on a completion it stores.
+    assert request.json == {
+        "model": "expense",
+        "messages": messages,
+        "metadata": metadata,
+        "store": True,
+    }
+
+
+def test_by_default_the_body_is_what_chat_completions_takes(server: AgentServer) -> None:
+    server.script(CHAT, Reply(body=completion("hi")))
+    messages = [{"role": "user", "content": "Hello"}]
+    call(agent(server), messages=messages, metadata={"locale": "fr"})
+    assert server.bodies(CHAT)[0] == {"model": "expense", "messages": messages}
 
 
 def test_model_defaults_to_the_agent_name(server: AgentServer) -> None:
@@ -79,8 +92,8 @@ def test_model_defaults_to_the_agent_name(server: AgentServer) -> None:
 
 def test_empty_metadata_is_not_sent(server: AgentServer) -> None:
     server.script(CHAT, Reply(body=completion("hi")))
-    call(agent(server), metadata={})
-    assert "metadata" not in server.bodies(CHAT)[0]
+    call(agent(server, metadata="object"), metadata={})
+    assert not {"metadata", "store"} & server.bodies(CHAT)[0].keys()
 
 
 def test_metadata_none_sends_no_metadata(server: AgentServer) -> None:

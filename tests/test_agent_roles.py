@@ -27,6 +27,7 @@ from agenttest_worker.agents.roles import (
     read_validator_reply,
     simulator_request,
 )
+from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.results import AgentCallRecord
 
 CHAT = "/v1/chat/completions"
@@ -89,7 +90,8 @@ def demo_session(demo_url: str, log: list[AgentCallRecord], **fields: Any) -> Ro
         "workers.test.user-sim": openai(demo_url, "user-sim", **fields),
         "workers.test.validator": openai(demo_url, "validator", **fields),
         "workers.test.generator": openai(demo_url, "generator", **fields),
-        "workers.test.echo": openai(demo_url, "echo", **fields),
+        # Asks for the metadata in the body: the echo shows the whole role request.
+        "workers.test.echo": openai(demo_url, "echo", **{"metadata": "object", **fields}),
     }
     config = ProjectConfig(agents=agents, defaults=Defaults(judge="workers.test.validator"))
     return AgentPool(config).session(log)
@@ -237,8 +239,10 @@ def test_simulator_request_shape_on_the_wire(server: AgentServer) -> None:
     turn = simulate(scripted_session(server, log), "agents:helper", SIM_METADATA)
     assert (turn.input, turn.goal_achieved, turn.reasoning) == ("PO-12345", False, "r")
     [body] = server.bodies(CHAT)
-    assert set(body) == {"model", "messages", "metadata"}  # no tools for a simulator
-    assert body["metadata"] == SIM_METADATA
+    # No tools for a simulator, and no `metadata` field for an openai agent that does not
+    # ask for it: the prompt carries it.
+    assert set(body) == {"model", "messages"}
+    assert metadata_of(body) == SIM_METADATA
     system, *history = body["messages"]
     assert history == FOLDED
     assert system["role"] == "system"
@@ -255,7 +259,7 @@ def test_simulator_request_shape_on_the_wire(server: AgentServer) -> None:
 def test_simulator_metadata_gets_test_mode_and_turn_number(server: AgentServer) -> None:
     server.script(CHAT, Reply(body=completion('{"input": "hi"}')))
     simulate(scripted_session(server, []), "helper", {"persona": "p"})
-    assert server.bodies(CHAT)[0]["metadata"] == {
+    assert metadata_of(server.bodies(CHAT)[0]) == {
         "test_mode": "simulator",
         "turn_number": 3,
         "persona": "p",
@@ -346,7 +350,7 @@ def test_validator_request_shape_on_the_wire(server: AgentServer) -> None:
     outcome = judge(scripted_session(server, []), messages, 'Mentions "expense"')
     assert (outcome.passed, outcome.score, outcome.reason) == (True, 0.9, "ok")
     [body] = server.bodies(CHAT)
-    assert body["metadata"] == {"test_mode": "validator", "criteria": 'Mentions "expense"'}
+    assert metadata_of(body) == {"test_mode": "validator", "criteria": 'Mentions "expense"'}
     system, *rest = body["messages"]
     assert system["role"] == "system"
     assert 'Criteria: Mentions "expense"' in system["content"]
@@ -469,7 +473,7 @@ def test_generator_request_shape_on_the_wire(server: AgentServer) -> None:
     cases = run(scripted_session(server, []).generate("agents:helper", metadata))
     assert cases == [{"id": "X"}]
     [body] = server.bodies(CHAT)
-    assert body["metadata"] == {"test_mode": "generator", **metadata}
+    assert metadata_of(body) == {"test_mode": "generator", **metadata}
     system, user = body["messages"]
     assert system["role"] == "system" and user["role"] == "user"
     for text in [

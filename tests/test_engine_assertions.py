@@ -29,6 +29,7 @@ from scripted_agent import (
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.files import load_cases
 from agenttest_worker.cases.model import Case
+from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.results import AssertionResult
 
@@ -495,7 +496,7 @@ def test_judge_gets_the_spec_validator_request(agent: ScriptedAgent) -> None:
     )
     assert result.passed and result.reason == "fine"
     [request] = agent.requests("judge")
-    assert request["metadata"] == {
+    assert metadata_of(request) == {
         "test_mode": "validator",
         "test_id": "A",
         "criteria": "Answers the question",
@@ -531,8 +532,8 @@ def test_yaml_criteria_use_the_default_judge_over_the_whole_conversation(
     assert [t.assertions[0].passed for t in result.turns] == [True, False]
     assert result.turns[1].assertions[0].reason == "forgot"
     first, second = agent.requests("judge")
-    assert first["metadata"]["criteria"] == "Should acknowledge the name"
-    assert second["metadata"]["criteria"] == "Should remember and respond with Alice"
+    assert metadata_of(first)["criteria"] == "Should acknowledge the name"
+    assert metadata_of(second)["criteria"] == "Should remember and respond with Alice"
     # The second judgement sees the conversation so far, not just the last exchange.
     assert second["messages"][1:] == [
         {"role": "user", "content": "My name is Alice"},

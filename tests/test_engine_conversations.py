@@ -31,6 +31,7 @@ from scripted_agent import (
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.files import load_cases
 from agenttest_worker.cases.model import OnMissingInput
+from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.engine import MAX_TOOL_ROUNDS, NO_NEXT_TURN, RunOptions
 from agenttest_worker.results import CaseResult
 
@@ -53,6 +54,8 @@ def config_for(agent: ScriptedAgent, demo_url: str | None = None, **target: Any)
     if demo_url is not None:
         for model in ("expense", "user-sim", "validator", "echo"):
             agents[model] = demo_entry(demo_url, model)
+        # The echo agent shows the body a target that asks for metadata gets.
+        agents["echo"]["metadata"] = "object"
     return project(agents, defaults={"judge": "judge"})
 
 
@@ -230,7 +233,7 @@ def test_simulator_request_carries_history_and_spec_metadata(agent: ScriptedAgen
         config_for(agent),
     )
     [request] = agent.requests("sim")
-    metadata = request["metadata"]
+    metadata = metadata_of(request)
     assert metadata["test_mode"] == "simulator"
     assert metadata["test_id"] == "SM"
     assert metadata["persona"] == "New employee"
@@ -443,7 +446,7 @@ def test_case_max_turns(agent: ScriptedAgent) -> None:
         3,
     )
     assert len(agent.requests("target")) == 3
-    assert agent.requests("sim")[-1]["metadata"]["max_turns"] == 3
+    assert metadata_of(agent.requests("sim")[-1])["max_turns"] == 3
 
 
 def test_max_turns_below_the_static_turns_fails_the_case(agent: ScriptedAgent) -> None:
@@ -488,7 +491,7 @@ def test_default_max_turns_is_20(agent: ScriptedAgent) -> None:
         "max turns (20) exceeded",
         20,
     )
-    assert agent.requests("sim")[0]["metadata"]["max_turns"] == 20
+    assert metadata_of(agent.requests("sim")[0])["max_turns"] == 20
 
 
 def test_goal_achieved_ends_without_sending_its_input(agent: ScriptedAgent) -> None:
@@ -808,7 +811,7 @@ def test_metadata_is_merged_case_then_turn(agent: ScriptedAgent, demo_url: str) 
                 {"input": "b"},
             ],
         },
-        config_for(agent),
+        config_for(agent, metadata="object"),
     )
     first, second = agent.requests("target")
     assert first["metadata"] == {"scenario": "edge-case", "locale": "fr", "step": 1}

@@ -20,6 +20,7 @@ from scripted_agent import Reply, ScriptedAgent, say
 
 from agenttest_submit.cli import main
 from agenttest_worker.demo import expense, generator
+from agenttest_worker.demo._protocol import metadata_of
 
 DESCRIPTION = "Expense reimbursement assistant"
 TOOLS = ["create_expense", "get_policy"]
@@ -84,7 +85,7 @@ def test_the_generator_agent_gets_the_spec_request_and_its_cases_run(
     assert code == 0, err
 
     [request] = agent.requests("generator")
-    assert request["metadata"] == {
+    assert metadata_of(request) == {
         "test_mode": "generator",
         "target_agent": "assistants.expense",
         "target_description": DESCRIPTION,
@@ -118,7 +119,7 @@ def test_a_bad_generated_case_is_reported_and_left_out_and_the_rest_run(
     source = "agents:workers.test.generator?count=3&include_invalid=true"
     code, _, err = submit(capsys, "-i", source, "-o", "out.jsonl")
     assert code == 0, err
-    assert agent.requests("generator")[0]["metadata"]["include_invalid"] is True
+    assert metadata_of(agent.requests("generator")[0])["include_invalid"] is True
     [warning] = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warning.startswith("warning: generated case 2 (G002) left out: ")
     assert "contanis" in warning

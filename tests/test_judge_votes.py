@@ -23,6 +23,7 @@ from agent_servers import AgentServer, FickleJudges
 from fleet import Fleet, fleet_on
 
 from agenttest_submit.cli import main
+from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.report.judges import (
     JudgeAgreement,
     judge_agreement,
@@ -310,8 +311,8 @@ def test_votes_are_asked_at_once_within_the_judges_rate_limit(project: Project) 
     arrivals: dict[str, list[float]] = {}
     for request in project.server.requests(PATH):
         body = request.json
-        if (body.get("metadata") or {}).get("test_mode") == "validator":
-            arrivals.setdefault(body["metadata"]["test_id"], []).append(request.at)
+        if metadata_of(body).get("test_mode") == "validator":
+            arrivals.setdefault(metadata_of(body)["test_id"], []).append(request.at)
     free, limited = arrivals["free"], arrivals["limited"]
     assert max(free) - min(free) < 0.05, "three asks at once"
     gaps = [b - a for a, b in itertools.pairwise(limited)]

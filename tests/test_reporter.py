@@ -16,6 +16,7 @@ import yaml
 from scripted_agent import Reply, ScriptedAgent, fail, say
 
 from agenttest_submit.cli import main
+from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import results, runs
 
@@ -74,9 +75,9 @@ def test_the_reporter_gets_the_results_and_its_reply_is_stored_and_printed(
     run_id = RUN_ID.search(out).group(1)  # type: ignore[union-attr]
 
     [request] = agent.requests("reporter")
-    assert request["metadata"]["test_mode"] == "reporter"
-    assert request["metadata"]["run_id"] == run_id
-    summary = request["metadata"]["summary"]
+    assert metadata_of(request)["test_mode"] == "reporter"
+    assert metadata_of(request)["run_id"] == run_id
+    summary = metadata_of(request)["summary"]
     assert (summary["total"], summary["passed"], summary["failed"]) == (2, 1, 1)
     payload = json.loads(request["messages"][-1]["content"])
     assert request["messages"][-1]["role"] == "user"

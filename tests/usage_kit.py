@@ -28,6 +28,7 @@ from typing import Any, Self
 
 from scripted_agent import Body, Reply, ScriptedAgent, judge_verdict, last_user_text, say
 
+from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.results import RoleUsage, UsageRole
 
 # Per million tokens: (prompt, completion). The simulator (`sim`) has none.
@@ -163,7 +164,7 @@ class UsageAgents:
                     "total_tokens": prompt + completion,
                 },
             }
-            case = (body.get("metadata") or {}).get("test_id")
+            case = metadata_of(body).get("test_id")
             if model == "target" and case in self.delay:
                 reply.delay = self.delay[case]
             if model == "target" and case in self.held:
@@ -238,7 +239,11 @@ def write_suite(directory: Path, agents: UsageAgents, timeout: float = 10) -> tu
     `timeout` seconds (longer for a test holding an answer back while it looks)."""
     entries: dict[str, Any] = {}
     for model in ("target", "judge", "sim", "gen", "reporter"):
+        # Counted by the case each request names: the target reads it from the body's
+        # metadata (which it asks for), the roles from their prompts.
         entry = agents.server.entry(model, timeout=timeout, max_retries=0)
+        if model == "target":
+            entry["metadata"] = "object"
         if model in PRICING:
             prompt, completion = PRICING[model]
             entry["pricing"] = {"prompt_per_million": prompt, "completion_per_million": completion}

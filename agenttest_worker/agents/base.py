@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from agenttest_worker.results import AgentCallRecord, AgentRole, ToolCall, Usage
 
@@ -34,6 +34,9 @@ class AgentRequest:
     # The spec's context.Options other than metadata and connector (skip, search, mode),
     # sent beside `metadata` as `options` when any is set.
     options: dict[str, Any] = field(default_factory=dict)
+    # Model parameters the case or the role adds to the agent entry's `params` (a
+    # case's temperature for its target, a simulator's for itself).
+    params: dict[str, Any] = field(default_factory=dict)
     # Identifies the conversation to agents that keep their own state.
     session_id: str | None = None
     case_id: str | None = None
@@ -254,12 +257,20 @@ class ClientFactory(Protocol):
 # What an agent of a protocol lacks in its settings, said for the user; None when complete.
 SettingsCheck = Callable[[Any], "str | None"]
 
+# How the case's metadata (and its options) reach an agent's request body: as given, as
+# short strings (what OpenAI's `metadata` takes), or not at all.
+MetadataMode = Literal["object", "strings", "none"]
+
 
 @dataclass(frozen=True)
 class AgentProtocol:
     name: str
     client: ClientFactory
     check: SettingsCheck | None = None
+    # `metadata:` when the agent entry says nothing: hosted APIs refuse a `metadata`
+    # field they do not know (OpenAI's only with `store: true`), so only the generic
+    # http protocol sends it unasked. The role prompts carry it regardless.
+    metadata: MetadataMode = "none"
 
 
 _PROTOCOLS: dict[str, AgentProtocol] = {}
@@ -267,18 +278,20 @@ _PROTOCOLS: dict[str, AgentProtocol] = {}
 FactoryT = TypeVar("FactoryT", bound=ClientFactory)
 
 
-def protocol(name: str, *, check: SettingsCheck | None = None) -> Callable[[FactoryT], FactoryT]:
+def protocol(
+    name: str, *, check: SettingsCheck | None = None, metadata: MetadataMode = "none"
+) -> Callable[[FactoryT], FactoryT]:
     """Register a client class (or factory) under `name`, the `protocol:` agenttest.yaml writes.
 
     The pool calls it as client(agent_name, agent_config, project_config). `check`, given
     an agent's config, says what the protocol needs and it lacks; agenttest.yaml is
-    checked with it when it is loaded.
+    checked with it when it is loaded. `metadata` is the protocol's default `metadata:`.
     """
 
     def decorate(client: FactoryT) -> FactoryT:
         if name in _PROTOCOLS:
             raise ValueError(f"agent protocol {name!r} registered twice")
-        _PROTOCOLS[name] = AgentProtocol(name, client, check)
+        _PROTOCOLS[name] = AgentProtocol(name, client, check, metadata)
         return client
 
     return decorate

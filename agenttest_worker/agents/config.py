@@ -13,7 +13,6 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -25,8 +24,14 @@ from pydantic import (
     model_validator,
 )
 
-from agenttest_worker.agents.base import get_protocol, protocol_choices, protocol_names
+from agenttest_worker.agents.base import (
+    MetadataMode,
+    get_protocol,
+    protocol_choices,
+    protocol_names,
+)
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
+from agenttest_worker.agents.urls import url_problem
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
@@ -35,44 +40,8 @@ from agenttest_worker.yamlfile import LineMap, YamlPath, parse_yaml
 CONFIG_FILENAMES = ("agenttest.yaml", "agenttest.yml")
 DEFAULT_AWAITING_TOOLS = ("request_confirmation", "ask_user", "get_user_input")
 
-MetadataMode = Literal["object", "strings", "none"]
-
-URL_EXAMPLE = "http://127.0.0.1:8700/v1"
-# What a host may be made of (RFC 3986 reg-name, international names as written);
-# a space, a quote or a bracket in it would only fail at call time.
-_HOST_PUNCTUATION = frozenset("-._~%")
-
-
-def url_problem(url: str) -> str | None:
-    """What is wrong with an agent's URL, said for the user; None when it can be called.
-
-    Checked when agenttest.yaml is loaded, so that a typo is an input error with its
-    line, not a failed call retried for every case. The message never repeats the URL:
-    it may hold a secret from the environment.
-    """
-    lead = "not a valid URL: "
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # an unclosed [ of an IPv6 address
-        return f"{lead}it does not parse (write e.g. {URL_EXAMPLE})"
-    if parts.scheme.lower() not in ("http", "https"):
-        return f"{lead}needs http:// or https:// (e.g. {URL_EXAMPLE})"
-    host = parts.hostname
-    if not host:
-        return f"{lead}has no host (e.g. {URL_EXAMPLE})"
-    if not parts.netloc.rpartition("@")[2].startswith("[") and not all(
-        c.isalnum() or c in _HOST_PUNCTUATION for c in host
-    ):
-        return f"{lead}not a valid host name"
-    try:
-        port = parts.port
-    except ValueError as exc:
-        if "out of range" in str(exc):
-            return f"{lead}the port is out of range (1-65535)"
-        return f"{lead}not a valid port (a number, 1-65535)"
-    if port == 0:
-        return f"{lead}the port is out of range (1-65535)"
-    return None
+# What the runner writes into a request body itself: a `params` entry may not replace it.
+OWNED_BODY_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "system"})
 
 
 class _Strict(BaseModel):
@@ -176,7 +145,12 @@ class AgentConfig(_Strict):
     # The first retry waits about this long, doubling with each attempt (with jitter, up
     # to 30 s; a Retry-After from the agent wins). Mostly for tests and local agents.
     base_delay: float = 0.5
-    metadata: MetadataMode = "object"
+    # None: the protocol's default (object for http, none for the hosted APIs).
+    metadata: MetadataMode | None = None
+    # Model parameters, added to the request body under the provider's own names
+    # (temperature, seed, max_completion_tokens, response_format, ...). Unknown keys are
+    # passed through: providers add parameters every month.
+    params: dict[str, Any] = Field(default_factory=dict)
     description: str | None = None
     tools: list[Any] = Field(default_factory=list)
     method: Literal["POST", "PUT"] = "POST"
@@ -234,6 +208,18 @@ class AgentConfig(_Strict):
             raise ValueError(f"{use!r}: a script agent uses scripts:NAME")
         return str(ref)
 
+    @field_validator("params")
+    @classmethod
+    def _params_not_owned(cls, params: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted(OWNED_BODY_FIELDS & params.keys())
+        if owned:
+            raise ValueError(
+                f"{', '.join(owned)} cannot be a param: the runner writes "
+                + ("it" if len(owned) == 1 else "them")
+                + " (the model is `model:`, streaming is `stream:`)"
+            )
+        return params
+
     @model_validator(mode="after")
     def _complete(self) -> AgentConfig:
         """What the agent's protocol needs of its settings (base_url, url, use, ...)."""
@@ -242,6 +228,13 @@ class AgentConfig(_Strict):
         if problem:
             raise ValueError(problem)
         return self
+
+    def metadata_mode(self) -> MetadataMode:
+        """How this agent gets the case's metadata: as its entry says, else as its
+        protocol does by default."""
+        if self.metadata is not None:
+            return self.metadata
+        return get_protocol(self.protocol).metadata
 
     def api_key(self) -> str | None:
         """The key from the environment at call time (never stored, never logged)."""

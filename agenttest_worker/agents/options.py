@@ -26,6 +26,9 @@ class Options(BaseModel):
     search: Any = None
     mode: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Model parameters for the agent these options go to (a case's or a turn's for its
+    # target, a simulator's for itself), over the agent entry's `params`.
+    params: dict[str, Any] = Field(default_factory=dict)
 
     def for_agent(self) -> dict[str, Any]:
         """What is sent to the agent as `options`, beside `metadata`: skip, search and
@@ -46,7 +49,8 @@ _NO_OPTIONS = Options()
 
 
 def merge_options(*layers: Options | None) -> Options:
-    """Merge options outer to inner (case < turn): scalars are replaced, metadata is merged.
+    """Merge options outer to inner (case < turn): scalars are replaced, metadata and params
+    are merged key by key.
 
     One layer alone is returned as it is, and none as one shared empty Options (they are
     frozen; callers copy the metadata they change): a turn waiting on its agent then
@@ -61,6 +65,7 @@ def merge_options(*layers: Options | None) -> Options:
     search: Any = None
     mode: str | None = None
     metadata: dict[str, Any] = {}
+    params: dict[str, Any] = {}
     for layer in layers:
         if layer is None:
             continue
@@ -69,4 +74,7 @@ def merge_options(*layers: Options | None) -> Options:
         search = layer.search if layer.search is not None else search
         mode = layer.mode if layer.mode is not None else mode
         metadata = {**metadata, **layer.metadata}
-    return Options(connector=connector, skip=skip, search=search, mode=mode, metadata=metadata)
+        params = {**params, **layer.params}
+    return Options(
+        connector=connector, skip=skip, search=search, mode=mode, metadata=metadata, params=params
+    )

@@ -92,6 +92,7 @@ class RoleSession:
         session_id: str | None,
         case_id: str,
         turn: int,
+        params: dict[str, Any] | None = None,
     ) -> SimulatorTurn:
         """The simulator's next user input; AgentError when it fails or replies junk.
 
@@ -126,6 +127,7 @@ class RoleSession:
             except ReplyParseError as exc:
                 raise parse_failure("simulator", str(ref), exc, self.log[-1]) from exc
         request = simulator_request(history, metadata, session_id, case_id, turn)
+        request.params = params or {}
         reply = await self.call(ref.id, request)
         try:
             return read_simulator_reply(reply.content)

@@ -99,6 +99,7 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
             session_id=state.session_id,
             case_id=case.id,
             turn=state.turns_run + 1,
+            params=simulator_options.params if simulator_options else {},
         )
     except AgentError as exc:
         elapsed = int((time.monotonic() - started) * 1000)

@@ -101,6 +101,7 @@ class _TargetCall:
     agent: str
     metadata: dict[str, Any]
     options: dict[str, Any]
+    params: dict[str, Any]
     mocks: dict[str, Any]
 
 
@@ -201,6 +202,7 @@ def _target_request(
         messages=state.messages,
         metadata=target.metadata,
         options=target.options,
+        params=target.params,
         session_id=state.session_id,
         case_id=case.id,
         turn=turn_no,
@@ -320,6 +322,7 @@ async def _turn_body(
             agent=target_for(case, options, pool, pending.static_index),
             metadata=dict(sent.metadata),
             options=sent.for_agent(),
+            params=sent.params,
             mocks=_mocks(case, pending),
         )
         reply = await _call_target(case, state, roles, target, turn.turn, work)

@@ -207,6 +207,9 @@ class AnthropicClient(JsonAgentClient):
             body["tools"] = tools(self.config.tools)
         if self.config.stream:
             body["stream"] = True
+        # The Messages API's own names: max_tokens, stop_sequences, thinking, temperature,
+        # top_p, ... (`max_tokens` here wins over the entry's max_tokens).
+        body.update(self.params(request))
         return body
 
     def parse(self, data: Any) -> AgentReply:

@@ -4,9 +4,11 @@ The request body is `request` from agenttest.yaml with placeholders filled in. A
 that is exactly "{{name}}" becomes the value itself (a list, an object); inside longer
 strings a placeholder becomes text. Placeholders: input (the last user message),
 messages (the Chat Completions history), metadata, options (the case's skip, search and
-mode; {} when none is set), session_id, case_id, turn, role, attachments ([{type,
-source, name}]). Without a template the body is {"input", "messages", "metadata",
-"session_id", "attachments"}, and "options" beside "metadata" when any is set.
+mode; {} when none is set), params (the model parameters, {} when none), session_id,
+case_id, turn, role, attachments ([{type, source, name}]). Without a template the body
+is {"input", "messages", "metadata", "session_id", "attachments"}, "options" beside
+"metadata" when any is set, and each of `params` as a key of its own. `metadata: none`
+sends neither metadata nor options.
 
 Reply fields are read with the JSONPaths under `response` (content, tool_calls,
 awaiting_input, input_hint, state). An agent that answers in the spec's explicit
@@ -203,7 +205,7 @@ class EventAssembler:
         return reply
 
 
-@protocol("http", check=needs_url)
+@protocol("http", check=needs_url, metadata="object")
 class HttpAgentClient(JsonAgentClient):
     def __init__(
         self, name: str, config: AgentConfig, project: ProjectConfig | None = None
@@ -216,12 +218,16 @@ class HttpAgentClient(JsonAgentClient):
             self.history_when = config.history.when
 
     def body(self, request: AgentRequest) -> Any:
-        metadata = request.metadata if self.config.metadata != "none" else {}
+        sends = self.sends_metadata()
+        metadata = request.metadata if sends else {}
+        options = request.options if sends else {}
+        params = self.params(request)
         values = {
             "input": last_user_text(request.messages),
             "messages": request.messages,
             "metadata": metadata,
-            "options": request.options,
+            "options": options,
+            "params": params,
             "session_id": request.session_id,
             "case_id": request.case_id,
             "turn": request.turn,
@@ -229,10 +235,13 @@ class HttpAgentClient(JsonAgentClient):
             "attachments": attachments_of(request.messages),
         }
         body = render(self.template, values)
-        if self.template is DEFAULT_TEMPLATE and request.options:
+        if self.template is DEFAULT_TEMPLATE:
             # Left out when empty, so the default body stays as it was for cases that
-            # set no options (the spec's Go struct writes them `omitempty`).
-            body["options"] = request.options
+            # set no options (the spec's Go struct writes them `omitempty`); params are
+            # the body's own keys, as a provider names them.
+            if options:
+                body["options"] = options
+            body.update(params)
         return body
 
     def parse(self, data: Any) -> AgentReply:

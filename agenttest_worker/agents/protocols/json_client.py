@@ -46,6 +46,17 @@ class JsonAgentClient:
     def body(self, request: AgentRequest) -> Any:
         raise NotImplementedError
 
+    def params(self, request: AgentRequest) -> dict[str, Any]:
+        """The model parameters for this request: the agent entry's `params`, then what
+        the case or the role adds (a key given twice takes the later value)."""
+        if not request.params:
+            return self.config.params
+        return {**self.config.params, **request.params}
+
+    def sends_metadata(self) -> bool:
+        """Whether the case's metadata and options go into the body (`metadata:`)."""
+        return self.config.metadata_mode() != "none"
+
     def parse(self, data: Any) -> AgentReply:
         raise NotImplementedError
 

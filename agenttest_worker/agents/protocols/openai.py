@@ -1,9 +1,12 @@
 """The `openai` protocol: Chat Completions over HTTP.
 
-Metadata travels in the body as `metadata`. Hosted APIs accept only a few short string
-values there, so an agent may say `metadata: strings` (values JSON-encoded, at most 16
-keys of 64 characters and values of 512, as OpenAI allows) or `metadata: none`. The
-case's other options (skip, search, mode) travel beside it as an extra `options` field.
+The case's metadata is not sent unless the agent entry asks (`metadata: object`, or
+`strings`: values JSON-encoded, at most 16 keys of 64 characters and values of 512, as
+OpenAI allows): the API refuses `metadata` without `store: true`, which `metadata:
+object` or `strings` therefore also sends unless `params` sets `store`. The case's other
+options (skip, search, mode) travel beside it then, as an extra `options` field. `params`
+are added to the body under their Chat Completions names (temperature, seed,
+max_completion_tokens, response_format, tool_choice, stop, reasoning_effort, ...).
 Replies may carry non-standard `awaiting_input`, `input_hint` and `state` fields, at
 the top level or on the message; agents that declare their state that way are believed.
 
@@ -23,11 +26,12 @@ from agenttest_worker.agents.base import (
     AgentError,
     AgentReply,
     AgentRequest,
+    MetadataMode,
     protocol,
     read_tool_calls,
     text_of,
 )
-from agenttest_worker.agents.config import AgentConfig, MetadataMode
+from agenttest_worker.agents.config import AgentConfig
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.agents.streaming import (
     StreamEvent,
@@ -97,10 +101,13 @@ class OpenAIClient(JsonAgentClient):
             "model": self.config.model or self.name,
             "messages": request.messages,
         }
-        metadata = encode_metadata(request.metadata, self.config.metadata)
+        mode = self.config.metadata_mode()
+        metadata = encode_metadata(request.metadata, mode)
         if metadata is not None:
             body["metadata"] = metadata
-        if request.options:
+            # OpenAI takes `metadata` only on completions it stores.
+            body["store"] = True
+        if request.options and mode != "none":
             # Not a Chat Completions field: an extra body field for agents that read the
             # spec's context.Options (skip, search, mode), sent only when a case sets one.
             body["options"] = request.options
@@ -109,6 +116,7 @@ class OpenAIClient(JsonAgentClient):
         if self.config.stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
+        body.update(self.params(request))
         return body
 
     def parse(self, data: Any) -> AgentReply:
