@@ -41,8 +41,6 @@ from billiard.einfo import ExceptionInfo
 from celery.concurrency.base import BasePool, apply_target
 from kombu.utils.encoding import safe_repr
 
-from agenttest_worker.heap import HeapTrimmer
-
 T = TypeVar("T")
 
 log = logging.getLogger("agenttest.pool")
@@ -151,9 +149,6 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         self._thread: threading.Thread | None = None
         self._playing: set[asyncio.Task[Any]] = set()
         self._idle: asyncio.Event | None = None
-        # Thousands of turns in flight leave the C heap full of free pages once they
-        # move on: returned to the system as they go (heap.py).
-        self._heap = HeapTrimmer()
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -177,7 +172,6 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         )
         self._thread.start()
         ready.wait()
-        self._heap.start()
         _trace_log.addFilter(_DROP_DEFERRED)
         _active = self
 
@@ -213,7 +207,6 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
-            self._heap.stop()
             for threads in (self._task_threads, self.store_threads):
                 if threads is not None:
                     threads.shutdown(wait=not cancel, cancel_futures=cancel)
