@@ -114,6 +114,7 @@ def test_the_attributes_and_constants_the_pool_relies_on_are_there() -> None:
     assert isinstance(inspect.getattr_static(base.BasePool, "signal_safe"), bool)
     pool = TaskPool(7, app=app, timeout=None)
     assert (pool.limit, pool.options, pool.app) == (7, {"timeout": None}, app)
+    assert (pool.info["max-concurrency"], pool.info["in-flight"]) == (7, 0)
     # The lines the pool logs as Celery's tracer would, with the context it gives them.
     keys = re.compile(r"%\((\w+)\)s")
     assert set(keys.findall(trace.LOG_SUCCESS)) == {"name", "id", "runtime", "return_value"}
