@@ -32,12 +32,12 @@ from agenttest_worker.agents.exchange import (
     connections_for,
     needs_aiohttp,
 )
+from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
     answer_human,
     end_refused,
-    run_step,
 )
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
@@ -236,7 +236,8 @@ async def _drive(
                 advance = await reply(case_id)
                 waiting = False
             else:
-                advance = await run_step(store, pools, run_id, case_id, turn, None)
+                at = TurnAddress(run_id, case_id, turn, None)
+                advance = await run_step(store, pools, at, inline)
                 if advance.awaiting_human:
                     advance = await reply(case_id)
             write()
@@ -259,7 +260,8 @@ async def _drive(
             loaded = store.load_case(run_id, case_id)
             if loaded is None or loaded.phase not in ("pending", "ready"):
                 continue
-            advance = await run_step(store, pools, run_id, case_id, loaded.next_turn, None)
+            at = TurnAddress(run_id, case_id, loaded.next_turn, None)
+            advance = await run_step(store, pools, at, inline)
             if advance.case_done:
                 progress.case_done(advance.status)
 

@@ -5,7 +5,7 @@ conversation, delivered to the same process for the first time, plays on it with
 the read every turn otherwise starts with, and its save checks what the read would
 have: that nothing wrote the conversation since and that the run is not cancelled.
 Shown against a real Postgres store and an agent over HTTP, through the fleet's own
-step (`run_step_offloaded`), its store calls run inline instead of on the pool's
+step (`loop_step.run_step`), its store calls run inline instead of on the pool's
 threads. Whatever path each turn takes, the conversation ends with the same record.
 """
 
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from agent_servers import AgentServer
@@ -28,15 +27,13 @@ from test_state_cache import (
     play_turn_2_elsewhere,
 )
 
-from agenttest_worker.driver.loop_step import TurnAddress, run_step_offloaded
+from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import runs, steps, usage
 from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.kept_states import KEPT
-
-T = TypeVar("T")
 
 
 @pytest.fixture
@@ -56,11 +53,6 @@ class CountingStore(SqlStore):
         return super().load_case(*args, **kwargs)
 
 
-async def _inline(fn: Callable[..., T], /, *args: Any) -> T:
-    """The pool's offload, run on the calling thread."""
-    return fn(*args)
-
-
 def _step(store: SqlStore, run_id: str, turn: int, *, redelivered: bool = False) -> Advance:
     from agenttest_worker.agents.exchange import close_session
 
@@ -69,7 +61,7 @@ def _step(store: SqlStore, run_id: str, turn: int, *, redelivered: bool = False)
 
     async def step() -> Advance:
         try:
-            return await run_step_offloaded(store, PoolCache(), address, _inline, followed.append)
+            return await run_step(store, PoolCache(), address, inline, followed.append)
         finally:
             await close_session()
 

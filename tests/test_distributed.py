@@ -404,11 +404,13 @@ def _worker_step(database_url: str, run_id: str, case_id: str, turn: int) -> Any
     import asyncio
 
     from agenttest_worker.agents.exchange import close_session
-    from agenttest_worker.driver.step import PoolCache, run_step
+    from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
+    from agenttest_worker.driver.step import PoolCache
 
     async def step() -> Any:
         try:
-            return await run_step(SqlStore(database_url), PoolCache(), run_id, case_id, turn, 3)
+            at = TurnAddress(run_id, case_id, turn, 3)
+            return await run_step(SqlStore(database_url), PoolCache(), at, inline)
         finally:
             await close_session()
 

@@ -109,6 +109,43 @@ def test_a_warm_shutdown_lets_the_turns_in_flight_finish(
     assert [s.worker for s in agent.seen()] == ["first"] * 10
 
 
+@pytest.mark.fleet
+def test_a_worker_asked_for_celery_time_limits_refuses_to_start_and_says_what_to_use(
+    fleet: Fleet,
+) -> None:
+    """A coroutine cannot be stopped by Celery's time limits (a signal to a child
+    process): the worker names each one it was given and leaves with EX_USAGE."""
+    worker = fleet.start(
+        "limited", wait=False, args=("--time-limit", "30", "--soft-time-limit", "20")
+    )
+    assert worker.process.wait(60) == 64
+    log = worker.log()
+    assert "cannot honour Celery's time limits" in log
+    assert "task_time_limit / --time-limit (30 s)" in log
+    assert "task_soft_time_limit / --soft-time-limit (20 s)" in log
+    assert "--turn-timeout and --timeout, and a run's --deadline" in log
+    assert " ready." not in log
+    assert "Traceback" not in log
+
+
+def test_a_task_declaring_a_time_limit_is_refused_too(caplog: pytest.LogCaptureFixture) -> None:
+    from celery import Celery
+
+    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.loop_pool import TaskPool, refuse_time_limits
+
+    refuse_time_limits(TaskPool(1, app=app))  # the fleet's own tasks declare none
+    limited = Celery("limited", broker="memory://")
+
+    @limited.task(name="limited.slow", soft_time_limit=5)
+    def slow() -> None: ...
+
+    with pytest.raises(SystemExit) as leaving:
+        refuse_time_limits(TaskPool(1, app=limited))
+    assert leaving.value.code == 64
+    assert "task limited.slow's soft_time_limit (5 s)" in caplog.text
+
+
 def test_the_open_files_limit_is_raised_toward_the_turns_in_flight() -> None:
     import resource
 

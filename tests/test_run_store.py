@@ -25,7 +25,8 @@ from agenttest_submit.progress import Progress
 from agenttest_submit.runner import run_options, store_records, store_run
 from agenttest_submit.storing import write_run
 from agenttest_worker.agents.config import load_config
-from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare, run_step
+from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
+from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare
 from agenttest_worker.engine import HumanPrompt, RunOptions
 from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Usage
@@ -74,7 +75,8 @@ def step(db: str, run_id: str, case_id: str, turn: int) -> Any:
         from agenttest_worker.agents.exchange import close_session
 
         try:
-            return await run_step(SqlStore(db), PoolCache(), run_id, case_id, turn, None)
+            at = TurnAddress(run_id, case_id, turn, None)
+            return await run_step(SqlStore(db), PoolCache(), at, inline)
         finally:
             await close_session()
 
@@ -396,7 +398,8 @@ def step_in(store: BufferedStore, case_id: str, turn: int) -> Any:
         from agenttest_worker.agents.exchange import close_session
 
         try:
-            return await run_step(store, PoolCache(), store.run_id, case_id, turn, None)
+            at = TurnAddress(store.run_id, case_id, turn, None)
+            return await run_step(store, PoolCache(), at, inline)
         finally:
             await close_session()
 

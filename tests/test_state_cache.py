@@ -91,11 +91,13 @@ def _step(store: SqlStore, run_id: str, case_id: str, turn: int) -> Any:
     import asyncio
 
     from agenttest_worker.agents.exchange import close_session
-    from agenttest_worker.driver.step import PoolCache, run_step
+    from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
+    from agenttest_worker.driver.step import PoolCache
 
     async def step() -> Any:
         try:
-            return await run_step(store, PoolCache(), run_id, case_id, turn, 3)
+            at = TurnAddress(run_id, case_id, turn, 3)
+            return await run_step(store, PoolCache(), at, inline)
         finally:
             await close_session()
 
@@ -282,12 +284,14 @@ def play_turn_2_elsewhere(database_url: str, run_id: str) -> None:
 _OTHER_WORKER = """
 import asyncio, sys
 from agenttest_worker.agents.exchange import close_session
-from agenttest_worker.driver.step import PoolCache, run_step
+from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
+from agenttest_worker.driver.step import PoolCache
 from agenttest_worker.store.base import SqlStore
 
 async def main():
     try:
-        return await run_step(SqlStore(sys.argv[1]), PoolCache(), sys.argv[2], "K1", 2, 3)
+        at = TurnAddress(sys.argv[2], "K1", 2, 3)
+        return await run_step(SqlStore(sys.argv[1]), PoolCache(), at, inline)
     finally:
         await close_session()
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from test_run_store import fresh_suite, stored_suite
 
-from agenttest_worker.driver.step import Advance, PoolCache, run_step
+from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
+from agenttest_worker.driver.step import Advance, PoolCache
 from agenttest_worker.results import RoleUsage
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import runs, usage
@@ -33,7 +34,8 @@ def _played(store: ConversationStore, run_id: str, case_id: str, copies: int) ->
 
         pools = PoolCache()
         try:
-            plays = (run_step(store, pools, run_id, case_id, 1, None) for _ in range(copies))
+            at = TurnAddress(run_id, case_id, 1, None)
+            plays = (run_step(store, pools, at, inline) for _ in range(copies))
             return list(await asyncio.gather(*plays))
         finally:
             await close_session()

@@ -10,7 +10,7 @@ Importing it imports no SQLAlchemy: the store it is handed brings its own.
 
 from agenttest_worker.driver.budget import budget_spent
 from agenttest_worker.driver.rejudge import reevaluate
-from agenttest_worker.driver.step import Advance, PoolCache, answer_human, run_step, run_step_sync
+from agenttest_worker.driver.step import Advance, PoolCache, answer_human, run_step_sync
 
 __all__ = [
     "Advance",
@@ -18,6 +18,5 @@ __all__ = [
     "answer_human",
     "budget_spent",
     "reevaluate",
-    "run_step",
     "run_step_sync",
 ]

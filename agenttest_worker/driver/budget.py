@@ -79,25 +79,16 @@ def reserve_sync(store: ConversationStore, loaded: LoadedCase, options: RunOptio
     return _refused(options, found)
 
 
-async def reserve(store: ConversationStore, loaded: LoadedCase, options: RunOptions) -> str | None:
-    """`reserve_sync` on an event loop (the embedded runner): the wait lets the other
-    conversations, the first turn among them, go on."""
-    if not options.budgeted:
-        return None
-    give_up = time.monotonic() + FIRST_TURN_WAIT
-    while (found := _reserve(store, loaded, options, give_up)).outcome == "wait":
-        await asyncio.sleep(WAIT_TICK)
-    return _refused(options, found)
-
-
-async def reserve_offloaded(
+async def reserve(
     store: ConversationStore,
     loaded: LoadedCase,
     options: RunOptions,
     offload: Callable[..., Awaitable[Reservation]],
 ) -> str | None:
-    """`reserve_sync` for a turn played on a worker's event loop: the store is asked on
-    a thread (`offload`), and the wait is a sleep on the loop, marked alive meanwhile."""
+    """`reserve_sync` for a step played on an event loop (driver/loop_step.py): the store
+    is asked through `offload`, and the wait is a sleep on the loop, which lets the other
+    conversations, the first turn among them, go on; a fleet's turn is marked alive
+    meanwhile."""
     if not options.budgeted:
         return None
     give_up = time.monotonic() + FIRST_TURN_WAIT

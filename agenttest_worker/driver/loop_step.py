@@ -1,6 +1,10 @@
-"""A fleet step played on a worker's event loop (fleet/loop_pool.py): the same step as
-`step.run_step_sync`, with the agent calls awaited on the loop beside every other turn
-in flight and the store's blocking calls handed to a few threads (`Offload`)."""
+"""One step of a conversation played on an event loop: the embedded runner's (every
+conversation on the submitter's loop, agenttest_submit/embedded.py) and the fleet's
+(every turn in flight on a worker's loop, fleet/loop_pool.py). The step is the same; what
+differs is where the store's calls run, which the caller says with `offload`: on a
+worker, whose store blocks (Postgres, Redis), a few threads beside the loop
+(loop_pool.offload); in the embedded runner, whose store answers from memory and writes
+on a thread of its own (store/buffered.py), the loop's own thread (`inline`)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from agenttest_worker.driver.step import (
     _stopped,
     commit_or_fail,
     end_without_running,
-    play_on_fleet,
+    play,
     prepare,
 )
 from agenttest_worker.engine import ConversationState
@@ -28,28 +32,45 @@ T = TypeVar("T")
 
 
 class Offload(Protocol):
-    """Runs a blocking call off the event loop (a thread of a small pool)."""
+    """Runs one of the store's calls, `fn(*args)`, where it may block."""
 
     def __call__(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]: ...
 
 
-async def run_step_offloaded(
+async def inline(fn: Callable[..., T], /, *args: Any) -> T:
+    """The store's call made on the loop's own thread: for a store that never blocks it."""
+    return fn(*args)
+
+
+@dataclass(frozen=True)
+class TurnAddress:
+    """Which turn a step plays, and how it was delivered (a fleet's message)."""
+
+    run_id: str
+    case_id: str
+    turn: int
+    # How many deliveries of a turn that ran alone may die with their worker (None: the
+    # embedded runner, where nothing is delivered again).
+    max_deliveries: int | None
+    redelivered: bool = False
+
+
+async def run_step(
     store: ConversationStore,
     pools: PoolCache,
     turn: TurnAddress,
     offload: Offload,
     then: Callable[[Advance], None] | None = None,
 ) -> Advance:
-    """One step of a fleet turn played on the worker's event loop (fleet/loop_pool.py).
+    """Load the conversation, play turn `turn` of it and save it; say what comes next.
 
-    The agent calls run on the loop, beside every other turn in flight; the store's
-    calls are blocking and go through `offload` (a few threads), so that a database
-    round trip never stops the loop. `then(advance)` runs on the same thread right
-    after the save (the fleet publishes what comes next there: one hand-off, not two).
-    A continuing turn whose conversation this process kept plays without reading it
-    first (continuing.py). Otherwise the same step as `run_step_sync`."""
+    The agent calls are awaited on the loop, beside every other conversation in flight;
+    the store's calls go through `offload`. `then(advance)` runs on the store's side
+    right after the save (the fleet publishes what comes next there: one hand-off, not
+    two). A continuing turn whose conversation this process kept plays without reading
+    it first (continuing.py)."""
     if not turn.redelivered and (kept := continuing(turn.run_id, turn.case_id, turn.turn)):
-        played = await play_on_fleet(pools, kept)
+        played = await play(pools, kept)
         landed = await offload(_save, store, kept, played, then, True)
         if landed is not None:
             return landed
@@ -69,11 +90,11 @@ async def run_step_offloaded(
         return prepared
     state = _stopped(prepared, turn.max_deliveries)
     if state is None and (
-        spent := await budget.reserve_offloaded(store, prepared.loaded, prepared.options, offload)
+        spent := await budget.reserve(store, prepared.loaded, prepared.options, offload)
     ):
         state = end_without_running(prepared, "skip", spent)
     if state is None:
-        state = await play_on_fleet(pools, prepared)
+        state = await play(pools, prepared)
     saved = await offload(_save, store, prepared, state, then, False)
     assert saved is not None
     return saved
@@ -86,7 +107,7 @@ def _save(
     then: Callable[[Advance], None] | None,
     only_if_saved: bool,
 ) -> Advance | None:
-    """Save the step and hand what comes next to `then`, on a store thread; None (and
+    """Save the step and hand what comes next to `then`, on the store's side; None (and
     nothing handed on) when `only_if_saved` and the step was not saved."""
     advance = _after_commit(store, prepared, commit_or_fail(store, prepared, state))
     if only_if_saved and not advance.saved:
@@ -94,14 +115,3 @@ def _save(
     if then is not None:
         then(advance)
     return advance
-
-
-@dataclass(frozen=True)
-class TurnAddress:
-    """Which turn a fleet step plays, and how it was delivered."""
-
-    run_id: str
-    case_id: str
-    turn: int
-    max_deliveries: int | None
-    redelivered: bool = False

@@ -177,7 +177,7 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
 DEADLINE_PASSED = "run deadline passed before this case finished"
 
 
-# `execute`, `execute_until_deadline` and `play_on_fleet` hand back the engine's
+# `execute`, `execute_until_deadline` and `play` hand back the engine's
 # coroutine rather than awaiting it in one of their own: a coroutine per layer is a
 # frame held by every turn waiting on its agent, thousands of them on a worker.
 
@@ -442,13 +442,13 @@ def run_step_sync(
     if state is None and (spent := budget.reserve_sync(store, prepared.loaded, prepared.options)):
         state = end_without_running(prepared, "skip", spent)
     if state is None:
-        state = run_sync(play_on_fleet(pools, prepared))
+        state = run_sync(play(pools, prepared))
     return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
 
 
-def play_on_fleet(pools: PoolCache, prepared: Prepared) -> Coroutine[Any, Any, ConversationState]:
-    """The turn of a fleet step once it may run: played with the run's agents until the
-    run's --deadline, or ended failed when this worker cannot read its agenttest.yaml."""
+def play(pools: PoolCache, prepared: Prepared) -> Coroutine[Any, Any, ConversationState]:
+    """The turn of a step once it may run: played with the run's agents until the run's
+    --deadline, or ended failed when this process cannot read its agenttest.yaml."""
     pool = _pool_or_failure(pools, prepared)
     if isinstance(pool, ConversationState):
         return _ready(pool)
@@ -457,27 +457,6 @@ def play_on_fleet(pools: PoolCache, prepared: Prepared) -> Coroutine[Any, Any, C
 
 async def _ready(state: ConversationState) -> ConversationState:
     return state
-
-
-async def run_step(
-    store: ConversationStore,
-    pools: PoolCache,
-    run_id: str,
-    case_id: str,
-    turn: int,
-    max_deliveries: int | None,
-) -> Advance:
-    """The same step from inside an event loop (the embedded runner)."""
-    prepared = prepare(store, run_id, case_id, turn, max_deliveries)
-    if isinstance(prepared, Advance):
-        return prepared
-    state = _stopped(prepared, max_deliveries)
-    if state is None and (spent := await budget.reserve(store, prepared.loaded, prepared.options)):
-        state = end_without_running(prepared, "skip", spent)
-    if state is None:
-        pool = _pool_or_failure(pools, prepared)
-        state = pool if isinstance(pool, ConversationState) else await execute(prepared, pool)
-    return _after_commit(store, prepared, commit_or_fail(store, prepared, state))
 
 
 def _pool_or_failure(pools: PoolCache, prepared: Prepared) -> AgentPool | ConversationState:

@@ -21,6 +21,16 @@ long aggregation never stalls the loop.
 The loop must never block. The store's calls are blocking (psycopg, Redis), so turns
 hand them to a small thread pool (`offload`); an agent call, a rate-limit wait or a
 retry's back-off is an await on the loop.
+
+Celery's time limits (task_time_limit, task_soft_time_limit, --time-limit,
+--soft-time-limit, a task's time_limit / soft_time_limit) stop a child process or signal
+a thread: a coroutine is neither, so a worker asked for them refuses to start
+(`refuse_time_limits`); turns are bounded by agenttest's own limits.
+
+Supported: Celery 5.6 and 5.7 (with the billiard and kombu they require); pyproject
+pins celery>=5.6,<6. What the pool takes from them through their public names, and what
+it overrides, is listed in tests/test_loop_pool_celery.py, which checks each one's
+signature: a Celery release that changes one fails there, not on a fleet.
 """
 
 from __future__ import annotations
@@ -38,10 +48,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from billiard.einfo import ExceptionInfo
+from celery.app.trace import LOG_FAILURE, LOG_SUCCESS
 from celery.concurrency.base import BasePool, apply_target
+from celery.platforms import EX_USAGE
 from kombu.utils.encoding import safe_repr
-
-from agenttest_worker.heap import HeapTrimmer
 
 T = TypeVar("T")
 
@@ -86,9 +96,6 @@ _trace_log = logging.getLogger("celery.app.trace")
 # One instance: a pool started again in the same process adds it once (addFilter
 # ignores a filter already there).
 _DROP_DEFERRED = _DropDeferred()
-# Celery's line for a task that succeeded (celery.app.trace.LOG_SUCCESS).
-_SUCCEEDED = "Task %(name)s[%(id)s] succeeded in %(runtime)ss: %(return_value)s"
-_FAILED = "Task %(name)s[%(id)s] %(description)s: %(exc)s"  # celery.app.trace.LOG_FAILURE
 
 
 def defer(make: Callable[[], Coroutine[Any, Any, Any]]) -> bool:
@@ -151,14 +158,12 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         self._thread: threading.Thread | None = None
         self._playing: set[asyncio.Task[Any]] = set()
         self._idle: asyncio.Event | None = None
-        # Thousands of turns in flight leave the C heap full of free pages once they
-        # move on: returned to the system as they go (heap.py).
-        self._heap = HeapTrimmer()
 
     # -- lifecycle -------------------------------------------------------------------
 
     def on_start(self) -> None:
         global _active
+        refuse_time_limits(self)
         from agenttest_worker.agents import exchange
 
         # Nothing below the consumer may cap the turns in flight: one connection and
@@ -177,7 +182,6 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         )
         self._thread.start()
         ready.wait()
-        self._heap.start()
         _trace_log.addFilter(_DROP_DEFERRED)
         _active = self
 
@@ -213,7 +217,6 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
-            self._heap.stop()
             for threads in (self._task_threads, self.store_threads):
                 if threads is not None:
                     threads.shutdown(wait=not cancel, cancel_futures=cancel)
@@ -312,7 +315,7 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
                     "runtime": runtime,
                     "return_value": result,
                 }
-                _trace_log.info(_SUCCEEDED, line, extra={"data": line})
+                _trace_log.info(LOG_SUCCESS, line, extra={"data": line})
             callback((0, result, runtime))
             return
         name, task_id = name_and_id
@@ -320,17 +323,50 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
         # acknowledges the message (task_acks_on_failure_or_timeout), as on a thread.
         line = {"name": name, "id": task_id, "description": "raised unexpected"}
         line["exc"] = safe_repr(error)  # type: ignore[no-untyped-call]
-        _trace_log.error(_FAILED, line, exc_info=error, extra={"data": line})
+        _trace_log.error(LOG_FAILURE, line, exc_info=error, extra={"data": line})
         try:
             raise error
         except Exception:
             callback((1, ExceptionInfo(), runtime))
 
-    def _get_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = super()._get_info()
-        info.update({"max-concurrency": self.limit, "in-flight": len(self._playing)})
-        return info
-
     @property
-    def num_processes(self) -> int:
-        return self.limit or 0
+    def info(self) -> dict[str, Any]:
+        """What `celery inspect stats` shows of the pool: the turns in flight too."""
+        return {**super().info, "in-flight": len(self._playing)}
+
+
+# Celery's time limits, as the worker hands them to its pool (`timeout`, `soft_timeout`)
+# and as a task declares them: (pool option, setting, command-line flag, task option).
+_TIME_LIMITS = (
+    ("timeout", "task_time_limit", "--time-limit", "time_limit"),
+    ("soft_timeout", "task_soft_time_limit", "--soft-time-limit", "soft_time_limit"),
+)
+
+
+def refuse_time_limits(pool: BasePool) -> None:
+    """Stop the worker (exit code EX_USAGE, 64) when it is asked for Celery's time limits,
+    which this pool cannot honour, saying which and what bounds a turn instead."""
+    asked = [
+        f"{setting} / {flag} ({pool.options[option]:g} s)"
+        for option, setting, flag, _ in _TIME_LIMITS
+        if pool.options.get(option)
+    ]
+    tasks = pool.app.tasks.values() if pool.app is not None else ()
+    asked += [
+        f"task {task.name}'s {task_option} ({getattr(task, task_option):g} s)"
+        for task in tasks
+        for _, _, _, task_option in _TIME_LIMITS
+        if getattr(task, task_option, None)
+    ]
+    if not asked:
+        return
+    log.critical(
+        "this worker's pool (agenttest's default, which plays turns as coroutines) cannot "
+        "honour Celery's time limits: %s. Leave them unset and bound turns with "
+        "agenttest's own limits: each agent's `timeout` in agenttest.yaml, "
+        "--turn-timeout and --timeout, and a run's --deadline; or run this worker with "
+        "--pool prefork, which enforces Celery's time limits.",
+        "; ".join(asked),
+    )
+    # Celery's worker stops with the code of a SystemExit its start-up raises.
+    raise SystemExit(EX_USAGE)

@@ -22,7 +22,7 @@ from celery.signals import (
 
 from agenttest_worker.agents.waiting import WAITING, current_turn
 from agenttest_worker.driver.event_loops import shutdown
-from agenttest_worker.driver.loop_step import TurnAddress, run_step_offloaded
+from agenttest_worker.driver.loop_step import TurnAddress, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 
 # Connects the signals that serve a worker's metrics when AGENTTEST_METRICS_PORT is
@@ -129,7 +129,7 @@ async def _play_on_loop(address: TurnAddress, in_flight: TurnInFlight) -> str:
     with current_turn(in_flight):
         alone = LOOP_TURNS.alone(waits) if address.redelivered else LOOP_TURNS.shared(waits)
         async with alone:
-            advance = await run_step_offloaded(
+            advance = await run_step(
                 _store(),
                 _pools,
                 address,
