@@ -97,7 +97,6 @@ def _step_params(phase: str) -> dict[str, Any]:
 GUARDS = {
     "running": (sql.SAVE_RUNNING, "ready"),
     "parked": (sql.SAVE_PARKED, "awaiting_human"),
-    "kept": (sql.SAVE_KEPT, "ready"),
 }
 
 

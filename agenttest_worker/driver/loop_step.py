@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agenttest_worker.driver import budget
-from agenttest_worker.driver.continuing import continuing
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
@@ -46,14 +45,7 @@ async def run_step_offloaded(
     calls are blocking and go through `offload` (a few threads), so that a database
     round trip never stops the loop. `then(advance)` runs on the same thread right
     after the save (the fleet publishes what comes next there: one hand-off, not two).
-    A continuing turn whose conversation this process kept plays without reading it
-    first (continuing.py). Otherwise the same step as `run_step_sync`."""
-    if not turn.redelivered and (kept := continuing(turn.run_id, turn.case_id, turn.turn)):
-        played = await play_on_fleet(pools, kept)
-        landed = await offload(_save, store, kept, played, then, True)
-        if landed is not None:
-            return landed
-        # Not saved: read, and decided as any delivery (continuing.py).
+    In all else the same step as `run_step_sync`."""
     prepared = await offload(
         prepare,
         store,
@@ -74,9 +66,7 @@ async def run_step_offloaded(
         state = end_without_running(prepared, "skip", spent)
     if state is None:
         state = await play_on_fleet(pools, prepared)
-    saved = await offload(_save, store, prepared, state, then, False)
-    assert saved is not None
-    return saved
+    return await offload(_save, store, prepared, state, then)
 
 
 def _save(
@@ -84,13 +74,9 @@ def _save(
     prepared: Prepared,
     state: ConversationState,
     then: Callable[[Advance], None] | None,
-    only_if_saved: bool,
-) -> Advance | None:
-    """Save the step and hand what comes next to `then`, on a store thread; None (and
-    nothing handed on) when `only_if_saved` and the step was not saved."""
+) -> Advance:
+    """Save the step and hand what comes next to `then`, on a store thread."""
     advance = _after_commit(store, prepared, commit_or_fail(store, prepared, state))
-    if only_if_saved and not advance.saved:
-        return None
     if then is not None:
         then(advance)
     return advance

@@ -209,24 +209,11 @@ SAVE_PARKED = (
     .where(*_STEP_KEYS, _phase_is(bindparam("b_expected_phase")))
     .values(**_STEP_VALUES)
 )
-# A step played on a kept state without reading the conversation (driver/continuing.py):
-# what that read would have checked, checked here. The row still holds the step this
-# process wrote (nothing wrote the conversation since), and the run is not cancelled.
-SAVE_KEPT = (
-    update(CASES)
-    .where(
-        *_STEP_KEYS,
-        _phase_is("ready"),
-        _KEPT,
-        ~select(RUNS.c.id).where(RUNS.c.id == bindparam("b_run"), RUNS.c.cancelled).exists(),
-    )
-    .values(**_STEP_VALUES)
-)
 
 
-def save_guard(parked: bool, kept: bool) -> Any:
+def save_guard(parked: bool) -> Any:
     """The guarded UPDATE that moves a conversation on (see above)."""
-    return SAVE_PARKED if parked else SAVE_KEPT if kept else SAVE_RUNNING
+    return SAVE_PARKED if parked else SAVE_RUNNING
 
 
 SPEND = (
@@ -413,10 +400,9 @@ def pg_step(
     ended: bool,
     spent: bool,
     records: bool = False,
-    kept: bool = False,
 ) -> Select[Any]:
     """The one statement saving a step on Postgres, with the parts this step needs."""
-    moved = save_guard(parked, kept).returning(CASES.c.case_id).cte("moved")
+    moved = save_guard(parked).returning(CASES.c.case_id).cte("moved")
     if_moved = select(moved.c.case_id).exists()
     ctes = [
         _insert_if_moved(model, param, moved)

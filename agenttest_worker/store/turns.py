@@ -200,8 +200,6 @@ def save_step(engine: Engine, step: Step) -> Saved:
         params["b_result"] = result.model_dump(mode="json")
     if step.expected_phase is not None:
         params["b_expected_phase"] = step.expected_phase
-    if step.kept_token is not None:
-        params["b_known"] = step.kept_token
     rows = step_rows(step.run_id, step.case_id, step.new_turns, step.final_assertions)
     rows.records = record_rows(step)
     tokens, cost = step_spend(step.spend, result)
@@ -224,7 +222,6 @@ def save_step(engine: Engine, step: Step) -> Saved:
             result is not None,
             bool(tokens or cost),
             bool(rows.records),
-            step.kept_token is not None,
         )
         params.update(
             b_turn_rows=rows.turns,
@@ -247,7 +244,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
         )
 
     with engine.begin() as connection:
-        guard = sql.save_guard(step.expected_phase is not None, step.kept_token is not None)
+        guard = sql.save_guard(step.expected_phase is not None)
         if not connection.execute(guard, params).rowcount:
             return _not_moved(SqlAlchemyTurnConnection(connection), key, result)
         sql.insert_step_rows(connection, rows)
