@@ -748,9 +748,9 @@ def test_postgres_and_sqlite_store_the_same_rows_for_each_step(
     assert {row[3] for row in postgres["calls"]} >= {"target", "validator", "simulator"}
 
 
-def test_the_one_statement_save_inserts_every_column_the_row_builders_fill() -> None:
+def test_the_step_statements_insert_every_column_the_row_builders_fill() -> None:
     from agenttest_worker.results import AgentCallRecord, AssertionResult, TurnResult
-    from agenttest_worker.store.models import AgentCallRow, AssertionResultRow
+    from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, TurnRecordRow
 
     verdict = AssertionResult(type="contains", passed=True, reason="ok")
     call = AgentCallRecord(role="target", agent="a", latency_ms=1)
@@ -760,11 +760,25 @@ def test_the_one_statement_save_inserts_every_column_the_row_builders_fill() -> 
         AgentCallRow: steps.call_rows("r", "c", 1, [call]),
     }
     for model, rows in built.items():
-        assert tuple(rows[0]) == turn_statements.ROW_COLUMNS[model], model.__name__
+        names = tuple(name for name, _ in turn_statements.ROW_COLUMNS[model.__tablename__])
+        assert tuple(rows[0]) == names, model.__name__
+    for model in (*built, TurnRecordRow):
+        names = tuple(name for name, _ in turn_statements.ROW_COLUMNS[model.__tablename__])
+        assert set(names) <= set(model.__table__.columns.keys()), model.__name__
 
 
-def test_the_turn_read_names_its_columns_in_order() -> None:
-    for dialect in ("postgresql", "sqlite"):
-        load = turn_statements.load_statement(dialect)
-        names = [column.name for column in load.selected_columns]
-        assert list(turn_statements.LoadedRow._fields) == names, dialect
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_the_turn_read_names_its_columns_in_order(
+    dialect: str, pg_database: str, tmp_path: Path
+) -> None:
+    from sqlalchemy import text
+
+    from agenttest_worker.store.db import get_engine
+
+    database = pg_database if dialect == "postgresql" else f"sqlite:///{tmp_path / 'read.db'}"
+    upgrade(database)
+    with get_engine(database).connect() as connection:
+        read = connection.execute(
+            text(turn_statements.load(dialect)), {"b_run": "r", "b_case": "c", "b_known": None}
+        )
+        assert list(read.keys()) == list(turn_statements.LoadedRow._fields)

@@ -6,7 +6,7 @@ phase. Postgres could serve it from the (run_id, phase) index as well, and did: 
 run's cases, with no statistics yet (or statistics of earlier, smaller runs), both
 indexes look like one row, and the phase index then read every conversation of the run
 in that phase, 10,000 at 10,000 turns in flight (benchmarks/RESULTS.md). Each plan here
-is the one Postgres picks for the text the hot path sends (store/hot_path.py).
+is the one Postgres picks for the text the hot path sends (store/turns.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import ClauseElement
 
 from agenttest_worker.store import turn_statements as sql
 from agenttest_worker.store.db import get_engine, upgrade
-from agenttest_worker.store.hot_path import _compile
 from agenttest_worker.store.new_run import RunWrites
 from agenttest_worker.store.postgres_run import PostgresRunWrites
 from agenttest_worker.store.runs import SqlAlchemyRunWrites
@@ -55,16 +53,13 @@ def database(empty_pg_database: str) -> Iterator[str]:
     get_engine.cache_clear()
 
 
-def _cases_scans(url: str, statement: ClauseElement, params: dict[str, Any]) -> list[Any]:
+def _cases_scans(url: str, statement: str, params: dict[str, Any]) -> list[Any]:
     """The plan nodes that read `cases` when `statement` runs with `params` (rolled back)."""
-    compiled = _compile(statement, get_engine(url))
-    values = compiled.values(params)
     with psycopg.connect(url) as conn:
-        cursor = psycopg.RawCursor(conn)
-        cursor.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + compiled.sql, values)
-        row = cursor.fetchone()
-        assert row is not None
+        explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.for_psycopg(statement)
+        row = conn.execute(explain, params).fetchone()
         conn.rollback()
+    assert row is not None
     plan = row[0] if not isinstance(row[0], str) else json.loads(row[0])
     found: list[Any] = []
 
@@ -78,26 +73,27 @@ def _cases_scans(url: str, statement: ClauseElement, params: dict[str, Any]) -> 
     return found
 
 
-def _step_params(phase: str) -> dict[str, Any]:
+def _step_params(phases: tuple[str, str]) -> dict[str, Any]:
     return {
         "b_run": "big",
         "b_case": "c77",
         "b_turn": 2,
         "b_next": 3,
         "b_phase": "ready",
-        "b_expected_phase": phase,
+        "b_from": phases[0],
+        "b_or_from": phases[1],
         "b_state": None,
         "b_status": None,
         "b_result": None,
         "b_token": "new",
-        "b_known": "t77",
     }
 
 
+# The phases a save may find its conversation in (turns.save_step), and the phase the
+# test's conversations are in.
 GUARDS = {
-    "running": (sql.SAVE_RUNNING, "ready"),
-    "parked": (sql.SAVE_PARKED, "awaiting_human"),
-    "kept": (sql.SAVE_KEPT, "ready"),
+    "running": (("pending", "ready"), "ready"),
+    "parked": (("awaiting_human", "awaiting_human"), "awaiting_human"),
 }
 
 
@@ -117,15 +113,15 @@ def test_a_save_finds_its_row_by_primary_key_with_statistics_of_smaller_runs(
 ) -> None:
     """Statistics of earlier runs, mostly ended, make "this run's conversations in this
     phase" look like one row: the guard's phase is checked on the row the primary key
-    found (turn_statements._phase_is)."""
-    statement, phase = GUARDS[guard]
+    found (turn_statements.SAVE_GUARDED)."""
+    phases, phase = GUARDS[guard]
     with psycopg.connect(database, autocommit=True) as conn:
         for number in range(50):
             _add_run(conn, f"small{number}", 20, "done")
         conn.execute("ANALYZE cases")
         _add_run(conn, "big", IN_FLIGHT, phase)
 
-    _assert_by_primary_key(_cases_scans(database, statement, _step_params(phase)))
+    _assert_by_primary_key(_cases_scans(database, sql.SAVE_GUARDED, _step_params(phases)))
 
 
 @pytest.mark.parametrize("guard", sorted(GUARDS))
@@ -136,7 +132,7 @@ def test_a_run_larger_than_the_statistics_know_has_the_cases_analyzed_as_it_star
     smallest index on run_id for the conversation's read and save. The run's writer
     analyzes the table once the run has started (new_run.statistics_behind), as the
     submitter's storing does."""
-    statement, phase = GUARDS[guard]
+    phases, phase = GUARDS[guard]
     with psycopg.connect(database, autocommit=True) as conn:
         _add_run(conn, "big", IN_FLIGHT, phase)
         known = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'cases'").fetchone()
@@ -148,8 +144,8 @@ def test_a_run_larger_than_the_statistics_know_has_the_cases_analyzed_as_it_star
     finally:
         writes.close()
 
-    _assert_by_primary_key(_cases_scans(database, statement, _step_params(phase)))
-    load = sql.load_statement("postgresql")
+    _assert_by_primary_key(_cases_scans(database, sql.SAVE_GUARDED, _step_params(phases)))
+    load = sql.load("postgresql")
     _assert_by_primary_key(
         _cases_scans(database, load, {"b_run": "big", "b_case": "c77", "b_known": "t77"})
     )

@@ -230,7 +230,7 @@ def test_only_a_lost_connection_counts_as_one(tmp_path: Path) -> None:
 def test_the_turn_statements_replace_a_connection_lost_to_a_restart(
     pg: PostgresServer, tmp_path: Path, demo_url: str
 ) -> None:
-    """The turn's reads and writes run on pooled driver connections (hot_path.py): one
+    """The turn's reads and writes run on pooled driver connections (turns.py): one
     the server dropped while it sat in the pool is thrown away and the statement
     retried on a new one, and every connection goes back to the pool ready for
     transactions again."""

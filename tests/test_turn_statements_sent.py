@@ -1,15 +1,12 @@
-"""The turn's statements as the hot path sends them on Postgres (store/hot_path.py):
-compiled once to `$n` text and sent through psycopg's raw cursor, the step that ends a
-conversation included, whose one statement is longer than psycopg's own cache of
-rewritten statements keeps."""
+"""The turn's statements as the hot path sends them on Postgres (store/turns.py): SQL
+text (store/turn_statements.py) sent through psycopg with its own placeholders, the
+step that ends a conversation included, saved whole by its one statement."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import psycopg
-import pytest
-from sqlalchemy import bindparam, literal, select
 
 from agenttest_worker.results import (
     AgentCallRecord,
@@ -21,8 +18,7 @@ from agenttest_worker.results import (
 from agenttest_worker.store import runs
 from agenttest_worker.store import turn_statements as sql
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.db import get_engine, upgrade
-from agenttest_worker.store.hot_path import CompiledStatement, turn_connection
+from agenttest_worker.store.db import upgrade
 from agenttest_worker.store.steps import Step, new_run_id
 
 USAGE = Usage(prompt_tokens=10, completion_tokens=3, total_tokens=13)
@@ -60,12 +56,6 @@ def test_a_conversations_last_step_is_saved_whole_by_its_one_long_statement(
     case = {"id": "c0", "turns": [{"input": "message 1"}]}
     runs.add_cases(pg_database, run_id, [runs.NewCase(0, "c0", case, None)])
     runs.start_run(pg_database, run_id, 1)
-    # The statement this step takes: a result, agent calls and tokens to count.
-    long_text = sql.pg_step(False, True, True, True, True, True, False).compile(
-        dialect=get_engine(pg_database).dialect
-    )
-    assert len(long_text.string.encode()) > 4096  # over psycopg's cached length
-
     played = _turn(1)
     saved = SqlStore(pg_database).save_step(
         Step(
@@ -105,25 +95,12 @@ def test_a_conversations_last_step_is_saved_whole_by_its_one_long_statement(
         assert row == (1, 1, 1, 13)
 
 
-def test_a_statement_is_sent_with_its_own_values_and_the_callers_in_their_order(
-    pg_database: str,
-) -> None:
-    """A name used twice is one `$n`; a value the statement carries (a Core literal)
-    is sent unless the caller gives that name; a name given nowhere is an error."""
-    engine = get_engine(pg_database)
-    with turn_connection(engine, {}) as connection:
-        row: Any = connection.fetch_one(
-            select(
-                bindparam("b_first"),
-                literal("carried"),
-                bindparam("b_second"),
-                bindparam("b_first"),
-            ),
-            {"b_first": "one", "b_second": "two"},
-        )
-    assert row == ("one", "carried", "two", "one")
-    compiled = CompiledStatement(b"", ("b_second", "param_1", "b_first"), {"param_1": "own"})
-    assert compiled.values({"b_first": 1, "b_second": 2}) == [2, "own", 1]
-    assert compiled.values({"b_first": 1, "b_second": 2, "param_1": "given"}) == [2, "given", 1]
-    with pytest.raises(KeyError):
-        compiled.values({"b_first": 1})
+def test_a_statement_is_sent_with_psycopgs_placeholders(pg_database: str) -> None:
+    """Each `:name` is psycopg's `%(name)s`, a name used twice included; a colon
+    inside a word is left as it is."""
+    statement = "SELECT :b_first, :b_second, :b_first, 'a:b'"
+    sent = sql.for_psycopg(statement)
+    assert sent == "SELECT %(b_first)s, %(b_second)s, %(b_first)s, 'a:b'"
+    with psycopg.connect(pg_database) as conn:
+        row = conn.execute(sent, {"b_first": "one", "b_second": "two"}).fetchone()
+    assert row == ("one", "two", "one", "a:b")

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agenttest_worker.driver import budget
-from agenttest_worker.driver.continuing import continuing
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
@@ -67,14 +66,7 @@ async def run_step(
     The agent calls are awaited on the loop, beside every other conversation in flight;
     the store's calls go through `offload`. `then(advance)` runs on the store's side
     right after the save (the fleet publishes what comes next there: one hand-off, not
-    two). A continuing turn whose conversation this process kept plays without reading
-    it first (continuing.py)."""
-    if not turn.redelivered and (kept := continuing(turn.run_id, turn.case_id, turn.turn)):
-        played = await play(pools, kept)
-        landed = await offload(_save, store, kept, played, then, True)
-        if landed is not None:
-            return landed
-        # Not saved: read, and decided as any delivery (continuing.py).
+    two)."""
     prepared = await offload(
         prepare,
         store,
@@ -95,9 +87,7 @@ async def run_step(
         state = end_without_running(prepared, "skip", spent)
     if state is None:
         state = await play(pools, prepared)
-    saved = await offload(_save, store, prepared, state, then, False)
-    assert saved is not None
-    return saved
+    return await offload(_save, store, prepared, state, then)
 
 
 def _save(
@@ -105,13 +95,9 @@ def _save(
     prepared: Prepared,
     state: ConversationState,
     then: Callable[[Advance], None] | None,
-    only_if_saved: bool,
-) -> Advance | None:
-    """Save the step and hand what comes next to `then`, on the store's side; None (and
-    nothing handed on) when `only_if_saved` and the step was not saved."""
+) -> Advance:
+    """Save the step and hand what comes next to `then`, on the store's side."""
     advance = _after_commit(store, prepared, commit_or_fail(store, prepared, state))
-    if only_if_saved and not advance.saved:
-        return None
     if then is not None:
         then(advance)
     return advance

@@ -40,12 +40,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.run_cache import case_of, run_config, validated
 from agenttest_worker.engine import ConversationState, start_conversation
 from agenttest_worker.errors import ConfigError
@@ -71,46 +69,6 @@ class _Kept:
     stored: Stored
     next_turn: int
     phase: str
-    # What the step that saved it had read, and its case: the next turn may be played
-    # on them without reading the conversation (driver/continuing.py).
-    loaded: steps.LoadedCase | None = None
-    case: Case | None = None
-    # When it was kept (time.monotonic()).
-    kept_at: float = 0.0
-
-
-def take_continuing(
-    run_id: str, case_id: str, turn: int, within: float
-) -> tuple[steps.LoadedCase, Case, Stored] | None:
-    """What this process kept of a conversation waiting for turn `turn`, taken out (the
-    step now owns it), as the read of a continuing turn would have found it
-    (driver/continuing.py); None, and nothing taken, when it kept nothing of it for
-    that turn, or kept it more than `within` seconds ago."""
-    kept_since = time.monotonic() - within
-
-    def for_turn(value: object) -> bool:
-        return (
-            isinstance(value, _Kept)
-            and value.loaded is not None
-            and value.case is not None
-            and (value.next_turn, value.phase) == (turn, "ready")
-            and value.kept_at >= kept_since
-        )
-
-    found = KEPT.take_if(run_id, case_id, for_turn)
-    if found is None:
-        return None
-    kept: _Kept = found.value
-    assert kept.loaded is not None and kept.case is not None
-    loaded = replace(
-        kept.loaded,
-        phase="ready",
-        next_turn=turn,
-        deliveries=0,  # each step resets it (turn_statements._STEP_VALUES)
-        step_token=found.token,
-        state_kept=True,
-    )
-    return loaded, kept.case, kept.stored
 
 
 def take_kept(loaded: steps.LoadedCase) -> Stored | None:
@@ -167,26 +125,12 @@ def _restore_messages(state: ConversationState, loaded: steps.LoadedCase) -> Non
     state.messages[:0] = earlier
 
 
-def keep(
-    loaded: steps.LoadedCase,
-    saved: steps.Saved,
-    step: steps.Step,
-    stored: Stored,
-    case: Case | None = None,
-) -> None:
-    """Keep the state of a saved step (`stored`: as it is now stored) for the next turn,
-    with what the step had read and its `case`."""
+def keep(loaded: steps.LoadedCase, saved: steps.Saved, step: steps.Step, stored: Stored) -> None:
+    """Keep the state of a saved step (`stored`: as it is now stored) for the next turn."""
     if saved.token is None or step.phase == "done":
         KEPT.forget(loaded.run_id, loaded.case_id)
         return
-    # What the step read, for the next turn to play on without reading it again
-    # (continuing.py), but not in a run with a budget, whose turns reserve against the
-    # run's totals as read. Already without the texts it read (step._prepared drops them
-    # where no --deadline needs them again, and only such states are kept): the state
-    # kept holds its own objects, the case is held validated.
-    read = None if step.budgeted else loaded
-    kept = _Kept(stored, step.next_turn, step.phase, read, case, time.monotonic())
-    KEPT.keep(loaded.run_id, loaded.case_id, saved.token, kept)
+    KEPT.keep(loaded.run_id, loaded.case_id, saved.token, _Kept(stored, step.next_turn, step.phase))
 
 
 def forget(loaded: steps.LoadedCase) -> None:
@@ -317,19 +261,16 @@ def save(
     loaded: steps.LoadedCase,
     archived: int | None,
     state: ConversationState,
-    *,
-    case: Case | None = None,
-    **step: Any,
+    step: steps.StepSave,
 ) -> steps.Saved:
-    """Save the step of `loaded` that leaves it in `state` (`step`: the other fields of
-    steps.Step): the state whole or without its earlier turns (see the module
-    docstring), and then kept for the next turn. A run with a --deadline reads the
-    state again when a turn is cut short at it (driver/step.py
-    execute_until_deadline): its states are not kept."""
+    """Save `step` of `loaded`, which leaves it in `state`: the state whole or without
+    its earlier turns (see the module docstring), and then kept for the next turn. A
+    run with a --deadline reads the state again when a turn is cut short at it
+    (driver/step.py execute_until_deadline): its states are not kept."""
     text, archive, messages, compact = stored_form(state, archived, compacts(store, loaded))
-    written = steps.Step(state=text, archive=archive, archive_messages=messages, **step)
+    written = steps.Step.of(step, text, archive, messages)
     saved = store.save_step(written)
     if saved.saved and loaded.deadline_at is None:
         kept = Stored(state, None) if compact is None else Stored(compact, compact.earlier_turns)
-        keep(loaded, saved, written, kept, case)
+        keep(loaded, saved, written, kept)
     return saved

@@ -75,9 +75,6 @@ class Prepared:
     counted: bool = False
     # How many of the state's first turns are stored as turn records (state_cache.py).
     archived: int | None = None
-    # Played on the state this process kept with this token, the conversation not read
-    # first: its save checks what the read would have (driver/continuing.py).
-    kept_token: str | None = None
 
 
 def _spend(
@@ -253,12 +250,7 @@ def commit(
     if state.phase == "done":
         result = case_result(prepared.case, state, loaded.agent, pricing_config(loaded))
     next_turn = state.turns_run + 1
-    saved = state_cache.save(
-        store,
-        loaded,
-        prepared.archived,
-        state,
-        case=prepared.case,
+    step = steps.StepSave(
         run_id=loaded.run_id,
         case_id=loaded.case_id,
         expected_turn=prepared.turn,
@@ -272,8 +264,8 @@ def commit(
         budgeted=prepared.options.budgeted,
         budget_turns=len(new_turns) if prepared.options.budgeted else 0,
         stop_run=_fail_fast_reason(prepared, result.status if result else None),
-        kept_token=prepared.kept_token,
     )
+    saved = state_cache.save(store, loaded, prepared.archived, state, step)
     if not saved.saved:
         # Played but not recorded: its calls count in the run's usage all the same.
         calls = (call for t in new_turns for call in t.calls or ())
@@ -378,12 +370,7 @@ async def answer_human(
     skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
 
     def save() -> Advance:
-        saved = state_cache.save(
-            store,
-            loaded,
-            parked.archived,
-            new_state,
-            case=parked.case,
+        step = steps.StepSave(
             run_id=run_id,
             case_id=case_id,
             expected_turn=loaded.next_turn,
@@ -394,6 +381,7 @@ async def answer_human(
             result=result,
             expected_phase="awaiting_human",
         )
+        saved = state_cache.save(store, loaded, parked.archived, new_state, step)
         if not saved.saved:
             return Advance(saved=False)
         return Advance(

@@ -9,8 +9,7 @@ run counts (`runs.usage`): those count as calls, tokens and cost, not as turns.
 What a step needs beyond the step itself (the case's target agent, the run's pricing)
 comes from the load of the same conversation that preceded it (on the loop pool the
 load and the save may run on different store threads: they are matched by run and
-case, not by thread), kept until the case ends: a continuing turn is saved without a
-load before it (driver/continuing.py).
+case, not by thread), kept until the case ends.
 
 With metrics off, `metered` makes a plain SqlStore: nothing on the hot path.
 """

@@ -11,7 +11,7 @@ Split by subject:
   plain data without SQLAlchemy;
 - `runs`: a run's lifecycle (created, its cases stored, started, cancelled, removed);
 - `turns`: the hot path, loading a conversation and saving a step exactly once, with
-  its statements in `turn_statements` and the connection they run on in `hot_path`;
+  its statements, as SQL text, in `turn_statements`;
 - `results`: claiming the aggregation, storing reports, reading records back;
 - `recovery`: what the sweeper asks (stalled and abandoned runs, lost aggregations);
 - `stored_conversations`: reading conversations back for re-evaluation;

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from agenttest_worker.store.models import Base, CaseRow, RunRow
 
-# The tables as Core tables, for statements that skip the ORM (see turn_statements.py).
+# The tables as Core tables, for statements that skip the ORM.
 CASES: Table = CaseRow.__table__  # type: ignore[assignment]
 RUNS: Table = RunRow.__table__  # type: ignore[assignment]
 

@@ -27,7 +27,7 @@ from agenttest_worker.store.flush_batch import (
 )
 from agenttest_worker.store.records_ahead import parse_later
 from agenttest_worker.store.store_child import after_reply
-from agenttest_worker.store.turn_statements import insert_step_rows
+from agenttest_worker.store.turns import insert_step_rows
 from agenttest_worker.store.usage import add_run_usage_on
 
 

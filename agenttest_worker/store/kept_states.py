@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 
@@ -53,15 +52,6 @@ class KeptStates:
         with self._lock:
             found = self._items.pop((run_id, case_id), None)
         return found.value if found is not None and found.token == token else None
-
-    def take_if(self, run_id: str, case_id: str, wanted: Callable[[Any], bool]) -> Kept | None:
-        """The kept entry, removed, if `wanted(value)`; else None, and it stays."""
-        with self._lock:
-            found = self._items.get((run_id, case_id))
-            if found is None or not wanted(found.value):
-                return None
-            del self._items[(run_id, case_id)]
-        return found
 
     def forget(self, run_id: str, case_id: str) -> None:
         with self._lock:

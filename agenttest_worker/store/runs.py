@@ -12,10 +12,10 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, false, select, text, update
+from sqlalchemy import delete, select, text, update
 from sqlalchemy.exc import DBAPIError
 
-from agenttest_worker.store._sql import RUNS, insert_ignoring
+from agenttest_worker.store._sql import insert_ignoring
 from agenttest_worker.store.db import is_sqlite, session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
 from agenttest_worker.store.new_run import (
@@ -30,7 +30,7 @@ from agenttest_worker.store.new_run import (
 )
 from agenttest_worker.store.new_run import NewCase as NewCase  # where callers found it
 from agenttest_worker.store.steps import CaseText, claimed
-from agenttest_worker.store.turn_statements import started_after_claim
+from agenttest_worker.store.turn_statements import CLAIM_STARTS
 
 
 def create_run(
@@ -136,15 +136,7 @@ def claim_starts(url: str, run_id: str, parallel: int | None = None) -> tuple[in
     with session_scope(url) as session:
         if parallel is not None:
             session.execute(update(RunRow).where(RunRow.id == run_id).values(parallel=parallel))
-        row = session.execute(
-            update(RunRow)
-            .where(RunRow.id == run_id)
-            .values(
-                started_cases=started_after_claim(RUNS.c.finished_cases, false()),
-                claimed_from=RunRow.started_cases,
-            )
-            .returning(RunRow.claimed_from, RunRow.started_cases)
-        ).one_or_none()
+        row = session.execute(text(CLAIM_STARTS), {"b_run": run_id}).one_or_none()
     return None if row is None else claimed(row[0], row[1])
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -93,10 +93,11 @@ class LoadedCase:
     turn_messages: str | None = None
 
 
-@dataclass(frozen=True)
-class Step:
-    """One step of a conversation to save: where it ran, how it leaves the conversation,
-    and what it adds (`ConversationStore.save_step`).
+@dataclass(frozen=True, slots=True)
+class StepSave:
+    """One step of a conversation to save, as the driver hands it over: where it ran, how
+    it leaves the conversation and what it adds; its state is written out by the driver
+    (`Step`).
 
     Saved only if the conversation is still at `expected_turn` (and running, or parked in
     `expected_phase`): a duplicate or stale copy of the step changes nothing.
@@ -110,8 +111,6 @@ class Step:
     next_turn: int
     # The phase the conversation is left in: ready, awaiting_human or done.
     phase: str
-    # The conversation's state after the step (engine.ConversationState), often as text.
-    state: JsonDocument
     # The turns the step played (or skipped), each with its assertions and agent calls.
     new_turns: Sequence[TurnResult]
     # The case's final assertions, when the step ended the case.
@@ -132,6 +131,15 @@ class Step:
     # When the step ends the case: cancel the run with this reason in the same write
     # (--fail-fast after a failed case), so that the write starts nothing new.
     stop_run: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step(StepSave):
+    """A `StepSave` with the conversation's state as it is stored
+    (`ConversationStore.save_step`)."""
+
+    # The conversation's state after the step (engine.ConversationState), often as text.
+    state: JsonDocument
     # Earlier turns' results that left the state with this step, as (position, JSON
     # text): stored as turn records (models.TurnRecordRow), only by a store whose
     # `keeps_turn_records` says so. A step that ends the case deletes its records.
@@ -140,10 +148,17 @@ class Step:
     # `earlier_messages`), as the inside of a JSON array (`a,b`): stored with the last of
     # `archive`'s records.
     archive_messages: str | None = None
-    # The step played on the state this process kept with this token, without reading
-    # the conversation first (driver/continuing.py): saved only if the row still holds
-    # that token and the run is not cancelled.
-    kept_token: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        step: StepSave,
+        state: JsonDocument,
+        archive: Sequence[tuple[int, str]] = (),
+        archive_messages: str | None = None,
+    ) -> Step:
+        given = {f.name: getattr(step, f.name) for f in fields(StepSave)}
+        return cls(**given, state=state, archive=archive, archive_messages=archive_messages)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ ends bumps its run's counters in the same transaction, and the caller that sees 
 last one finish enqueues the aggregator, which claims the run once (results.py).
 
 Both take the engine rather than its URL: `base.SqlStore` holds it, and a test passes a
-faulty one in. The statements are in turn_statements.py, the connection they run on in
-hot_path.py.
+faulty one in. The statements are SQL text (turn_statements.py). On Postgres they run
+through psycopg on a pooled connection in autocommit, each one atomic (a step's save is
+one statement); elsewhere, and for a step that releases a budget reservation, through
+SQLAlchemy's `text()` (a step's save is then one transaction of several statements).
 """
 
 from __future__ import annotations
@@ -17,36 +19,101 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
+from sqlalchemy import Connection, TextClause, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.results import CaseResult
 from agenttest_worker.store import budget
 from agenttest_worker.store import turn_statements as sql
 from agenttest_worker.store.db import reconnecting, retrying
-from agenttest_worker.store.hot_path import (
-    SqlAlchemyTurnConnection,
-    TurnConnection,
-    turn_connection,
-)
+from agenttest_worker.store.postgres_run import connection_lost
 from agenttest_worker.store.steps import (
     JsonDocument,
-    JsonText,
     LoadedCase,
     Saved,
     Step,
-    as_object,
+    StepRows,
     claimed,
     record_rows,
     step_rows,
     step_spend,
 )
+from agenttest_worker.store.storable import dumps_storable, storable_json, storable_row
+
+# psycopg is imported where it is used, on Postgres only: importing it costs ~0.1 s that
+# an embedded (SQLite) run never needs.
 
 
-def _turn_connection(engine: Engine) -> AbstractContextManager[TurnConnection]:
-    return turn_connection(engine, sql.JSON_PARAMS)
+@cache
+def _text(statement: str) -> TextClause:
+    return text(statement)
+
+
+class _Statements:
+    """Runs the step's statements on one connection, each returning its first row:
+    through psycopg on a pooled Postgres connection (`pooled`), else through
+    SQLAlchemy's `text()` on `connection`."""
+
+    def __init__(self, connection: Connection | None = None, pooled: Any = None) -> None:
+        self.connection = connection
+        self.pooled = pooled
+
+    def fetch_one(self, statement: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+        if self.connection is not None:
+            found = self.connection.execute(_text(statement), dict(params)).first()
+            return None if found is None else tuple(found)
+        import psycopg  # Postgres only (see the imports above)
+
+        driver = self.pooled.driver_connection
+        try:
+            with driver.cursor() as cursor:
+                cursor.execute(sql.for_psycopg(statement), params)
+                row = cursor.fetchone()
+        except psycopg.Error as exc:
+            # SQLAlchemy's shape, as for any other statement: `reconnecting` (db.py)
+            # retries a lost connection, and the pool drops it.
+            lost = connection_lost(exc) or driver.closed
+            if lost:
+                self.pooled.invalidate(exc)
+            error = DBAPIError.instance(
+                statement, None, exc, psycopg.Error, connection_invalidated=lost
+            )
+            raise error from exc
+        return None if row is None else tuple(row)
+
+
+@contextmanager
+def _autocommit(engine: Engine) -> Iterator[_Statements]:
+    """A connection for the turn's statements, each committed on its own: on Postgres a
+    pooled psycopg connection, given back to the pool in its usual mode (the sessions
+    that check it out next expect transactions); elsewhere a SQLAlchemy connection."""
+    if engine.dialect.name != "postgresql":
+        with engine.connect() as plain:
+            yield _Statements(plain.execution_options(isolation_level="AUTOCOMMIT"))
+        return
+    import psycopg  # Postgres only (see the imports above)
+
+    try:
+        pooled = engine.raw_connection()
+    except psycopg.Error as exc:  # cannot connect: the same error `engine.connect()` raises
+        raise DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+    try:
+        driver: Any = pooled.driver_connection
+        driver.autocommit = True  # psycopg's own flag: no round trip
+        yield _Statements(pooled=pooled)
+    finally:
+        if pooled.is_valid:
+            try:
+                driver.autocommit = False
+            except psycopg.Error as exc:  # e.g. broken mid-statement: not reusable
+                pooled.invalidate(exc)
+        pooled.close()
 
 
 # What a run was created with never changes: read once per process and run.
@@ -54,14 +121,14 @@ _settings_cache: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
 _settings_lock = threading.Lock()
 
 
-def _run_settings(connection: TurnConnection, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _run_settings(connection: _Statements, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     with _settings_lock:
         cached = _settings_cache.get(run_id)
     if cached is None:
         found = connection.fetch_one(sql.RUN_SETTINGS, {"b_run": run_id})
         if found is None:
             raise LookupError(f"run {run_id} is not in the store")
-        cached = (found[0], found[1])
+        cached = (json.loads(found[0]), json.loads(found[1]))
         with _settings_lock:
             if len(_settings_cache) > 64:
                 _settings_cache.clear()
@@ -85,23 +152,17 @@ def load_case(
     `known`: the token of the step whose state this process kept (kept_states.py); if
     the row still holds it, its state is not read (`LoadedCase.state_kept`).
     """
-    load = sql.load_statement(engine.dialect.name)
-    with _turn_connection(engine) as connection:
-        found = connection.fetch_one(load, {"b_run": run_id, "b_case": case_id, "b_known": known})
+    keys = {"b_run": run_id, "b_case": case_id}
+    with _autocommit(engine) as connection:
+        found = connection.fetch_one(sql.load(engine.dialect.name), {**keys, "b_known": known})
         if found is None:
             return None
         row = sql.LoadedRow(*found)
         deliveries = row.deliveries
         current = turn is None or (row.next_turn == turn and row.phase in ("pending", "ready"))
         if count_delivery and current:
-            counted = connection.fetch_one(
-                sql.COUNT_DELIVERY,
-                {
-                    "b_run": run_id,
-                    "b_case": case_id,
-                    "b_turn": row.next_turn if turn is None else turn,
-                },
-            )
+            waiting = row.next_turn if turn is None else turn
+            counted = connection.fetch_one(sql.COUNT_DELIVERY, {**keys, "b_turn": waiting})
             if counted is not None:
                 deliveries = counted[0]
         options, config = _run_settings(connection, run_id)
@@ -114,7 +175,7 @@ def load_case(
             next_turn=row.next_turn,
             state=row.state,
             deliveries=deliveries,
-            run_cancelled=row.cancelled,
+            run_cancelled=bool(row.cancelled),  # SQLite's is 0 or 1
             cancel_reason=row.cancel_reason,
             run_options=options,
             run_config=config,
@@ -133,7 +194,7 @@ def load_case(
 _written = threading.local()
 
 
-def _landed(connection: TurnConnection, step: tuple[str, str, int]) -> bool:
+def _landed(connection: _Statements, step: tuple[str, str, int]) -> bool:
     """Whether this thread's previous attempt at `step` committed after all.
 
     The connection can drop after the server committed but before it said so. Every
@@ -148,7 +209,7 @@ def _landed(connection: TurnConnection, step: tuple[str, str, int]) -> bool:
     return found is not None and found[0] == known[3]
 
 
-def _run_complete(connection: TurnConnection, run_id: str) -> bool:
+def _run_complete(connection: _Statements, run_id: str) -> bool:
     found = connection.fetch_one(sql.RUN_COUNTS, {"b_run": run_id})
     if found is None:
         return False
@@ -175,65 +236,48 @@ def save_step(engine: Engine, step: Step) -> Saved:
     if not retrying() or known is None or known[:3] != key:
         # A first attempt: nothing of this call was written yet.
         _written.step = known = (*key, secrets.token_hex(16))
-    # A budgeted step also releases its conversation's reservation (store/budget.py):
-    # that takes the transaction below, and Postgres's one-statement save is kept for
-    # steps without a budget, the hot path.
-    postgres = engine.dialect.name == "postgresql" and not step.budgeted
+    postgres = engine.dialect.name == "postgresql"
     result = step.result
+    # The phases the conversation may be in (turn_statements.SAVE_GUARDED): running, or
+    # parked where a person's reply is what is being saved.
+    phases = ("pending", "ready") if step.expected_phase is None else (step.expected_phase,) * 2
     params: dict[str, Any] = {
         "b_run": step.run_id,
         "b_case": step.case_id,
         "b_turn": step.expected_turn,
+        "b_from": phases[0],
+        "b_or_from": phases[1],
         "b_next": step.next_turn,
         "b_phase": step.phase,
-        # Postgres takes JSON text as it is (the hot path sends it as jsonb); elsewhere
-        # the JSON column type writes the objects itself.
-        "b_state": _json_text(step.state) if postgres else as_object(step.state),
+        "b_state": _json_text(step.state, postgres),
         "b_status": result.status if result else None,
+        "b_result": None if result is None else _json_text(result.model_dump_json(), postgres),
         "b_token": known[3],
+        "b_stop": step.stop_run,
+        "b_turns": result.total_turns if result else 0,
+        "b_passed": int(result is not None and result.status == "passed"),
+        "b_failed": int(result is not None and result.status == "failed"),
+        "b_skipped": int(result is not None and result.status == "skipped"),
     }
-    if result is None:
-        params["b_result"] = None
-    elif postgres:
-        params["b_result"] = JsonText(result.model_dump_json())
-    else:
-        params["b_result"] = result.model_dump(mode="json")
-    if step.expected_phase is not None:
-        params["b_expected_phase"] = step.expected_phase
-    if step.kept_token is not None:
-        params["b_known"] = step.kept_token
+    tokens, cost = step_spend(step.spend, result)
+    params.update(b_tokens=tokens, b_cost=cost)
     rows = step_rows(step.run_id, step.case_id, step.new_turns, step.final_assertions)
     rows.records = record_rows(step)
-    tokens, cost = step_spend(step.spend, result)
-    if result is not None:
-        params.update(
-            b_stop=step.stop_run,
-            b_turns=result.total_turns,
-            b_passed=int(result.status == "passed"),
-            b_failed=int(result.status == "failed"),
-            b_skipped=int(result.status == "skipped"),
-        )
-    params.update(b_tokens=tokens, b_cost=cost)
 
-    if postgres:
-        statement = sql.pg_step(
-            step.expected_phase is not None,
-            bool(rows.turns),
-            bool(rows.verdicts),
-            bool(rows.calls),
-            result is not None,
-            bool(tokens or cost),
-            bool(rows.records),
-            step.kept_token is not None,
-        )
+    # A budgeted step also releases its conversation's reservation (store/budget.py):
+    # that takes the transaction below, and Postgres's one-statement save is kept for
+    # steps without a budget, the hot path.
+    if postgres and not step.budgeted:
         params.update(
-            b_turn_rows=rows.turns,
-            b_verdict_rows=rows.verdicts,
-            b_call_rows=rows.calls,
-            b_record_rows=rows.records,
+            b_ended=result is not None,
+            b_spent=result is None and bool(tokens or cost),
+            **{
+                sql.ROWS_PARAM[table]: dumps_storable(table_rows)
+                for table, table_rows in _by_table(rows).items()
+            },
         )
-        with _turn_connection(engine) as connection:
-            row = connection.fetch_one(statement, params)
+        with _autocommit(engine) as connection:
+            row = connection.fetch_one(sql.POSTGRES_SAVE, params)
             if row is None:
                 return _not_moved(connection, key, result)
         if result is None:
@@ -247,19 +291,18 @@ def save_step(engine: Engine, step: Step) -> Saved:
         )
 
     with engine.begin() as connection:
-        guard = sql.save_guard(step.expected_phase is not None, step.kept_token is not None)
-        if not connection.execute(guard, params).rowcount:
-            return _not_moved(SqlAlchemyTurnConnection(connection), key, result)
-        sql.insert_step_rows(connection, rows)
+        if not connection.execute(_text(sql.SAVE_GUARDED), params).rowcount:
+            return _not_moved(_Statements(connection), key, result)
+        insert_step_rows(connection, rows)
         if step.budgeted:
             budget.release(connection, step.run_id, step.case_id, step.budget_turns)
         if result is None:
             if tokens or cost:
-                connection.execute(sql.SPEND, params)
+                connection.execute(_text(sql.SPEND), params)
             return Saved(True, token=known[3])
-        connection.execute(sql.FORGET_RECORDS, params)
+        connection.execute(_text(sql.FORGET_RECORDS), params)
         finished, total, status, claimed_from, started = connection.execute(
-            sql.CASE_ENDED, params
+            _text(sql.CASE_ENDED), params
         ).one()
         return Saved(
             True,
@@ -269,16 +312,46 @@ def save_step(engine: Engine, step: Step) -> Saved:
         )
 
 
-def _json_text(document: JsonDocument) -> JsonText:
-    if isinstance(document, JsonText):
-        return document
-    if isinstance(document, str):
-        return JsonText(document)
-    return JsonText(json.dumps(document))
+def _by_table(rows: StepRows) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "turns": rows.turns,
+        "assertion_results": rows.verdicts,
+        "agent_calls": rows.calls,
+        "turn_records": rows.records,
+    }
+
+
+def insert_step_rows(connection: Connection, rows: StepRows) -> None:
+    """A step's (or a batch of steps') turn, assertion, agent-call and turn-record rows,
+    each inserted once (turn_statements.INSERT), in `connection`'s transaction."""
+    postgres = connection.dialect.name == "postgresql"
+    for table, table_rows in _by_table(rows).items():
+        if table_rows:
+            written = [_insertable(row, postgres) for row in table_rows]
+            connection.execute(_text(sql.INSERT[table]), written)
+
+
+def _insertable(row: dict[str, Any], postgres: bool) -> dict[str, Any]:
+    """`row` as its INSERT binds it: JSON values as their text, and on Postgres no NUL
+    character in any text (storable.py)."""
+    if postgres:
+        row = storable_row(row)
+    return {
+        name: (dumps_storable(value) if postgres else json.dumps(value))
+        if name in sql.JSON_COLUMNS
+        else value
+        for name, value in row.items()
+    }
+
+
+def _json_text(document: JsonDocument, postgres: bool) -> str:
+    """A JSON document as the text its column is written with (storable on Postgres)."""
+    written = document if isinstance(document, str) else json.dumps(document)
+    return storable_json(written) if postgres else written
 
 
 def _not_moved(
-    connection: TurnConnection, step: tuple[str, str, int], result: CaseResult | None
+    connection: _Statements, step: tuple[str, str, int], result: CaseResult | None
 ) -> Saved:
     if retrying() and _landed(connection, step):
         # The first attempt committed and the connection dropped before the commit was
