@@ -4,13 +4,12 @@ Every fleet turn reads its conversation before it plays (`step.prepare`), and pl
 only a turn the conversation is still waiting for; a worker that kept the state it
 saved last (state_cache.py) skips reading that state, never the read itself. Shown
 against a real Postgres store and an agent over HTTP, through the fleet's own step
-(`run_step_offloaded`), its store calls run inline instead of on the pool's threads.
+(`loop_step.run_step`), its store calls run inline instead of on the pool's threads.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -23,7 +22,7 @@ from test_state_cache import (
     play_turn_2_elsewhere,
 )
 
-from agenttest_worker.driver.loop_step import TurnAddress, run_step_offloaded
+from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache
 from agenttest_worker.store import runs, steps, usage
 from agenttest_worker.store.base import SqlStore
@@ -54,11 +53,6 @@ class CountingStore(SqlStore):
         return loaded
 
 
-async def _inline(fn: Callable[..., T], /, *args: Any) -> T:
-    """The pool's offload, run on the calling thread."""
-    return fn(*args)
-
-
 def _step(store: SqlStore, run_id: str, turn: int, *, redelivered: bool = False) -> Advance:
     """The body of turn `turn`'s task, as the loop pool runs it."""
     from agenttest_worker.agents.exchange import close_session
@@ -68,7 +62,7 @@ def _step(store: SqlStore, run_id: str, turn: int, *, redelivered: bool = False)
 
     async def step() -> Advance:
         try:
-            return await run_step_offloaded(store, PoolCache(), address, _inline, followed.append)
+            return await run_step(store, PoolCache(), address, inline, followed.append)
         finally:
             await close_session()
 
