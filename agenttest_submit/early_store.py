@@ -17,12 +17,11 @@ from agenttest_worker.store.store_process import StoreWork, child_wanted, forked
 # Words after which no run is stored.
 _NOT_A_RUN = frozenset({"--dry-run", "--reeval", "-h", "--help", "--version"})
 
-# What the store's process imports before the run reaches it: storing through psycopg
-# (store/postgres_run.py), publishing through redis-py (fleet/enqueue.py).
+# What the store's process imports before the run reaches it: the store, publishing
+# through redis-py (fleet/enqueue.py).
 PRELOAD = (
     "agenttest_submit.fleet_storing",
-    "agenttest_worker.store.postgres_run",
-    "psycopg",  # (postgres_run imports it where it connects)
+    "agenttest_worker.store.runs",
     "agenttest_worker.fleet.enqueue",
 )
 

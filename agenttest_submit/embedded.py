@@ -24,7 +24,7 @@ from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
 from agenttest_submit.runner import run_suite
 from agenttest_submit.stopping import run_async
-from agenttest_submit.storing import aggregate_run, embedded_store_work, write_run
+from agenttest_submit.storing import NewRun, aggregate_run, embedded_store_work, write_run
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.exchange import (
     close_session,
@@ -98,41 +98,31 @@ def run_embedded(
     if needs_aiohttp((agent.base_url or agent.url, bool(agent.stream)) for agent in agents):
         import aiohttp  # noqa: F401  (agents/exchange.py imports it where a call needs it)
 
-    run_id = steps.new_run_id()
-    stored_options, stored_config = options.model_dump(mode="json"), config.stored()
-    deadline_at = time.time() + request.deadline if request.deadline else None
+    # The conversations start now, while the run is being stored.
+    run = NewRun(
+        run_id=steps.new_run_id(),
+        options=options.model_dump(mode="json"),
+        config=config.stored(),
+        target=target,
+        label=label,
+        deadline_at=time.time() + request.deadline if request.deadline else None,
+        suite=run_suite(request, target),
+        started_at=datetime.now(UTC),
+        generation_usage=take_generation_usage(),
+    )
+    run_id = run.run_id
     # The store's work (SQLAlchemy, the database) in a process of its own, as a rule.
     if work is None:
         work = embedded_store_work(settings.store_process)
     try:
-        # The conversations start now, while the run is being stored.
-        began = datetime.now(UTC)
-        # A partial, not a lambda: its arguments are taken now, not when the thread gets
-        # to them (`label` below names something else by then).
-        setup = StoreSetup(
-            functools.partial(
-                work.call,
-                write_run,
-                url,
-                run_id,
-                records,
-                options=stored_options,
-                config=stored_config,
-                target=target,
-                label=label,
-                deadline_at=deadline_at,
-                started_at=began,
-                suite=run_suite(request, target),
-                generation_usage=take_generation_usage(),
-            )
-        )
+        setup = StoreSetup(functools.partial(work.call, write_run, url, run, records))
         store = BufferedStore.fresh(
             url,
             run_id,
             records,
-            options=stored_options,
-            config=stored_config,
-            deadline_at=deadline_at,
+            options=run.options,
+            config=run.config,
+            deadline_at=run.deadline_at,
             setup=setup,
             work=work,
         )

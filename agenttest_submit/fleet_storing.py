@@ -18,10 +18,10 @@ store's process with it, leaving the run half stored as it would have
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agenttest_submit.spool_records import spooled_records
-from agenttest_submit.storing import RunStarter, write_run
+from agenttest_submit.storing import NewRun, RunStarter, write_run
 
 if TYPE_CHECKING:
     from agenttest_worker.store.store_process import StoreWork
@@ -90,14 +90,12 @@ class FromSpool:
 
 @dataclass(frozen=True)
 class SpooledRun:
-    """A run to store from the spool's file, its batches started by `starter`;
-    `fields` are `write_run`'s other keyword arguments."""
+    """A run to store from the spool's file, its batches started by `starter`."""
 
     url: str
-    run_id: str
     spool: str
+    run: NewRun
     starter: RunStarter | None
-    fields: dict[str, Any]
 
 
 def store_spooled(work: StoreWork, run: SpooledRun) -> int:
@@ -115,6 +113,4 @@ def write_spooled_run(run: SpooledRun) -> int:
     from agenttest_worker.store.store_child import stopping_with_the_parent
 
     with stopping_with_the_parent(), open(run.spool, "rb") as handle:
-        return write_run(
-            run.url, run.run_id, spooled_records(handle), starter=run.starter, **run.fields
-        )
+        return write_run(run.url, run.run, spooled_records(handle), run.starter)

@@ -13,14 +13,14 @@ import hashlib
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agenttest_submit.fleet_storing import FromSpool, SpooledRun, store_spooled
 from agenttest_submit.generate import take_generation_usage
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.request import RunRequest
 from agenttest_submit.services import safe_url
-from agenttest_submit.storing import RunStarter, write_run
+from agenttest_submit.storing import NewRun, RunStarter, write_run
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.model import Case
 from agenttest_worker.engine import RunOptions
@@ -127,21 +127,21 @@ def store_records(
     """Create the run and store (case id, agent, record) rows a batch at a time; with
     `from_spool`, the store's process stores the same records read from the spool's
     file (fleet_storing.py)."""
-    run_id = steps.new_run_id()
-    fields: dict[str, Any] = {
-        "options": options.model_dump(mode="json"),
-        "config": config.stored(),
-        "target": target,
-        "label": label,
-        "deadline_at": time.time() + deadline if deadline else None,
-        "parent_run_id": parent_run_id,
-        "suite": suite,
-        "generation_usage": take_generation_usage(),
-    }
+    run = NewRun(
+        run_id=steps.new_run_id(),
+        options=options.model_dump(mode="json"),
+        config=config.stored(),
+        target=target,
+        label=label,
+        deadline_at=time.time() + deadline if deadline else None,
+        parent_run_id=parent_run_id,
+        suite=suite,
+        generation_usage=take_generation_usage(),
+    )
     if from_spool is not None:
-        run = SpooledRun(url, run_id, from_spool.path, starter, fields)
-        return run_id, store_spooled(from_spool.work, run)
-    return run_id, write_run(url, run_id, records, starter=starter, **fields)
+        spooled = SpooledRun(url, from_spool.path, run, starter)
+        return run.run_id, store_spooled(from_spool.work, spooled)
+    return run.run_id, write_run(url, run, records, starter)
 
 
 def resolve_run(url: str, ref: str) -> RunRow:

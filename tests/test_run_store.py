@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import DataError
 
 from agenttest_submit.cli import main, parse_run
 from agenttest_submit.embedded import drive
@@ -23,7 +24,7 @@ from agenttest_submit.expand import expand
 from agenttest_submit.inputs import parse_input
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import run_options, store_records, store_run
-from agenttest_submit.storing import write_run
+from agenttest_submit.storing import NewRun, write_run
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare, run_step
 from agenttest_worker.engine import HumanPrompt, RunOptions
@@ -304,8 +305,7 @@ def test_a_batch_the_database_refuses_removes_the_run_with_every_batch_stored(
     starter = PlayingStarter(pg_database, play_them=False)
     config = load_config(SUITE_CONFIG)
     records = [(f"c{i}", "x" * (300 if i == 9 else 5), {"id": f"c{i}"}) for i in range(40)]
-    # The run is written through psycopg alone (store/postgres_run.py): its own error.
-    with pytest.raises(psycopg.errors.StringDataRightTruncation):
+    with pytest.raises(DataError) as refused:
         store_records(
             pg_database,
             iter(records),
@@ -315,6 +315,7 @@ def test_a_batch_the_database_refuses_removes_the_run_with_every_batch_stored(
             label="refused",
             starter=starter,
         )
+    assert isinstance(refused.value.orig, psycopg.errors.StringDataRightTruncation)
     firsts = [first for first, _, _, _ in starter.batches]
     assert firsts == list(range(0, 2 * len(firsts), 2)) and len(firsts) <= 4
     with session_scope(pg_database) as session:  # (its cases would go with it)
@@ -355,8 +356,9 @@ def fresh_suite(
     stored = {"options": options.model_dump(mode="json"), "config": config.stored()}
 
     def store_the_run() -> None:
-        write_run(db, run_id, records, target="assistants.expense", label="suite",
-                  deadline_at=None, **stored)  # fmt: skip
+        run = NewRun(run_id, target="assistants.expense", label="suite", deadline_at=None,
+                     **stored)  # fmt: skip
+        write_run(db, run, records)
 
     setup = StoreSetup(lambda: work(store_the_run))
     store = BufferedStore.fresh(

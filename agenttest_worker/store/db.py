@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import functools
+import sys
 import threading
 import time
 import weakref
@@ -25,11 +26,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
-from agenttest_worker.store.postgres_run import connection_lost
-from agenttest_worker.store.schema_revision import HEAD_REVISION as HEAD_REVISION
 from agenttest_worker.store.storable import dumps_storable
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# The schema revision this code reads and writes (tests/test_migrations.py checks it
+# against Alembic's head): a database already there is recognized without Alembic.
+HEAD_REVISION = "0011"
 # Any constant works; it only has to be the same in every process.
 _ADVISORY_LOCK_KEY = 0x61677474  # "agtt"
 
@@ -144,6 +146,12 @@ def unstorable_reason(exc: BaseException) -> str | None:
     return None
 
 
+# SQLSTATEs of a server going away or not there yet besides class 08 (connection
+# exception): admin_shutdown, crash_shutdown, cannot_connect_now ("the database system
+# is starting up" / "shutting down").
+_GONE_STATES = ("57P01", "57P02", "57P03")
+
+
 def is_connection_lost(exc: DBAPIError) -> bool:
     """Whether `exc` says the database is unreachable (rather than the statement wrong).
 
@@ -155,7 +163,12 @@ def is_connection_lost(exc: DBAPIError) -> bool:
     """
     if exc.connection_invalidated:
         return True
-    return exc.orig is not None and connection_lost(exc.orig)
+    # Not imported here: where psycopg is not imported, it raised nothing.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc.orig, psycopg.OperationalError):
+        return False
+    state = exc.orig.sqlstate
+    return state is None or state.startswith("08") or state in _GONE_STATES
 
 
 def reconnecting(fn: F) -> F:
