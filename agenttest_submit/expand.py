@@ -237,7 +237,6 @@ class Spool:
         of a repeated case its own conversation) rather than --dry-run's cases as
         written. `repeat`: --repeat, over each case's own `repeat`."""
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
-        # Named: a fleet's run may be stored from it by the store's process (`path`).
         self.handle = tempfile.NamedTemporaryFile("w+b", prefix="agenttest-spool-")  # noqa: SIM115
         writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat))
         for item in stream.checked(writer.shape):
@@ -285,12 +284,6 @@ class Spool:
         """The same as `records`, each record as the text a run stores, not parsed."""
         self.handle.seek(0)
         return spooled_records(self.handle)
-
-    @property
-    def path(self) -> str:
-        """The spool's file, for another process to read the records from (complete
-        once the constructor has returned; removed by close())."""
-        return self.handle.name
 
     def close(self) -> None:
         self.handle.close()

@@ -1,6 +1,5 @@
 """Reading the spool's lines back as the records a run stores (spool_lines.py writes
-them): by the submitter, or by the store's process that stores a fleet's run from the
-spool's file (fleet_storing.py), which imports this and not the case model."""
+them)."""
 
 from __future__ import annotations
 

@@ -26,20 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agenttest_worker.settings import get_settings
 
 if TYPE_CHECKING:
-    from agenttest_worker.report.model import RunReport
     from agenttest_worker.results import RoleUsage, UsageRole
-    from agenttest_worker.settings import StoreProcessChoice
     from agenttest_worker.store import steps
-    from agenttest_worker.store.store_process import StoreWork
-
-# What an embedded run's store process imports before its first call (store_process.py):
-# storing the run and writing its flushes, and, after that first call, its aggregation.
-_STORE_PROCESS_MODULES = (
-    "agenttest_submit.storing",
-    "agenttest_worker.store.runs",
-    "agenttest_worker.store.flush_writes",
-)
-_STORE_PROCESS_LATER = ("agenttest_worker.fleet.aggregate",)
 
 # Batches waiting read for each writer: a batch is a few hundred KB.
 WAITING_PER_WRITER = 2
@@ -249,19 +237,3 @@ def write_run(
     # After the start: the conversations under way replan once it commits.
     runs.keep_statistics(url, total)
     return total
-
-
-def embedded_store_work(choice: StoreProcessChoice) -> StoreWork:
-    """Where a new embedded run's store work runs (AGENTTEST_STORE_PROCESS): a store
-    process imports what `write_run`, the flushes and `aggregate_run` need."""
-    from agenttest_worker.store.store_process import store_work
-
-    return store_work(choice, _STORE_PROCESS_MODULES, _STORE_PROCESS_LATER)
-
-
-def aggregate_run(url: str, run_id: str) -> RunReport | None:
-    """fleet.aggregate.aggregate, imported where it runs: an embedded run aggregates in
-    the process that does its store's work (store/store_process.py)."""
-    from agenttest_worker.fleet.aggregate import aggregate  # the store: see the top
-
-    return aggregate(url, run_id)

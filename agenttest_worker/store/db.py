@@ -59,8 +59,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 # Closing an SQLite database's last connection checkpoints its write-ahead log into the
 # database file and removes the log: done at exit for the engines still alive, rather
-# than left to the connections' finalizers, which a process leaving at once
-# (agenttest_submit/leaving.py) skips. Weak, so that an engine the cache dropped is freed.
+# than left to the connections' finalizers, which the interpreter's teardown need not
+# run. Weak, so that an engine the cache dropped is freed.
 _sqlite_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -68,20 +68,6 @@ _sqlite_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 def _close_sqlite_engines() -> None:
     for engine in list(_sqlite_engines):
         engine.dispose()
-
-
-def checkpoint_wal(url: str) -> None:
-    """Fold what SQLite's write-ahead log holds into the database file, now, without
-    waiting for anyone (a passive checkpoint); nothing for another database.
-
-    SQLite folds it at a commit once it holds 1,000 pages (4 MB), and the last close
-    folds the rest: for an embedded run both fell at its end, on its aggregation's
-    commit (~20 ms for 1,000 cases, benchmarks/embedded.py). Its store's process folds
-    it after each flush instead, while the conversations go on (flush_writes.py)."""
-    if not is_sqlite(url):
-        return
-    with get_engine(url).connect() as connection:
-        connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 @lru_cache(maxsize=8)
