@@ -25,7 +25,7 @@ from agenttest_worker.store._sql import RUNS, insert_ignoring
 from agenttest_worker.store.db import is_sqlite, session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
 from agenttest_worker.store.steps import CaseText, claimed
-from agenttest_worker.store.storable import dumps_storable, storable_json
+from agenttest_worker.store.storable import dumps_storable, storable_json, storable_row
 from agenttest_worker.store.turn_statements import started_after_claim
 
 if TYPE_CHECKING:
@@ -59,6 +59,14 @@ def create_run(
     usage: dict[str, Any] | None = None,
 ) -> None:
     """`usage`: what the run used before it was stored (its generators; store/usage.py)."""
+    texts = {
+        "submitted_by": submitted_by(),
+        "agent": agent,
+        "input_label": input_label,
+        "suite": suite,
+    }
+    if not is_sqlite(url):
+        texts = storable_row(texts)  # Postgres text holds no NUL (storable.py)
     with session_scope(url) as session:
         session.add(
             RunRow(
@@ -68,15 +76,12 @@ def create_run(
                 # submitted within one second (their ids then sort at random).
                 created_at=datetime.now(UTC),
                 status="pending",
-                submitted_by=submitted_by(),
-                agent=agent,
-                input_label=input_label,
                 options=options,
                 config=config,
                 parent_run_id=parent_run_id,
                 deadline_at=deadline_at,
-                suite=suite,
                 usage=usage,
+                **texts,
             )
         )
 
