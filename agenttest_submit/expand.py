@@ -13,8 +13,7 @@ from agenttest_submit.case_checks import CaseChecker, Selection
 from agenttest_submit.generate import generate_cases
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
 from agenttest_submit.split_check import CheckedPart, start_second_half
-from agenttest_submit.spool_lines import SpoolShape, SpoolWriter
-from agenttest_submit.spool_records import spooled_records
+from agenttest_submit.spool_lines import SpoolShape, SpoolWriter, spooled_records
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.files import case_files_in, iter_cases, iter_line_cases
 from agenttest_worker.cases.model import Case

@@ -4,16 +4,20 @@ One line per conversation: `[key, agent, test id]`, a tab, then the record as th
 writes it (json.dumps's text), so that a fleet's run stores that text as it is
 (`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab. The
 submitter's spool and the process checking the second half of a large file
-(split_check.py) write the same lines with `SpoolWriter`.
+(split_check.py) write the same lines with `SpoolWriter`; `spooled_records` reads them
+back.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from agenttest_worker.cases.model import Case, repetition_key
 from agenttest_worker.json_values import dumps
+from agenttest_worker.store.steps import CaseText, StoredCase
 
 
 @dataclass(frozen=True)
@@ -60,3 +64,12 @@ class SpoolWriter:
         head = dumps([key, agent, test_id]).encode("ascii")
         self.handle.write(head + b"\t" + dumps(record).encode("ascii") + b"\n")
         self.conversations += 1
+
+
+def spooled_records(handle: IO[bytes]) -> Iterator[StoredCase]:
+    """(conversation key, agent, record as the text a run stores) of each line of
+    `handle`, from where it stands."""
+    for line in handle:
+        head, _, record = line.partition(b"\t")
+        case_id, agent, test_id = json.loads(head)
+        yield case_id, agent, CaseText(record[:-1].decode("ascii"), test_id)
