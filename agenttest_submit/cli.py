@@ -23,7 +23,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from agenttest_submit.arg_types import (
     Parser,
@@ -33,7 +32,6 @@ from agenttest_submit.arg_types import (
     positive_float,
     positive_int,
 )
-from agenttest_submit.early_store import looks_like_a_run
 from agenttest_submit.exits import EXIT_INPUT, EXIT_INTERNAL
 from agenttest_submit.request import (
     DEFAULT_SIMULATOR,
@@ -52,9 +50,6 @@ from agenttest_submit.stopping import (
 from agenttest_submit.subcommand_args import SUBCOMMANDS, parse_subcommand
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import starting
-
-if TYPE_CHECKING:
-    from agenttest_worker.store.store_process import StoreWork
 
 # The rest (pydantic, the report formats, the store) is imported once `main` has called
 # heap.starting(): they are start-up's heaviest imports, and the garbage collector's
@@ -302,39 +297,9 @@ def parse_run(argv: Sequence[str]) -> RunRequest:
     return run_request(build_parser().parse_args(list(argv)))
 
 
-def _early_store_work(args: list[str]) -> StoreWork | None:
-    """A new run's store process, started before the run is parsed and the rest of it
-    imported: its own imports (an embedded run's SQLAlchemy and store, ~0.4 s of CPU; a
-    fleet run's psycopg and publisher, ~0.12 s) then run on another core while this
-    process imports, parses and checks the cases (see store/store_process.py,
-    fleet_storing.py). Guessed from the words alone: None where they show no run can
-    follow (a dry run, a re-evaluation, help, settings that are wrong, which the run
-    reports where it reads them); one started for what turns out to be no run is ended
-    unused (`_stores_a_run`)."""
-    from agenttest_worker.errors import ConfigError
-    from agenttest_worker.settings import get_settings
-
-    if not looks_like_a_run(args):
-        return None
-    try:
-        settings = get_settings()
-    except ConfigError:
-        return None
-    if settings.distributed:
-        return None  # forked by the console script, if at all (early_store.py)
-    from agenttest_submit.storing import embedded_store_work
-
-    return embedded_store_work(settings.store_process)
-
-
-def _stores_a_run(request: RunRequest) -> bool:
-    """Whether `request` may store a new run."""
-    return not request.dry_run and request.reeval is None and bool(request.inputs)
-
-
-def main(argv: list[str] | None = None, store_work: StoreWork | None = None) -> int:
-    """The command line `argv` (sys.argv's by default); `store_work`, a store's process
-    the console script started for it (early_store.py)."""
+def main(argv: list[str] | None = None) -> int:
+    """The command line `argv` (sys.argv's by default); the exit code (the console
+    script's entry point)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     starting()  # see heap.py
     # After heap.starting(): see the note at the top.
@@ -346,8 +311,6 @@ def main(argv: list[str] | None = None, store_work: StoreWork | None = None) -> 
     try:
         with sigterm_as_interrupt():
             if subcommand:
-                if store_work is not None:
-                    store_work.close()  # started for a run: never given any work
                 command = parse_subcommand(args_list)
                 if isinstance(command, ViewRequest):
                     # After heap.starting(); aiohttp's server only for this command.
@@ -368,19 +331,11 @@ def main(argv: list[str] | None = None, store_work: StoreWork | None = None) -> 
                 from agenttest_submit.commands import run_subcommand
 
                 return run_subcommand(command)
-            work = store_work or _early_store_work(args_list)
-            try:
-                request = parse_run(args_list)
-                warn_about_flags(request)
-                if work is not None and not _stores_a_run(request):
-                    work.close()  # never given any work: ended at once
-                    work = None
-                from agenttest_submit.submit import submit  # after heap.starting(): see the top
+            request = parse_run(args_list)
+            warn_about_flags(request)
+            from agenttest_submit.submit import submit  # after heap.starting(): see the top
 
-                return submit(request, work)
-            finally:
-                if work is not None:
-                    work.close()
+            return submit(request)
     except InputError as exc:
         print_problems(exc.problems, nothing_ran=not subcommand)
         return EXIT_INPUT
@@ -440,7 +395,4 @@ def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> No
 
 
 if __name__ == "__main__":
-    # As the console script (leaving.py), but for leaving through the interpreter.
-    from agenttest_submit.early_store import fleet_store_process
-
-    raise SystemExit(main(store_work=fleet_store_process(sys.argv[1:])))
+    raise SystemExit(main())

@@ -6,10 +6,9 @@ conversation through one broker connection, prints the run id, and (with --wait,
 default) shows progress read from the database until the aggregator has built the
 report (fleet_watch.py); then it prints the report, writes -o, and exits 0/1.
 
-On the way to the run's first conversation this module imports neither SQLAlchemy nor
-the watch: on Postgres the run is stored through psycopg alone (storing.py), by the
-store's process the console script forked where there is one (fleet_storing.py), and
-what watching needs is imported once the fleet is already playing.
+The run's conversations start as it is stored: `FleetStarter` publishes one
+`agenttest.start` per batch of cases as soon as the batch is stored (storing.py). What
+watching needs is imported once the fleet is already playing.
 """
 
 from __future__ import annotations
@@ -45,12 +44,11 @@ def database_url() -> str:
 
 
 def import_publisher_meanwhile() -> None:
-    """Import what publishes tasks on a thread while the run is being stored (when this
-    process stores it, not a store's process: fleet_storing.py).
+    """Import what publishes tasks on a thread while the run is being stored.
 
     It is imported before the first conversation can start; storing the run is mostly
-    waiting on the database, time the import can use. `FleetStarter` (or `enqueue_run`,
-    fleet_storing.py) then finds it imported (or waits on the import lock until it is).
+    waiting on the database, time the import can use. `FleetStarter` (or `enqueue_run`)
+    then finds it imported (or waits on the import lock until it is).
     On a Redis broker that is redis-py alone: Celery's ~0.2 s import, which the first
     batch's publish waited for, is not needed to publish there (fleet/publish.py).
     """
@@ -61,6 +59,58 @@ def import_publisher_meanwhile() -> None:
             import agenttest_worker.fleet.enqueue  # noqa: F401
 
     threading.Thread(target=load, name="agenttest-import", daemon=True).start()
+
+
+def enqueue_run(run_id: str, total: int) -> None:
+    """Start every conversation of a stored run: one `agenttest.start` per batch of cases,
+    published together.
+
+    Workers expand each batch into turn tasks (only for conversations not yet started),
+    so the submitter's cost does not grow with one publish per case.
+    """
+    # The publisher: see the note at the top.
+    from agenttest_worker.fleet.enqueue import enqueue_starts
+
+    if total:
+        enqueue_starts(run_id, 0, total - 1)
+
+
+class FleetStarter:
+    """Starts a run's conversations on the fleet batch by batch, as they are stored.
+
+    One `agenttest.start` per stored batch (as `enqueue_run` publishes for a run stored
+    beforehand): on a large run the fleet works on the first conversations while the
+    rest are written, instead of waiting for all of them.
+
+    With `parallel` (--parallel given), at most that many conversations of the run are
+    under way at once across the fleet: none starts while the run is stored; once it is
+    running, the first `parallel` are claimed and started here, and each conversation
+    that ends claims the next in the write that ends it (runs.claim_starts).
+    """
+
+    def __init__(self, url: str, parallel: int | None = None) -> None:
+        self.url = url
+        self.parallel = parallel
+
+    def stored(self, run_id: str, first: int, last: int) -> None:
+        if self.parallel is not None:
+            return  # started once the run is running, `parallel` at a time
+        from agenttest_worker.fleet.enqueue import enqueue_start  # the publisher: see the top
+
+        enqueue_start(run_id, first, last)
+
+    def started(self, run_id: str, every_case_ended: bool) -> None:
+        # The publisher: see the note at the top.
+        from agenttest_worker.fleet.enqueue import enqueue_aggregate, enqueue_starts
+
+        if every_case_ended:  # they ended before the run was running: nobody else will
+            enqueue_aggregate(run_id)
+        elif self.parallel is not None:
+            from agenttest_worker.store import runs  # the store: where it is used
+
+            starts = runs.claim_starts(self.url, run_id, self.parallel)
+            if starts is not None:
+                enqueue_starts(run_id, *starts)
 
 
 def run_distributed(

@@ -14,7 +14,6 @@ import functools
 import time
 from collections.abc import Callable, Collection, Coroutine
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from agenttest_submit.driving import driving
 from agenttest_submit.generate import take_generation_usage
@@ -24,7 +23,7 @@ from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
 from agenttest_submit.runner import run_suite
 from agenttest_submit.stopping import run_async
-from agenttest_submit.storing import aggregate_run, embedded_store_work, write_run
+from agenttest_submit.storing import NewRun, write_run
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.exchange import (
     close_session,
@@ -43,14 +42,11 @@ from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import steps
-from agenttest_worker.store.buffered import BufferedStore, StoreSetup
-
-if TYPE_CHECKING:
-    from agenttest_worker.store.store_process import StoreWork
+from agenttest_worker.store.buffered import BufferedStore
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
-# here: a new embedded run's store work runs in a process of its own (or on a thread)
-# while its first conversations run (see run_embedded).
+# here: a new embedded run is stored on the store's thread while its first
+# conversations run (see run_embedded).
 
 
 def run_embedded(
@@ -61,21 +57,14 @@ def run_embedded(
     config: ProjectConfig,
     target: str | None,
     label: str,
-    work: StoreWork | None = None,
 ) -> int:
     """Run checked cases in this process, storing the run while it starts.
 
     Importing the store and writing the run and its cases take a few tenths of a
     second that the first conversations need not wait for (they wait on the agent
-    most of the time): a thread does it (StoreSetup) while they run from memory, and
-    nothing is written before it is done. A store that cannot be written still fails
-    the run, at its first write instead of before its first turn.
-
-    That work, the flushes and the aggregation run where AGENTTEST_STORE_PROCESS says
-    (store/store_process.py): from the command line, a child process, so that SQLAlchemy
-    and the database never hold this process's interpreter lock while the
-    conversations run. `work` is that process when the caller started it already (its
-    imports then overlap this process's own: cli.py); it is closed here either way.
+    most of the time): the store's thread does it (BufferedStore.fresh) while they run
+    from memory, and nothing is written before it is done. A store that cannot be
+    written still fails the run, at its first write instead of before its first turn.
     """
     settings = get_settings()
     if not settings.database_url:
@@ -98,57 +87,37 @@ def run_embedded(
     if needs_aiohttp((agent.base_url or agent.url, bool(agent.stream)) for agent in agents):
         import aiohttp  # noqa: F401  (agents/exchange.py imports it where a call needs it)
 
-    run_id = steps.new_run_id()
-    stored_options, stored_config = options.model_dump(mode="json"), config.stored()
-    deadline_at = time.time() + request.deadline if request.deadline else None
-    # The store's work (SQLAlchemy, the database) in a process of its own, as a rule.
-    if work is None:
-        work = embedded_store_work(settings.store_process)
-    try:
-        # The conversations start now, while the run is being stored.
-        began = datetime.now(UTC)
-        # A partial, not a lambda: its arguments are taken now, not when the thread gets
-        # to them (`label` below names something else by then).
-        setup = StoreSetup(
-            functools.partial(
-                work.call,
-                write_run,
-                url,
-                run_id,
-                records,
-                options=stored_options,
-                config=stored_config,
-                target=target,
-                label=label,
-                deadline_at=deadline_at,
-                started_at=began,
-                suite=run_suite(request, target),
-                generation_usage=take_generation_usage(),
-            )
-        )
-        store = BufferedStore.fresh(
-            url,
-            run_id,
-            records,
-            options=stored_options,
-            config=stored_config,
-            deadline_at=deadline_at,
-            setup=setup,
-            work=work,
-        )
-        # A run of repeated cases counts its conversations (each repetition is one).
-        label = "cases" if options.distinct_cases is None else "conversations"
-        progress = Progress(len(records), label=label)
-        conversations = [(case_id, 1) for case_id, _, _ in records]
-        run_async(drive(url, run_id, conversations, request.parallel, progress, store=store))
-        progress.close()
-        built = work.call(aggregate_run, url, run_id)
-        # The store's process closes the database as it leaves (folding its write-ahead
-        # log: ~10 ms), while the report is printed; waited for below.
-        work.no_more_calls()
-        return emit_report(url, run_id, request, built)
-    finally:
-        work.close()
+    # The conversations start now, while the run is being stored.
+    run = NewRun(
+        run_id=steps.new_run_id(),
+        options=options.model_dump(mode="json"),
+        config=config.stored(),
+        target=target,
+        label=label,
+        deadline_at=time.time() + request.deadline if request.deadline else None,
+        suite=run_suite(request, target),
+        started_at=datetime.now(UTC),
+        generation_usage=take_generation_usage(),
+    )
+    store = BufferedStore.fresh(
+        url,
+        run.run_id,
+        records,
+        options=run.options,
+        config=run.config,
+        deadline_at=run.deadline_at,
+        setup=functools.partial(write_run, url, run, records),
+    )
+    # A run of repeated cases counts its conversations (each repetition is one).
+    label = "cases" if options.distinct_cases is None else "conversations"
+    progress = Progress(len(records), label=label)
+    conversations = [(case_id, 1) for case_id, _, _ in records]
+    run_async(drive(url, run.run_id, conversations, request.parallel, progress, store=store))
+    progress.close()
+    # The store: see the note at the top.
+    from agenttest_worker.fleet.aggregate import aggregate
+
+    return emit_report(url, run.run_id, request, aggregate(url, run.run_id))
 
 
 async def drive(

@@ -12,8 +12,7 @@ from pathlib import Path
 from agenttest_submit.case_checks import CaseChecker, Selection
 from agenttest_submit.generate import generate_cases
 from agenttest_submit.inputs import FileInput, GeneratorInput, InputSource, MessageInput
-from agenttest_submit.spool_lines import SpoolShape, SpoolWriter
-from agenttest_submit.spool_records import spooled_records
+from agenttest_submit.spool_lines import SpoolShape, SpoolWriter, spooled_records
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.files import case_files_in, iter_cases
 from agenttest_worker.cases.model import Case
@@ -187,7 +186,6 @@ class Spool:
         of a repeated case its own conversation) rather than --dry-run's cases as
         written. `repeat`: --repeat, over each case's own `repeat`."""
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
-        # Named: a fleet's run may be stored from it by the store's process (`path`).
         self.handle = tempfile.NamedTemporaryFile("w+b", prefix="agenttest-spool-")  # noqa: SIM115
         writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat))
         for case in stream:
@@ -232,12 +230,6 @@ class Spool:
         """The same as `records`, each record as the text a run stores, not parsed."""
         self.handle.seek(0)
         return spooled_records(self.handle)
-
-    @property
-    def path(self) -> str:
-        """The spool's file, for another process to read the records from (complete
-        once the constructor has returned; removed by close())."""
-        return self.handle.name
 
     def close(self) -> None:
         self.handle.close()

@@ -24,10 +24,9 @@ import sys
 from collections import Counter
 from typing import Any
 
-from agenttest_submit.distributed import database_url
+from agenttest_submit.distributed import database_url, enqueue_run
 from agenttest_submit.embedded import drive
 from agenttest_submit.expand import Selection
-from agenttest_submit.fleet_storing import enqueue_run
 from agenttest_submit.fleet_watch import wait_for_run
 from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress

@@ -13,14 +13,13 @@ import hashlib
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from agenttest_submit.fleet_storing import FromSpool, SpooledRun, store_spooled
 from agenttest_submit.generate import take_generation_usage
 from agenttest_submit.inputs import InputSource
 from agenttest_submit.request import RunRequest
 from agenttest_submit.services import safe_url
-from agenttest_submit.storing import RunStarter, write_run
+from agenttest_submit.storing import NewRun, RunStarter, write_run
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.cases.model import Case
 from agenttest_worker.engine import RunOptions
@@ -31,8 +30,8 @@ if TYPE_CHECKING:
     from agenttest_worker.store.models import RunRow
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
-# here: a new embedded run leaves it to its store's work while its first conversations run
-# (see embedded.run_embedded).
+# here: a new embedded run leaves it to its store's thread while its first conversations
+# run (see embedded.run_embedded).
 
 
 def run_options(request: RunRequest, config: ProjectConfig, target: str | None) -> RunOptions:
@@ -122,26 +121,20 @@ def store_records(
     parent_run_id: str | None = None,
     starter: RunStarter | None = None,
     suite: str | None = None,
-    from_spool: FromSpool | None = None,
 ) -> tuple[str, int]:
-    """Create the run and store (case id, agent, record) rows a batch at a time; with
-    `from_spool`, the store's process stores the same records read from the spool's
-    file (fleet_storing.py)."""
-    run_id = steps.new_run_id()
-    fields: dict[str, Any] = {
-        "options": options.model_dump(mode="json"),
-        "config": config.stored(),
-        "target": target,
-        "label": label,
-        "deadline_at": time.time() + deadline if deadline else None,
-        "parent_run_id": parent_run_id,
-        "suite": suite,
-        "generation_usage": take_generation_usage(),
-    }
-    if from_spool is not None:
-        run = SpooledRun(url, run_id, from_spool.path, starter, fields)
-        return run_id, store_spooled(from_spool.work, run)
-    return run_id, write_run(url, run_id, records, starter=starter, **fields)
+    """Create the run and store (case id, agent, record) rows a batch at a time."""
+    run = NewRun(
+        run_id=steps.new_run_id(),
+        options=options.model_dump(mode="json"),
+        config=config.stored(),
+        target=target,
+        label=label,
+        deadline_at=time.time() + deadline if deadline else None,
+        parent_run_id=parent_run_id,
+        suite=suite,
+        generation_usage=take_generation_usage(),
+    )
+    return run.run_id, write_run(url, run, records, starter)
 
 
 def resolve_run(url: str, ref: str) -> RunRow:

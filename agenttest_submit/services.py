@@ -5,7 +5,7 @@ bug in agenttest; it must say which service, at which address (password hidden),
 what the driver said, in one line instead of an "internal error" with the driver's
 exception class. Exit code 3 either way: nothing about the cases was wrong.
 
-Only the modules a run has already imported are consulted (SQLAlchemy, psycopg, kombu,
+Only the modules a run has already imported are consulted (SQLAlchemy, kombu,
 redis-py), so this costs the command's start-up nothing. `safe_url` is also how the
 subcommands show the database's address.
 """
@@ -55,18 +55,10 @@ def _broker_lost(exc: BaseException) -> bool:
 
 
 def _database_lost(exc: BaseException) -> bool:
-    """Whether `exc` is the database out of reach: SQLAlchemy's error, or psycopg's own
-    where a run was stored through psycopg alone (store/postgres_run.py; in this process
-    or the store's, fleet_storing.py)."""
+    """Whether `exc` is the database out of reach (SQLAlchemy's error)."""
     sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
-    if sqlalchemy_exc is not None and isinstance(exc, sqlalchemy_exc.DBAPIError):
-        from agenttest_worker.store.db import is_connection_lost  # see above
+    if sqlalchemy_exc is None or not isinstance(exc, sqlalchemy_exc.DBAPIError):
+        return False
+    from agenttest_worker.store.db import is_connection_lost  # see above
 
-        return is_connection_lost(exc)
-    if "psycopg" not in sys.modules:
-        return False  # nothing here spoke to the database through psycopg
-    # psycopg's own error: the run was stored through psycopg alone, by this process or
-    # by the store's process, whose errors come back as the same classes.
-    from agenttest_worker.store.postgres_run import connection_lost
-
-    return connection_lost(exc)
+    return is_connection_lost(exc)

@@ -3,15 +3,18 @@
 One line per conversation: `[key, agent, test id]`, a tab, then the record as the store
 writes it (json.dumps's text), so that a fleet's run stores that text as it is
 (`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab.
+`spooled_records` reads them back.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from agenttest_worker.cases.model import Case, repetition_key
+from agenttest_worker.store.steps import CaseText, StoredCase
 
 
 @dataclass(frozen=True)
@@ -58,3 +61,12 @@ class SpoolWriter:
         head = json.dumps([key, agent, test_id]).encode("ascii")
         self.handle.write(head + b"\t" + json.dumps(record).encode("ascii") + b"\n")
         self.conversations += 1
+
+
+def spooled_records(handle: IO[bytes]) -> Iterator[StoredCase]:
+    """(conversation key, agent, record as the text a run stores) of each line of
+    `handle`, from where it stands."""
+    for line in handle:
+        head, _, record = line.partition(b"\t")
+        case_id, agent, test_id = json.loads(head)
+        yield case_id, agent, CaseText(record[:-1].decode("ascii"), test_id)

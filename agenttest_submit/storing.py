@@ -1,4 +1,5 @@
-"""A run's cases written a batch at a time by more than one connection, started in order.
+"""Storing a new run: the run row, its cases a batch at a time by more than one
+connection, each batch started in order, then its start.
 
 Storing a batch of cases is mostly the database's work (parsing the batch, its rows'
 five indexes, the foreign key, the commit), during which the submitter only waits. With
@@ -8,10 +9,8 @@ Each batch is handed to the `RunStarter` in input order, once it and every batch
 before it are stored, as when they were written one after the other. SQLite takes one
 writer at a time: one batch in flight there.
 
-`write_run` stores a run (the run row, its cases, its start) and `aggregate_run`
-aggregates one: an embedded run calls both in its store's process
-(store/store_process.py), which imports this module and the store, not the rest of
-the client. The store (SQLAlchemy) is imported where it is used.
+The store (SQLAlchemy) is imported where it is used: a new embedded run's conversations
+start while a thread stores it (store/buffered.py).
 """
 
 from __future__ import annotations
@@ -19,30 +18,18 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.new_run import NewCase, NewRun, RunWrites
 
 if TYPE_CHECKING:
-    from agenttest_worker.report.model import RunReport
     from agenttest_worker.results import RoleUsage, UsageRole
-    from agenttest_worker.settings import StoreProcessChoice
     from agenttest_worker.store import steps
-    from agenttest_worker.store.store_process import StoreWork
 
-# What an embedded run's store process imports before its first call (store_process.py):
-# storing the run and writing its flushes, and, after that first call, its aggregation.
-_STORE_PROCESS_MODULES = (
-    "agenttest_submit.storing",
-    "agenttest_worker.store.runs",
-    "agenttest_worker.store.flush_writes",
-)
-_STORE_PROCESS_LATER = ("agenttest_worker.fleet.aggregate",)
-
-# Batches waiting read for each writer (RunWrites.writers): a batch is a few hundred KB.
+# Batches waiting read for each writer: a batch is a few hundred KB.
 WAITING_PER_WRITER = 2
 
 _DONE = None
@@ -169,101 +156,60 @@ class RunStarter(Protocol):
         ended already (then nobody else will enqueue its aggregation)."""
 
 
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """A new run as `write_run` stores it, built once by its submitter."""
+
+    run_id: str
+    options: dict[str, Any]
+    config: dict[str, Any]
+    target: str | None
+    label: str
+    deadline_at: float | None
+    parent_run_id: str | None = None
+    suite: str | None = None
+    # What its reports' duration counts from: an embedded run's conversations begin
+    # before it is stored. Else when its first batch was handed out, else now.
+    started_at: datetime | None = None
+    # What the generators of its cases called (take_generation_usage): before the run,
+    # in no conversation.
+    generation_usage: Mapping[UsageRole, RoleUsage] | None = None
+
+
 def write_run(
     url: str,
-    run_id: str,
-    records: Iterable[steps.StoredCase],
-    *,
-    options: dict[str, Any],
-    config: dict[str, Any],
-    target: str | None,
-    label: str,
-    deadline_at: float | None,
-    parent_run_id: str | None = None,
-    starter: RunStarter | None = None,
-    started_at: datetime | None = None,
-    suite: str | None = None,
-    generation_usage: Mapping[UsageRole, RoleUsage] | None = None,
-) -> int:
-    """Bring the store up to date, create the run, add its cases, start it.
-
-    `generation_usage` is what the generators of its cases called (take_generation_usage,
-    taken by the caller: this may run in the store's own process, which has none).
-
-    With a `starter`, each batch of cases is handed to it as soon as it is stored, so
-    a fleet works on the first conversations while the rest are written. The run's
-    start (what its reports' duration counts from) is `started_at` if given (an
-    embedded run's conversations begin before it is stored), else when the first batch
-    was handed out, else now.
-    """
-    writes = _run_writes(url)
-    try:
-        return _write_run(
-            writes,
-            NewRun(
-                run_id=run_id,
-                agent=target,
-                input_label=label,
-                options=options,
-                config=config,
-                parent_run_id=parent_run_id,
-                deadline_at=deadline_at,
-                suite=suite,
-                # What the generator agents called for these cases: before the run, in
-                # no conversation (store/usage.py, whose SQLAlchemy is needed only then).
-                usage=_usage_document(generation_usage) if generation_usage else None,
-            ),
-            records,
-            starter,
-            started_at,
-        )
-    finally:
-        writes.close()
-
-
-def _usage_document(usage: Mapping[UsageRole, RoleUsage]) -> dict[str, Any] | None:
-    from agenttest_worker.store.usage import usage_document  # the store: see the top
-
-    return usage_document(usage)
-
-
-def _run_writes(url: str) -> RunWrites:
-    """Where the run is written, once the store's schema is current: through psycopg
-    alone on Postgres (no SQLAlchemy on the way to a fleet's first conversation:
-    store/postgres_run.py), through the SQLAlchemy store elsewhere."""
-    from agenttest_worker.store.postgres_run import PostgresRunWrites, libpq_url
-
-    libpq = libpq_url(url)
-    if libpq is None:
-        # The store: see the top.
-        from agenttest_worker.store.db import upgrade
-        from agenttest_worker.store.runs import SqlAlchemyRunWrites
-
-        upgrade(url)
-        return SqlAlchemyRunWrites(url)
-    writes = PostgresRunWrites(libpq)
-    try:
-        if not writes.current_schema():
-            from agenttest_worker.store.db import upgrade  # Alembic: only then
-
-            upgrade(url)
-    except BaseException:
-        writes.close()
-        raise
-    return writes
-
-
-def _write_run(
-    writes: RunWrites,
     run: NewRun,
     records: Iterable[steps.StoredCase],
-    starter: RunStarter | None,
-    started_at: datetime | None,
+    starter: RunStarter | None = None,
 ) -> int:
-    writes.create_run(run)
+    """Bring the store up to date, create the run, add its cases, start it; the number
+    of cases stored.
+
+    With a `starter`, each batch of cases is handed to it as soon as it is stored, so
+    a fleet works on the first conversations while the rest are written.
+    """
+    # The store: see the top.
+    from agenttest_worker.store import runs
+    from agenttest_worker.store.db import is_sqlite, upgrade
+    from agenttest_worker.store.usage import usage_document
+
+    upgrade(url)
     run_id = run.run_id
+    usage = run.generation_usage
+    runs.create_run(
+        url,
+        run_id=run_id,
+        agent=run.target,
+        input_label=run.label,
+        options=run.options,
+        config=run.config,
+        parent_run_id=run.parent_run_id,
+        deadline_at=run.deadline_at,
+        suite=run.suite,
+        usage=usage_document(usage) if usage else None,
+    )
     rows = (
-        NewCase(seq=i, case_id=case_id, case=record, agent=agent)
+        runs.NewCase(seq=i, case_id=case_id, case=record, agent=agent)
         for i, (case_id, agent, record) in enumerate(records)
     )
     first_started: datetime | None = None
@@ -277,33 +223,17 @@ def _write_run(
     try:
         total = write_batches(
             _batches(rows, get_settings().enqueue_batch),
-            lambda batch: writes.add_cases(run_id, batch),
+            lambda batch: runs.add_cases(url, run_id, batch),
             stored,
-            writers=writes.writers,
+            writers=1 if is_sqlite(url) else runs.POSTGRES_WRITERS,
         )
     except BaseException:
         # Conversations of the batches already started find their run gone and stop.
-        writes.delete_run(run_id)
+        runs.delete_run(url, run_id)
         raise
-    every_case_ended = writes.start_run(run_id, total, started_at=started_at or first_started)
+    every_case_ended = runs.start_run(url, run_id, total, run.started_at or first_started)
     if starter is not None:
         starter.started(run_id, every_case_ended)
     # After the start: the conversations under way replan once it commits.
-    writes.keep_statistics(total)
+    runs.keep_statistics(url, total)
     return total
-
-
-def embedded_store_work(choice: StoreProcessChoice) -> StoreWork:
-    """Where a new embedded run's store work runs (AGENTTEST_STORE_PROCESS): a store
-    process imports what `write_run`, the flushes and `aggregate_run` need."""
-    from agenttest_worker.store.store_process import store_work
-
-    return store_work(choice, _STORE_PROCESS_MODULES, _STORE_PROCESS_LATER)
-
-
-def aggregate_run(url: str, run_id: str) -> RunReport | None:
-    """fleet.aggregate.aggregate, imported where it runs: an embedded run aggregates in
-    the process that does its store's work (store/store_process.py)."""
-    from agenttest_worker.fleet.aggregate import aggregate  # the store: see the top
-
-    return aggregate(url, run_id)

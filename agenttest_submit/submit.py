@@ -14,12 +14,10 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agenttest_submit.embedded import run_embedded
 from agenttest_submit.exits import EXIT_OK
 from agenttest_submit.expand import CaseStream, Selection, Spool, print_warnings
-from agenttest_submit.fleet_storing import FleetStarter, FromSpool
 from agenttest_submit.generate import forget_generation_usage
 from agenttest_submit.inputs import InputSource, MessageInput, parse_inputs
 from agenttest_submit.output import output_problem
@@ -32,19 +30,13 @@ from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
 from agenttest_worker.settings import get_settings
 
-if TYPE_CHECKING:
-    from agenttest_worker.store.store_process import StoreWork
-
 # reeval.py and distributed.py are imported where they are used: both import the store
-# (SQLAlchemy), which an embedded run leaves to its store's work while its first
+# (SQLAlchemy), which an embedded run leaves to its store's thread while its first
 # conversations run (see embedded.run_embedded).
 
 
-def submit(request: RunRequest, work: StoreWork | None = None) -> int:
-    """Check the request, then run its cases (or re-judge or print them); the exit code.
-
-    `work` is the store's process the caller started for an embedded run (cli.py), if
-    any: the run uses it, and closes it."""
+def submit(request: RunRequest) -> int:
+    """Check the request, then run its cases (or re-judge or print them); the exit code."""
     forget_generation_usage()  # an earlier submission's generators are not this run's
     if request.interactive and request.skip_interactive:
         raise InputError("--interactive and --skip-interactive contradict each other")
@@ -101,7 +93,7 @@ def submit(request: RunRequest, work: StoreWork | None = None) -> int:
         stream.finish()
         print_warnings(stream.warnings)
         return reeval_cases(request, config, cases)
-    return run_cases(request, config, stream, sources, target, work)
+    return run_cases(request, config, stream, sources, target)
 
 
 # What json.dumps(ensure_ascii=False) leaves raw and a terminal would obey: DEL, the C1
@@ -138,7 +130,6 @@ def run_cases(
     stream: CaseStream,
     sources: list[InputSource],
     target: str | None,
-    work: StoreWork | None = None,
 ) -> int:
     """Store the stream's cases (rejecting bad input before anything runs), run, report."""
     settings = get_settings()
@@ -152,8 +143,7 @@ def run_cases(
         from agenttest_submit.distributed import database_url, import_publisher_meanwhile
 
         url = database_url()
-        if work is None:  # stored here, not by the store's process (fleet_storing.py)
-            import_publisher_meanwhile()
+        import_publisher_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
     with Spool(stream, target, repeat=request.repeat) as spool:
         print_warnings(stream.warnings)
@@ -161,8 +151,8 @@ def run_cases(
             options = options.model_copy(update={"distinct_cases": spool.cases})
         if not settings.distributed:
             records = list(spool.records())
-            return run_embedded(request, url, records, options, config, target, label, work)
-        from agenttest_submit.distributed import run_distributed
+            return run_embedded(request, url, records, options, config, target, label)
+        from agenttest_submit.distributed import FleetStarter, run_distributed
 
         run_id, total = store_records(
             url,
@@ -174,7 +164,6 @@ def run_cases(
             deadline=request.deadline,
             suite=run_suite(request, target),
             starter=FleetStarter(url, request.parallel if request.parallel_given else None),
-            from_spool=FromSpool(work, spool.path) if work is not None else None,
         )
 
     return run_distributed(request, url, run_id, total, config, options)

@@ -28,9 +28,6 @@ from agenttest_worker.errors import ConfigError, InputProblem, redact_url
 
 PREFIX = "AGENTTEST_"
 
-# Where an embedded run's store work runs (store/store_process.py).
-StoreProcessChoice = Literal["auto", "always", "never"]
-
 # The event loop a fleet worker plays its turns on (driver/event_loops.py).
 EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
 
@@ -109,13 +106,6 @@ class Settings(BaseModel):
         le=65535,
         description="Port each worker serves Prometheus metrics on (/metrics); unset: no "
         "metrics and no port opened",
-    )
-    store_process: StoreProcessChoice = Field(
-        default="auto",
-        description="Where an embedded run's store work (SQLAlchemy, writing the run, its "
-        "flushes, its reports) runs: a child process of its own ('always'), this process "
-        "('never'), or a child unless this process may use only one CPU or already "
-        "imported SQLAlchemy ('auto')",
     )
     event_loop: EventLoopChoice = Field(
         default="auto",

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from agent_servers import refused_url, run
 from raw_http import Answer, RawRequest, RawServer, reply
-from test_leaving import command as leaving_command
-from test_leaving import submit as leaving_submit
-from test_leaving import write_cases
+from test_console_script import command as script_command
+from test_console_script import submit as script_submit
+from test_console_script import write_cases
 
 from agenttest_worker.agents import exchange
 from agenttest_worker.agents.base import AgentError
@@ -479,7 +479,7 @@ def test_an_embedded_run_of_plain_http_agents_never_imports_aiohttp(
     """Its agents all take the lean client: aiohttp (~0.15 s, ~10 MB) is not imported.
     A streamed agent needs it, and the run imports it before its first call."""
     cases = write_cases(tmp_path / "cases.jsonl", 5, "Hello")
-    plain = leaving_submit(
+    plain = script_submit(
         tmp_path, demo_url, "-i", str(cases), env={"PYTHONPROFILEIMPORTTIME": "1"}
     )
     assert plain.returncode == 0, plain.stderr[-2000:]
@@ -490,7 +490,7 @@ def test_an_embedded_run_of_plain_http_agents_never_imports_aiohttp(
     config.write_text(
         f"agents:\n  streamed:\n    base_url: {demo_url}\n    model: expense\n    stream: true\n"
     )
-    streamed = leaving_command(
+    streamed = script_command(
         tmp_path, demo_url, "--config", str(config), "-n", "streamed", "-i", str(cases),
         env={"PYTHONPROFILEIMPORTTIME": "1"},
     )  # fmt: skip

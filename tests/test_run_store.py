@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import DataError
 
 from agenttest_submit.cli import main, parse_run
 from agenttest_submit.embedded import drive
@@ -23,7 +24,7 @@ from agenttest_submit.expand import expand
 from agenttest_submit.inputs import parse_input
 from agenttest_submit.progress import Progress
 from agenttest_submit.runner import run_options, store_records, store_run
-from agenttest_submit.storing import write_run
+from agenttest_submit.storing import NewRun, write_run
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare
@@ -33,10 +34,9 @@ from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Us
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery, results, runs, steps, turn_statements
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.buffered import BufferedStore, StoreSetup
+from agenttest_worker.store.buffered import BufferedStore
 from agenttest_worker.store.db import session_scope, upgrade
 from agenttest_worker.store.models import CaseRow, RunReportRow, RunRow, TurnRow
-from agenttest_worker.store.store_process import StoreWork
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 SUITE_CASES = str(SUITE / "expense-suite.jsonl")
@@ -306,8 +306,7 @@ def test_a_batch_the_database_refuses_removes_the_run_with_every_batch_stored(
     starter = PlayingStarter(pg_database, play_them=False)
     config = load_config(SUITE_CONFIG)
     records = [(f"c{i}", "x" * (300 if i == 9 else 5), {"id": f"c{i}"}) for i in range(40)]
-    # The run is written through psycopg alone (store/postgres_run.py): its own error.
-    with pytest.raises(psycopg.errors.StringDataRightTruncation):
+    with pytest.raises(DataError) as refused:
         store_records(
             pg_database,
             iter(records),
@@ -317,6 +316,7 @@ def test_a_batch_the_database_refuses_removes_the_run_with_every_batch_stored(
             label="refused",
             starter=starter,
         )
+    assert isinstance(refused.value.orig, psycopg.errors.StringDataRightTruncation)
     firsts = [first for first, _, _, _ in starter.batches]
     assert firsts == list(range(0, 2 * len(firsts), 2)) and len(firsts) <= 4
     with session_scope(pg_database) as session:  # (its cases would go with it)
@@ -343,12 +343,9 @@ def test_a_run_started_before_its_conversations_end_is_finished_by_them(
 # -- a new embedded run: conversations start while the run is being stored -----------------
 
 
-def fresh_suite(
-    work: Any, store_work: StoreWork | None = None
-) -> tuple[str, str, BufferedStore, list[Any]]:
+def fresh_suite(work: Any) -> tuple[str, str, BufferedStore, list[Any]]:
     """The suite as a new embedded run's BufferedStore, its setup running `work(store
-    the run)` on a thread, its flushes written by `store_work` (default: this process):
-    (url, run id, store, records)."""
+    the run)` on the store's thread: (url, run id, store, records)."""
     config = load_config(SUITE_CONFIG)
     cases = expand([parse_input(SUITE_CASES)], config, target="assistants.expense").cases
     records = [(c.id, "assistants.expense", c.to_record()) for c in cases]
@@ -357,12 +354,12 @@ def fresh_suite(
     stored = {"options": options.model_dump(mode="json"), "config": config.stored()}
 
     def store_the_run() -> None:
-        write_run(db, run_id, records, target="assistants.expense", label="suite",
-                  deadline_at=None, **stored)  # fmt: skip
+        run = NewRun(run_id, target="assistants.expense", label="suite", deadline_at=None,
+                     **stored)  # fmt: skip
+        write_run(db, run, records)
 
-    setup = StoreSetup(lambda: work(store_the_run))
     store = BufferedStore.fresh(
-        db, run_id, records, deadline_at=None, setup=setup, work=store_work, **stored
+        db, run_id, records, deadline_at=None, setup=lambda: work(store_the_run), **stored
     )
     store.flush_every = 0  # every maybe_flush would write, if it could
     return db, run_id, store, records
@@ -461,6 +458,79 @@ def test_a_flush_that_fails_keeps_what_it_did_not_write(demo: Path) -> None:
         2,
         "ready",
     )
+
+
+def _refusable_step(run_id: str, turn: int, state: str) -> steps.Step:
+    """Turn `turn` of T001 with a call reporting more tokens than SQLite's 64 bits hold."""
+    huge = Usage(prompt_tokens=10**20, completion_tokens=1, total_tokens=10**20 + 1)
+    call = AgentCallRecord(role="target", agent="a", latency_ms=1, usage=huge)
+    played = TurnResult(turn=turn, input="hi", output="ok", calls=[call])
+    return steps.Step(
+        run_id=run_id, case_id="T001", expected_turn=turn, next_turn=turn + 1,
+        phase="ready", state=steps.JsonText(state), new_turns=[played],
+    )  # fmt: skip
+
+
+def test_a_refusal_learned_a_flush_later_takes_back_the_steps_saved_since(
+    demo: Path,
+) -> None:
+    """A flush handed over without waiting learns of a refused step only at the next
+    flush, by which time its conversation may have played on: the refused step and
+    every later one are taken back, none of them written, and the run's counters are
+    as if they never ran."""
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run())
+    store.flush()
+    prepared = prepare(store, run_id, "T001", 1)
+    assert not isinstance(prepared, Advance)
+    state = prepared.state.model_dump_json()
+    assert store.save_step(_refusable_step(run_id, 1, state)).saved
+    store.flush(wait=False)  # handed over; its outcome is taken at the next flush
+    later = TurnResult(turn=2, input="and then", output="ok")
+    assert store.save_step(steps.Step(
+        run_id=run_id, case_id="T001", expected_turn=2, next_turn=3, phase="ready",
+        state=steps.JsonText(state), new_turns=[later],
+    )).saved  # fmt: skip
+    assert store.take_refused() == []
+
+    store.flush()
+    (refused,) = store.take_refused()
+    assert (refused.case_id, refused.turn) == ("T001", 1)
+    assert "too large" in refused.reason
+    loaded = store.load_case(run_id, "T001")
+    assert loaded is not None and loaded.next_turn == 1, "back to before the refused step"
+    assert results.count_turn_rows(db, run_id) == [], "neither step was written"
+    assert case_rows(db, run_id)["T001"].next_turn == 1
+    run = runs.get_run(db, run_id)
+    assert run is not None and (run.finished_cases, run.total_tokens) == (0, 0)
+
+
+def test_a_flush_handed_over_that_fails_is_written_by_a_later_one(
+    demo: Path,
+) -> None:
+    """A write handed over without waiting that the database rolls back is reported by
+    the next flush, and what it held is kept: a later flush writes it, before and with
+    what was saved since."""
+    db, run_id, store, _ = fresh_suite(lambda store_the_run: store_the_run())
+    store.flush()
+
+    def save_turn_one(case_id: str) -> None:
+        prepared = prepare(store, run_id, case_id, 1)
+        assert not isinstance(prepared, Advance)
+        played = TurnResult(turn=1, input="hi", output="ok")
+        assert store.save_step(steps.Step(
+            run_id=run_id, case_id=case_id, expected_turn=1, next_turn=2, phase="ready",
+            state=steps.JsonText(prepared.state.model_dump_json()), new_turns=[played],
+        )).saved  # fmt: skip
+
+    with turn_writes_failing(db):
+        save_turn_one("T001")
+        store.flush(wait=False)  # handed over: it fails on the store's thread meanwhile
+        save_turn_one("T002")
+        with pytest.raises(Exception, match="disk trouble"):
+            store.flush()  # T001's outcome, taken first
+        assert results.count_turn_rows(db, run_id) == []
+    store.flush()
+    assert sorted(results.count_turn_rows(db, run_id)) == [("T001", 1, 1), ("T002", 1, 1)]
 
 
 def test_a_refused_reply_to_a_parked_conversation_ends_it_failed_still_parked(

@@ -18,11 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from agenttest_worker.store import runs
 from agenttest_worker.store import turn_statements as sql
 from agenttest_worker.store.db import get_engine, upgrade
-from agenttest_worker.store.new_run import RunWrites
-from agenttest_worker.store.postgres_run import PostgresRunWrites
-from agenttest_worker.store.runs import SqlAlchemyRunWrites
 
 IN_FLIGHT = 3000
 
@@ -130,7 +128,7 @@ def test_a_run_larger_than_the_statistics_know_has_the_cases_analyzed_as_it_star
 ) -> None:
     """A new database (or autovacuum off): no statistics at all, and Postgres took the
     smallest index on run_id for the conversation's read and save. The run's writer
-    analyzes the table once the run has started (new_run.statistics_behind), as the
+    analyzes the table once the run has started (runs.keep_statistics), as the
     submitter's storing does."""
     phases, phase = GUARDS[guard]
     with psycopg.connect(database, autocommit=True) as conn:
@@ -138,11 +136,7 @@ def test_a_run_larger_than_the_statistics_know_has_the_cases_analyzed_as_it_star
         known = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'cases'").fetchone()
         assert known is not None and known[0] < 0  # never analyzed
 
-    writes = PostgresRunWrites(database)
-    try:
-        writes.keep_statistics(IN_FLIGHT)
-    finally:
-        writes.close()
+    runs.keep_statistics(database, IN_FLIGHT)
 
     _assert_by_primary_key(_cases_scans(database, sql.SAVE_GUARDED, _step_params(phases)))
     load = sql.load("postgresql")
@@ -151,24 +145,14 @@ def test_a_run_larger_than_the_statistics_know_has_the_cases_analyzed_as_it_star
     )
 
 
-@pytest.mark.parametrize("writer", ["psycopg", "SQLAlchemy"])
-def test_statistics_that_know_the_run_are_left_as_they_are(database: str, writer: str) -> None:
-    """Both writers of a new run (postgres_run.py's, runs.py's for other drivers)."""
+def test_statistics_that_know_the_run_are_left_as_they_are(database: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         _add_run(conn, "first", 500, "done")
         conn.execute("ANALYZE cases")
         _add_run(conn, "second", 100, "ready")
-        writes: RunWrites = (
-            PostgresRunWrites(database) if writer == "psycopg" else SqlAlchemyRunWrites(database)
-        )
-        try:
-            writes.keep_statistics(100)  # 100 < the 500 the statistics know: left
-            left = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'cases'").fetchone()
-            writes.keep_statistics(1000)  # more than they know: analyzed
-            analyzed = conn.execute(
-                "SELECT reltuples FROM pg_class WHERE relname = 'cases'"
-            ).fetchone()
-        finally:
-            writes.close()
+        runs.keep_statistics(database, 100)  # 100 < the 500 the statistics know: left
+        left = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'cases'").fetchone()
+        runs.keep_statistics(database, 1000)  # more than they know: analyzed
+        analyzed = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'cases'").fetchone()
     assert left == (500,)
     assert analyzed == (600,)

@@ -190,3 +190,19 @@ def test_cases_copied_to_postgres_keep_every_character(pg_database: str) -> None
             0,
         ),
     ]
+
+
+def test_a_run_whose_label_holds_a_nul_is_stored_on_postgres(pg_database: str) -> None:
+    """Postgres text cannot hold U+0000: the run's texts are stored with U+FFFD instead,
+    as its cases' are."""
+    from agenttest_worker.store import runs, steps
+
+    db.upgrade(pg_database)
+    run_id = steps.new_run_id()
+    runs.create_run(
+        pg_database, run_id=run_id, agent=None, input_label="a \x00 label", options={}, config={}
+    )
+    run = runs.get_run(pg_database, run_id)
+    assert run is not None and run.input_label == "a \ufffd label"
+    runs.delete_run(pg_database, run_id)
+    assert runs.get_run(pg_database, run_id) is None

@@ -124,8 +124,8 @@ def test_sigterm_mid_run_on_the_embedded_default_keeps_every_turn_played(
     """An embedded run keeps its conversations in memory and writes them every half
     second; terminated, it writes what it has first, so `resume` plays only the turns
     that had not been played (killed outright, the last half second is played again).
-    Ctrl-C at a terminal reaches the whole process group, the store's process too
-    (store/store_process.py): it goes on, and the run's last write goes through it."""
+    Ctrl-C at a terminal reaches the whole process group: the run's last write goes
+    through all the same."""
     parallel, total = 4, 20
     with WatchingAgent(demo_url, delay=0.015) as agent:
 

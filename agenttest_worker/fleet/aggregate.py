@@ -11,7 +11,7 @@ from typing import Any
 
 from agenttest_worker.report import RunReport, render_chunks
 from agenttest_worker.report.model import Budget, StoredResults
-from agenttest_worker.store import records_ahead, results, runs
+from agenttest_worker.store import results, runs
 from agenttest_worker.store.usage import stored_usage
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
@@ -23,9 +23,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
     run = runs.get_run(url, run_id)
     if run is None:
         raise LookupError(f"no run {run_id}")
-    records = StoredResults(
-        list(results.iter_result_texts(url, run_id)), records_ahead.take(run_id)
-    )
+    records = StoredResults(list(results.iter_result_texts(url, run_id)))
     started = run.started_at or run.created_at
     finished = run.finished_at or datetime.now(UTC)
     if started is not None and started.tzinfo is None:

@@ -132,17 +132,9 @@ class StoredResults(Sequence[CaseResult]):
     # instead of parsed again (parsing was the JSONL report's largest cost).
     _RECENT = 64
 
-    def __init__(self, texts: list[str], parsed: dict[str, CaseResult] | None = None) -> None:
-        """`parsed`: records already parsed, by their text (store/records_ahead.py);
-        each is taken from there the first time it is read."""
+    def __init__(self, texts: list[str]) -> None:
         self._texts = texts
         self._recent: OrderedDict[int, CaseResult] = OrderedDict()
-        self._ahead = parsed or {}
-
-    def __getstate__(self) -> dict[str, object]:
-        # Sent to the caller that prints the report (from an embedded run's store
-        # process): the texts, not the records parsed (ahead, or lately) as objects.
-        return {**self.__dict__, "_ahead": {}, "_recent": OrderedDict()}
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -183,8 +175,7 @@ class StoredResults(Sequence[CaseResult]):
         # (Reporters read records and never change them, so one object serves them all.)
         record = self._recent.get(index)
         if record is None:
-            text = self._texts[index]
-            record = self._ahead.pop(text, None) or CaseResult.model_validate_json(text)
+            record = CaseResult.model_validate_json(self._texts[index])
             self._recent[index] = record
             if len(self._recent) > self._RECENT:
                 self._recent.popitem(last=False)

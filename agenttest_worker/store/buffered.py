@@ -7,13 +7,12 @@ with the same guards (a step is saved once, at the turn it ran), and what they p
 is written to the same tables in batches. A run interrupted mid-way loses at most the
 last half second of turns, which `agenttest-submit resume` runs again.
 
-Nothing here imports SQLAlchemy until it touches the database: a new embedded run's
-BufferedStore starts from the cases in memory while another thread imports the store
-and writes the run (`BufferedStore.fresh`), so its first conversations overlap that
-start-up instead of waiting for it. What a flush writes is handed as plain data
-(flush_batch.py) to `flush_writes.write_flush`, wherever the run's store work runs
-(`StoreWork`: a process of its own for a new run from the command line, see
-store_process.py, or this one).
+Nothing here imports SQLAlchemy until it touches the database. The store's work runs
+on a thread of its own, in order: a new embedded run's BufferedStore starts from the
+cases in memory while that thread imports the store and writes the run (its `setup`,
+`BufferedStore.fresh`), so that its first conversations overlap that start-up instead
+of waiting for it; then each flush is handed to it as plain data (flush_batch.py,
+`flush_writes.write_flush`) while the conversations go on.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import copy
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +39,6 @@ from agenttest_worker.store.flush_batch import (
     StepRefused,
     take_off,
 )
-from agenttest_worker.store.setup_thread import StoreSetup as StoreSetup  # re-exported
-from agenttest_worker.store.store_process import InThisProcess, Reply, StoreWork
 
 _TIMER_TICK = 0.05  # seconds: the shortest wait of flush_on_timer
 
@@ -71,11 +69,11 @@ class _Unwritten:
 
 @dataclass(frozen=True)
 class _Sent:
-    """A write handed to the store's work: what it holds, and its outcome to come."""
+    """A write handed to the store's thread: what it holds, and its outcome to come."""
 
     unwritten: dict[str, _Unwritten]
     changes: RunChanges
-    reply: Reply[list[StepRefused]]
+    reply: Future[list[StepRefused]]
 
 
 @dataclass(frozen=True)
@@ -100,21 +98,20 @@ class BufferedStore(reservations.MemoryReservations):
         conversations: dict[str, _Conversation],
         *,
         flush_every: float = 0.5,
-        setup: StoreSetup | None = None,
-        work: StoreWork | None = None,
+        setup: Callable[[], object] | None = None,
     ) -> None:
         self.url = url
-        # Where the flushes are written: see store_process.py.
-        self.work: StoreWork = work if work is not None else InThisProcess()
+        # The store's work, in order: see the module's docstring.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttest-store")
+        self._setup = self._thread.submit(setup) if setup is not None else None
         self.run_id = run_id
         self.run = run
         self.conversations = conversations
         self.flush_every = flush_every
-        self._setup = setup
         self._last_flush = time.monotonic()
         self._unwritten: dict[str, _Unwritten] = {}
         self._changes = RunChanges()
-        # The write handed to the store's work whose outcome is not yet taken.
+        # The write handed to the store's thread whose outcome is not yet taken.
         self._sent: _Sent | None = None
         self._refused: list[Refused] = []
 
@@ -128,12 +125,11 @@ class BufferedStore(reservations.MemoryReservations):
         options: dict[str, Any],
         config: dict[str, Any],
         deadline_at: float | None,
-        setup: StoreSetup,
-        work: StoreWork | None = None,
+        setup: Callable[[], object],
     ) -> BufferedStore:
         """A run not yet started: its cases as `runs.add_cases` stores them, the run as
-        `runs.start_run` leaves it. `setup` is storing them meanwhile; nothing is written
-        before it is done."""
+        `runs.start_run` leaves it. `setup` stores them, on the store's thread, while
+        the conversations start; nothing is written before it is done."""
         conversations = {
             case_id: _Conversation(record, agent, "pending", 1, None, 0)
             for case_id, agent, record in records
@@ -151,7 +147,7 @@ class BufferedStore(reservations.MemoryReservations):
             total_cost=0.0,
             counters={"passed": 0, "failed": 0, "skipped": 0, "total_turns": 0},
         )
-        return cls(url, run_id, run, conversations, setup=setup, work=work)
+        return cls(url, run_id, run, conversations, setup=setup)
 
     @classmethod
     def from_database(cls, url: str, run_id: str) -> BufferedStore:
@@ -286,7 +282,7 @@ class BufferedStore(reservations.MemoryReservations):
     def maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush < self.flush_every:
             return
-        if self._setup is not None and not self._setup.done:
+        if self._setup is not None and not self._setup.done():
             return  # the run is still being stored: keep buffering, never wait here
         self.flush(wait=False)
 
@@ -305,10 +301,10 @@ class BufferedStore(reservations.MemoryReservations):
         """Write everything saved since the last flush, in one transaction (once the
         run's setup, if any, is done: waits for it, and raises what it raised).
 
-        Without `wait`, the write is handed to the store's work and this returns at
-        once (in the store's own process it runs while the conversations go on); its
-        outcome is taken at the next flush, which raises what it raised. A write that
-        fails is rolled back, and what it held is written by the next flush.
+        Without `wait`, the write is handed to the store's thread and this returns at
+        once (it runs while the conversations go on); its outcome is taken at the next
+        flush, which raises what it raised. A write that fails is rolled back, and what
+        it held is written by the next flush.
 
         When the database refuses a value one of the steps holds (db.unstorable_reason),
         the steps are written again one by one, each in a savepoint: the others are
@@ -318,7 +314,7 @@ class BufferedStore(reservations.MemoryReservations):
         store only learns of the refusal here, after the step was played).
         """
         if self._setup is not None:
-            self._setup.wait()
+            self._setup.result()
             self._setup = None
         self._collect()
         self._last_flush = time.monotonic()
@@ -327,7 +323,7 @@ class BufferedStore(reservations.MemoryReservations):
         if not unwritten and not changes:
             return
         try:
-            reply = self.work.submit(_write_flush, self.url, self._batch(unwritten, changes))
+            reply = self._thread.submit(_write_flush, self.url, self._batch(unwritten, changes))
         except BaseException:
             self._put_back(unwritten, changes)
             raise
@@ -337,14 +333,19 @@ class BufferedStore(reservations.MemoryReservations):
 
     def _collect(self) -> None:
         """The outcome of the write handed over last, if any (waited for)."""
-        sent, self._sent = self._sent, None
+        sent = self._sent
         if sent is None:
             return
         try:
             refused = sent.reply.result()
         except BaseException:
-            self._put_back(sent.unwritten, sent.changes)
+            if sent.reply.done() and sent.reply.exception() is not None:
+                self._sent = None
+                self._put_back(sent.unwritten, sent.changes)
+            # Else the wait was interrupted (Ctrl-C, SIGTERM) while the thread writes:
+            # the next flush (the run's cleanup) takes its outcome.
             raise
+        self._sent = None
         for found in refused:
             pending = sent.unwritten[found.case_id]
             self._refused.append(
@@ -352,9 +353,8 @@ class BufferedStore(reservations.MemoryReservations):
             )
 
     def _put_back(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> None:
-        """A write that failed (rolled back: a database error, or Ctrl-C or SIGTERM
-        landing in it) is kept for the next flush, before what was saved since, which
-        the run's own cleanup would otherwise lose."""
+        """A write that failed (rolled back) is kept for the next flush, before what was
+        saved since, which the run's own cleanup would otherwise lose."""
         for case_id, later in self._unwritten.items():
             if case_id in unwritten:
                 unwritten[case_id].steps += later.steps
@@ -406,7 +406,7 @@ class BufferedStore(reservations.MemoryReservations):
 
 
 def _write_flush(url: str, batch: FlushBatch) -> list[StepRefused]:
-    """flush_writes.write_flush, imported where it runs (this process or the store's)."""
+    """flush_writes.write_flush, imported where it runs (the store's thread)."""
     # The store's SQLAlchemy modules only once it is used: see the module docstring.
     from agenttest_worker.store.flush_writes import write_flush
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import functools
+import sys
 import threading
 import time
 import weakref
@@ -25,11 +26,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
-from agenttest_worker.store.postgres_run import connection_lost
-from agenttest_worker.store.schema_revision import HEAD_REVISION as HEAD_REVISION
 from agenttest_worker.store.storable import dumps_storable
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# The schema revision this code reads and writes (tests/test_migrations.py checks it
+# against Alembic's head): a database already there is recognized without Alembic.
+HEAD_REVISION = "0011"
 # Any constant works; it only has to be the same in every process.
 _ADVISORY_LOCK_KEY = 0x61677474  # "agtt"
 
@@ -57,8 +59,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 # Closing an SQLite database's last connection checkpoints its write-ahead log into the
 # database file and removes the log: done at exit for the engines still alive, rather
-# than left to the connections' finalizers, which a process leaving at once
-# (agenttest_submit/leaving.py) skips. Weak, so that an engine the cache dropped is freed.
+# than left to the connections' finalizers, which the interpreter's teardown need not
+# run. Weak, so that an engine the cache dropped is freed.
 _sqlite_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -66,20 +68,6 @@ _sqlite_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 def _close_sqlite_engines() -> None:
     for engine in list(_sqlite_engines):
         engine.dispose()
-
-
-def checkpoint_wal(url: str) -> None:
-    """Fold what SQLite's write-ahead log holds into the database file, now, without
-    waiting for anyone (a passive checkpoint); nothing for another database.
-
-    SQLite folds it at a commit once it holds 1,000 pages (4 MB), and the last close
-    folds the rest: for an embedded run both fell at its end, on its aggregation's
-    commit (~20 ms for 1,000 cases, benchmarks/embedded.py). Its store's process folds
-    it after each flush instead, while the conversations go on (flush_writes.py)."""
-    if not is_sqlite(url):
-        return
-    with get_engine(url).connect() as connection:
-        connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
 
 @lru_cache(maxsize=8)
@@ -144,18 +132,32 @@ def unstorable_reason(exc: BaseException) -> str | None:
     return None
 
 
+# SQLSTATEs of a server going away or not there yet besides class 08 (connection
+# exception): admin_shutdown, crash_shutdown, cannot_connect_now ("the database system
+# is starting up" / "shutting down").
+_GONE_STATES = ("57P01", "57P02", "57P03")
+
+
 def is_connection_lost(exc: DBAPIError) -> bool:
     """Whether `exc` says the database is unreachable (rather than the statement wrong).
 
     A dropped pooled connection marks the error `connection_invalidated`. While the
     server is still down (a restart takes a few seconds), opening a new connection
-    fails instead, with a psycopg OperationalError that has no SQLSTATE (refused, reset)
-    or one of a server shutting down or starting up: that is the same outage, not a
-    reason to give up on the first retry.
+    fails instead, with the driver's error (`connection_lost`): that is the same outage,
+    not a reason to give up on the first retry.
     """
-    if exc.connection_invalidated:
-        return True
-    return exc.orig is not None and connection_lost(exc.orig)
+    return exc.connection_invalidated or connection_lost(exc.orig)
+
+
+def connection_lost(error: BaseException | None) -> bool:
+    """Whether psycopg's `error` says the database is unreachable: an OperationalError
+    with no SQLSTATE (refused, reset) or one of a server shutting down or starting up."""
+    # Not imported here: where psycopg is not imported, it raised nothing.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(error, psycopg.OperationalError):
+        return False
+    state = error.sqlstate
+    return state is None or state.startswith("08") or state in _GONE_STATES
 
 
 def reconnecting(fn: F) -> F:

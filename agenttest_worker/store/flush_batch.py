@@ -1,11 +1,9 @@
 """What one flush of the embedded store writes, as plain data (no SQLAlchemy).
 
 `BufferedStore` (buffered.py) keeps a run's conversations in memory and hands what
-changed since its last flush to `flush_writes.write_flush` as a `FlushBatch`, in this
-process or in the store's own (store_process.py): so everything here pickles, and
-nothing here imports the database's modules. The records are named tuples: a class
-of them costs start-up ~0.06 ms against a frozen dataclass's ~0.5, and a batch of
-them pickles faster.
+changed since its last flush to `flush_writes.write_flush` as a `FlushBatch`, on the
+store's thread: nothing here imports the database's modules. The records are named
+tuples: a class of them costs start-up ~0.06 ms against a frozen dataclass's ~0.5.
 """
 
 from __future__ import annotations

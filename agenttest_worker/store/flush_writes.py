@@ -1,14 +1,12 @@
 """Writing a flush of the embedded store (a `FlushBatch`) to the database.
 
-Run where the embedded run's store work runs: in the store's own process for a new run
-from the command line (store_process.py), in this process otherwise. It returns what
-the database refused; the caller (BufferedStore.flush) takes those steps back in memory.
+Run on the embedded store's thread. It returns what the database refused; the caller
+(BufferedStore.flush) takes those steps back in memory.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import json
 from functools import cache
 from typing import Any
@@ -17,7 +15,7 @@ from sqlalchemy import Connection, Text, Update, bindparam, update
 
 from agenttest_worker.store import steps
 from agenttest_worker.store._sql import CASES, JSON_OR_NULL, RUNS
-from agenttest_worker.store.db import checkpoint_wal, get_engine, unstorable_reason
+from agenttest_worker.store.db import get_engine, unstorable_reason
 from agenttest_worker.store.flush_batch import (
     CaseValues,
     FlushBatch,
@@ -25,8 +23,6 @@ from agenttest_worker.store.flush_batch import (
     StepRefused,
     take_off,
 )
-from agenttest_worker.store.records_ahead import parse_later
-from agenttest_worker.store.store_child import after_reply
 from agenttest_worker.store.turns import insert_step_rows
 from agenttest_worker.store.usage import add_run_usage_on
 
@@ -46,10 +42,6 @@ def write_flush(url: str, batch: FlushBatch) -> list[StepRefused]:
         if unstorable_reason(exc) is None:
             raise
         return _write_each(url, batch)
-    # For the run's end, while the conversations go on: its records parsed for the
-    # aggregation (records_ahead.py), the write-ahead log folded (db.checkpoint_wal).
-    parse_later(batch.run_id, (c.now.result.text for c in batch.cases if c.now.result))
-    after_reply(functools.partial(checkpoint_wal, url))
     return []
 
 

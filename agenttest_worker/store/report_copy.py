@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from agenttest_worker.store.new_run import copy_escaped
+from agenttest_worker.store.runs import copy_escaped
 
 # Pieces are gathered up to this many characters before each write to the server.
 _WRITE_CHARS = 1 << 20

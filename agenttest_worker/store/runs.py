@@ -2,15 +2,20 @@
 
 A run is `pending` while its submitter stores its cases (conversations may already
 start), `running` once `start_run` knows their number, then `aggregating` and `done`
-(results.py). Its conversations' steps are saved by turns.py.
+(results.py). Its conversations' steps are saved by turns.py. The submitter's side of
+storing a new run (its cases a batch at a time, each started as it is stored) is
+agenttest_submit/storing.py.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.exc import DBAPIError
@@ -18,19 +23,25 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_worker.store._sql import insert_ignoring
 from agenttest_worker.store.db import is_sqlite, session_scope
 from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, CaseRow, RunRow, TurnRow
-from agenttest_worker.store.new_run import (
-    ANALYZE_CASES,
-    COPY_CASES,
-    KNOWN_CASES,
-    POSTGRES_WRITERS,
-    NewRun,
-    statistics_behind,
-    submitted_by,
-    write_cases,
-)
-from agenttest_worker.store.new_run import NewCase as NewCase  # where callers found it
 from agenttest_worker.store.steps import CaseText, claimed
+from agenttest_worker.store.storable import dumps_storable, storable_json, storable_row
 from agenttest_worker.store.turn_statements import CLAIM_STARTS
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+# Batches of cases a run's submitter stores at once on Postgres, each on its own
+# connection: enough to keep a two-core server busy (agenttest_submit/storing.py).
+POSTGRES_WRITERS = 2
+
+
+def submitted_by() -> str:
+    """Who submits a run: user@host."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 def create_run(
@@ -47,6 +58,14 @@ def create_run(
     usage: dict[str, Any] | None = None,
 ) -> None:
     """`usage`: what the run used before it was stored (its generators; store/usage.py)."""
+    texts = {
+        "submitted_by": submitted_by(),
+        "agent": agent,
+        "input_label": input_label,
+        "suite": suite,
+    }
+    if not is_sqlite(url):
+        texts = storable_row(texts)  # Postgres text holds no NUL (storable.py)
     with session_scope(url) as session:
         session.add(
             RunRow(
@@ -56,15 +75,12 @@ def create_run(
                 # submitted within one second (their ids then sort at random).
                 created_at=datetime.now(UTC),
                 status="pending",
-                submitted_by=submitted_by(),
-                agent=agent,
-                input_label=input_label,
                 options=options,
                 config=config,
                 parent_run_id=parent_run_id,
                 deadline_at=deadline_at,
-                suite=suite,
                 usage=usage,
+                **texts,
             )
         )
 
@@ -180,46 +196,132 @@ def delete_run(url: str, run_id: str) -> None:
         session.execute(delete(RunRow).where(RunRow.id == run_id))
 
 
-class SqlAlchemyRunWrites:
-    """A new run's writes (new_run.RunWrites) through this module: on SQLite, and on a
-    Postgres URL naming a driver other than psycopg 3 (postgres_run.py otherwise)."""
+def keep_statistics(url: str, total: int) -> None:
+    """Have Postgres plan with statistics that know a run of `total` cases (see
+    `statistics_behind`); nothing on SQLite, whose planner finds a row by its primary
+    key without statistics."""
+    if is_sqlite(url):
+        return
+    with session_scope(url) as session:
+        if statistics_behind(session.execute(text(KNOWN_CASES)).first(), total):
+            session.execute(text(ANALYZE_CASES))
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        # SQLite takes one writer at a time.
-        self.writers = 1 if is_sqlite(url) else POSTGRES_WRITERS
 
-    def create_run(self, run: NewRun) -> None:
-        create_run(
-            self.url,
-            run_id=run.run_id,
-            agent=run.agent,
-            input_label=run.input_label,
-            options=run.options,
-            config=run.config,
-            parent_run_id=run.parent_run_id,
-            deadline_at=run.deadline_at,
-            suite=run.suite,
-            usage=run.usage,
-        )
+# Not frozen, for the same reason as cases.validation.Located: one per case stored.
+@dataclass(slots=True)
+class NewCase:
+    seq: int
+    case_id: str
+    # The normalized record, or its text as the submitter's spool holds it.
+    case: dict[str, Any] | CaseText
+    agent: str | None
 
-    def add_cases(self, run_id: str, batch: Sequence[NewCase]) -> int:
-        return add_cases(self.url, run_id, batch)
+    @property
+    def test_id(self) -> str | None:
+        """A repetition's case id (the record says which repetition it is); else None."""
+        if isinstance(self.case, CaseText):
+            return self.case.test_id
+        return self.case.get("id") if "repetition" in self.case else None
 
-    def start_run(self, run_id: str, total: int, started_at: datetime | None = None) -> bool:
-        return start_run(self.url, run_id, total, started_at)
 
-    def delete_run(self, run_id: str) -> None:
-        delete_run(self.url, run_id)
+def copy_escaped(piece: str) -> str:
+    """`piece` as a field of COPY's text format (a NUL, which Postgres text cannot hold,
+    as U+FFFD, like the records it comes from)."""
+    return (
+        piece.replace("\\", "\\\\")
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+        .replace("\x00", "\ufffd")
+    )
 
-    def keep_statistics(self, total: int) -> None:
-        """new_run.statistics_behind, on Postgres (SQLite's planner finds a row by its
-        primary key without statistics)."""
-        if is_sqlite(self.url):
-            return
-        with session_scope(self.url) as session:
-            if statistics_behind(session.execute(text(KNOWN_CASES)).first(), total):
-                session.execute(text(ANALYZE_CASES))
 
-    def close(self) -> None:
-        pass
+# On Postgres a batch of cases is written with COPY, each case's record as the text the
+# spool holds: the server neither parses, plans nor answers a statement per row, nor
+# takes the batch apart as a JSON array (the INSERT ... SELECT over
+# json_array_elements below, which took ~40% longer per batch and the submitter
+# twice the CPU: benchmarks/RESULTS.md, "Submission, 2026-12-02, later"). The columns
+# and values are the ORM insert's (its defaults written out).
+COPY_CASES = (
+    'COPY cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
+    " deliveries, reserved_tokens, reserved_cost) FROM STDIN"
+)
+
+# COPY has no conflict rule: a batch holding a case already stored (never one the
+# submitter writes: its ids are checked unique, its run new) is written again with this
+# statement, which keeps the stored row, as the ORM insert would.
+ADD_CASES = (
+    'INSERT INTO cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
+    " deliveries, reserved_tokens, reserved_cost)"
+    " SELECT %(run_id)s, e->>0, e->>1, CAST(e->>2 AS integer), e->4, e->>3,"
+    " 'pending', 1, 0, 0, 0"
+    " FROM json_array_elements(CAST(%(cases)s AS json)) AS e"
+    " ON CONFLICT DO NOTHING"
+)
+
+
+def record_text(case: NewCase) -> str:
+    """The case's record as the column's type writes it (storable.py), or as given."""
+    if isinstance(case.case, CaseText):
+        return storable_json(case.case.text)
+    return dumps_storable(case.case)
+
+
+def _case_element(case: NewCase) -> str:
+    """[case id, test id, seq, agent, record] as JSON (for `ADD_CASES`)."""
+    head = json.dumps([case.case_id, case.test_id, case.seq, case.agent])
+    return f"{head[:-1]}, {record_text(case)}]"
+
+
+def _copy_value(value: str | None) -> str:
+    return "\\N" if value is None else copy_escaped(value)
+
+
+def copy_rows(run_id: str, batch: Sequence[NewCase]) -> str:
+    """The batch as COPY's text format, one line per case (see `COPY_CASES`)."""
+    run = copy_escaped(run_id)
+    return "".join(
+        f"{run}\t{copy_escaped(c.case_id)}\t{_copy_value(c.test_id)}\t{c.seq}\t"
+        f"{copy_escaped(record_text(c))}\t{_copy_value(c.agent)}\tpending\t1\t0\t0\t0\n"
+        for c in batch
+    )
+
+
+def write_cases(connection: Connection[Any], run_id: str, batch: Sequence[NewCase]) -> int:
+    """Store `batch` on a psycopg connection, in a transaction of its own (a savepoint
+    inside one already open); the number of cases given."""
+    from psycopg.errors import UniqueViolation  # psycopg: only where Postgres is used
+
+    try:
+        with (
+            connection.transaction(),
+            connection.cursor() as cursor,
+            cursor.copy(COPY_CASES) as copy,
+        ):
+            copy.write(copy_rows(run_id, batch))
+        return len(batch)
+    except UniqueViolation:
+        pass  # a case already stored: see `ADD_CASES`
+    document = "[" + ", ".join(map(_case_element, batch)) + "]"
+    with connection.transaction(), connection.cursor() as cursor:
+        cursor.execute(ADD_CASES, {"run_id": run_id, "cases": document})
+    return len(batch)
+
+
+# Postgres plans each conversation's statements (its load, its step's save) by the
+# cases table's statistics. Without any (a table never analyzed: a new database, or
+# autovacuum off) or with statistics from before a run larger than all the table held,
+# every index leading with run_id looks like one row, and Postgres may take the smallest
+# instead of the primary key: each statement then reads every case of the run, and a
+# run of 10,000 conversations in flight kept the database's core busy with its own
+# saves (benchmarks/RESULTS.md). A run that outnumbers what the statistics know has the
+# table analyzed once it has started (its conversations replan as it commits).
+# (reltuples: the rows the statistics know; -1 for none.)
+KNOWN_CASES = "SELECT reltuples FROM pg_class WHERE oid = to_regclass('cases')"
+ANALYZE_CASES = "ANALYZE cases"
+
+
+def statistics_behind(known: Any, total: int) -> bool:
+    """Whether statistics knowing `known` cases (KNOWN_CASES's row) are behind a run of
+    `total` (see above)."""
+    return known is not None and float(known[0]) < total

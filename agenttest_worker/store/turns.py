@@ -31,8 +31,7 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_worker.results import CaseResult
 from agenttest_worker.store import budget
 from agenttest_worker.store import turn_statements as sql
-from agenttest_worker.store.db import reconnecting, retrying
-from agenttest_worker.store.postgres_run import connection_lost
+from agenttest_worker.store.db import connection_lost, reconnecting, retrying
 from agenttest_worker.store.steps import (
     JsonDocument,
     LoadedCase,

@@ -1,3 +1,3 @@
 """The schema's revisions, one module each, applied in order;
-`schema_revision.HEAD_REVISION` names the newest (tests/test_migrations.py checks it
+`db.HEAD_REVISION` names the newest (tests/test_migrations.py checks it
 against Alembic's head)."""

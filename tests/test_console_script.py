@@ -1,9 +1,7 @@
-"""The `agenttest-submit` console script leaves at once and loses nothing on the way out.
+"""The `agenttest-submit` console script loses nothing on the way out.
 
 Real processes: the console script against the demo agents over HTTP (exit codes, a
-report piped to stdout in full, the SQLite store folded back into one file), and
-`leave` itself in a small program of its own (the atexit handlers run, buffered output
-is flushed, a thread that is not a daemon is waited for).
+report piped to stdout in full, the SQLite store folded back into one file).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from test_cli_run import SUITE_CONFIG, submit_env
 
 SCRIPT = Path(sys.executable).with_name("agenttest-submit")
@@ -50,21 +47,13 @@ def write_cases(path: Path, count: int, expected: str) -> Path:
     return path
 
 
-def leave_in_a_program(source: str) -> subprocess.CompletedProcess[str]:
-    """`source`, then `leave(3)`, in a Python process of its own."""
-    program = f"from agenttest_submit.leaving import leave\n{source}\nleave(3)\n"
-    return subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=30
-    )
-
-
-def test_the_console_script_is_the_leaving_entry_point() -> None:
+def test_the_console_script_is_the_command_lines_main() -> None:
     text = SCRIPT.read_text(encoding="utf-8")
-    assert "agenttest_submit.leaving" in text, "reinstall: pip install -e ."
+    assert "agenttest_submit.cli" in text, "reinstall: pip install -e ."
 
 
 def test_exit_codes_and_a_piped_report_arrive_whole(demo_url: str, tmp_path: Path) -> None:
-    """Exit 0, 1 and 2 as before; 400 records on a pipe, none cut off by the fast exit."""
+    """Exit 0, 1 and 2; 400 records on a pipe, none cut off by the exit."""
     passing = write_cases(tmp_path / "pass.jsonl", 400, "Hello")
     done = submit(tmp_path, demo_url, "-i", str(passing), "--format", "jsonl", "--parallel", "50")
     assert done.returncode == 0, done.stderr
@@ -95,35 +84,3 @@ def test_the_sqlite_store_is_one_file_after_a_run(demo_url: str, tmp_path: Path)
     status = command(tmp_path, demo_url, "status", run_id)
     assert status.returncode == 0, status.stderr
     assert "20/20" in status.stdout, status.stdout
-
-
-def test_leave_runs_the_exit_handlers_and_flushes_buffered_output() -> None:
-    done = leave_in_a_program(
-        "import atexit, sys\n"
-        "atexit.register(lambda: print('handler ran'))\n"
-        "sys.stdout.write('x' * 1_000_000)\n"
-        "sys.stderr.write('to stderr')\n"
-    )
-    assert done.returncode == 3
-    assert done.stdout == "x" * 1_000_000 + "handler ran\n"
-    assert done.stderr == "to stderr"
-
-
-def test_leave_waits_for_a_thread_that_is_not_a_daemon() -> None:
-    """CPython would wait for it; so does leave (the normal exit, same code)."""
-    done = leave_in_a_program(
-        "import threading, time\n"
-        "def late():\n"
-        "    time.sleep(0.3)\n"
-        "    print('thread finished', flush=True)\n"
-        "threading.Thread(target=late).start()\n"
-    )
-    assert done.returncode == 3
-    assert done.stdout == "thread finished\n"
-
-
-@pytest.mark.parametrize("stream", ["stdout", "stderr"])
-def test_leave_on_a_closed_stream_exits_the_normal_way(stream: str) -> None:
-    done = leave_in_a_program(f"import sys\nsys.{stream}.close()\n")
-    assert done.returncode == 3
-    assert "Traceback" not in done.stderr
