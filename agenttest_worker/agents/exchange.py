@@ -6,7 +6,10 @@ AGENTTEST_HTTP_POOL_SIZE bounds the calls to agents under way. A call fails in o
 three ways: TimeoutError, `ConnectFailure` (could not connect, with the breaker's
 reason) or `HttpFailure` (no reply that could be read). The session keeps no cookies: a
 cookie one conversation's agent set would be sent on every other conversation's calls.
-Redirects are aiohttp's; proxies come from the environment.
+Proxies come from the environment. Redirects are followed here, not by aiohttp, which
+drops only `Authorization`, `Cookie` and `Proxy-Authorization` when one leaves the
+origin: here every credential the call carries is dropped (CREDENTIAL_HEADERS, and any
+header holding one of the call's secrets: its API key, a value from `${VAR}`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import asyncio
 import json
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from yarl import URL
 
 from agenttest_worker.agents.breaker import unreachable_reason
 from agenttest_worker.agents.streaming import Assembler, StreamSpec, read_stream
@@ -31,7 +36,11 @@ if TYPE_CHECKING:
 # builds its TLS contexts at import) was a tenth of its start-up.
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-MAX_REDIRECTS = 10
+MAX_REDIRECTS = 10  # requests in all, as aiohttp counts them
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
+)
 USER_AGENT = "agenttest"
 _SNIPPET = 200
 
@@ -151,6 +160,7 @@ class Attempt:
         "body",
         "headers",
         "method",
+        "secrets",
         "status",
         "stream",
         "streamed",
@@ -166,6 +176,7 @@ class Attempt:
         headers: dict[str, str],
         timeout: float,
         stream: StreamSpec | None,
+        secrets: Collection[str] = (),
     ) -> None:
         self.method = method
         self.url = url
@@ -173,41 +184,46 @@ class Attempt:
         self.headers = headers
         self.timeout = timeout
         self.stream = stream
+        self.secrets = [secret for secret in secrets if secret]
         self.assembler: Assembler | None = stream.assembler() if stream is not None else None
         self.status: int | None = None  # once known
         self.streamed = False  # the reply is being read as a stream of events
 
     async def exchange(self) -> Reply:
-        """Send the request and read the reply, once the loop's gate lets it."""
+        """Send the request and read the reply, once the loop's gate lets it, following
+        redirects. A reply read whole has `timeout` in all; a streamed one, for each
+        wait (to connect, for the next piece)."""
         import aiohttp  # at the first call (see above)
 
-        if self.stream is None:
-            limit = aiohttp.ClientTimeout(total=self.timeout)
-        else:
-            limit = aiohttp.ClientTimeout(
-                total=None, sock_connect=self.timeout, sock_read=self.timeout
-            )
+        limit = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=self.timeout)
+        method, url, headers = self.method, URL(self.url), self.headers
         # No body at all for None (a GET of a chat history), not the JSON text "null".
         payload = body_bytes(self.body) if self.body is not None else None
         try:
-            async with (
-                gate(),
-                session().request(
-                    self.method,
-                    self.url,
-                    data=payload,
-                    headers=self.headers,
-                    timeout=limit,
-                    max_redirects=MAX_REDIRECTS,
-                ) as response,
-            ):
-                return await self._read(response)
+            async with gate(), asyncio.timeout(None if self.stream else self.timeout):
+                for _ in range(MAX_REDIRECTS):
+                    async with session().request(
+                        method,
+                        url,
+                        data=payload,
+                        headers=headers,
+                        timeout=limit,
+                        allow_redirects=False,
+                    ) as response:
+                        status = response.status
+                        location = response.headers.get("Location")
+                        if status not in _REDIRECTS or not location:
+                            return await self._read(response)
+                    # As aiohttp follows a redirect, but for the credentials.
+                    following = _redirected(url, location)
+                    if status == 303 or (status in (301, 302) and method == "POST"):
+                        method, payload = "GET", None
+                    if following.origin() != url.origin():
+                        headers = {k: v for k, v in headers.items() if not self._secret(k, v)}
+                    url = following
+                raise HttpFailure(f"too many redirects, to {url}")
         except TimeoutError:
             raise  # (aiohttp's own timeouts are ClientErrors too)
-        except aiohttp.TooManyRedirects as exc:
-            # (Its own text is "0, message='', url=...": say what happened.)
-            last = exc.request_info.real_url
-            raise HttpFailure(f"too many redirects, to {last}") from None
         except aiohttp.ServerDisconnectedError:
             # (Its text is the reply's head so far when one had begun, a repr.)
             raise HttpFailure("Server disconnected") from None
@@ -215,6 +231,9 @@ class Attempt:
             raise ConnectFailure(unreachable_reason(exc)) from None  # (its own text is noisy)
         except aiohttp.ClientError as exc:
             raise HttpFailure(describe(exc)) from None
+
+    def _secret(self, name: str, value: str) -> bool:
+        return name.lower() in CREDENTIAL_HEADERS or any(s in value for s in self.secrets)
 
     async def _read(self, response: aiohttp.ClientResponse) -> Reply:
         self.status = response.status  # (a broken stream's record says it)
@@ -230,6 +249,17 @@ class Attempt:
             await read_stream(response.content, stream.framing, assembler)
             return Reply(response.status, headers, b"")
         return Reply(response.status, headers, await _read_body(response.content))
+
+
+def _redirected(url: URL, location: str) -> URL:
+    try:
+        following = url.join(URL(location))
+        following.origin()
+    except ValueError:
+        raise HttpFailure(f"redirect to an invalid URL: {location[:_SNIPPET]}") from None
+    if following.scheme not in ("http", "https"):
+        raise HttpFailure(f"redirect to a URL that is not HTTP: {location[:_SNIPPET]}")
+    return following
 
 
 async def _read_body(stream: aiohttp.StreamReader) -> bytes:

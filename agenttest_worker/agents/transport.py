@@ -135,7 +135,7 @@ async def post_json(
                 raise failure
             unreachable = None
             retry_after: float | None = None
-            attempt = Attempt(method, url, body, all_headers, timeout, stream)
+            attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden)
             lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
             try:
                 reply = await attempt.exchange()
