@@ -131,19 +131,16 @@ def unreachable_reason(exc: Any) -> str:
     """An aiohttp ClientConnectorError in words, without aiohttp's noise: "Cannot connect
     to host 127.0.0.1:9 ssl:default [Connect call failed ('127.0.0.1', 9)]" reads
     "cannot connect to 127.0.0.1:9: Connection refused"."""
-    return connect_reason(exc.host, exc.port, exc.os_error, getattr(exc, "certificate_error", None))
-
-
-def connect_reason(host: str, port: int | None, os_error: OSError, certificate: Any = None) -> str:
-    """Why connecting to host:port failed, in words: the same for every HTTP client."""
+    os_error: OSError = exc.os_error
     errno = os_error.errno
+    certificate = getattr(exc, "certificate_error", None)
     if certificate is not None:
         detail = str(certificate)
     elif isinstance(errno, int) and errno > 0 and not isinstance(os_error, socket.gaierror):
         detail = os.strerror(errno)  # "Connection refused", not "Connect call failed (...)"
     else:
         detail = os_error.strerror or str(os_error) or type(os_error).__name__
-    return f"cannot connect to {host}:{port}: {detail}"
+    return f"cannot connect to {exc.host}:{exc.port}: {detail}"
 
 
 class LocalBreaker:

@@ -1,9 +1,9 @@
 """HTTP calls to agents, with retries, timing and bounded bodies.
 
-Each attempt goes through exchange.py: the lean client for a plain-HTTP reply read
-whole, aiohttp for the rest (not httpx.AsyncClient: under a hundred concurrent
-conversations its connection pool collapses, encode/httpx#3215; DESIGN.md's
-measurements put aiohttp at several times its throughput on the same machine).
+Each attempt goes through exchange.py, on aiohttp (not httpx.AsyncClient: under a
+hundred concurrent conversations its connection pool collapses, encode/httpx#3215;
+DESIGN.md's measurements put aiohttp at several times its throughput on the same
+machine).
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ from typing import Any
 
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.breaker import breaker, endpoint_key
-from agenttest_worker.agents.exchange import MAX_BODY_BYTES, Attempt, clients, describe
-from agenttest_worker.agents.http_connection import ConnectFailure, HttpFailure
-from agenttest_worker.agents.plain_http import Redirected
+from agenttest_worker.agents.exchange import (
+    MAX_BODY_BYTES,
+    Attempt,
+    ConnectFailure,
+    HttpFailure,
+    describe,
+)
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
 from agenttest_worker.agents.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
@@ -131,14 +135,10 @@ async def post_json(
                 raise failure
             unreachable = None
             retry_after: float | None = None
-            attempt = Attempt(method, url, body, all_headers, timeout, stream)
+            attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden)
             lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
             try:
-                async with clients().plain.gate:
-                    try:
-                        reply = await attempt.exchange()
-                    except Redirected as moved:  # to https:// (say): aiohttp goes on from there
-                        reply = await attempt.follow(moved)
+                reply = await attempt.exchange()
             except StreamFailure as exc:
                 failure = AgentError("stream", exc.message, raw=exc.raw)
                 if not exc.retryable or _started(attempt.assembler):

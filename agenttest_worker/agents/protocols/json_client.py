@@ -29,8 +29,14 @@ class JsonAgentClient:
         self.limits = Limits.from_config(config.rate_limit)
         self.url = self.endpoint()
         # What no error may show of the URL: its password and key-like query values, and
-        # the query values agenttest.yaml takes from ${VAR} (known from the file as written).
-        self.url_secrets = url_secrets(self.url, written_url(name, config, project))
+        # the query values agenttest.yaml takes from ${VAR} (known from the file as written);
+        # and the headers' values taken from ${VAR}, which no redirect to another origin
+        # carries either (exchange.py).
+        written = written_entry(name, project)
+        self.secrets = [
+            *url_secrets(self.url, written_url(config, written)),
+            *header_secrets(config, written),
+        ]
 
     def endpoint(self) -> str:
         """Where requests are posted: `url`, else `base_url`."""
@@ -69,9 +75,9 @@ class JsonAgentClient:
     records_stop_reason = False
 
     def hidden(self) -> list[str]:
-        """What no error may show: the URL's secrets and the API key."""
+        """What no error may show: the URL's and headers' secrets and the API key."""
         key = self.config.api_key()
-        return [*self.url_secrets, key] if key else self.url_secrets
+        return [*self.secrets, key] if key else self.secrets
 
     async def complete(self, request: AgentRequest) -> AgentReply:
         # The call and the masking of its errors in one frame: a frame per layer is held
@@ -119,17 +125,34 @@ class JsonAgentClient:
             raise masked(error, self.hidden()) from None
 
 
-def written_url(name: str, config: AgentConfig, project: ProjectConfig | None) -> str | None:
-    """The agent's URL as agenttest.yaml writes it, before ${VAR} interpolation."""
+def written_entry(name: str, project: ProjectConfig | None) -> dict[str, Any] | None:
+    """The agent's entry as agenttest.yaml writes it, before ${VAR} interpolation."""
     if project is None:
         return None
     raw = project.stored()["raw"]
     agents = raw.get("agents") if isinstance(raw, dict) else None
     entry = agents.get(name) if isinstance(agents, dict) else None
-    if not isinstance(entry, dict):
-        return None
-    written = entry.get("url") if config.url else entry.get("base_url")
+    return entry if isinstance(entry, dict) else None
+
+
+def written_url(config: AgentConfig, entry: dict[str, Any] | None) -> str | None:
+    written = (entry or {}).get("url" if config.url else "base_url")
     return written if isinstance(written, str) else None
+
+
+def header_secrets(config: AgentConfig, entry: dict[str, Any] | None) -> list[str]:
+    """The values of the agent's headers (its history's too) written with ${VAR}."""
+    history = (entry or {}).get("history")
+    pairs = [((entry or {}).get("headers"), config.headers)]
+    if config.history is not None and isinstance(history, dict):
+        pairs.append((history.get("headers"), config.history.headers))
+    return [
+        values[name]
+        for written, values in pairs
+        if isinstance(written, dict)
+        for name, value in written.items()
+        if isinstance(value, str) and "${" in value and values.get(name)
+    ]
 
 
 def as_bool(value: Any) -> bool | None:
