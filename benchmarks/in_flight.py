@@ -336,9 +336,8 @@ def main() -> None:
     targets.check(
         "share of the ideal rate",
         f"{slow.steady:.1f} turns/s, {slow.steady / ideal:.2f} of {ideal:.1f}",
-        "the ideal: min(N / latency, the CPU-bound floor)"
-        if floor is not None
-        else "the ideal: N / latency (floor skipped)",
+        f"N / latency {n / latency:.1f} turns/s, the worker's CPU-bound rate "
+        + (f"{floor.steady:.1f}" if floor is not None else "skipped"),
         f">= {args.target_share:g}",
         slow.steady / ideal >= args.target_share,
     )

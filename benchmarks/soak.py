@@ -26,11 +26,11 @@ and the faults of that minute. At the end (submissions stop, the runs drain), it
 every run in the database: lost turns (a case not finished, or fewer turn rows than its
 record says it ran) and doubled turns (more than one row per (case, turn), rows beyond
 the record's turns, a case counted twice in its run) must both be zero; and it prints
-the steady worker's memory growth. It also counts the calls the agent under test
-answered (at the https front) against the turns recorded: one call a played turn,
-redeliveries included; only a call under way when its worker was SIGKILLed may be
-repeated (at most `--concurrency` a kill). Exit status 1 if anything was lost or
-doubled, or a call wasted beyond that.
+the steady worker's memory growth. It also counts the calls each agent answered (at the
+https front, by model) against the calls the cases' records say they needed (their
+`usage_by_role`: a turn with a tool call needs two), redeliveries included; only a call
+under way when its worker was SIGKILLed may be made again (at most `--concurrency` a
+kill). Exit status 1 if anything was lost or doubled, or a call wasted beyond that.
 """
 
 from __future__ import annotations
@@ -457,6 +457,40 @@ def audit(database_url: str, run_ids: list[str]) -> Audit:
     return result
 
 
+# The model each agent entry asks the demo for, by the role its calls are counted under
+# in a case's record (`usage_by_role`).
+MODELS = {"target": "expense", "simulator": "user-sim", "judge": "validator"}
+
+
+def report_calls(soak: Soak, front: AgentUrl) -> bool:
+    """Whether the agents answered as many calls as the cases' records say they needed
+    (a turn with a tool call needs two), beyond which only the calls under way in a
+    SIGKILLed worker may have been made again (at most its concurrency a kill)."""
+    needed: dict[str, int] = {}
+    with psycopg.connect(soak.database_url) as conn:
+        for role, model in MODELS.items():
+            row = conn.execute(
+                "SELECT coalesce(sum((result->'usage_by_role'->%s->>'calls')::int), 0)"
+                " FROM cases WHERE run_id = ANY(%s)",
+                (role, soak.runs),
+            ).fetchone()
+            needed[model] = int(row[0]) if row else 0
+    answered = front.answered()
+    kills = sum(1 for _, kind in soak.injected if kind == "kill")
+    allowed = kills * soak.args.concurrency
+    extra = {model: answered.get(model, 0) - needed[model] for model in needed}
+    say(
+        f"agent calls: {front.calls()} at the https front (faults included); answered, "
+        + ", ".join(f"{m} {answered.get(m, 0)} for {needed[m]} needed" for m in needed)
+        + f": {sum(extra.values()):+d} (floor: the calls the records count; target: at most "
+        f"{allowed} more, the calls under way in the {kills} SIGKILLed worker(s))"
+    )
+    if min(extra.values()) < 0 or sum(extra.values()) > allowed:
+        say(f"FAILED: agent calls beyond what the cases needed: {extra}")
+        return False
+    return True
+
+
 # -- main -----------------------------------------------------------------------------------
 
 
@@ -647,22 +681,8 @@ def run(soak: Soak, agent: FaultAgent, front: AgentUrl) -> int:
             f"steady worker RSS: {warm:.1f} MB at minute 2, {last:.1f} MB at the end "
             f"(peak {peak:.1f} MB): growth {last - warm:+.1f} MB ({(last - warm) / warm:+.1%})"
         )
-    # Every turn row is a call of the agent under test (model "expense") that it answered.
-    answered = front.answered()
-    recorded = soak.turns_recorded() or 0
-    kills = sum(1 for _, kind in soak.injected if kind == "kill")
-    allowed = kills * args.concurrency
-    extra = answered.get("expense", 0) - recorded
-    say(
-        f"agent calls: {front.calls()} at the https front, answered by model {answered}; "
-        f"the agent under test answered {answered.get('expense', 0)} for {recorded} turns "
-        f"recorded: {extra:+d} (floor: 1 call a turn; target: at most {allowed} more, the "
-        f"calls under way in the {kills} SIGKILLed worker(s))"
-    )
-    calls_ok = 0 <= extra <= allowed
+    calls_ok = report_calls(soak, front)
     ok = result.lost == 0 and result.doubled == 0 and result.runs_done == result.runs
-    if not calls_ok:
-        say("FAILED: agent calls wasted (or turns recorded without a call)")
     say("OK: nothing lost, nothing doubled" if ok else "FAILED: see the problems above")
     return 0 if ok and calls_ok else 1
 
