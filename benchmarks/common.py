@@ -1,16 +1,27 @@
-"""What the benchmarks share: timing whole processes and the submitter's command line."""
+"""What the benchmarks share: the agent over https, timing whole processes, the
+submitter's command line, the targets' verdict."""
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
+
+import redis
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,9 +45,9 @@ def compile_bytecode(root: Path = ROOT) -> None:
 class ProcessTimes:
     """What one whole process took: wall seconds, peak RSS, CPU seconds, exit code.
 
-    `peak_kb` counts the process and the children it starts together (an embedded run's
-    store process: store/store_process.py), sampled; the kernel's own figure is the
-    largest one process reached, not their sum. `cpu_s` includes the children's."""
+    `peak_kb` counts the process and the children it starts together, sampled; the
+    kernel's own figure is the largest one process reached, not their sum. `cpu_s`
+    includes the children's."""
 
     seconds: float
     peak_kb: int
@@ -147,4 +158,127 @@ def add_settings_option(parser: argparse.ArgumentParser) -> None:
         type=_setting,
         metavar="AGENTTEST_X=VALUE",
         help="a setting for the agenttest workers and submitter (repeatable)",
+    )
+
+
+@cache
+def trusted_certificate() -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, made once per benchmark with
+    the openssl CLI, and trusted through SSL_CERT_FILE by this process and by every
+    process it starts from now on (their environments are built from this one's), as a
+    real agent's certificate authority is trusted. Removed when the benchmark exits."""
+    directory = Path(tempfile.mkdtemp(prefix="agenttest-bench-tls-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    os.environ["SSL_CERT_FILE"] = str(cert)
+    return cert, key
+
+
+class AgentUrl(str):
+    """The https agent's base URL, and its process (whose CPU a side's figures count)."""
+
+    pid: int
+
+    def calls(self) -> int:
+        """The calls the agent has had so far."""
+        return int(self._counts()["calls"])
+
+    def answered(self) -> dict[str, int]:
+        """The calls it answered 2xx so far, by the request's model."""
+        return {model: int(n) for model, n in self._counts()["answered"].items()}
+
+    def _counts(self) -> Any:
+        with urllib.request.urlopen(self + "/calls", timeout=30) as response:
+            return json.load(response)
+
+
+@contextmanager
+def _https_agent(*options: str) -> Iterator[AgentUrl]:
+    cert, key = trusted_certificate()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.fixed_agent",
+            "--certfile",
+            str(cert),
+            "--keyfile",
+            str(key),
+            *options,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = AgentUrl(proc.stdout.readline().strip())
+    url.pid = proc.pid
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def fixed_agent(latency_ms: float, reply_chars: int = 0) -> AbstractContextManager[AgentUrl]:
+    """benchmarks/fixed_agent.py over https, answering after `latency_ms`."""
+    return _https_agent("--latency-ms", str(latency_ms), "--reply-chars", str(reply_chars))
+
+
+def forwarding_agent(upstream: str) -> AbstractContextManager[AgentUrl]:
+    """benchmarks/fixed_agent.py over https, passing every call on to `upstream` (an
+    agent served over plain HTTP), counting them."""
+    return _https_agent("--forward", upstream)
+
+
+class Targets:
+    """The targets a benchmark checks: each figure printed beside its floor and its
+    target; `exit_code()` is 1 when one was missed."""
+
+    def __init__(self) -> None:
+        self.missed: list[str] = []
+
+    def check(self, name: str, figure: str, floor: str, target: str, met: bool) -> None:
+        verdict = "met" if met else "MISSED"
+        print(f"  target {name}: {figure} (floor {floor}; target {target}): {verdict}")
+        if not met:
+            self.missed.append(name)
+
+    def exit_code(self) -> int:
+        if self.missed:
+            print(f"targets missed: {', '.join(self.missed)}")
+            return 1
+        print("every target met")
+        return 0
+
+
+def queued_messages(client: redis.Redis) -> int:
+    """Messages waiting in the broker: the length of every Redis list of its database (a
+    Celery queue is a list, one more per priority level)."""
+    return sum(
+        client.llen(key) for key in client.scan_iter(count=1000) if client.type(key) == b"list"
     )

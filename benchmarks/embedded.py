@@ -4,7 +4,8 @@
     python -m benchmarks.embedded --repeat 8 --against /tmp/before  # another commit too
 
 For each `--parallel` value, two processes run against the same fixed-latency agent
-(its own process, started once):
+(its own process, started once, served over https with a self-signed certificate
+trusted through SSL_CERT_FILE: benchmarks/common.py):
 - floor: a bare aiohttp script that sends the 1,000 requests, N at a time, and checks
   each reply contains the expected text: the least any runner must do;
 - agenttest: `agenttest-submit -i cases.jsonl -n bench --parallel N` with no broker
@@ -12,13 +13,17 @@ For each `--parallel` value, two processes run against the same fixed-latency ag
   with one `contains` assertion each.
 Both are timed from process start to exit (start-up included); CPU time comes from the
 kernel's rusage (children included), peak RSS from it and from sampling the process and
-its children (an embedded run's store process) together. Prints seconds (best and
-median), the ratios to the floor, peak memory, and each side's CPU time (user + system)
-in all and per case. `--against DIR` runs a checkout of another commit as a third side
-(`before`), the three alternating, so that a change is measured against the same drift.
-`--store-process never always` runs agenttest once per AGENTTEST_STORE_PROCESS value;
-`--cpus 0` pins the floor and agenttest (its store process included) to CPU 0, the
-agent to the rest: the figures of a one-core machine.
+its children together. Prints seconds (best and median), the ratios to the floor, peak
+memory, and each side's CPU time (user + system) in all and per case. `--against DIR`
+runs a checkout of another commit as a third side (`before`), the three alternating, so
+that a change is measured against the same drift. `--cpus 0` pins the floor and
+agenttest (its children included) to CPU 0, the agent to the rest: the figures of a
+one-core machine.
+
+The targets (exit status 1 when one is missed): agenttest's best time at most
+`--target-ratio` (2.0) times the floor's best at 100 at a time (at the first
+`--parallel` value if 100 is not among them), and as many calls counted at the agent
+as cases in each of its runs (none wasted).
 """
 
 from __future__ import annotations
@@ -31,8 +36,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import ProcessTimes, compile_bytecode, run_timed, submit_command
-from benchmarks.throughput import fixed_agent
+from benchmarks.common import (
+    ProcessTimes,
+    Targets,
+    compile_bytecode,
+    fixed_agent,
+    run_timed,
+    submit_command,
+)
 
 FLOOR = r"""
 import asyncio, sys, aiohttp
@@ -69,10 +80,10 @@ def main() -> None:
         "alternating with this one and the floor, and print its figures beside",
     )
     parser.add_argument(
-        "--store-process",
-        nargs="+",
-        choices=["auto", "always", "never"],
-        help="run agenttest once per AGENTTEST_STORE_PROCESS value given, as sides of its own",
+        "--target-ratio",
+        type=float,
+        default=2.0,
+        help="the most agenttest's time may be, as a multiple of the floor's, at 100 at a time",
     )
     parser.add_argument(
         "--cpus",
@@ -81,16 +92,16 @@ def main() -> None:
     )
     args = parser.parse_args()
     compile_bytecode()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
-    sides = {"agenttest": env}
-    if args.store_process:
-        sides = {f"store {c}": {**env, "AGENTTEST_STORE_PROCESS": c} for c in args.store_process}
-    if args.against is not None:
-        compile_bytecode(args.against)
-        # Its modules before this checkout's (an editable install finds its own last).
-        sides = {"before": {**env, "PYTHONPATH": str(args.against)}, **sides}
     pinned = ["taskset", "-c", args.cpus] if args.cpus else []
+    targets = Targets()
     with tempfile.TemporaryDirectory() as tmpdir, fixed_agent(args.latency_ms) as agent:
+        # Built once the agent runs: its certificate is trusted through SSL_CERT_FILE.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
+        sides = {"agenttest": env}
+        if args.against is not None:
+            compile_bytecode(args.against)
+            # Its modules before this checkout's (an editable install finds its own last).
+            sides = {"before": {**env, "PYTHONPATH": str(args.against)}, **sides}
         if args.cpus:
             _pin_elsewhere(agent.pid, args.cpus)
         tmp = Path(tmpdir)
@@ -126,15 +137,36 @@ def main() -> None:
             ]
             command = [*pinned, *submit_command(cases, config, "--parallel", str(parallel))]
             runs: dict[str, list[ProcessTimes]] = {"floor": [], **{name: [] for name in sides}}
+            calls: list[int] = []
             for attempt in range(args.repeat):
                 runs["floor"].append(run_timed(floor_command, env))
                 for name, side_env in sides.items():
                     home = tmp / f"home-{name}-{parallel}-{attempt}"
+                    before = agent.calls()
                     runs[name].append(run_timed(command, {**side_env, "AGENTTEST_HOME": str(home)}))
+                    if name == "agenttest":
+                        calls.append(agent.calls() - before)
             floor = runs["floor"]
             print(f"  {parallel:>3} at a time:")
             for name, measured in runs.items():
                 _print_side(name, measured, floor, args.cases)
+            if parallel == (100 if 100 in args.parallel else args.parallel[0]):
+                ratio = _best(runs["agenttest"]).seconds / _best(floor).seconds
+                targets.check(
+                    f"time at {parallel} at a time",
+                    f"{_best(runs['agenttest']).seconds:.2f} s, {ratio:.2f}x the floor",
+                    f"bare aiohttp {_best(floor).seconds:.2f} s",
+                    f"<= {args.target_ratio:g}x",
+                    ratio <= args.target_ratio,
+                )
+            targets.check(
+                f"agent calls per case at {parallel} at a time",
+                f"{', '.join(str(c) for c in calls)} calls for {args.cases} cases a run",
+                "1 call a case",
+                "exactly 1",
+                all(c == args.cases for c in calls),
+            )
+    sys.exit(targets.exit_code())
 
 
 def _pin_elsewhere(pid: int, cpus: str) -> None:

@@ -1,19 +1,24 @@
 """Submitting a large run to the fleet: time and submitter peak memory, beside a floor.
 
     python -m benchmarks.enqueue --cases 100000
+    python -m benchmarks.enqueue --cases 1000000      # the target's size
 
 agenttest: `agenttest-submit -i cases.jsonl -n bench --no-wait` with a Redis broker and
-Postgres, timed as a whole process (start-up, checking every case, storing the run,
-publishing one `agenttest.start` task per 500 cases, which workers expand into turn
-tasks), its peak RSS from the kernel's rusage. A large file's second half is checked
-by a child process (agenttest_submit/split_check.py); the kernel's figure is the larger
-of the two processes' peaks, so the RSS of the submitter and its children together,
-sampled every 20 ms, is printed beside it ("both"). Checks that every case is stored
-and every batch queued.
+Postgres, against an agent at an https URL (never called: nothing runs the cases),
+timed as a whole process (start-up, checking every case, storing the run, publishing
+its tasks), its peak RSS from the kernel's rusage and, should the submitter start
+children, the RSS of it and its children together, sampled every 20 ms ("with
+children"). Checks, through plain SQL and Redis, that every case is stored and that
+tasks are queued.
 
 floor: the least any submitter must do with the same file, in one process: read each
 line with json.loads, insert the rows into Postgres in batches of 500, and push one
 message per case onto a Redis list through a pipeline.
+
+The targets (exit status 1 when one is missed): under `--target-seconds` (120 s) for
+1,000,000 cases, scaled by the number of cases (12 s for 100,000: start-up makes a
+smaller run's target the harder one), and under `--target-mb` (300 MB, whatever the
+size) with children.
 """
 
 from __future__ import annotations
@@ -31,8 +36,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from agenttest_worker.fleet.queues import queue_lists
-from benchmarks.common import compile_bytecode, submit_command, timed
+from benchmarks.common import Targets, compile_bytecode, queued_messages, submit_command, timed
 from benchmarks.throughput import database, redis_db
 
 # How often the submitter's process tree is measured.
@@ -124,6 +128,10 @@ def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, int, int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=100_000)
+    parser.add_argument(
+        "--target-seconds", type=float, default=120.0, help="the time allowed a million cases"
+    )
+    parser.add_argument("--target-mb", type=float, default=300.0, help="the peak RSS allowed")
     args = parser.parse_args()
     compile_bytecode()
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -131,7 +139,7 @@ def main() -> None:
         cases = tmp / "cases.jsonl"
         write_cases(cases, args.cases)
         config = tmp / "agenttest.yaml"
-        config.write_text("agents:\n  bench:\n    base_url: http://127.0.0.1:9/v1\n")
+        config.write_text("agents:\n  bench:\n    base_url: https://127.0.0.1:9/v1\n")
 
         with redis_db() as broker, database() as db:
             floor_s, floor_kb, _ = timed(
@@ -146,15 +154,12 @@ def main() -> None:
             }
             command = submit_command(cases, config, "--no-wait")
             ours_s, ours_kb, both_kb = timed_tree(command, env)
-            client = redis.Redis.from_url(broker)
-            queued = sum(client.llen(name) for name in queue_lists("agenttest"))
+            queued = queued_messages(redis.Redis.from_url(broker))
             with psycopg.connect(db) as conn:
                 stored = conn.execute("SELECT count(*) FROM cases").fetchone()
-        batches = -(-args.cases // 500)
-        if queued != batches or stored is None or stored[0] != args.cases:
+        if queued == 0 or stored is None or stored[0] != args.cases:
             raise SystemExit(
-                f"expected {args.cases} cases stored and {batches} batches queued, "
-                f"got {stored} and {queued}"
+                f"expected {args.cases} cases stored and tasks queued, got {stored} and {queued}"
             )
 
     print(f"submission of {args.cases:,} single-turn cases (Redis broker, Postgres store)")
@@ -164,10 +169,28 @@ def main() -> None:
     )
     print(
         f"  agenttest-submit --no-wait                           {ours_s:7.1f} s  "
-        f"{ours_kb / 1024:5.0f} MB  (both: {both_kb / 1024:.0f} MB)"
+        f"{ours_kb / 1024:5.0f} MB  (with children: {both_kb / 1024:.0f} MB; "
+        f"{queued} messages queued)"
     )
     print(f"  ratio to the floor                                   {ours_s / floor_s:7.2f}")
     print(f"  cases per second                                     {args.cases / ours_s:7.0f}")
+    targets = Targets()
+    seconds = args.target_seconds * args.cases / 1_000_000
+    targets.check(
+        "submission time",
+        f"{ours_s:.1f} s, {ours_s / floor_s:.2f}x the floor",
+        f"{floor_s:.1f} s",
+        f"< {seconds:g} s ({args.target_seconds:g} s a million cases)",
+        ours_s < seconds,
+    )
+    targets.check(
+        "submitter peak RSS",
+        f"{both_kb / 1024:.0f} MB",
+        f"{floor_kb / 1024:.0f} MB",
+        f"< {args.target_mb:g} MB",
+        both_kb / 1024 < args.target_mb,
+    )
+    sys.exit(targets.exit_code())
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """Turns one worker process keeps in flight against a slow agent, and at what cost.
 
     python -m benchmarks.in_flight --in-flight 2000 --latency-s 8 --turns 6
-    python -m benchmarks.in_flight --in-flight 10000 --latency-s 40 --turns 3
+    python -m benchmarks.in_flight --in-flight 10000 --latency-s 40 --turns 3 \
+        --target-share 0 --target-rss-mb 700
 
 One Celery worker process (`celery -A agenttest_worker worker -c N`, its default pool
-unless `--pool`), real Redis and Postgres, the fixed agent of benchmarks/fixed_agent.py.
+unless `--pool`), real Redis and Postgres, the fixed agent of benchmarks/fixed_agent.py
+served over https (a self-signed certificate trusted through SSL_CERT_FILE:
+benchmarks/common.py).
 Three runs, the first two each with a worker of its own:
 - the floor: the worker's own CPU-bound rate, N conversations of 3 turns against a
   50 ms agent (turns wait so little that the worker's CPU is what bounds them);
@@ -27,6 +30,10 @@ cannot start N turns within one latency never holds N), and its RSS once it has 
 3 s after the run ended (what it keeps after a burst). `--skip-floor` runs
 only the slow agent. It fails loudly if a turn is lost or recorded twice, or the worker
 dies.
+
+The targets (exit status 1 when one is missed): the rate reached at least
+`--target-share` (0.85) of the ideal, the worker's peak RSS under `--target-rss-mb`
+(400 MB), and as many calls counted at the agent as turns played (none wasted).
 """
 
 from __future__ import annotations
@@ -43,12 +50,18 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from benchmarks.common import BIN, add_settings_option, compile_bytecode, submit_command
+from benchmarks.common import (
+    BIN,
+    Targets,
+    add_settings_option,
+    compile_bytecode,
+    fixed_agent,
+    submit_command,
+)
 from benchmarks.throughput import (
     Stall,
     Worker,
     database,
-    fixed_agent,
     log,
     redis_db,
     resident_kb,
@@ -77,6 +90,8 @@ class Rate(NamedTuple):
     span: str = "the middle of the run"
     # The worker's RSS SETTLE_SECONDS after its run ended (aggregated), idle.
     worker_settled_mb: float = 0.0
+    # Calls counted at the agent.
+    agent_calls: int = 0
 
 
 def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, label: str) -> Rate:
@@ -112,6 +127,7 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
         # A call waits `latency_s` seconds: keep the agent's time limit out of the way.
         cases, config = write_suite(tmp / label, conversations, turns, agent, agent_timeout=600)
         log(f"{label}: {conversations} conversations x {turns} turns, agent {latency_s:g} s")
+        calls_before = agent.calls()
         submitted = subprocess.run(
             submit_command(cases, config, "--no-wait", "--timeout", "1h"),
             env=env,
@@ -154,10 +170,11 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
                 " extract(epoch FROM created_at) FROM turns"
             ).fetchall()
         # What the worker keeps once the burst is over: what it gives back to the system
-        # (heap.HeapTrimmer looks every 2 s) shows here, not in its peak.
+        # shows here, not in its peak.
         time.sleep(SETTLE_SECONDS)
         settled_kb = resident_kb(worker.proc.pid)
         worker.stop()
+        calls = agent.calls() - calls_before
     steady = rate_within(spans, low, high)
     return Rate(
         total,
@@ -169,6 +186,7 @@ def play(args: argparse.Namespace, latency_s: float, turns: int, tmp: Path, labe
         most_at_once(spans),
         span,
         settled_kb / 1024,
+        calls,
     )
 
 
@@ -260,6 +278,15 @@ def main() -> None:
     parser.add_argument(
         "--skip-floor", action="store_true", help="only the slow agent (no ratio printed)"
     )
+    parser.add_argument(
+        "--target-share",
+        type=float,
+        default=0.85,
+        help="the least share of the ideal rate the slow agent's run must reach",
+    )
+    parser.add_argument(
+        "--target-rss-mb", type=float, default=400.0, help="the worker's peak RSS allowed (MB)"
+    )
     args = parser.parse_args()
     compile_bytecode()
     with tempfile.TemporaryDirectory() as tmpdir:
@@ -305,6 +332,30 @@ def main() -> None:
         )
     own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  (benchmark process peak {own_mb:.0f} MB)")
+    targets = Targets()
+    targets.check(
+        "share of the ideal rate",
+        f"{slow.steady:.1f} turns/s, {slow.steady / ideal:.2f} of {ideal:.1f}",
+        f"N / latency {n / latency:.1f} turns/s, the worker's CPU-bound rate "
+        + (f"{floor.steady:.1f}" if floor is not None else "skipped"),
+        f">= {args.target_share:g}",
+        slow.steady / ideal >= args.target_share,
+    )
+    targets.check(
+        "worker peak RSS",
+        f"{slow.worker_peak_mb:.0f} MB",
+        f"bare aiohttp {held.peak_mb:.0f} MB" if held is not None else "skipped",
+        f"< {args.target_rss_mb:g} MB",
+        slow.worker_peak_mb < args.target_rss_mb,
+    )
+    targets.check(
+        "agent calls per played turn",
+        f"{slow.agent_calls / slow.turns:.3f} ({slow.agent_calls} calls, {slow.turns} turns)",
+        "1 call a turn",
+        "exactly 1",
+        slow.agent_calls == slow.turns,
+    )
+    sys.exit(targets.exit_code())
 
 
 if __name__ == "__main__":

@@ -50,14 +50,12 @@ from pathlib import Path
 
 import psycopg
 
-from benchmarks.common import BIN, compile_bytecode, submit_command
+from benchmarks.common import BIN, AgentUrl, compile_bytecode, fixed_agent, submit_command
 from benchmarks.throughput import (
-    AgentUrl,
     Stall,
     Worker,
     _cpu_from_stat,
     database,
-    fixed_agent,
     process_cpu_seconds,
     redis_db,
     stopping_workers,

@@ -5,7 +5,9 @@
 
 Everything is real and private to the run: a `redis-server` and a PostgreSQL cluster of
 its own (initdb in a temporary directory, so both can be restarted), the demo agents
-behind a proxy that adds latency and injects faults, `celery -A agenttest_worker worker`
+behind a proxy that adds latency and injects faults, itself behind an https front that
+counts the calls (benchmarks/fixed_agent.py `--forward`, its self-signed certificate
+trusted through SSL_CERT_FILE: benchmarks/common.py), `celery -A agenttest_worker worker`
 processes, and `agenttest-submit --no-wait` submitting runs of mixed cases (one-turn,
 three static turns with a tool mock, simulator-driven, LLM-judged), keeping --inflight
 runs going. One worker ("steady") lives through the whole soak, so its memory over
@@ -24,7 +26,11 @@ and the faults of that minute. At the end (submissions stop, the runs drain), it
 every run in the database: lost turns (a case not finished, or fewer turn rows than its
 record says it ran) and doubled turns (more than one row per (case, turn), rows beyond
 the record's turns, a case counted twice in its run) must both be zero; and it prints
-the steady worker's memory growth. Exit status 1 if anything was lost or doubled.
+the steady worker's memory growth. It also counts the calls each agent answered (at the
+https front, by model) against the calls the cases' records say they needed (their
+`usage_by_role`: a turn with a tool call needs two), redeliveries included; only a call
+under way when its worker was SIGKILLed may be made again (at most `--concurrency` a
+kill). Exit status 1 if anything was lost or doubled, or a call wasted beyond that.
 """
 
 from __future__ import annotations
@@ -55,9 +61,8 @@ from fault_kit import Fault, FaultAgent, PostgresServer, openai_agent, write_con
 from fleet import WORKER_ENV, RedisServer, _die_with_parent, expense_case, greeting_case  # noqa: E402
 
 from agenttest_worker.demo.server import DemoServer  # noqa: E402
-from agenttest_worker.fleet.queues import queue_lists  # noqa: E402
+from benchmarks.common import BIN, AgentUrl, forwarding_agent, queued_messages  # noqa: E402
 
-QUEUE = "agenttest"
 FAULTS = ("kill", "429", "redis", "outage", "deploy", "postgres")
 _RUN_ID = re.compile(r"run (\S+): \d+ case\(s\) enqueued")
 
@@ -357,7 +362,7 @@ class Soak:
     def queue_length(self) -> str:
         try:
             client = redis.Redis.from_url(self.redis_server.url, socket_timeout=2)
-            return str(sum(client.llen(name) for name in queue_lists(QUEUE)))
+            return str(queued_messages(client))
         except redis.RedisError:
             return "-"
 
@@ -452,6 +457,40 @@ def audit(database_url: str, run_ids: list[str]) -> Audit:
     return result
 
 
+# The model each agent entry asks the demo for, by the role its calls are counted under
+# in a case's record (`usage_by_role`).
+MODELS = {"target": "expense", "simulator": "user-sim", "judge": "validator"}
+
+
+def report_calls(soak: Soak, front: AgentUrl) -> bool:
+    """Whether the agents answered as many calls as the cases' records say they needed
+    (a turn with a tool call needs two), beyond which only the calls under way in a
+    SIGKILLed worker may have been made again (at most its concurrency a kill)."""
+    needed: dict[str, int] = {}
+    with psycopg.connect(soak.database_url) as conn:
+        for role, model in MODELS.items():
+            row = conn.execute(
+                "SELECT coalesce(sum((result->'usage_by_role'->%s->>'calls')::int), 0)"
+                " FROM cases WHERE run_id = ANY(%s)",
+                (role, soak.runs),
+            ).fetchone()
+            needed[model] = int(row[0]) if row else 0
+    answered = front.answered()
+    kills = sum(1 for _, kind in soak.injected if kind == "kill")
+    allowed = kills * soak.args.concurrency
+    extra = {model: answered.get(model, 0) - needed[model] for model in needed}
+    say(
+        f"agent calls: {front.calls()} at the https front (faults included); answered, "
+        + ", ".join(f"{m} {answered.get(m, 0)} for {needed[m]} needed" for m in needed)
+        + f": {sum(extra.values()):+d} (floor: the calls the records count; target: at most "
+        f"{allowed} more, the calls under way in the {kills} SIGKILLed worker(s))"
+    )
+    if min(extra.values()) < 0 or sum(extra.values()) > allowed:
+        say(f"FAILED: agent calls beyond what the cases needed: {extra}")
+        return False
+    return True
+
+
 # -- main -----------------------------------------------------------------------------------
 
 
@@ -488,23 +527,29 @@ def main(argv: list[str] | None = None) -> int:
             PostgresServer(workdir / "pg") as pg,
             DemoServer(port=0) as demo,
             FaultAgent(demo.base_url, delay=args.latency_ms / 1000, keep=False) as agent,
+            forwarding_agent(agent.base_url) as front,
         ):
             agent.rule = faults.rule
             database_url = pg.create_database("agenttest")
-            from agenttest_worker.store.db import upgrade
-
-            upgrade(database_url)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
+            env["AGENTTEST_DATABASE_URL"] = database_url
+            subprocess.run(
+                [str(BIN / "agenttest-submit"), "db", "upgrade"],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             entry = {"timeout": "10s", "max_retries": 6, "base_delay": "500ms"}
             config = write_config(
                 workdir,
                 {
                     "soak.expense": {
-                        **openai_agent(agent.base_url, "expense", **entry),
+                        **openai_agent(front, "expense", **entry),
                         "tools": ["create_expense"],
                         "rate_limit": {},  # a 429 pauses every caller, fleet-wide
                     },
-                    "soak.sim": openai_agent(agent.base_url, "user-sim", **entry),
-                    "soak.judge": openai_agent(agent.base_url, "validator", **entry),
+                    "soak.sim": openai_agent(front, "user-sim", **entry),
+                    "soak.judge": openai_agent(front, "validator", **entry),
                 },
                 defaults={"judge": "soak.judge", "simulator": "soak.sim"},
             )
@@ -512,11 +557,9 @@ def main(argv: list[str] | None = None) -> int:
             cases_path.write_text(
                 "".join(json.dumps(c) + "\n" for c in mixed_cases(args.cases)), encoding="utf-8"
             )
-            env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
             env.update(
                 {
                     "AGENTTEST_BROKER_URL": redis_server.url,
-                    "AGENTTEST_DATABASE_URL": database_url,
                     "AGENTTEST_HOME": str(workdir / ".agenttest"),
                     # Above the longest turn (retries through a fault), so that Redis
                     # hands a message out again only when its worker is gone.
@@ -529,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             soak = Soak(
                 args, workdir, env, redis_server, pg, database_url, faults, cases_path, config
             )
-            return run(soak, agent)
+            return run(soak, agent, front)
     finally:
         if soak is not None:
             soak.close()
@@ -539,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run(soak: Soak, agent: FaultAgent) -> int:
+def run(soak: Soak, agent: FaultAgent, front: AgentUrl) -> int:
     args = soak.args
     soak.start_workers()
     started = time.monotonic()
@@ -638,9 +681,10 @@ def run(soak: Soak, agent: FaultAgent) -> int:
             f"steady worker RSS: {warm:.1f} MB at minute 2, {last:.1f} MB at the end "
             f"(peak {peak:.1f} MB): growth {last - warm:+.1f} MB ({(last - warm) / warm:+.1%})"
         )
+    calls_ok = report_calls(soak, front)
     ok = result.lost == 0 and result.doubled == 0 and result.runs_done == result.runs
     say("OK: nothing lost, nothing doubled" if ok else "FAILED: see the problems above")
-    return 0 if ok else 1
+    return 0 if ok and calls_ok else 1
 
 
 if __name__ == "__main__":

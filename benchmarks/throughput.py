@@ -1,10 +1,12 @@
-"""Distributed throughput against the floor the stack allows, measured in the same run.
+"""Distributed throughput and CPU per turn against the floor the stack allows, in one run.
 
     python -m benchmarks.throughput --conversations 300 --turns 3 --concurrency 100 \
         --latency-ms 50 --workers 1
 
 Both sides run N conversations of `--turns` turns against the same fixed-latency agent
-(its own process), through real Redis, Postgres and Celery worker processes (same
+(its own process, served over https with a self-signed certificate trusted through
+SSL_CERT_FILE: benchmarks/common.py), through real Redis, Postgres and Celery worker
+processes (same
 concurrency; the floor on Celery's threads pool, agenttest on its own event-loop pool
 unless `--agenttest-pool threads`):
 - floor: a bare Celery chain, one httpx call and one Postgres insert per turn
@@ -13,9 +15,14 @@ unless `--agenttest-pool threads`):
   static turns and a `contains` assertion each, workers `celery -A agenttest_worker`;
   timed from the submitter's start to the run's aggregation.
 Prints turns/s for both (end to end, and steady: first to last turn saved), the ratios,
-CPU per turn of the workers, Postgres, Redis and the agent (what the machine's cores
-allow at that total, and about how many cores the side kept busy), and the peak RSS of
-the worker(s) and submitter.
+CPU per turn of the workers, Postgres (the backends serving the side's database), Redis
+and the agent (what the machine's cores allow at that total, and about how many cores
+the side kept busy), and the peak RSS of the worker(s) and submitter.
+
+The targets (exit status 1 when one is missed): the workers' and Postgres's CPU per
+turn at most `--target-cpu-ms` (5 ms; the median over `--rounds`, with the first
+`--workers` count), and as many calls counted at the agent as agenttest's side played
+turns (no call wasted, none doubled).
 
 `--workers 1,2` measures both sides with one worker process each, then two, in the same
 run, and prints how each side scaled. `--rounds N` measures everything N times, the
@@ -37,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,7 +54,16 @@ from typing import Any, NamedTuple
 import psycopg
 import redis
 
-from benchmarks.common import BIN, ROOT, add_settings_option, compile_bytecode, submit_command
+from benchmarks.common import (
+    BIN,
+    ROOT,
+    AgentUrl,
+    Targets,
+    add_settings_option,
+    compile_bytecode,
+    fixed_agent,
+    submit_command,
+)
 
 PG_ADMIN = os.environ.get("BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379")
@@ -94,38 +111,6 @@ def redis_db() -> Iterator[str]:
     raise SystemExit("no free Redis database number")
 
 
-class AgentUrl(str):
-    """The fixed agent's base URL, and its process (whose CPU a side's figures count)."""
-
-    pid: int
-
-
-@contextmanager
-def fixed_agent(latency_ms: float, reply_chars: int = 0) -> Iterator[AgentUrl]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.fixed_agent",
-            "--latency-ms",
-            str(latency_ms),
-            "--reply-chars",
-            str(reply_chars),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    url = AgentUrl(proc.stdout.readline().strip())
-    url.pid = proc.pid
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def resident_kb(pid: int) -> int:
     """The process's resident memory now (VmRSS), in KB."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -168,6 +153,50 @@ def servers_cpu_seconds() -> tuple[float, float]:
         elif "(redis-server)" in text:
             redis_server += _cpu_from_stat(text)
     return postgres, redis_server
+
+
+class BackendsCpu(threading.Thread):
+    """CPU time of the Postgres backends serving one database, from start to `stop()`:
+    its backends (pg_stat_activity) sampled every 0.2 s, each counted from its first
+    sample (from zero if it started since), so that other databases' work on a shared
+    server (other test runs) is left out. A backend that ends between two samples loses
+    its last 0.2 s; the server's shared processes (WAL writer, checkpointer) are not
+    counted."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.done = threading.Event()
+        with psycopg.connect(url, autocommit=True) as conn:
+            self._sample(conn, initial=True)
+        self.start()
+
+    def _sample(self, conn: psycopg.Connection[Any], initial: bool = False) -> None:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+        for (pid,) in rows:
+            try:
+                cpu = process_cpu_seconds(pid)
+            except OSError:
+                continue  # it just ended
+            self.first.setdefault(pid, cpu if initial else 0.0)
+            self.last[pid] = cpu
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.done.wait(0.2):
+                self._sample(conn)
+
+    def stop(self) -> float:
+        self.done.set()
+        self.join()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            self._sample(conn)
+        return sum(self.last[pid] - first for pid, first in self.first.items())
 
 
 # Every worker started, so that each side stops its own whatever happened: one left
@@ -293,6 +322,8 @@ class Side(NamedTuple):
     database_cpu: float
     broker_cpu: float
     agent_cpu: float
+    # Calls counted at the agent during the side's run (agenttest's side only).
+    agent_calls: int = 0
 
     @property
     def total_cpu(self) -> float:
@@ -301,6 +332,9 @@ class Side(NamedTuple):
 
 
 UNMEASURED = Side(*(float("nan"),) * 6)
+
+# Workers' and Postgres's CPU per turn that the users' workload affords (ms).
+TARGET_CPU_MS = 5.0
 
 
 class Measured(NamedTuple):
@@ -313,15 +347,16 @@ class Measured(NamedTuple):
     worker_kb: list[int]
 
 
-def others_cpu_seconds(agent: AgentUrl) -> tuple[float, float, float]:
-    """CPU time used so far by Postgres, Redis and the agent."""
-    return (*servers_cpu_seconds(), process_cpu_seconds(agent.pid))
+def others_cpu_seconds(agent: AgentUrl) -> tuple[float, float]:
+    """CPU time used so far by Redis (the whole server) and the agent."""
+    return servers_cpu_seconds()[1], process_cpu_seconds(agent.pid)
 
 
 def finish_side(
     workers: list[Worker],
     agent: AgentUrl,
-    others_before: tuple[float, float, float],
+    others_before: tuple[float, float],
+    backends: BackendsCpu,
     turns: int,
     elapsed: float,
     steady_seconds: float,
@@ -330,7 +365,8 @@ def finish_side(
 
     `steady_seconds` is the time from its first to its last turn saved."""
     cpu = sum(w.busy_cpu() for w in workers)
-    database_cpu, broker_cpu, agent_cpu = (
+    database_cpu = backends.stop()
+    broker_cpu, agent_cpu = (
         after - before
         for after, before in zip(others_cpu_seconds(agent), others_before, strict=True)
     )
@@ -373,6 +409,7 @@ def run_floor(
 
     app.conf.broker_url = broker
     total = args.conversations * args.turns
+    backends = BackendsCpu(db)
     others_before = others_cpu_seconds(agent)
     started = time.monotonic()
     with app.producer_or_acquire() as producer:
@@ -387,7 +424,7 @@ def run_floor(
         steady = conn.execute(
             "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM floor_turns"
         ).fetchone()[0]  # type: ignore[index]
-    return finish_side(workers, agent, others_before, total, elapsed, float(steady))
+    return finish_side(workers, agent, others_before, backends, total, elapsed, float(steady))
 
 
 def wait_for_run(
@@ -467,6 +504,8 @@ def run_agenttest(
     for w in workers:
         w.wait_ready(broker, "agenttest")
     cases, config = write_suite(tmp, args.conversations, args.turns, agent)
+    calls_before = agent.calls()
+    backends = BackendsCpu(db)
     others_before = others_cpu_seconds(agent)
     started = time.monotonic()
     started_at = time.time()  # the database's clock is this machine's
@@ -504,8 +543,14 @@ def run_agenttest(
     expected = args.conversations * args.turns
     if turns != expected:
         raise SystemExit(f"expected {expected} turn rows, found {turns}")
-    side = finish_side(workers, agent, others_before, turns, elapsed, float(last_turn - first_turn))
-    return side, submitter_kb, [w.peak_kb for w in workers]
+    side = finish_side(
+        workers, agent, others_before, backends, turns, elapsed, float(last_turn - first_turn)
+    )
+    return (
+        side._replace(agent_calls=agent.calls() - calls_before),
+        submitter_kb,
+        [w.peak_kb for w in workers],
+    )
 
 
 def measure(args: argparse.Namespace, workers_count: int, agent: AgentUrl, tmp: Path) -> Measured:
@@ -544,11 +589,11 @@ def report(args: argparse.Namespace, measured: Measured) -> None:
     )
     print(
         f"  Postgres CPU per turn: floor {floor.database_cpu * 1000:.2f} ms, "
-        f"agenttest {ours.database_cpu * 1000:.2f} ms (all server processes)"
+        f"agenttest {ours.database_cpu * 1000:.2f} ms (the backends serving its database)"
     )
     print(
         f"  Redis CPU per turn: floor {floor.broker_cpu * 1000:.2f} ms, "
-        f"agenttest {ours.broker_cpu * 1000:.2f} ms"
+        f"agenttest {ours.broker_cpu * 1000:.2f} ms (the whole server: others' use counts)"
     )
     cores = os.cpu_count() or 1
     print(
@@ -633,6 +678,12 @@ def main() -> None:
         "threads to compare); the floor always runs Celery's threads pool",
     )
     parser.add_argument(
+        "--target-cpu-ms",
+        type=float,
+        default=TARGET_CPU_MS,
+        help="the most workers' + Postgres's CPU per turn allowed (ms)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -661,6 +712,34 @@ def main() -> None:
         report_rounds(rounds)
     own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"  (benchmark process peak {own_mb:.0f} MB)")
+    if args.only is None:
+        sys.exit(check_targets(args, [runs[0] for runs in rounds]))
+
+
+def check_targets(args: argparse.Namespace, runs: list[Measured]) -> int:
+    """The overhead target (workers' and Postgres's CPU per turn, the median of `runs`)
+    and the calls target (every run), each beside the floor's figure."""
+    targets = Targets()
+    print(f"targets ({runs[0].workers} worker(s), agent over https):")
+    ours = statistics.median((r.ours.worker_cpu + r.ours.database_cpu) * 1000 for r in runs)
+    floor = statistics.median((r.floor.worker_cpu + r.floor.database_cpu) * 1000 for r in runs)
+    targets.check(
+        "worker + Postgres CPU per turn",
+        f"{ours:.2f} ms ({ours / floor:.2f}x the floor)",
+        f"{floor:.2f} ms, bare Celery chain",
+        f"<= {args.target_cpu_ms:g} ms",
+        ours <= args.target_cpu_ms,
+    )
+    turns = args.conversations * args.turns
+    calls = [r.ours.agent_calls for r in runs]
+    targets.check(
+        "agent calls per played turn",
+        f"{', '.join(f'{c / turns:.3f}' for c in calls)} ({', '.join(map(str, calls))} calls)",
+        "1 call a turn",
+        f"exactly {turns} calls a run",
+        all(c == turns for c in calls),
+    )
+    return targets.exit_code()
 
 
 if __name__ == "__main__":
