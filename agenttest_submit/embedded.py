@@ -29,7 +29,6 @@ from agenttest_worker.agents.exchange import (
     close_session,
     configure_pool,
     connections_for,
-    needs_aiohttp,
 )
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import (
@@ -81,10 +80,8 @@ def run_embedded(
                 )
             ) from None
     # What the first agent call imports, imported before the store's thread starts:
-    # both are CPU work, and the calls should not wait for the store's share of it. Only
-    # when an agent needs it (agents/exchange.py): ~0.15 s of a run's start-up.
-    agents = [agent for agent in config.agents.values() if agent.protocol != "script"]
-    if needs_aiohttp((agent.base_url or agent.url, bool(agent.stream)) for agent in agents):
+    # both are CPU work, and the calls should not wait for the store's share of it.
+    if any(agent.protocol != "script" for agent in config.agents.values()):
         import aiohttp  # noqa: F401  (agents/exchange.py imports it where a call needs it)
 
     # The conversations start now, while the run is being stored.

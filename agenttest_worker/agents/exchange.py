@@ -18,7 +18,7 @@ import asyncio
 import json
 import os
 import weakref
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,12 +94,6 @@ def connections_for(concurrency: int | None) -> int:
     if "http_pool_size" in settings.model_fields_set:
         return settings.http_pool_size
     return max(settings.http_pool_size, concurrency or 0)
-
-
-def needs_aiohttp(calls: Iterable[tuple[str | None, bool]]) -> bool:
-    """Whether any of these calls (its URL; whether its reply is streamed) is made:
-    every one goes through aiohttp."""
-    return any(True for _ in calls)
 
 
 def _proxied() -> bool:
