@@ -4,7 +4,8 @@ Reliability choices (DESIGN.md "Distribution"): tasks are acknowledged after the
 finish (`acks_late`) and given back when a worker dies (`reject_on_worker_lost`); each
 worker process reserves one message at a time (prefetch 1), so a slow conversation
 never holds others hostage; Redis redelivers an unacknowledged message only after a
-visibility timeout longer than the longest turn (AGENTTEST_VISIBILITY_TIMEOUT).
+visibility timeout longer than the longest turn (AGENTTEST_VISIBILITY_TIMEOUT),
+RabbitMQ as soon as the connection of the worker that held it closes.
 No result backend: results live in the store, and nothing waits on task results.
 Workers reconnect to a broker that went away for as long as it takes, and a publish
 retries for about 20 s; what the broker lost meanwhile (or a publish that gave up) is
@@ -26,11 +27,11 @@ from __future__ import annotations
 
 from celery import Celery
 
-from agenttest_worker.settings import get_settings
+from agenttest_worker.settings import REDIS_SCHEMES, get_settings
 
 settings = get_settings()
 
-REDIS_BROKER = (settings.broker_url or "").startswith(("redis://", "rediss://"))
+REDIS_BROKER = (settings.broker_url or "").startswith(REDIS_SCHEMES)
 if REDIS_BROKER:
     CONTINUING, NEW_CONVERSATION = 0, 9
 else:
@@ -56,7 +57,7 @@ app = Celery(
     include=["agenttest_worker.fleet.tasks", "agenttest_worker.fleet.sweeper"],
 )
 if settings.celery_config:
-    # Read before the settings below are applied, which take precedence over it.
+    # Celery keeps what the code sets (below) over what this module sets.
     app.config_from_object(settings.celery_config)
 app.conf.update(
     task_default_queue=settings.queue,
