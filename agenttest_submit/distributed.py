@@ -25,8 +25,8 @@ from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
 
-# The publishing of tasks (agenttest_worker.fleet.enqueue: redis-py on a Redis broker,
-# Celery on any other) is imported where it is used, not here: import_publisher_meanwhile
+# The publishing of tasks (agenttest_worker.fleet.enqueue, through Celery) is imported
+# where it is used, not here: import_publisher_meanwhile
 # imports it on a thread while the run is stored. The tasks themselves (fleet.tasks) are
 # the workers' alone.
 
@@ -47,10 +47,9 @@ def import_publisher_meanwhile() -> None:
     """Import what publishes tasks on a thread while the run is being stored.
 
     It is imported before the first conversation can start; storing the run is mostly
-    waiting on the database, time the import can use. `FleetStarter` (or `enqueue_run`)
-    then finds it imported (or waits on the import lock until it is).
-    On a Redis broker that is redis-py alone: Celery's ~0.2 s import, which the first
-    batch's publish waited for, is not needed to publish there (fleet/publish.py).
+    waiting on the database, time the import can use (Celery's is ~0.2 s).
+    `FleetStarter` (or `enqueue_run`) then finds it imported (or waits on the import
+    lock until it is).
     """
 
     def load() -> None:

@@ -3,12 +3,12 @@
 Workers export what they do (agenttest_worker/observe/metrics.py); what the fleet as a
 whole is doing is read here instead, so that every worker does not report the same
 gauge: how far each run still going is (its cases finished by status out of its total,
-turns, tokens and cost so far), and how many messages wait in the broker's queues
-(`agenttest` and `agenttest:9`, AGENTTEST_QUEUE's two priority lists, fleet/app.py) or
-are held, unacknowledged, by workers.
+turns, tokens and cost so far), and how many messages wait in the broker's queue
+(AGENTTEST_QUEUE, a passive declare's message count, on any broker) or, on Redis, are
+held, unacknowledged, by workers.
 
 Everything is read when Prometheus scrapes, from the store (one query over the runs
-table) and Redis (three reads), so the numbers are never staler than the scrape. Runs
+table) and the broker, so the numbers are never staler than the scrape. Runs
 label the run metrics, and only runs pending or running do: a finished run's series
 end with it, so the number of series stays that of the runs under way. A source that
 cannot be read is said by `agenttest_exporter_up{source}` = 0 (and a log line), and the
@@ -41,7 +41,6 @@ class FleetCollector:
         self.queue = queue
         # The HTTP server answers each scrape on a thread of its own: one read at a time.
         self._lock = threading.Lock()
-        self._redis: Any = None
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -130,38 +129,41 @@ class FleetCollector:
         yield from (runs, info, total, finished, turns, tokens, cost, started)
 
     def _queues(self) -> Iterator[Any]:
-        from kombu.transport.redis import Channel
         from prometheus_client.core import GaugeMetricFamily
 
-        from agenttest_worker.fleet.queues import queue_lists
-        from agenttest_worker.settings import redis_py_url
+        # Celery, only where the broker is read (the exporter's own process).
+        from agenttest_worker.fleet.app import app
 
-        if self._redis is None:
-            import redis
-
-            self._redis = redis.Redis.from_url(
-                redis_py_url(self.broker_url or ""), socket_timeout=5
-            )
-        lists = queue_lists(self.queue)
-        pipe = self._redis.pipeline(transaction=False)
-        for name in lists:
-            pipe.llen(name)
-        pipe.hlen(Channel.unacked_key)
-        *lengths, unacked = pipe.execute()
         waiting = GaugeMetricFamily(
             "agenttest_queue_messages",
-            "Messages waiting in a broker list (the queue's priorities: agenttest, agenttest:9)",
+            "Messages waiting in the broker's queue (AGENTTEST_QUEUE), every priority",
             labels=["queue"],
         )
-        for name, length in zip(lists, lengths, strict=True):
-            waiting.add_metric([name], length)
-        held = GaugeMetricFamily(
-            "agenttest_queue_unacked_messages",
-            "Messages workers have taken and not yet acknowledged (turns being played)",
-        )
-        held.add_metric([], unacked)
+        redis = (self.broker_url or "").startswith(("redis://", "rediss://"))
+        with (
+            app.connection_for_read(self.broker_url) as connection,
+            connection.channel() as channel,
+        ):
+            try:
+                count = channel.queue_declare(self.queue, passive=True).message_count
+            except connection.channel_errors as exc:
+                if "NOT_FOUND" not in str(exc):
+                    raise
+                count = 0  # not declared yet (or, on Redis, empty): nothing waits
+            # Redis only: kombu's Redis transport holds the messages workers took in a
+            # hash (its `unacked_key` transport option); an AMQP broker tells this
+            # through its management API alone.
+            unacked = channel.client.hlen(channel.unacked_key) if redis else None
+        waiting.add_metric([self.queue], count)
         yield waiting
-        yield held
+        if unacked is not None:
+            held = GaugeMetricFamily(
+                "agenttest_queue_unacked_messages",
+                "Messages workers have taken and not yet acknowledged (turns being played; "
+                "Redis brokers only)",
+            )
+            held.add_metric([], unacked)
+            yield held
 
 
 def _said(exc: BaseException, *urls: str | None) -> str:

@@ -5,9 +5,9 @@ bug in agenttest; it must say which service, at which address (password hidden),
 what the driver said, in one line instead of an "internal error" with the driver's
 exception class. Exit code 3 either way: nothing about the cases was wrong.
 
-Only the modules a run has already imported are consulted (SQLAlchemy, kombu,
-redis-py), so this costs the command's start-up nothing. `safe_url` is also how the
-subcommands show the database's address.
+Only the modules a run has already imported are consulted (SQLAlchemy, psycopg, kombu),
+so this costs the command's start-up nothing. `safe_url` is also how the subcommands
+show the database's address.
 """
 
 from __future__ import annotations
@@ -43,15 +43,9 @@ def _cannot_reach(service: str, url: str, exc: BaseException) -> str:
 
 
 def _broker_lost(exc: BaseException) -> bool:
-    """Whether `exc` is the broker out of reach: kombu's error (Celery publishing), or
-    redis-py's own where tasks were published on Redis without Celery (fleet/publish.py)."""
+    """Whether `exc` is the broker out of reach: kombu's error (Celery publishing)."""
     kombu_exc = sys.modules.get("kombu.exceptions")
-    if kombu_exc is not None and isinstance(exc, kombu_exc.OperationalError):
-        return True
-    redis_exc = sys.modules.get("redis.exceptions")
-    return redis_exc is not None and isinstance(
-        exc, (redis_exc.ConnectionError, redis_exc.TimeoutError)
-    )
+    return kombu_exc is not None and isinstance(exc, kombu_exc.OperationalError)
 
 
 def _database_lost(exc: BaseException) -> bool:

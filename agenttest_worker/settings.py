@@ -34,6 +34,7 @@ EventLoopChoice = Literal["auto", "uvloop", "asyncio"]
 # The stores this project runs on: Postgres (any psycopg-style spelling) and SQLite.
 # Checked here, without importing SQLAlchemy, so that a mistyped URL is an input
 # error naming the variable rather than a driver error at the first query.
+REDIS_SCHEMES = ("redis://", "rediss://")
 _DATABASE_URL = re.compile(r"^(postgres|postgresql|sqlite)(\+[A-Za-z0-9_]+)?://", re.IGNORECASE)
 
 
@@ -41,13 +42,26 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     broker_url: str | None = Field(
-        default=None, description="Celery broker (redis://...); unset means embedded runs"
+        default=None,
+        description="Celery broker (redis://..., amqp://...); unset means embedded runs",
     )
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL of the result store; default: SQLite in home"
     )
+    redis_url: str | None = Field(
+        default=None,
+        description="Redis (redis://... or rediss://...) holding what a fleet shares besides "
+        "its messages: agents' fleet-wide rate limits and breakers; default: the broker when "
+        "it is Redis. Set it beside another broker (RabbitMQ), or those stay per process",
+    )
     home: Path = Field(default=Path(".agenttest"), description="Local state for embedded runs")
     queue: str = Field(default="agenttest", description="Celery queue for turn tasks")
+    celery_config: str | None = Field(
+        default=None,
+        description="A Python module of Celery settings the fleet's app reads besides its own "
+        "(which win), such as task_routes or task_compression; every process of the fleet "
+        "must import the same",
+    )
     visibility_timeout: int = Field(
         default=3600,
         ge=1,
@@ -115,10 +129,17 @@ class Settings(BaseModel):
     )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 
-    @field_validator("scripts_dir", "metrics_port", mode="before")
+    @field_validator("scripts_dir", "metrics_port", "celery_config", mode="before")
     @classmethod
     def _unset_when_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, url: str | None) -> str | None:
+        if url and not url.strip().startswith(REDIS_SCHEMES):
+            raise ValueError("not a Redis URL: give redis://HOST:6379/0 or rediss://...")
+        return url.strip() if url else None
 
     @field_validator("database_url")
     @classmethod
@@ -141,6 +162,13 @@ class Settings(BaseModel):
     @property
     def distributed(self) -> bool:
         return bool(self.broker_url)
+
+    @property
+    def shared_redis_url(self) -> str | None:
+        """The Redis a fleet's rate limits and breakers are kept in (AGENTTEST_REDIS_URL,
+        else a Redis broker), or None: each process keeps its own."""
+        broker = self.broker_url or ""
+        return self.redis_url or (broker if broker.startswith(REDIS_SCHEMES) else None)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -179,9 +207,8 @@ def get_settings() -> Settings:
 
 
 # kombu (the workers' consumer) reads `ssl_cert_reqs` in ssl's constant names as well as
-# in redis-py's words; the task publisher (fleet/publish.py), the fleet-wide rate limits
-# and breakers (agents/ratelimit.py) and the metrics exporter reach the same Redis
-# through redis-py, which reads only the words.
+# in redis-py's words; the fleet-wide rate limits and breakers (agents/ratelimit.py)
+# reach the same Redis through redis-py, which reads only the words.
 _CERT_REQS_WORDS = {"CERT_REQUIRED": "required", "CERT_OPTIONAL": "optional", "CERT_NONE": "none"}
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the demo agents over HTTP, a private Postgres database and Redis db.
+"""Shared fixtures: the demo agents over HTTP, a private Postgres database, Redis db and
+RabbitMQ virtual host.
 
 Tests that need a service fail loudly when it is missing: a skipped service test would
 hide exactly the failures these tests exist to catch. `.ci/run` starts the services.
@@ -11,6 +12,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +21,7 @@ from agenttest_worker.settings import get_settings
 
 PG_ADMIN_URL = os.environ.get("AGENTTEST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("AGENTTEST_TEST_REDIS", "redis://127.0.0.1:6379")
+RABBITMQ = os.environ.get("AGENTTEST_TEST_RABBITMQ", "guest:guest@127.0.0.1:5672")
 # Who holds a Redis database number: set, and the database emptied, in one step.
 OWNER_KEY = "agenttest:db-owner"
 CLAIM_SCRIPT = """
@@ -29,6 +32,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
 end
 return 0
 """
+if TYPE_CHECKING:
+    from fleet import Fleet
+
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 
 
@@ -117,3 +123,48 @@ def redis_db() -> Iterator[str]:
             db.flushdb()
             return
     pytest.fail("no free Redis database number (1-15) for this test run")
+
+
+def _rabbitmqctl(*args: str) -> None:
+    import subprocess
+
+    done = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        pytest.fail(f"rabbitmqctl {' '.join(args)} failed (see .ci/run): {done.stderr.strip()}")
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """An AMQP URL on a RabbitMQ virtual host of this test session's own (its queues
+    shared with no other test run), deleted at the end."""
+    import socket
+
+    host, port = RABBITMQ.rsplit("@", 1)[1].split(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        pytest.fail(f"RabbitMQ is required at {host}:{port} (start it; see .ci/run): {exc}")
+    user = RABBITMQ.split(":", 1)[0]
+    vhost = f"agenttest_test_{os.getpid()}_{secrets.token_hex(3)}"
+    _rabbitmqctl("add_vhost", vhost)
+    try:
+        _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+        yield f"amqp://{RABBITMQ}/{vhost}"
+    finally:
+        _rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def any_broker(request: pytest.FixtureRequest) -> str:
+    """Each broker a fleet runs on, in turn: the fleet's core tests run on both."""
+    name = "redis_db" if request.param == "redis" else "rabbitmq_url"
+    url: str = request.getfixturevalue(name)
+    return url
+
+
+@pytest.fixture
+def any_fleet(any_broker: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet (tests/fleet.py) on each broker in turn."""
+    from fleet import fleet_on
+
+    yield from fleet_on(any_broker, pg_database, demo_url, tmp_path)

@@ -1,4 +1,5 @@
 """Real processes for fleet tests: Celery workers, a private Redis server, a watching agent.
+A fleet's broker is Redis or RabbitMQ (conftest's `any_broker` gives each in turn).
 
     fleet = Fleet(broker_url, database_url, tmp_path, env={"AGENTTEST_DEMO_URL": url})
     worker = fleet.start("a", concurrency=2)      # returns once the worker logs "ready."
@@ -305,35 +306,52 @@ class Fleet:
 
 
 def fleet_on(
-    redis_url: str, database_url: str, demo_url: str, workdir: Path, schema: bool = True
+    broker_url: str, database_url: str, demo_url: str, workdir: Path, schema: bool = True
 ) -> Iterator[Fleet]:
-    """The body of a `fleet` fixture: an emptied Redis db, the schema (unless `schema` is
-    False: the workers must make it), cleanup after."""
-    import redis
-
+    """The body of a `fleet` fixture: an emptied broker (a Redis db, or the fleet's queue
+    in a RabbitMQ virtual host), the schema (unless `schema` is False: the workers must
+    make it), cleanup after."""
     from agenttest_worker.store.db import upgrade
 
-    client = redis.Redis.from_url(redis_url)
+    empty = _emptying(broker_url)
+    empty()
+    if schema:
+        upgrade(database_url)
+    fleet = Fleet(broker_url, database_url, workdir, env={"AGENTTEST_DEMO_URL": demo_url})
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+        empty()
+
+
+def _emptying(broker_url: str) -> Callable[[], None]:
+    """What leaves no message of an earlier test for this one's workers."""
+    if broker_url.startswith("amqp://"):
+        from kombu import Connection
+
+        def delete_queue() -> None:
+            # (The virtual host is the test session's own: conftest's rabbitmq_url.)
+            with Connection(broker_url) as connection:
+                connection.default_channel.queue_delete("agenttest")
+
+        return delete_queue
+
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
     owner = client.get("agenttest:db-owner")  # conftest's claim on this db number
 
-    def empty() -> None:
-        # No message of an earlier test may reach this one's workers. One transaction:
-        # between a flush and a separate re-claim, another test run could take the number.
+    def flush() -> None:
+        # One transaction: between a flush and a separate re-claim, another test run
+        # could take the number.
         with client.pipeline(transaction=True) as pipe:
             pipe.flushdb()
             if owner is not None:
                 pipe.set("agenttest:db-owner", owner, ex=3600)
             pipe.execute()
 
-    empty()
-    if schema:
-        upgrade(database_url)
-    fleet = Fleet(redis_url, database_url, workdir, env={"AGENTTEST_DEMO_URL": demo_url})
-    try:
-        yield fleet
-    finally:
-        fleet.close()
-        empty()
+    return flush
 
 
 # -- a private Redis server -----------------------------------------------------------------

@@ -27,10 +27,20 @@ from typing import Any
 import pytest
 import yaml
 
-from agenttest_worker.fleet.queues import queue_lists
 from agenttest_worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists of `queue` under the app's transport options: the priority steps'."""
+    from agenttest_worker.fleet.app import app
+
+    options = app.conf.broker_transport_options
+    steps, sep = options["priority_steps"], options["sep"]
+    return [f"{queue}{sep}{step}" if step else queue for step in steps]
+
+
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 START_WORKER = ROOT / "deploy" / "start-worker.sh"
@@ -889,7 +899,8 @@ def test_k8s_keda_scales_the_workers_on_the_queue() -> None:
     assert "replicas" not in _one("Deployment", target["name"])["spec"]  # KEDA owns it
     triggers = scaled["spec"]["triggers"]
     assert {t["type"] for t in triggers} == {"redis"}
-    # Both lists the queue's messages wait in (a list per priority: celery_app.py).
+    # Both lists the queue's messages wait in (kombu's Redis transport keeps a list per
+    # priority step, fleet/app.py).
     lists = [t["metadata"]["listName"] for t in triggers]
     assert lists == queue_lists(Settings.model_fields["queue"].default)
     assert lists == queue_lists(_configmap_data()["AGENTTEST_QUEUE"])

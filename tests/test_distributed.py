@@ -96,8 +96,9 @@ def _verdicts(record: dict[str, Any]) -> list[tuple[Any, ...]]:
 
 @pytest.mark.fleet
 def test_fleet_run_matches_the_embedded_default(
-    fleet: Fleet, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    any_fleet: Fleet, demo_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    fleet = any_fleet
     rounds = tmp_path / "rounds.yaml"
     rounds.write_text(ROUNDS_YAML, encoding="utf-8")
     args = [
@@ -148,10 +149,11 @@ def test_fleet_run_matches_the_embedded_default(
 
 @pytest.mark.fleet
 def test_conversations_under_way_go_before_new_ones(
-    fleet: Fleet, demo_url: str, tmp_path: Path
+    any_fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
     """One worker taking one message at a time plays each conversation to its end
     before starting the next: later turns are popped before queued first turns."""
+    fleet = any_fleet
     config = write_project(tmp_path, demo_url)
     cases = write_cases(tmp_path, [expense_case(f"P{i}", turns=3) for i in range(4)])
     fleet.start("one", concurrency=1)
@@ -491,3 +493,68 @@ def test_a_service_out_of_reach_is_named_and_nothing_is_left_stored(
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr
     after = runs.latest_run(pg_database)
     assert (after.id if after else None) == (before.id if before else None)
+
+
+@pytest.mark.fleet
+def test_task_routes_send_a_run_to_the_queue_its_workers_consume(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    """The fleet's tasks are published through Celery, so the app's `task_routes` (from
+    AGENTTEST_CELERY_CONFIG) apply: a worker consuming only the routed queue plays the
+    whole run, and nothing waits in the default queue."""
+    from agenttest_worker.fleet.app import app
+
+    (tmp_path / "routed_celery.py").write_text(
+        'task_routes = {"agenttest.*": {"queue": "routed"}}\n', encoding="utf-8"
+    )
+    fleet.env["PYTHONPATH"] = str(tmp_path)
+    fleet.env["AGENTTEST_CELERY_CONFIG"] = "routed_celery"
+    config = write_project(tmp_path, demo_url)
+    cases = write_cases(tmp_path, [expense_case("Q1"), greeting_case("Q2")])
+    fleet.start("routed", concurrency=2, args=["-Q", "routed"])
+    run_id = fleet.submit_no_wait(["-i", str(cases), "-n", "slow.expense", "--config", str(config)])
+    fleet.wait_done(run_id)
+    assert [s for _, _, s in case_rows(fleet.database_url, run_id)] == ["passed"] * 2
+    with app.connection_for_write(fleet.broker_url) as connection:
+        channel = connection.default_channel
+        for queue in ("agenttest", "routed"):
+            assert channel.queue_purge(queue) == 0, queue
+
+
+def test_publishing_a_turn_sends_celerys_publish_signals(redis_db: str) -> None:
+    """`before_task_publish` fires for each turn published (what trace propagation hooks
+    into: a header it adds travels with the message), then `after_task_publish`."""
+    from celery.signals import after_task_publish, before_task_publish
+
+    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.enqueue import enqueue_turn
+
+    seen: list[tuple[str, Any]] = []
+
+    def before(sender: str, body: Any, headers: dict[str, Any], **_: Any) -> None:
+        headers["traceparent"] = "00-trace-span-01"
+        seen.append(("before", (sender, headers["task"], list(body[0]))))
+
+    def after(sender: str, **_: Any) -> None:
+        seen.append(("after", sender))
+
+    before_task_publish.connect(before)
+    after_task_publish.connect(after)
+    try:
+        with app.connection_for_write(redis_db) as connection, connection.Producer() as producer:
+            queue = app.conf.task_default_queue
+            connection.default_channel.queue_purge(queue)
+            enqueue_turn("r1", "c1", 2, producer)
+            message = connection.default_channel.basic_get(queue, no_ack=True)
+    finally:
+        before_task_publish.disconnect(before)
+        after_task_publish.disconnect(after)
+    turn = ["r1", "c1", 2]
+    assert seen == [
+        ("before", ("agenttest.turn", "agenttest.turn", turn)),
+        ("after", "agenttest.turn"),
+    ]
+    assert message is not None
+    assert message.headers["task"] == "agenttest.turn"
+    assert message.headers["traceparent"] == "00-trace-span-01"
+    assert list(message.decode()[0]) == turn

@@ -51,8 +51,9 @@ def _all_turns_once(url: str, run_id: str, turns: dict[str, int]) -> None:
 
 @pytest.mark.fleet
 def test_a_worker_killed_mid_turn_loses_nothing(
-    fleet: Fleet, demo_url: str, tmp_path: Path
+    any_fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
+    fleet = any_fleet
     killed = threading.Event()
     with WatchingAgent(demo_url) as agent:
         # A's calls are answered only once A is dead: it cannot finish a turn, however

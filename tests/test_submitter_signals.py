@@ -257,10 +257,10 @@ def test_a_run_left_half_stored_by_a_killed_submitter_is_closed_by_the_sweeper(
 
 @pytest.mark.fleet
 def test_resume_closes_a_half_stored_run_once_nothing_moved_for_the_stall_period(
-    redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
+    any_broker: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path, {"demo": openai_agent(demo_url)})
-    with contextmanager(fleet_on)(redis_db, pg_database, demo_url, tmp_path) as fleet:
+    with contextmanager(fleet_on)(any_broker, pg_database, demo_url, tmp_path) as fleet:
         run_id = _half_stored_run(fleet, pg_database, config, tmp_path)
         early = fleet.submit(["resume", run_id], stall_seconds="600")
         assert early.returncode == 0, early.stderr

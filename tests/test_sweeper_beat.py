@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from fleet import Fleet, fleet_on, greeting_case, turn_rows, write_cases, write_project
 
-from agenttest_worker.fleet.queues import queue_lists
 from agenttest_worker.store import runs
 
 # Every test here runs a Celery worker and `celery beat`.
@@ -30,6 +28,14 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
     yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
 
 
+def _purged(broker_url: str, queue: str) -> int:
+    """Empty the broker's `queue`; how many messages it held."""
+    from agenttest_worker.fleet.app import app
+
+    with app.connection_for_write(broker_url) as connection:
+        return int(connection.default_channel.queue_purge(queue))
+
+
 def test_beat_sweeps_a_run_whose_messages_were_lost(
     fleet: Fleet, redis_db: str, pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
@@ -40,7 +46,7 @@ def test_beat_sweeps_a_run_whose_messages_were_lost(
     )
     # The broker loses the queued work (a restart without persistence) before any
     # worker took it.
-    assert redis.Redis.from_url(redis_db).delete(*queue_lists("agenttest")) == 1
+    assert _purged(redis_db, "agenttest") == 1
     fleet.start("w", concurrency=2, worker_sweeper="false", stall_seconds=STALL)
     time.sleep(5)  # past the stall period: no worker thread sweeps
     run = runs.get_run(pg_database, run_id)

@@ -410,13 +410,12 @@ _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Limiter] = (
 
 
 def limiter() -> Limiter:
-    """The running loop's limiter: shared through the Redis broker when there is one."""
+    """The running loop's limiter: shared through Redis when there is one (the broker, or
+    AGENTTEST_REDIS_URL)."""
     loop = asyncio.get_running_loop()
     current = _limiters.get(loop)
     if current is None:
-        broker = get_settings().broker_url or ""
-        current = (
-            RedisLimiter(broker) if broker.startswith(("redis://", "rediss://")) else LocalLimiter()
-        )
+        shared = get_settings().shared_redis_url
+        current = RedisLimiter(shared) if shared else LocalLimiter()
         _limiters[loop] = current
     return current

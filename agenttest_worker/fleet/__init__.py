@@ -1,6 +1,6 @@
-"""The fleet: the Celery app and its configuration, the thin tasks, the kombu transport
-changes, the sweeper that recovers stalled conversations, and the aggregation that
-builds a run's reports once its last conversation ends.
+"""The fleet: the Celery app and its configuration, the thin tasks, the sweeper that
+recovers stalled conversations, and the aggregation that builds a run's reports once
+its last conversation ends.
 
 Names are exported lazily: importing a module of this package for a helper does not
 start Celery's import (~0.3 s) in processes that never talk to a broker.

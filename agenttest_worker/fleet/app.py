@@ -4,7 +4,8 @@ Reliability choices (DESIGN.md "Distribution"): tasks are acknowledged after the
 finish (`acks_late`) and given back when a worker dies (`reject_on_worker_lost`); each
 worker process reserves one message at a time (prefetch 1), so a slow conversation
 never holds others hostage; Redis redelivers an unacknowledged message only after a
-visibility timeout longer than the longest turn (AGENTTEST_VISIBILITY_TIMEOUT).
+visibility timeout longer than the longest turn (AGENTTEST_VISIBILITY_TIMEOUT),
+RabbitMQ as soon as the connection of the worker that held it closes.
 No result backend: results live in the store, and nothing waits on task results.
 Workers reconnect to a broker that went away for as long as it takes, and a publish
 retries for about 20 s; what the broker lost meanwhile (or a publish that gave up) is
@@ -12,26 +13,39 @@ re-enqueued from the store (sweeper.py).
 
 Conversations under way go before new ones: a conversation's first turn and the start
 batches that publish first turns are published with priority NEW_CONVERSATION,
-everything else (later turns, the aggregation) with CONTINUING. On Redis a priority is
-a list of its own (`agenttest` and `agenttest:9`), and workers pop the CONTINUING list
-first. Without this a run's next turns queued behind all of its not-yet-started
-conversations, and a conversation's turns were spread over the whole run (hours on a
-nightly run: long enough for an agent to forget a session).
+everything else (later turns, the aggregation) with CONTINUING. Without this a run's
+next turns queued behind all of its not-yet-started conversations, and a
+conversation's turns were spread over the whole run (hours on a nightly run: long
+enough for an agent to forget a session). Celery passes a task's `priority` to the
+broker, whose reading differs: kombu's Redis transport keeps a list per priority step
+(`agenttest` and `agenttest:9`) and pops the lowest number first; RabbitMQ delivers
+the highest first from a queue declared with `x-max-priority`
+(`task_queue_max_priority`).
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from agenttest_worker.fleet.queues import (
-    PRIORITY_SEPARATOR,
-    PRIORITY_STEPS,
-    PUBLISH_RETRY_POLICY,
-)
-from agenttest_worker.fleet.transport import use_shared_clients
-from agenttest_worker.settings import get_settings
+from agenttest_worker.settings import REDIS_SCHEMES, get_settings
 
 settings = get_settings()
+
+REDIS_BROKER = (settings.broker_url or "").startswith(REDIS_SCHEMES)
+if REDIS_BROKER:
+    CONTINUING, NEW_CONVERSATION = 0, 9
+else:
+    CONTINUING, NEW_CONVERSATION = 1, 0
+
+# A publish that cannot reach the broker tries again after 0.2 s, then 0.5 s longer
+# each time up to 3 s, 10 times: about 20 s in all. What is still not published then,
+# the sweeper re-enqueues from the store (sweeper.py).
+PUBLISH_RETRY_POLICY = {
+    "max_retries": 10,
+    "interval_start": 0.2,
+    "interval_step": 0.5,
+    "interval_max": 3,
+}
 
 # The default pool, named so that importing the app does not import it (Celery loads
 # it when the worker starts).
@@ -42,11 +56,13 @@ app = Celery(
     broker=settings.broker_url or "memory://",
     include=["agenttest_worker.fleet.tasks", "agenttest_worker.fleet.sweeper"],
 )
-if (settings.broker_url or "").startswith(("redis://", "rediss://")):
-    # kombu's Redis transport, reusing one client per channel (see broker.py).
-    use_shared_clients()
+if settings.celery_config:
+    # Celery keeps what the code sets (below) over what this module sets.
+    app.config_from_object(settings.celery_config)
 app.conf.update(
     task_default_queue=settings.queue,
+    # (RabbitMQ: the queues are declared with x-max-priority 1; ignored on Redis.)
+    task_queue_max_priority=None if REDIS_BROKER else 1,
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     task_acks_on_failure_or_timeout=True,
@@ -60,8 +76,10 @@ app.conf.update(
     worker_pool=LOOP_POOL,
     worker_concurrency=settings.worker_concurrency,
     broker_transport_options={
-        "priority_steps": list(PRIORITY_STEPS),
-        "sep": PRIORITY_SEPARATOR,
+        # Redis: two lists per queue; ":" keeps the second one's name readable for
+        # monitoring (deploy/k8s/keda-scaledobject.yaml watches both).
+        "priority_steps": [0, 9],
+        "sep": ":",
         "visibility_timeout": settings.visibility_timeout,
         # Sweep for messages of dead workers every restore_interval seconds.
         "unacked_restore_interval": settings.restore_interval,
@@ -82,14 +100,12 @@ app.conf.update(
     worker_cancel_long_running_tasks_on_connection_loss=False,
     task_publish_retry=True,
     task_publish_retry_policy=PUBLISH_RETRY_POLICY,
-    # Flower and `celery events` show tasks as workers receive, start and finish them.
-    # Off unless asked for: three broker messages per turn cost about 1 ms of worker CPU
-    # per turn (benchmarks/throughput.py) whether anyone watches or not, and Flower
-    # turns them on in the workers it watches (an `enable_events` control command every
-    # few seconds). No "task-sent" events ever: one extra broker message per published
-    # turn, and the queue length in Flower already shows what waits.
+    # Flower and `celery events` show tasks as they are sent, and as workers receive,
+    # start and finish them. Off unless asked for: each is a broker message per turn
+    # whether anyone watches or not, and Flower turns the workers' own on in the
+    # workers it watches (an `enable_events` control command every few seconds).
     worker_send_task_events=settings.task_events,
-    task_send_sent_event=False,
+    task_send_sent_event=settings.task_events,
     worker_hijack_root_logger=False,
 )
 

@@ -1,18 +1,18 @@
 """Publishing the fleet's tasks by name: turns, start batches, the aggregation.
 
 Apart from the task bodies (tasks.py) so that a process that only publishes (the
-submitter, `resume`) imports the publisher, not the worker's driver, pool and metrics.
-On Redis each task goes out as the message Celery writes, in one LPUSH (several in one
-pipeline: publish.py), and Celery itself is not imported; on any other broker Celery
-publishes it (`send_task`, one producer for a batch). tasks.py registers its tasks
-under these names."""
+submitter, `resume`) imports the app, not the worker's driver, pool and metrics.
+Every task goes out through Celery (`send_task`), on every broker alike: the app's
+`task_routes`, serializer and compression, its publish retry policy, the publish
+signals and `task-sent` events all apply. A batch of messages shares one producer.
+tasks.py registers its tasks under these names."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.fleet.publish import RedisPublisher, TaskMessage
-from agenttest_worker.fleet.queues import CONTINUING, NEW_CONVERSATION
+from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
 from agenttest_worker.settings import get_settings
 
 if TYPE_CHECKING:
@@ -22,67 +22,38 @@ TURN = "agenttest.turn"
 START = "agenttest.start"
 AGGREGATE = "agenttest.aggregate"
 
-_publishers: dict[str, RedisPublisher | None] = {}
 
+@dataclass(frozen=True)
+class TaskMessage:
+    """One task to publish: its name, positional arguments (plain ids and numbers) and
+    its priority (app.py)."""
 
-def _publisher() -> RedisPublisher | None:
-    """The Redis publisher of this process's broker, or None on any other broker."""
-    settings = get_settings()
-    broker = settings.broker_url or ""
-    if broker not in _publishers:
-        redis = broker.startswith(("redis://", "rediss://"))
-        _publishers[broker] = RedisPublisher(broker, settings.queue) if redis else None
-    return _publishers[broker]
+    name: str
+    args: tuple[Any, ...]
+    priority: int
 
 
 def connect() -> None:
     """Open the connection tasks are published on (a worker's warm-up, tasks.py)."""
-    publisher = _publisher()
-    if publisher is not None:
-        publisher.client.ping()
-        return
-    from agenttest_worker.fleet.app import app  # Celery: see the module docstring
-
     with app.producer_or_acquire() as producer:
         producer.channel  # noqa: B018  (connects)
 
 
-def _task(name: str, args: tuple[Any, ...], priority: int) -> TaskMessage:
-    # The arguments' display form (what Flower shows) is written here rather than left
-    # to Celery's `saferepr`, which walks the arguments on every publish; the arguments
-    # are plain ids and numbers, so `repr` says the same.
-    return TaskMessage(name, args, repr(args), priority)
-
-
 def publish(messages: list[TaskMessage], producer: Any = None) -> None:
-    """Publish `messages`: on Redis in one pipeline; elsewhere with Celery's publish
-    (`producer` for several calls in a row)."""
+    """Publish `messages` through one producer (`producer` when given, for several calls
+    in a row)."""
     if not messages:
         return
-    publisher = _publisher()
-    if publisher is not None:
-        publisher.publish(messages)
-        return
-    # Celery: only for a broker other than Redis (see the module docstring).
-    from agenttest_worker.fleet.app import app
-
     with app.producer_or_acquire(producer) as acquired:
         for message in messages:
-            app.send_task(
-                message.name,
-                message.args,
-                producer=acquired,
-                priority=message.priority,
-                argsrepr=message.argsrepr,
-                kwargsrepr="{}",
-            )
+            app.send_task(message.name, message.args, producer=acquired, priority=message.priority)
 
 
 def turn_message(run_id: str, case_id: str, number: int) -> TaskMessage:
     """`agenttest.turn(run_id, case_id, number)`. A first turn waits behind the turns of
     conversations under way (app.py)."""
     priority = NEW_CONVERSATION if number == 1 else CONTINUING
-    return _task(TURN, (run_id, case_id, number), priority)
+    return TaskMessage(TURN, (run_id, case_id, number), priority)
 
 
 def enqueue_turn(run_id: str, case_id: str, number: int, producer: Any = None) -> None:
@@ -103,7 +74,7 @@ def start_message(run_id: str, first: int, last: int) -> TaskMessage:
     (At the higher priority, the batches a large run's submitter publishes as it stores
     its cases kept every first turn waiting until the last batch was stored.)
     """
-    return _task(START, (run_id, first, last), NEW_CONVERSATION)
+    return TaskMessage(START, (run_id, first, last), NEW_CONVERSATION)
 
 
 def enqueue_start(run_id: str, first: int, last: int, producer: Any = None) -> None:
@@ -125,7 +96,7 @@ def enqueue_starts(run_id: str, first: int, last: int) -> None:
 
 def enqueue_aggregate(run_id: str) -> None:
     """Publish `agenttest.aggregate(run_id)`: the run's reports, built once."""
-    publish([_task(AGGREGATE, (run_id,), CONTINUING)])
+    publish([TaskMessage(AGGREGATE, (run_id,), CONTINUING)])
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:

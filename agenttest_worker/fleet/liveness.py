@@ -29,7 +29,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutdown
 
 from agenttest_worker.agents.waiting import WAITING
-from agenttest_worker.fleet.app import app
+from agenttest_worker.fleet.app import REDIS_BROKER, app
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import recovery
 
@@ -57,14 +57,14 @@ def mark_alive(url: str, turns: list[TurnInFlight]) -> None:
     """Mark `turns` alive in the store and at the broker (see the module docstring)."""
     recovery.mark_alive(url, [(t.run_id, t.case_id, t.turn) for t in turns])
     tags = [t.delivery_tag for t in turns if t.delivery_tag]
-    if not tags or not (get_settings().broker_url or "").startswith(("redis://", "rediss://")):
-        return
+    if not tags or not REDIS_BROKER:
+        return  # (an AMQP broker redelivers only what a closed connection held)
     now = time.time()  # kombu scores the index with the worker's clock too
     with app.producer_or_acquire() as producer:
         channel: Any = producer.channel
-        with channel.conn_or_acquire() as client:
-            # XX: only messages still unacknowledged (one acked meanwhile stays gone).
-            client.zadd(channel.unacked_index_key, dict.fromkeys(tags, now), xx=True)
+        # XX: only messages still unacknowledged (one acked meanwhile stays gone). The
+        # index is kombu's `unacked_index_key` transport option.
+        channel.client.zadd(channel.unacked_index_key, dict.fromkeys(tags, now), xx=True)
 
 
 class Heartbeat(threading.Thread):

@@ -180,6 +180,11 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
     """
     from celery.concurrency.prefork import TaskPool as PreforkPool
 
+    if not get_settings().shared_redis_url:
+        log.warning(
+            "the broker is not Redis and AGENTTEST_REDIS_URL is unset: agents' rate limits "
+            "and breakers are kept per process, not shared by the fleet"
+        )
     if not isinstance(getattr(sender, "pool", None), PreforkPool):
         try:
             database_url()
