@@ -84,6 +84,12 @@ app.conf.update(
         # Sweep for messages of dead workers every restore_interval seconds.
         "unacked_restore_interval": settings.restore_interval,
         "unacked_restore_throttle": 1,
+        # RabbitMQ (py-amqp): a publish returns once the broker has the message. The
+        # next turn is published before its turn's message is acknowledged, but on
+        # another connection: unconfirmed, the acknowledgment could arrive first and the
+        # broker hand out a new conversation before the conversation under way. (Redis
+        # ignores it: its LPUSH has landed when it returns.)
+        "confirm_publish": True,
         # Redis connection hiccups are retried instead of failing the publish.
         "max_retries": 10,
         "interval_start": 0.2,
