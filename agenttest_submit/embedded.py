@@ -16,14 +16,13 @@ from collections.abc import Callable, Collection, Coroutine
 from datetime import UTC, datetime
 
 from agenttest_submit.driving import driving
-from agenttest_submit.generate import take_generation_usage
 from agenttest_submit.human import TerminalAsker, human_question
 from agenttest_submit.output import emit_report
 from agenttest_submit.progress import Progress
 from agenttest_submit.request import RunRequest
-from agenttest_submit.runner import run_suite
+from agenttest_submit.runner import new_run, run_suite
 from agenttest_submit.stopping import run_async
-from agenttest_submit.storing import NewRun, write_run
+from agenttest_submit.storing import write_run
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.exchange import (
     close_session,
@@ -85,16 +84,14 @@ def run_embedded(
         import aiohttp  # noqa: F401  (agents/exchange.py imports it where a call needs it)
 
     # The conversations start now, while the run is being stored.
-    run = NewRun(
-        run_id=steps.new_run_id(),
-        options=options.model_dump(mode="json"),
-        config=config.stored(),
-        target=target,
-        label=label,
-        deadline_at=time.time() + request.deadline if request.deadline else None,
+    run = new_run(
+        options,
+        config,
+        target,
+        label,
+        request.deadline,
         suite=run_suite(request, target),
         started_at=datetime.now(UTC),
-        generation_usage=take_generation_usage(),
     )
     store = BufferedStore.fresh(
         url,

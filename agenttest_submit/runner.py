@@ -13,6 +13,7 @@ import hashlib
 import sys
 import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from agenttest_submit.generate import take_generation_usage
@@ -109,6 +110,33 @@ def store_run(
     )
 
 
+def new_run(
+    options: RunOptions,
+    config: ProjectConfig,
+    target: str | None,
+    label: str,
+    deadline: float | None,
+    *,
+    parent_run_id: str | None = None,
+    suite: str | None = None,
+    started_at: datetime | None = None,
+) -> NewRun:
+    """A new run as it is stored: a fresh id, its options and config as stored, its
+    deadline from now, and what the generators of its cases called."""
+    return NewRun(
+        run_id=steps.new_run_id(),
+        options=options.model_dump(mode="json"),
+        config=config.stored(),
+        target=target,
+        label=label,
+        deadline_at=time.time() + deadline if deadline else None,
+        parent_run_id=parent_run_id,
+        suite=suite,
+        started_at=started_at,
+        generation_usage=take_generation_usage(),
+    )
+
+
 def store_records(
     url: str,
     records: Iterable[steps.StoredCase],
@@ -123,16 +151,8 @@ def store_records(
     suite: str | None = None,
 ) -> tuple[str, int]:
     """Create the run and store (case id, agent, record) rows a batch at a time."""
-    run = NewRun(
-        run_id=steps.new_run_id(),
-        options=options.model_dump(mode="json"),
-        config=config.stored(),
-        target=target,
-        label=label,
-        deadline_at=time.time() + deadline if deadline else None,
-        parent_run_id=parent_run_id,
-        suite=suite,
-        generation_usage=take_generation_usage(),
+    run = new_run(
+        options, config, target, label, deadline, parent_run_id=parent_run_id, suite=suite
     )
     return run.run_id, write_run(url, run, records, starter)
 
