@@ -78,6 +78,14 @@ def entry(protocol: str, root: str) -> dict[str, Any]:
     return found
 
 
+async def say_hi(protocol: str, root: str) -> AgentReply:
+    """One call of agent `a` (its entry for `protocol`, at `root`) saying "Hi"."""
+    project = config_from_data({"agents": {"a": entry(protocol, root)}}, None, ENV)
+    client = CLIENTS[protocol]("a", project.agents["a"], project)
+    messages = [{"role": "user", "content": "Hi"}]
+    return await client.complete(AgentRequest(role="target", messages=messages))
+
+
 @pytest.mark.parametrize("protocol", ["openai", "anthropic", "http"])
 def test_a_redirect_to_another_origin_carries_no_credential(protocol: str) -> None:
     received: list[dict[str, str]] = []
@@ -94,10 +102,7 @@ def test_a_redirect_to_another_origin_carries_no_credential(protocol: str) -> No
                     raise web.HTTPTemporaryRedirect(other + request.path_qs)
 
                 async with serving("127.0.0.1", first) as root:
-                    project = config_from_data({"agents": {"a": entry(protocol, root)}}, None, ENV)
-                    client = CLIENTS[protocol]("a", project.agents["a"], project)
-                    messages = [{"role": "user", "content": "Hi"}]
-                    return await client.complete(AgentRequest(role="target", messages=messages))
+                    return await say_hi(protocol, root)
         finally:
             await close_session()
 
@@ -124,10 +129,7 @@ def test_a_redirect_within_the_origin_keeps_every_header(protocol: str) -> None:
     async def main() -> AgentReply:
         try:
             async with serving("127.0.0.1", answer) as root:
-                project = config_from_data({"agents": {"a": entry(protocol, root)}}, None, ENV)
-                client = CLIENTS[protocol]("a", project.agents["a"], project)
-                messages = [{"role": "user", "content": "Hi"}]
-                return await client.complete(AgentRequest(role="target", messages=messages))
+                return await say_hi(protocol, root)
         finally:
             await close_session()
 
