@@ -164,9 +164,9 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
     """Do now what the first tasks would do on their own, then settle the heap (heap.py).
 
     Imports: a hundred turns taking their first step at once would each wait on the
-    import lock and the GIL for modules kept off the submitter's start-up path. Not
-    aiohttp: most agents are called through the lean client (agents/exchange.py), and
-    aiohttp, ~10 MB once imported, is imported by the first call that needs it.
+    import lock and the GIL for modules kept off the submitter's start-up path. aiohttp,
+    which every agent call goes through, is imported by the loop pool's `configure_pool`
+    (agents/exchange.py), and in the other pools by the first call.
 
     Connections, where tasks run in this process (the loop pool, threads): the database,
     whose schema `worker_process_init` brings current only in prefork's children, so
