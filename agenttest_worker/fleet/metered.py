@@ -7,9 +7,10 @@ step at the same time as the one that saved it made its calls all the same, whic
 run counts (`runs.usage`): those count as calls, tokens and cost, not as turns.
 
 What a step needs beyond the step itself (the case's target agent, the run's pricing)
-comes from the load of the same conversation that preceded it (on the loop pool the
-load and the save may run on different store threads: they are matched by run and
-case, not by thread), kept until the case ends.
+comes from the load of the same conversation that preceded it (every turn reads its
+conversation before it plays; on the loop pool the load and the save may run on
+different store threads: they are matched by run and case, not by thread), kept until
+its save.
 
 With metrics off, `metered` makes a plain SqlStore: nothing on the hot path.
 """
@@ -71,8 +72,8 @@ class MeteredStore(SqlStore):
         key = (step.run_id, step.case_id)
         with self._lock:
             seen, waiting = self._loaded.pop(key, (None, 0))
-            if seen is not None and (waiting > 1 or step.phase != "done"):
-                self._loaded[key] = (seen, max(waiting - 1, 0))
+            if seen is not None and waiting > 1:
+                self._loaded[key] = (seen, waiting - 1)
         if saved.saved:
             self._count(step, seen)
         else:
