@@ -4,7 +4,7 @@
 
 For each size, a fresh Postgres database gets a run of N finished 3-turn cases (the
 records a real run stores, written as its steps write them: three turns, a `contains`
-verdict each), and a new process runs `agenttest_worker.fleet.aggregate.aggregate` on
+verdict each), and a new process runs `agenttest_worker.report.aggregate.aggregate` on
 it, as the worker that ends a run does.
 Prints the time, the process's peak RSS before and after (the difference is what the
 aggregation held), and the size of the stored reports. The floors, measured in the same
@@ -89,7 +89,7 @@ def store_finished_run(url: str, cases: int) -> None:
 
 AGGREGATOR = """
 import json, os, resource, sys, time
-from agenttest_worker.fleet.aggregate import aggregate
+from agenttest_worker.report.aggregate import aggregate
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.monotonic()
 report = aggregate(os.environ["AGENTTEST_DATABASE_URL"], sys.argv[1])

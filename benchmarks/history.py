@@ -128,7 +128,7 @@ def store_suite(url: str, cases: int, runs: int) -> tuple[str, str]:
 # agenttest-submit, saying its own peak RSS (KB) on its last stderr line.
 CLI = """
 import resource, sys
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)

@@ -45,7 +45,7 @@ import os, sys, time
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
-from agenttest_worker.store.db import normalize_url
+from agenttest_worker.store.sql.db import normalize_url
 raw = os.environ["AGENTTEST_DATABASE_URL"]
 try:
     url = normalize_url(raw)

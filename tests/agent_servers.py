@@ -42,7 +42,7 @@ from typing import Any, ClassVar, TypeVar
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from agenttest_worker.agents.exchange import close_session
+from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 

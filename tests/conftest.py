@@ -88,7 +88,7 @@ def pg_database() -> Iterator[str]:
     """A Postgres database of this test session's own, dropped at the end."""
     with _new_pg_database() as url:
         yield url
-        from agenttest_worker.store.db import get_engine
+        from agenttest_worker.store.sql.db import get_engine
 
         get_engine.cache_clear()
 

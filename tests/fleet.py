@@ -45,9 +45,9 @@ from aiohttp import web
 from sqlalchemy import select
 
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
-from agenttest_worker.store import results, runs
-from agenttest_worker.store.db import session_scope
-from agenttest_worker.store.models import CaseRow
+from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.sql.db import session_scope
+from agenttest_worker.store.sql.models import CaseRow
 
 READY_TIMEOUT = 30.0
 # Each worker's name, which the agent entry of write_project() sends in WORKER_HEADER.
@@ -311,7 +311,7 @@ def fleet_on(
     """The body of a `fleet` fixture: an emptied broker (a Redis db, or the fleet's queue
     in a RabbitMQ virtual host), the schema (unless `schema` is False: the workers must
     make it), cleanup after."""
-    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.sql.db import upgrade
 
     empty = _emptying(broker_url)
     empty()

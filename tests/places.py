@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 from fleet import Fleet
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 
 PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]
 

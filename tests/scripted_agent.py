@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.agents.exchange import close_session
+from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.model import Case
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer

@@ -27,7 +27,7 @@ from stream_servers import (
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig
-from agenttest_worker.agents.exchange import close_session
+from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.protocols.anthropic import AnthropicClient
 from agenttest_worker.results import AgentCallRecord, ToolCall, Usage

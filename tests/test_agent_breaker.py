@@ -19,8 +19,8 @@ from typing import Any
 from agent_servers import refused_url
 from fault_kit import openai_agent, write_config
 
-from agenttest_submit.cli import main
-from agenttest_worker.agents.breaker import LocalBreaker, RedisBreaker, Tripped, endpoint_key
+from agenttest_submit.cli.main import main
+from agenttest_worker.agents.limits.breaker import LocalBreaker, RedisBreaker, Tripped, endpoint_key
 
 CASES, PARALLEL = 80, 4
 BASE_DELAY = 0.05  # a retry schedule of 0.175 to 0.35 s per call (3 retries, jitter)

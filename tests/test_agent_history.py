@@ -17,7 +17,7 @@ import pytest
 from scripted_agent import project, run_case
 from stream_servers import HistoryAgent
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.agents.config import AgentConfig
 from agenttest_worker.results import ToolCall
 

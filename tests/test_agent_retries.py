@@ -14,9 +14,9 @@ from agent_servers import AgentServer, Reply, completion, refused_url, run
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.limits.retry import RetryPolicy, is_retryable_status, parse_retry_after
 from agenttest_worker.agents.protocols.http import HttpAgentClient
 from agenttest_worker.agents.protocols.openai import OpenAIClient
-from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -21,7 +21,7 @@ import pytest
 from fleet import Fleet, fleet_on
 from stream_servers import Piece, Stream, StreamServer, anthropic_events, openai_chunks
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 
 KEY_ENV = "AGENTTEST_TEST_STREAM_KEY"
 PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]

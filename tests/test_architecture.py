@@ -43,7 +43,7 @@ NOT_IN_THE_ENGINE = ("celery", "kombu", "redis", "sqlalchemy")
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted: agenttest_worker.store.turns
+    name: str  # dotted: agenttest_worker.store.sql.turns
     path: Path
     is_package: bool  # an __init__.py: the module of its directory
 

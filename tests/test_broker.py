@@ -30,7 +30,7 @@ def _server(url: str) -> redis.Redis:
 def test_a_fleet_runs_through_a_tls_broker(pg_database: str, demo_url: str, tmp_path: Path) -> None:
     """Workers, the submitter and an agent's fleet-wide rate limit (kept in Redis) over
     `rediss://`: a run is stored, played and aggregated as over plain Redis."""
-    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.sql.db import upgrade
 
     upgrade(pg_database)
     config = write_config(
@@ -86,7 +86,7 @@ def test_a_busy_worker_acknowledges_every_message_and_leaves_none_held(
     """Every message a worker took is acknowledged while it runs; a warm shutdown then has
     nothing to give back. (A private Redis server, so that its command counts are this
     worker's alone.)"""
-    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.sql.db import upgrade
 
     upgrade(pg_database)
     config = write_config(tmp_path, {"demo": openai_agent(demo_url)})

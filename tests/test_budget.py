@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.agents.config import AgentConfig, Pricing, ProjectConfig
 from agenttest_worker.driver.budget import budget_spent, calls_cost
 from agenttest_worker.engine import RunOptions

@@ -1,6 +1,6 @@
 """Bad and hostile case files: every problem names file, line (or test) and field, exit 2.
 
-Checked through the real CLI (`agenttest_submit.cli.main` with capsys) and, once, through
+Checked through the real CLI (`agenttest_submit.cli.main.main` with capsys) and, once, through
 the installed `agenttest-submit` console script in a subprocess.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.cases.files import iter_cases, load_cases
 from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.agents.options import Options, Skip, merge_options
 from agenttest_worker.assertions import (
     AgentAssertion,

@@ -2,7 +2,7 @@
 
 No broker: every run is stored in SQLite under the test's own AGENTTEST_HOME and its
 conversations run in-process against the demo agents over real HTTP. Most tests call
-`agenttest_submit.cli.main` in-process (fast); the quickstart, a terminal session and
+`agenttest_submit.cli.main.main` in-process (fast); the quickstart, a terminal session and
 the console scripts themselves run as real processes.
 """
 
@@ -29,7 +29,7 @@ import pytest
 from scripted_agent import Reply, ScriptedAgent, say
 from terminal_kit import reap
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.results import CaseResult
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.agents.config import ProjectConfig, interpolate, load_config
 from agenttest_worker.errors import ConfigError, InputProblem
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 SUITE_CASES = str(SUITE / "expense-suite.jsonl")

@@ -29,7 +29,7 @@ from fleet import Fleet, fleet_on
 from scripted_agent import Body, Reply, ScriptedAgent, by_last_user, call, say
 from terminal_kit import reap
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 SUITE_CASES = str(SUITE / "expense-suite.jsonl")

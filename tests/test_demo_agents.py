@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agenttest_worker.demo.cli import main as cli_main
+from agenttest_submit.commands.demo_command import main as cli_main
 from agenttest_worker.demo.server import DemoServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -263,7 +263,7 @@ def test_cli_serve_prints_the_url_and_exits_0_on_signal(signum: signal.Signals) 
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     with subprocess.Popen(
-        [sys.executable, "-m", "agenttest_worker.demo.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "agenttest_submit.commands.demo_command", "serve", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -191,8 +191,8 @@ def _check_command(argv: list[str], where: str) -> None:
     assert (_venv_bin() / program).exists(), f"{where}: {program} is not in {_venv_bin()}"
     if program == "agenttest-submit":
         assert program in _project_scripts()
-        from agenttest_submit.cli import build_parser
-        from agenttest_submit.subcommand_args import SUBCOMMANDS, build_subcommand_parser
+        from agenttest_submit.cli.main import build_parser
+        from agenttest_submit.cli.subcommand_args import SUBCOMMANDS, build_subcommand_parser
 
         if args and args[0] in SUBCOMMANDS:
             build_subcommand_parser().parse_args(args)
@@ -200,7 +200,7 @@ def _check_command(argv: list[str], where: str) -> None:
             build_parser().parse_args(args)
     elif program == "agenttest-demo":
         assert program in _project_scripts()
-        from agenttest_worker.demo.cli import _parser as demo_parser
+        from agenttest_submit.commands.demo_command import _parser as demo_parser
 
         demo_parser().parse_args(args)
     elif program == "celery":
@@ -274,7 +274,7 @@ def _configmap_data() -> dict[str, str]:
 
 
 def _per_case_timeout() -> float:
-    from agenttest_submit.cli import build_parser
+    from agenttest_submit.cli.main import build_parser
 
     return float(build_parser().get_default("timeout"))
 

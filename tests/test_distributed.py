@@ -29,11 +29,11 @@ from fleet import (
 )
 from sqlalchemy import select
 
-from agenttest_submit.cli import main as submit_main
-from agenttest_worker.store import results, runs
+from agenttest_submit.cli.main import main as submit_main
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.db import session_scope, upgrade
-from agenttest_worker.store.models import RunReportRow, TurnRow
+from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.sql.db import session_scope, upgrade
+from agenttest_worker.store.sql.models import RunReportRow, TurnRow
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 STORED_FORMATS = {"jsonl", "console"}
@@ -311,13 +311,13 @@ def test_racing_aggregators_build_the_reports_once(
     """aggregate() called from two threads at the same moment on finished runs."""
     import asyncio
 
-    from agenttest_submit.embedded import drive
-    from agenttest_submit.progress import Progress
-    from agenttest_submit.runner import store_run
+    from agenttest_submit.run.embedded import drive
+    from agenttest_submit.run.progress import Progress
+    from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import load_config
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
-    from agenttest_worker.fleet.aggregate import aggregate
+    from agenttest_worker.report.aggregate import aggregate
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
     config = load_config(str(SUITE / "agenttest.yaml"))
@@ -385,7 +385,7 @@ def test_fail_fast_on_the_fleet_skips_the_queued_conversations(
 
 def _one_case_run(database_url: str, case: dict[str, Any]) -> str:
     """A stored, started run of one case against the demo suite's agents."""
-    from agenttest_submit.runner import store_run
+    from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import load_config
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
@@ -405,7 +405,7 @@ def _worker_step(database_url: str, run_id: str, case_id: str, turn: int) -> Any
     """One turn as a worker runs it (max 3 deliveries), minus enqueueing what follows."""
     import asyncio
 
-    from agenttest_worker.agents.exchange import close_session
+    from agenttest_worker.agents.http.exchange import close_session
     from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
     from agenttest_worker.driver.step import PoolCache
 
@@ -450,7 +450,7 @@ def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
     (redelivered) and that copy enqueues it. A plain duplicate does not, and once the
     run is aggregated a redelivery asks for nothing more."""
     from agenttest_worker.driver.step import Advance, prepare
-    from agenttest_worker.fleet.aggregate import aggregate
+    from agenttest_worker.report.aggregate import aggregate
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
     run_id = _one_case_run(pg_database, greeting_case("L1"))

@@ -24,9 +24,10 @@ from test_state_cache import (
 
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache
-from agenttest_worker.store import runs, steps, usage
+from agenttest_worker.store import steps
 from agenttest_worker.store.base import SqlStore
 from agenttest_worker.store.kept_states import KEPT
+from agenttest_worker.store.sql import runs, usage
 
 T = TypeVar("T")
 CALLS = "/v1/chat/completions"
@@ -55,7 +56,7 @@ class CountingStore(SqlStore):
 
 def _step(store: SqlStore, run_id: str, turn: int, *, redelivered: bool = False) -> Advance:
     """The body of turn `turn`'s task, as the loop pool runs it."""
-    from agenttest_worker.agents.exchange import close_session
+    from agenttest_worker.agents.http.exchange import close_session
 
     address = TurnAddress(run_id, "K1", turn, 3, redelivered)
     followed: list[Advance] = []

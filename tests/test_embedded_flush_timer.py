@@ -14,7 +14,7 @@ from fleet import Seen, WatchingAgent, expense_case, turn_rows, wait_until, writ
 from sqlalchemy.exc import OperationalError
 
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import runs
+from agenttest_worker.store.sql import runs
 
 # First turns answer at once; every second turn is held until the process is killed: a
 # quiet stretch after the first turns finish, with nothing to save that would write them,

@@ -1,4 +1,4 @@
-"""An embedded run's lanes (agenttest_submit/embedded.py): started one at a time, so that
+"""An embedded run's lanes (agenttest_submit/run/embedded.py): started one at a time, so that
 the first calls reach their agent while the later lanes start, and cancelled together."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agenttest_submit.embedded import _started_one_by_one
+from agenttest_submit.run.embedded import _started_one_by_one
 
 
 def test_a_lane_goes_on_to_its_call_before_the_next_lanes_start() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 
 CONFIG = """\
 agents:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agenttest_worker.demo.cli import main as demo_main
+from agenttest_submit.commands.demo_command import main as demo_main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -34,8 +34,8 @@ from fleet import (
     write_project,
 )
 
-from agenttest_worker.store import recovery, results, runs
-from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.sql import recovery, results, runs
+from agenttest_worker.store.sql.db import upgrade
 
 
 @pytest.fixture
@@ -200,9 +200,9 @@ def test_a_lost_aggregation_is_done_by_the_sweeper(
 ) -> None:
     """One run finished but its aggregation message was lost; another run's aggregator
     died after claiming it. A worker's sweeper builds both runs' reports, once each."""
-    from agenttest_submit.embedded import drive
-    from agenttest_submit.progress import Progress
-    from agenttest_submit.runner import store_run
+    from agenttest_submit.run.embedded import drive
+    from agenttest_submit.run.progress import Progress
+    from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import ProjectConfig, load_config
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
@@ -248,7 +248,7 @@ def test_stalled_conversations_are_claimed_by_one_sweeper(
     pg_database: str, demo_url: str, tmp_path: Path
 ) -> None:
     """Two sweepers at once on a stalled run: each conversation is re-enqueued once."""
-    from agenttest_submit.runner import store_run
+    from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import load_config
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions

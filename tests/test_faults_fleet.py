@@ -32,8 +32,8 @@ from fleet import (
     write_project,
 )
 
-from agenttest_worker.store import runs
-from agenttest_worker.store.db import RECONNECT_DELAYS, get_engine
+from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql.db import RECONNECT_DELAYS, get_engine
 
 # Every test here runs Celery workers (tests/fleet.py) against restarting services.
 pytestmark = pytest.mark.fleet

@@ -15,7 +15,7 @@ import redis
 from fault_kit import openai_agent, write_config
 from fleet import greeting_case, write_cases
 
-from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.sql.db import upgrade
 
 
 def _stored(database_url: str, run_id: str) -> tuple[str, int, int]:

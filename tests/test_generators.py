@@ -18,7 +18,7 @@ import pytest
 import yaml
 from scripted_agent import Reply, ScriptedAgent, say
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.demo import expense, generator
 from agenttest_worker.demo._protocol import metadata_of
 

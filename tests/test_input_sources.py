@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agenttest_submit.cli import main
-from agenttest_submit.inputs import FileInput, GeneratorInput, MessageInput, parse_input
+from agenttest_submit.cli.main import main
+from agenttest_submit.inputs.sources import FileInput, GeneratorInput, MessageInput, parse_input
 from agenttest_worker.agents.refs import Ref, parse_ref
 from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
@@ -280,7 +280,7 @@ def test_bad_generator_reference_through_the_cli(
 def test_two_messages_are_two_cases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agenttest_submit.cli import main
+    from agenttest_submit.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "agenttest.yaml").write_text("agents:\n  a:\n    base_url: http://127.0.0.1:9/v1\n")
@@ -295,7 +295,7 @@ def test_two_messages_are_two_cases(
 def test_every_bad_input_value_is_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agenttest_submit.cli import main
+    from agenttest_submit.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "agenttest.yaml").write_text("agents:\n  a:\n    base_url: http://127.0.0.1:9/v1\n")

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agenttest_submit.expand import CaseStream, Spool
-from agenttest_submit.inputs import FileInput
+from agenttest_submit.inputs.expand import CaseStream, Spool
+from agenttest_submit.inputs.sources import FileInput
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.engine.state import ConversationState
 from agenttest_worker.json_values import body_bytes, compact_json

@@ -22,7 +22,7 @@ import yaml
 from agent_servers import AgentServer, FickleJudges
 from fleet import Fleet, fleet_on
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.report.judges import (
     JudgeAgreement,
@@ -355,7 +355,7 @@ def test_yaml_judging_fields_need_criteria(project: Project) -> None:
 def test_the_schemas_take_the_new_fields(project: Project) -> None:
     import jsonschema
 
-    from agenttest_submit.schema import schema_text
+    from agenttest_submit.commands.schema import schema_text
 
     cases = jsonschema.Draft7Validator(json.loads(schema_text("cases")))
     good = judged("ok", "x", use=["a", "b"], votes=3, tie="pass", min_agreement=0.6)

@@ -16,7 +16,7 @@ import xmlschema
 from agent_servers import refused_url
 from scripted_agent import ScriptedAgent, judge_verdict
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.report import RunReport, render
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 

@@ -170,7 +170,7 @@ def test_a_worker_brings_the_schema_current_and_connects_its_publisher_before_it
     # not wait for it (fleet/tasks.py `_warm_up`).
     import psycopg
 
-    from agenttest_worker.store.db import HEAD_REVISION
+    from agenttest_worker.store.sql.db import HEAD_REVISION
 
     with fleet_without_schema(redis_db, empty_pg_database, demo_url, tmp_path) as fleet:
         fleet.start("fresh", args=pool_args)  # returns once it logs "ready."

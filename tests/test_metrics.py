@@ -30,9 +30,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from scripted_agent import Body, Reply, ScriptedAgent, fail, say
 
-from agenttest_submit.metrics_exporter import FleetCollector
+from agenttest_submit.commands.metrics_exporter import FleetCollector
 from agenttest_worker.observe.metrics import WorkerMetrics
-from agenttest_worker.store import history, results, runs
+from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.sql import run_history as history
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "agenttest.json"
@@ -348,7 +349,7 @@ def test_metrics_are_off_unless_a_port_is_set(fleet: Fleet, tmp_path: Path) -> N
     assert f"pid={worker.pid}," not in listening
     code = (
         "import sys, agenttest_worker.fleet.tasks, agenttest_worker.fleet.sweeper, "
-        "agenttest_submit.cli; sys.exit('prometheus_client' in sys.modules)"
+        "agenttest_submit.cli.main; sys.exit('prometheus_client' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], env=fleet.env).returncode == 0
 
@@ -383,7 +384,7 @@ def test_the_dashboard_names_only_metrics_that_exist(pg_database: str, redis_db:
     """Valid JSON whose every panel queries metrics a worker or the exporter declares."""
     from prometheus_client import generate_latest
 
-    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.sql.db import upgrade
 
     upgrade(pg_database)  # the exporter reads the runs table
     registry = CollectorRegistry()

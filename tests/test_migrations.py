@@ -8,8 +8,9 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
-from agenttest_worker.store import db, runs, steps
-from agenttest_worker.store.models import Base
+from agenttest_worker.store import steps
+from agenttest_worker.store.sql import db, runs
+from agenttest_worker.store.sql.models import Base
 
 
 def test_head_revision_constant_matches_the_migrations() -> None:

@@ -16,11 +16,11 @@ import pytest
 from agent_servers import refused_url, run
 from raw_http import Answer, RawRequest, RawServer, reply
 
-from agenttest_worker.agents import exchange
 from agenttest_worker.agents.base import AgentError
-from agenttest_worker.agents.exchange import MAX_BODY_BYTES
-from agenttest_worker.agents.retry import RetryPolicy
-from agenttest_worker.agents.transport import HttpResult, post_json
+from agenttest_worker.agents.http import exchange
+from agenttest_worker.agents.http.exchange import MAX_BODY_BYTES
+from agenttest_worker.agents.http.transport import HttpResult, post_json
+from agenttest_worker.agents.limits.retry import RetryPolicy
 
 ONCE = RetryPolicy(max_retries=0)
 

@@ -17,8 +17,13 @@ from fault_kit import max_in_window
 
 from agenttest_worker.agents.base import AgentRequest
 from agenttest_worker.agents.config import AgentConfig, RateLimit
+from agenttest_worker.agents.limits.ratelimit import (
+    WINDOW_SLACK,
+    Limits,
+    LocalLimiter,
+    RedisLimiter,
+)
 from agenttest_worker.agents.protocols.openai import OpenAIClient
-from agenttest_worker.agents.ratelimit import WINDOW_SLACK, Limits, LocalLimiter, RedisLimiter
 from agenttest_worker.settings import get_settings
 
 PATH = "/v1/chat/completions"
@@ -154,7 +159,7 @@ def test_redis_pause_reaches_the_other_limiter(redis_db: str) -> None:
 
 
 def test_the_broker_decides_which_limiter(monkeypatch: pytest.MonkeyPatch, redis_db: str) -> None:
-    from agenttest_worker.agents.ratelimit import limiter
+    from agenttest_worker.agents.limits.ratelimit import limiter
 
     async def kind() -> str:
         return type(limiter()).__name__

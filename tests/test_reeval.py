@@ -20,9 +20,9 @@ import pytest
 import yaml
 from fleet import WORKER_ENV, WORKER_HEADER, Fleet, WatchingAgent, fleet_on
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import runs
+from agenttest_worker.store.sql import runs
 
 RUN_ID = re.compile(r"ℹ Run: (\S+)")
 

@@ -27,7 +27,7 @@ from aiohttp import web
 from fleet import WORKER_ENV, WORKER_HEADER, Fleet, fleet_on
 from places import PLACES, Place
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 from agenttest_worker.report.verdicts import (
     pass_at_k,
@@ -446,7 +446,7 @@ def test_budgets_and_the_deadline_count_every_repetition(place: Place, tmp_path:
 def test_a_repeated_run_left_unfinished_is_resumed(
     coin: CoinAgent, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agenttest_submit.runner import store_run
+    from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import load_config
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions

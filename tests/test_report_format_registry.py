@@ -3,7 +3,7 @@
 The CLI's `--format` choices (a run's and `report RUN --format`) are built from the
 registry when the parser is built, so a format registered by a plugin is one
 `--format NAME` away. Checked end to end: the bundled suite against the demo agents,
-through `agenttest_submit.cli.main` in-process.
+through `agenttest_submit.cli.main.main` in-process.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.report import REPORTERS, RunReport, register
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from agenttest_worker.fleet.aggregate import STORED_FORMATS, aggregate, build_report
 from agenttest_worker.report import render, render_chunks
-from agenttest_worker.store import db, results, runs, steps
+from agenttest_worker.report.aggregate import STORED_FORMATS, aggregate, build_report
+from agenttest_worker.store import steps
+from agenttest_worker.store.sql import db, results, runs
 
 # What COPY's text format escapes (backslash, tab, newline, carriage return) and more.
 AWKWARD = 'a\\b\tc\r\nd "quoted" é ✓ \\N \\.'

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from scripted_agent import Reply, ScriptedAgent, fail, say
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import results, runs
+from agenttest_worker.store.sql import results, runs
 
 RUN_ID = re.compile(r"ℹ Run: (\S+)")
 DIGEST = "1 of 2 cases failed: FAILS expected a refund the agent never mentions."

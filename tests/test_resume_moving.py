@@ -29,9 +29,9 @@ from fleet import (
 )
 from sqlalchemy.exc import OperationalError
 
-from agenttest_submit.cli import main
-from agenttest_worker.store import runs
-from agenttest_worker.store.models import RunRow
+from agenttest_submit.cli.main import main
+from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql.models import RunRow
 
 IDS = ["M1", "M2"]
 # Turn 2 of an expense case calls the agent twice (again with the tool's result).

@@ -21,7 +21,7 @@ from fleet import Fleet, fleet_on
 from places import PLACES, Place
 from scripted_agent import Reply, ScriptedAgent, by_last_user
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 
 XSD = Path(__file__).parent / "fixtures" / "junit-10.xsd"
 

@@ -18,25 +18,26 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import DataError
 
-from agenttest_submit.cli import main, parse_run
-from agenttest_submit.embedded import drive
-from agenttest_submit.expand import expand
-from agenttest_submit.inputs import parse_input
-from agenttest_submit.progress import Progress
-from agenttest_submit.runner import run_options, store_records, store_run
-from agenttest_submit.storing import NewRun, write_run
+from agenttest_submit.cli.main import main, parse_run
+from agenttest_submit.inputs.expand import expand
+from agenttest_submit.inputs.sources import parse_input
+from agenttest_submit.run.embedded import drive
+from agenttest_submit.run.progress import Progress
+from agenttest_submit.run.runner import run_options, store_records, store_run
+from agenttest_submit.run.storing import NewRun, write_run
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare
 from agenttest_worker.engine import HumanPrompt, RunOptions
-from agenttest_worker.fleet.aggregate import aggregate
+from agenttest_worker.report.aggregate import aggregate
 from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Usage
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import recovery, results, runs, steps, turn_statements
+from agenttest_worker.store import steps
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.buffered import BufferedStore
-from agenttest_worker.store.db import session_scope, upgrade
-from agenttest_worker.store.models import CaseRow, RunReportRow, RunRow, TurnRow
+from agenttest_worker.store.memory.buffered import BufferedStore
+from agenttest_worker.store.sql import recovery, results, runs, turn_statements
+from agenttest_worker.store.sql.db import session_scope, upgrade
+from agenttest_worker.store.sql.models import CaseRow, RunReportRow, RunRow, TurnRow
 
 SUITE = Path(__file__).resolve().parents[1] / "agenttest_worker" / "demo" / "suite"
 SUITE_CASES = str(SUITE / "expense-suite.jsonl")
@@ -72,7 +73,7 @@ def stored_suite(options: RunOptions | None = None) -> tuple[str, str]:
 
 def step(db: str, run_id: str, case_id: str, turn: int) -> Any:
     async def once() -> Any:
-        from agenttest_worker.agents.exchange import close_session
+        from agenttest_worker.agents.http.exchange import close_session
 
         try:
             at = TurnAddress(run_id, case_id, turn, None)
@@ -392,7 +393,7 @@ def turn_writes_failing(db: str) -> Iterator[None]:
 
 def step_in(store: BufferedStore, case_id: str, turn: int) -> Any:
     async def once() -> Any:
-        from agenttest_worker.agents.exchange import close_session
+        from agenttest_worker.agents.http.exchange import close_session
 
         try:
             at = TurnAddress(store.run_id, case_id, turn, None)
@@ -730,7 +731,7 @@ def test_resume_redoes_a_lost_aggregation(demo: Path, capsys: pytest.CaptureFixt
 
 def test_last_is_the_newest_run_even_within_one_second(demo: Path) -> None:
     db = url()
-    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.sql.db import upgrade
 
     upgrade(db)
     # Run ids sort by second, then randomly: the newer run may sort first.
@@ -744,7 +745,7 @@ def test_last_is_the_newest_run_even_within_one_second(demo: Path) -> None:
 
 
 def _stored_rows(db: str, run_id: str) -> dict[str, list[tuple[Any, ...]]]:
-    from agenttest_worker.store.models import AgentCallRow, AssertionResultRow
+    from agenttest_worker.store.sql.models import AgentCallRow, AssertionResultRow
 
     with session_scope(db) as session:
         turns = session.scalars(select(TurnRow).where(TurnRow.run_id == run_id)).all()
@@ -820,7 +821,7 @@ def test_postgres_and_sqlite_store_the_same_rows_for_each_step(
 
 def test_the_step_statements_insert_every_column_the_row_builders_fill() -> None:
     from agenttest_worker.results import AgentCallRecord, AssertionResult, TurnResult
-    from agenttest_worker.store.models import AgentCallRow, AssertionResultRow, TurnRecordRow
+    from agenttest_worker.store.sql.models import AgentCallRow, AssertionResultRow, TurnRecordRow
 
     verdict = AssertionResult(type="contains", passed=True, reason="ok")
     call = AgentCallRecord(role="target", agent="a", latency_ms=1)
@@ -843,7 +844,7 @@ def test_the_turn_read_names_its_columns_in_order(
 ) -> None:
     from sqlalchemy import text
 
-    from agenttest_worker.store.db import get_engine
+    from agenttest_worker.store.sql.db import get_engine
 
     database = pg_database if dialect == "postgresql" else f"sqlite:///{tmp_path / 'read.db'}"
     upgrade(database)

@@ -17,8 +17,8 @@ import jsonschema
 import pytest
 import yaml
 
-from agenttest_submit.cli import main
-from agenttest_submit.schema import SCHEMA_KINDS, schema_text
+from agenttest_submit.cli.main import main
+from agenttest_submit.commands.schema import SCHEMA_KINDS, schema_text
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.cases.files import iter_cases
 from agenttest_worker.errors import ConfigError, InputProblem

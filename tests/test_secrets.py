@@ -46,7 +46,7 @@ from fleet import (
     write_cases,
 )
 
-from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.sql.db import upgrade
 
 # Every test here runs Celery workers and `celery flower` (tests/fleet.py).
 pytestmark = pytest.mark.fleet

@@ -22,9 +22,9 @@ from sqlalchemy import select
 
 from agenttest_worker.store import steps
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.db import session_scope
 from agenttest_worker.store.kept_states import KEPT
-from agenttest_worker.store.models import CaseRow, TurnRecordRow
+from agenttest_worker.store.sql.db import session_scope
+from agenttest_worker.store.sql.models import CaseRow, TurnRecordRow
 
 TURNS = 5
 
@@ -68,7 +68,7 @@ def _case(case_id: str) -> dict[str, Any]:
 
 
 def _run(database_url: str, agent: AgentServer, case_id: str = "K1") -> str:
-    from agenttest_submit.runner import store_run
+    from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import ProjectConfig
     from agenttest_worker.cases.model import Case
     from agenttest_worker.engine import RunOptions
@@ -90,7 +90,7 @@ def _run(database_url: str, agent: AgentServer, case_id: str = "K1") -> str:
 def _step(store: SqlStore, run_id: str, case_id: str, turn: int) -> Any:
     import asyncio
 
-    from agenttest_worker.agents.exchange import close_session
+    from agenttest_worker.agents.http.exchange import close_session
     from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
     from agenttest_worker.driver.step import PoolCache
 
@@ -283,7 +283,7 @@ def play_turn_2_elsewhere(database_url: str, run_id: str) -> None:
 
 _OTHER_WORKER = """
 import asyncio, sys
-from agenttest_worker.agents.exchange import close_session
+from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import PoolCache
 from agenttest_worker.store.base import SqlStore
@@ -350,7 +350,7 @@ def test_a_turn_holds_its_case_and_state_parsed_not_as_text(
     too, and the turn still plays to the same record."""
     import asyncio
 
-    from agenttest_worker.agents.exchange import close_session
+    from agenttest_worker.agents.http.exchange import close_session
     from agenttest_worker.driver.step import PoolCache, Prepared, commit, execute, prepare
 
     store = SqlStore(pg_database)
@@ -513,7 +513,7 @@ def test_on_sqlite_too_a_conversation_read_back_every_turn_ends_whole(
 ) -> None:
     """The same store on SQLite (a resumed embedded run's): its turn records and messages
     come back in order from its own aggregate, every turn read back from the store."""
-    from agenttest_worker.store.db import upgrade
+    from agenttest_worker.store.sql.db import upgrade
 
     url = f"sqlite:///{tmp_path}/store.db"
     upgrade(url)

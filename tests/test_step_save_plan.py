@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from agenttest_worker.store import runs
-from agenttest_worker.store import turn_statements as sql
-from agenttest_worker.store.db import get_engine, upgrade
+from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql import turn_statements as sql
+from agenttest_worker.store.sql.db import get_engine, upgrade
 
 IN_FLIGHT = 3000
 

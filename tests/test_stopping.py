@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from agenttest_submit.stopping import Terminated, run_async, sigterm_as_interrupt
+from agenttest_submit.cli.stopping import Terminated, run_async, sigterm_as_interrupt
 
 
 def _busy_then_wait(seconds: float) -> asyncio.Future[None]:

@@ -20,15 +20,15 @@ from fleet import greeting_case, write_project
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from agenttest_submit.runner import store_run
+from agenttest_submit.run.runner import store_run
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.cases.model import Case
 from agenttest_worker.driver.event_loops import run_sync
 from agenttest_worker.driver.step import Advance, PoolCache, commit, execute, prepare
 from agenttest_worker.engine import RunOptions
-from agenttest_worker.store import recovery, results, runs
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.db import get_engine, is_connection_lost, upgrade
+from agenttest_worker.store.sql import recovery, results, runs
+from agenttest_worker.store.sql.db import get_engine, is_connection_lost, upgrade
 
 
 def _stored_run(url: str, demo_url: str, tmp_path: Path, n: int = 1) -> str:

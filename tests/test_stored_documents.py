@@ -14,7 +14,7 @@ from fleet import write_cases
 from scripted_agent import Reply
 from sqlalchemy import text
 
-from agenttest_worker.store import db, results
+from agenttest_worker.store.sql import db, results
 
 # Keys neither sorted nor in jsonb's order (shorter keys first), nested.
 ARGS = {"zeta": 1, "alpha": {"yy": 1, "b": 2}, "mid": [{"z": 0, "a": 1}]}
@@ -90,7 +90,8 @@ def test_a_case_given_as_text_is_stored_as_its_record_would_be(
     holds: the rows are those the record itself gives, on Postgres and SQLite alike
     (the column's text, a NUL made storable, a repetition's case id, a case stored
     twice kept once)."""
-    from agenttest_worker.store import runs, steps
+    from agenttest_worker.store import steps
+    from agenttest_worker.store.sql import runs
     from agenttest_worker.store.storable import dumps_storable
 
     record = {"id": "T1", "zeta": "é\u0000", "turns": [{"input": "hi", "b": 1, "a": 2}]}
@@ -135,7 +136,8 @@ def test_cases_copied_to_postgres_keep_every_character(pg_database: str) -> None
     """A batch with no case already stored is written with COPY: ids, agents and records
     holding COPY's own separators and escapes (tab, newline, backslash, the \\N of a
     missing value) are stored as given, a record's NUL made storable."""
-    from agenttest_worker.store import runs, steps
+    from agenttest_worker.store import steps
+    from agenttest_worker.store.sql import runs
     from agenttest_worker.store.storable import dumps_storable
 
     db.upgrade(pg_database)
@@ -195,7 +197,8 @@ def test_cases_copied_to_postgres_keep_every_character(pg_database: str) -> None
 def test_a_run_whose_label_holds_a_nul_is_stored_on_postgres(pg_database: str) -> None:
     """Postgres text cannot hold U+0000: the run's texts are stored with U+FFFD instead,
     as its cases' are."""
-    from agenttest_worker.store import runs, steps
+    from agenttest_worker.store import steps
+    from agenttest_worker.store.sql import runs
 
     db.upgrade(pg_database)
     run_id = steps.new_run_id()

@@ -30,7 +30,7 @@ from fleet import (
 )
 
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import recovery, results, runs
+from agenttest_worker.store.sql import recovery, results, runs
 
 
 def _run_ids(database_url: str) -> set[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fleet import Fleet, fleet_on, greeting_case, turn_rows, write_cases, write_project
 
-from agenttest_worker.store import runs
+from agenttest_worker.store.sql import runs
 
 # Every test here runs a Celery worker and `celery beat`.
 pytestmark = pytest.mark.fleet

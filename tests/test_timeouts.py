@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from scripted_agent import ScriptedAgent, project, run_case, say
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.engine import RunOptions
 
 

@@ -15,10 +15,10 @@ from agenttest_worker.results import (
     TurnResult,
     Usage,
 )
-from agenttest_worker.store import runs
-from agenttest_worker.store import turn_statements as sql
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.db import upgrade
+from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql import turn_statements as sql
+from agenttest_worker.store.sql.db import upgrade
 from agenttest_worker.store.steps import Step, new_run_id
 
 USAGE = Usage(prompt_tokens=10, completion_tokens=3, total_tokens=13)

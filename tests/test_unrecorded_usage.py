@@ -22,15 +22,15 @@ from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache
 from agenttest_worker.results import RoleUsage
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import runs, usage
 from agenttest_worker.store.base import ConversationStore, SqlStore
+from agenttest_worker.store.sql import runs, usage
 
 
 def _played(store: ConversationStore, run_id: str, case_id: str, copies: int) -> list[Advance]:
     """`copies` copies of a conversation's first turn played at once on `store`."""
 
     async def all_of_them() -> list[Advance]:
-        from agenttest_worker.agents.exchange import close_session
+        from agenttest_worker.agents.http.exchange import close_session
 
         pools = PoolCache()
         try:

@@ -15,9 +15,9 @@ from fault_kit import run_scripted_on_fleet, write_config
 from fleet import case_rows, fleet_on, turn_rows, write_cases
 from scripted_agent import Reply, ScriptedAgent, last_user_text
 
-from agenttest_submit.cli import main
+from agenttest_submit.cli.main import main
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import results, runs
+from agenttest_worker.store.sql import results, runs
 from agenttest_worker.store.storable import storable_json, storable_row
 
 

@@ -30,8 +30,8 @@ from usage_kit import (
     write_suite,
 )
 
-from agenttest_submit.cli import main
-from agenttest_worker.fleet.aggregate import build_report
+from agenttest_submit.cli.main import main
+from agenttest_worker.report.aggregate import build_report
 from agenttest_worker.report.usage import (
     ROLE_ORDER,
     UsageTally,
@@ -41,7 +41,7 @@ from agenttest_worker.report.usage import (
 )
 from agenttest_worker.results import CaseResult, RoleUsage, UsageRole, add_usage
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import runs
+from agenttest_worker.store.sql import runs
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from test_metrics import added, samples, scrape
 from test_metrics import total as metric_total
 from usage_kit import UsageAgents, check_status, same_usage, status_rows, write_suite
 
-from agenttest_worker.fleet.aggregate import build_report
+from agenttest_worker.report.aggregate import build_report
 from agenttest_worker.report.usage import run_usage, usage_dict
 
 pytestmark = pytest.mark.fleet

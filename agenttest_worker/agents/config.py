@@ -30,8 +30,8 @@ from agenttest_worker.agents.base import (
     protocol_choices,
     protocol_names,
 )
+from agenttest_worker.agents.http.urls import url_problem
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
-from agenttest_worker.agents.urls import url_problem
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings

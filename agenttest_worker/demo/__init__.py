@@ -14,5 +14,14 @@ that model's behaviour:
 - `echo`      (`echo.py`): replies with what it was sent (messages, metadata, tools).
 
 `server.py` serves them (`create_app`, `DemoServer`), on a thread of its own through
-`threaded.py` (which the test agents in tests/ use too); `cli.py` is `agenttest-demo serve`.
+`threaded.py` (which the test agents in tests/ use too); `SUITE` is the bundled suite's
+folder. The `agenttest-demo` command is agenttest_submit's (commands/demo_command.py).
 """
+
+from pathlib import Path
+
+from agenttest_worker.demo.server import DemoServer, start_site
+
+SUITE = Path(__file__).parent / "suite"
+
+__all__ = ["SUITE", "DemoServer", "start_site"]

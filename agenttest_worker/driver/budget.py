@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.agents.waiting import waiting
+from agenttest_worker.agents.limits.waiting import waiting
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.engine.outcome import call_cost
 from agenttest_worker.results import AgentCallRecord, TurnResult

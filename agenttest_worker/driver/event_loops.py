@@ -23,7 +23,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from agenttest_worker.agents.exchange import close_session
+from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.settings import EventLoopChoice, get_settings
 

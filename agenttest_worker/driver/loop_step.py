@@ -1,5 +1,5 @@
 """One step of a conversation played on an event loop: the embedded runner's (every
-conversation on the submitter's loop, agenttest_submit/embedded.py) and the fleet's
+conversation on the submitter's loop, agenttest_submit/run/embedded.py) and the fleet's
 (every turn in flight on a worker's loop, fleet/loop_pool.py). The step is the same; what
 differs is where the store's calls run, which the caller says with `offload`: on a
 worker, whose store blocks (Postgres, Redis), a few threads beside the loop

@@ -318,7 +318,7 @@ def _saved_or_refused(
         # Imported here, not above: an embedded run's first saves go to memory on the
         # event loop while a thread imports SQLAlchemy, and importing the store module
         # here made every conversation wait for that import.
-        from agenttest_worker.store.db import unstorable_reason
+        from agenttest_worker.store.sql.db import unstorable_reason
 
         reason = unstorable_reason(exc)
         if reason is None:

@@ -23,7 +23,7 @@ from agenttest_worker.durations import format_duration
 from agenttest_worker.engine.assess import grade_turn, run_assertions
 from agenttest_worker.engine.awaiting import detect_awaiting
 from agenttest_worker.engine.documents import turn_document
-from agenttest_worker.engine.history import more_static, read_rounds
+from agenttest_worker.engine.history_turns import more_static, read_rounds
 from agenttest_worker.engine.next_input import choose_next
 from agenttest_worker.engine.state import (
     MAX_TOOL_ROUNDS,

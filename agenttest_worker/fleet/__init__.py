@@ -13,7 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "app": "agenttest_worker.fleet.app",
-    "build_report": "agenttest_worker.fleet.aggregate",
+    "build_report": "agenttest_worker.report.aggregate",
     "enqueue_start": "agenttest_worker.fleet.enqueue",
     "enqueue_turn": "agenttest_worker.fleet.enqueue",
     "recover": "agenttest_worker.fleet.sweeper",

@@ -28,10 +28,10 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 
-from agenttest_worker.agents.waiting import WAITING
+from agenttest_worker.agents.limits.waiting import WAITING
 from agenttest_worker.fleet.app import REDIS_BROKER, app
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import recovery
+from agenttest_worker.store.sql import recovery
 
 log = logging.getLogger("agenttest.tasks")
 

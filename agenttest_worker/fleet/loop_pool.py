@@ -164,7 +164,7 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
     def on_start(self) -> None:
         global _active
         refuse_time_limits(self)
-        from agenttest_worker.agents import exchange
+        from agenttest_worker.agents.http import exchange
 
         # Nothing below the consumer may cap the turns in flight: one connection and
         # one file descriptor per turn waiting on an agent.
@@ -224,7 +224,7 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
                 _active = None
 
     async def _wind_down(self, cancel: bool) -> None:
-        from agenttest_worker.agents.exchange import close_session
+        from agenttest_worker.agents.http.exchange import close_session
 
         if cancel:
             for task in list(self._playing):

@@ -20,7 +20,7 @@ from celery.signals import (
     worker_ready,
 )
 
-from agenttest_worker.agents.waiting import WAITING, current_turn
+from agenttest_worker.agents.limits.waiting import WAITING, current_turn
 from agenttest_worker.driver.event_loops import shutdown
 from agenttest_worker.driver.loop_step import TurnAddress, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
@@ -29,7 +29,6 @@ from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 # set. Here rather than in app.py: a worker imports this module (the app's `include`)
 # before it sends `celeryd_init`, and a process that only publishes never needs it.
 from agenttest_worker.fleet import metrics as _metrics  # noqa: F401
-from agenttest_worker.fleet.aggregate import aggregate
 from agenttest_worker.fleet.app import app
 from agenttest_worker.fleet.enqueue import (
     AGGREGATE,
@@ -44,10 +43,11 @@ from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
 from agenttest_worker.fleet.metered import metered
 from agenttest_worker.heap import settle
+from agenttest_worker.report.aggregate import aggregate
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import recovery
 from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.db import error_reason, upgrade
+from agenttest_worker.store.sql import recovery
+from agenttest_worker.store.sql.db import error_reason, upgrade
 
 log = logging.getLogger("agenttest.tasks")
 _pools = PoolCache()

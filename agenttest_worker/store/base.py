@@ -81,8 +81,8 @@ class SqlStore:
     def __init__(self, url: str, engine: Engine | None = None) -> None:
         # Imported here, not above: SQLAlchemy costs ~0.5 s of start-up that an
         # embedded run's first conversations overlap (buffered.py).
-        from agenttest_worker.store import budget, runs, turns
-        from agenttest_worker.store.db import get_engine
+        from agenttest_worker.store.sql import budget, runs, turns
+        from agenttest_worker.store.sql.db import get_engine
 
         self.url = url
         self._engine = engine
@@ -112,8 +112,8 @@ class SqlStore:
 
     def add_unrecorded_usage(self, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
         # SQLAlchemy: see __init__.
-        from agenttest_worker.store.db import error_reason
-        from agenttest_worker.store.usage import add_run_usage
+        from agenttest_worker.store.sql.db import error_reason
+        from agenttest_worker.store.sql.usage import add_run_usage
 
         try:
             add_run_usage(self.url, run_id, usage, spent=True)

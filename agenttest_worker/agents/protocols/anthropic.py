@@ -30,6 +30,7 @@ from agenttest_worker.agents.base import (
     text_of,
 )
 from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.http.streaming import StreamSpec
 from agenttest_worker.agents.protocols.anthropic_reply import (
     MessageAssembler,
     error_text,
@@ -37,7 +38,6 @@ from agenttest_worker.agents.protocols.anthropic_reply import (
 )
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient
 from agenttest_worker.agents.protocols.openai import streams_whole, tool_definitions
-from agenttest_worker.agents.streaming import StreamSpec
 
 # Messages must end with a user turn: a trailing assistant message would be taken as
 # the start of the model's own reply (a prefill). Role calls (a simulator reading the

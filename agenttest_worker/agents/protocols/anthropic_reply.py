@@ -15,13 +15,13 @@ import json
 from typing import Any
 
 from agenttest_worker.agents.base import AgentError, AgentReply, object_of, read_tool_calls
-from agenttest_worker.agents.protocols.json_client import as_bool
-from agenttest_worker.agents.streaming import (
+from agenttest_worker.agents.http.streaming import (
     StreamEvent,
     StreamFailure,
     json_data,
     mark_content,
 )
+from agenttest_worker.agents.protocols.json_client import as_bool
 from agenttest_worker.results import Usage
 
 # Error events worth another attempt when no content came yet (HTTP 529, 500, 429).

@@ -38,15 +38,15 @@ from agenttest_worker.agents.base import (
     text_of,
 )
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
-from agenttest_worker.agents.protocols.history import fetch_history
-from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
-from agenttest_worker.agents.streaming import (
+from agenttest_worker.agents.http.streaming import (
     StreamEvent,
     StreamFailure,
     StreamSpec,
     json_data,
     mark_content,
 )
+from agenttest_worker.agents.protocols.chat_history import fetch_history
+from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.json_values import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {

@@ -9,10 +9,10 @@ from typing import Any
 
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
-from agenttest_worker.agents.ratelimit import Limits, limiter
-from agenttest_worker.agents.retry import RetryPolicy
-from agenttest_worker.agents.streaming import StreamSpec
-from agenttest_worker.agents.transport import masked, post_json
+from agenttest_worker.agents.http.streaming import StreamSpec
+from agenttest_worker.agents.http.transport import masked, post_json
+from agenttest_worker.agents.limits.ratelimit import Limits, limiter
+from agenttest_worker.agents.limits.retry import RetryPolicy
 from agenttest_worker.errors import url_secrets
 from agenttest_worker.results import Usage
 

@@ -32,14 +32,14 @@ from agenttest_worker.agents.base import (
     text_of,
 )
 from agenttest_worker.agents.config import AgentConfig
-from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
-from agenttest_worker.agents.streaming import (
+from agenttest_worker.agents.http.streaming import (
     StreamEvent,
     StreamFailure,
     StreamSpec,
     json_data,
     mark_content,
 )
+from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.results import Usage
 
 MAX_METADATA_KEYS = 16

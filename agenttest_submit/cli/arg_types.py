@@ -1,0 +1,61 @@
+"""What the parsers of `agenttest-submit` share: the parser class (exit 2 on bad usage,
+as for bad input), the report format choices, and the argument types."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from agenttest_submit.cli.exits import EXIT_INPUT
+from agenttest_worker.durations import parse_duration
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own exit is 2 too; keep the wording
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_INPUT)
+
+
+def formats() -> list[str]:
+    """The `--format` choices: every format in the report registry, as registered now."""
+    from agenttest_worker.report import REPORTERS  # after heap.starting(): see the top
+
+    return list(REPORTERS)
+
+
+def duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def pass_rule(text: str) -> str:
+    from agenttest_worker.report.verdicts import pass_rule_problem  # after heap.starting()
+
+    problem = pass_rule_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value

@@ -1,0 +1,398 @@
+"""`agenttest-submit`: run test cases against agents and exit 0 (all passed), 1 or 2.
+
+    agenttest-submit -i ./tests/expense.jsonl -n assistants.expense
+    agenttest-submit -i "Help me file an expense" -n assistants.expense -v
+    agenttest-submit -i "agents:workers.test.generator?count=10" -n assistants.expense --dry-run
+    agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | db upgrade
+    agenttest-submit schema [cases|yaml|config]     (JSON Schemas for editors)
+    agenttest-submit view [RUN] [--host H --port P --token T]   (read-only web viewer)
+
+Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem
+listed with file, line and field), 3 the database or the broker out of reach, or an
+internal error.
+
+This module parses a run's command line (subcommands: subcommand_args.py; argument
+types: arg_types.py): it builds the request (request.py), hands it to `submit.submit` (a
+run) or `commands.run_subcommand`, and prints the input problems and the errors they
+raise as the exit code says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from agenttest_submit.cli.arg_types import (
+    Parser,
+    duration_arg,
+    formats,
+    pass_rule,
+    positive_float,
+    positive_int,
+)
+from agenttest_submit.cli.exits import EXIT_INPUT, EXIT_INTERNAL
+from agenttest_submit.cli.request import (
+    DEFAULT_SIMULATOR,
+    DiffRequest,
+    HistoryRequest,
+    MetricsRequest,
+    RunRequest,
+    RunsRequest,
+    ViewRequest,
+)
+from agenttest_submit.cli.stopping import (
+    interrupted_exit_code,
+    interrupted_word,
+    sigterm_as_interrupt,
+)
+from agenttest_submit.cli.subcommand_args import SUBCOMMANDS, parse_subcommand
+from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.heap import starting
+
+# The rest (pydantic, the report formats, the store) is imported once `main` has called
+# heap.starting(): they are start-up's heaviest imports, and the garbage collector's
+# passes during them are wasted work (see heap.py).
+
+MAX_PROBLEMS_SHOWN = 200
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # only when parsing
+
+    try:
+        return version("agenttest")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of a run: `agenttest-submit -i ... [options]`."""
+    p = Parser(
+        prog="agenttest-submit",
+        description="Run scripted and simulated conversations against agents and check every turn.",
+        epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, "
+        "db upgrade, schema [cases|yaml|config], view [RUN].",
+    )
+    p.add_argument(
+        "-i",
+        "--input",
+        action="append",
+        default=[],
+        metavar="SOURCE",
+        help="case file or folder, a message, agents:ID?k=v or scripts:ID?k=v (repeatable)",
+    )
+    p.add_argument("-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write results (or, with --dry-run, the normalized cases) to FILE",
+    )
+    p.add_argument(
+        "-c",
+        "--connector",
+        metavar="AGENT",
+        help="call this registry agent instead of the target's own entry",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="show every turn")
+    p.add_argument(
+        "--only-failures",
+        action="store_true",
+        help="console report: show only failed and skipped cases (the summary counts all)",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument(
+        "--interactive", action="store_true", help="ask at the terminal when an agent awaits input"
+    )
+    p.add_argument(
+        "--skip-interactive",
+        action="store_true",
+        help="never ask at the terminal (CI); on_missing_input decides",
+    )
+    p.add_argument(
+        "--simulator",
+        metavar="REF",
+        nargs="?",
+        const=DEFAULT_SIMULATOR,
+        help="simulator for cases without one (agents:ID or scripts:ID; alone: "
+        "defaults.simulator of agenttest.yaml)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=duration_arg,
+        default=300.0,
+        metavar="DURATION",
+        help="timeout per test case (default: 5m)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="conversations run at a time (default: 10; on a fleet: no cap)",
+    )
+    p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="play each case K times as independent conversations (overrides a case's repeat)",
+    )
+    p.add_argument(
+        "--pass-rule",
+        type=pass_rule,
+        default="all",
+        metavar="RULE",
+        help="a repeated case passes when all (default), any, a majority, or a share such as "
+        "0.8 of its repetitions passed",
+    )
+    p.add_argument(
+        "--suite",
+        default=None,
+        metavar="NAME",
+        help="the series of runs this run belongs to (default: from the inputs and the target)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="RUN",
+        help="after the report, the diff against RUN: a run id, last, or suite (the suite's "
+        "previous finished run)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=("any", "regressions"),
+        default="any",
+        help="exit 1 on any failed case (default), or only on regressions against the "
+        "baseline (--baseline, default suite)",
+    )
+    p.add_argument(
+        "--pass-k",
+        type=positive_int,
+        default=None,
+        metavar="k",
+        help="the k of the run's pass@k and pass^k (default: each case's repetitions)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="load, generate and check cases, print them, call no target",
+    )
+    p.add_argument("--config", metavar="FILE", help="agenttest.yaml (default: ./agenttest.yaml)")
+    p.add_argument(
+        "--on-missing-input",
+        choices=("skip", "fail", "end"),
+        help="override every case's on_missing_input",
+    )
+    p.add_argument(
+        "--format",
+        choices=formats(),
+        default=None,
+        help="report format on stdout or -o (default: console on stdout, jsonl in -o)",
+    )
+    p.add_argument("--tag", action="append", default=[], help="run only cases with this tag")
+    p.add_argument(
+        "--id",
+        action="append",
+        default=[],
+        dest="ids",
+        metavar="ID",
+        help="run only the case with this id (repeatable)",
+    )
+    p.add_argument(
+        "--wait",
+        dest="wait",
+        action="store_true",
+        default=True,
+        help="distributed: wait for the run and print its report (default)",
+    )
+    p.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="distributed: print the run id and return at once",
+    )
+    p.add_argument(
+        "--reeval",
+        nargs="?",
+        const="last",
+        default=None,
+        metavar="RUN",
+        help="re-run assertions on stored conversations without calling the target",
+    )
+    p.add_argument("--reporter", metavar="REF", help="send the results to a reporter agent")
+    p.add_argument(
+        "--turn-timeout",
+        type=duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="timeout per turn: the target, its tool calls, judges and the simulator together",
+    )
+    p.add_argument(
+        "--deadline",
+        type=duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="stop the whole run after this long",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="start no new turn once the run's agent calls used this many tokens",
+    )
+    p.add_argument(
+        "--max-cost",
+        type=positive_float,
+        default=None,
+        metavar="AMOUNT",
+        help="start no new turn once the run cost this much (agents' `pricing`)",
+    )
+    return p
+
+
+def run_request(args: argparse.Namespace) -> RunRequest:
+    """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
+    return RunRequest(
+        inputs=tuple(args.input),
+        agent=args.name,
+        connector=args.connector,
+        config_file=args.config,
+        output=args.output,
+        format=args.format,
+        verbose=args.verbose,
+        only_failures=args.only_failures,
+        interactive=args.interactive,
+        skip_interactive=args.skip_interactive,
+        simulator=args.simulator,
+        on_missing_input=args.on_missing_input,
+        tags=tuple(args.tag),
+        ids=tuple(args.ids),
+        case_timeout=args.timeout,
+        turn_timeout=args.turn_timeout,
+        deadline=args.deadline,
+        max_tokens=args.max_tokens,
+        max_cost=args.max_cost,
+        parallel=args.parallel or 10,
+        parallel_given=args.parallel is not None,
+        fail_fast=args.fail_fast,
+        repeat=args.repeat,
+        pass_rule=args.pass_rule,
+        pass_k=args.pass_k,
+        suite=args.suite,
+        baseline=args.baseline or ("suite" if args.fail_on == "regressions" else None),
+        fail_on=args.fail_on,
+        dry_run=args.dry_run,
+        wait=args.wait,
+        reeval=args.reeval,
+        reporter=args.reporter,
+    )
+
+
+def parse_run(argv: Sequence[str]) -> RunRequest:
+    """`agenttest-submit ARGV` (not a subcommand) as a request; bad usage exits 2."""
+    return run_request(build_parser().parse_args(list(argv)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line `argv` (sys.argv's by default); the exit code (the console
+    script's entry point)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    starting()  # see heap.py
+    # After heap.starting(): see the note at the top.
+    from agenttest_worker.settings import get_settings
+
+    get_settings.cache_clear()  # settings come from this invocation's environment
+    debug = os.environ.get("AGENTTEST_DEBUG", "").lower() in ("1", "true", "yes")
+    subcommand = bool(args_list) and args_list[0] in SUBCOMMANDS
+    try:
+        with sigterm_as_interrupt():
+            if subcommand:
+                command = parse_subcommand(args_list)
+                if isinstance(command, ViewRequest):
+                    # After heap.starting(); aiohttp's server only for this command.
+                    from agenttest_submit.commands.viewer.serve import run_view
+
+                    return run_view(command)
+                if isinstance(command, MetricsRequest):
+                    # After heap.starting(); prometheus_client only for this command.
+                    from agenttest_submit.commands.metrics_exporter import run_metrics_exporter
+
+                    return run_metrics_exporter(command)
+                if isinstance(command, DiffRequest | HistoryRequest | RunsRequest):
+                    # After heap.starting(): see the note at the top.
+                    from agenttest_submit.commands.history_commands import run_history_command
+
+                    return run_history_command(command)
+                # After heap.starting(): see the note at the top.
+                from agenttest_submit.commands.subcommands import run_subcommand
+
+                return run_subcommand(command)
+            request = parse_run(args_list)
+            warn_about_flags(request)
+            from agenttest_submit.run.submit import submit  # after heap.starting(): see the top
+
+            return submit(request)
+    except InputError as exc:
+        print_problems(exc.problems, nothing_ran=not subcommand)
+        return EXIT_INPUT
+    except KeyboardInterrupt as exc:
+        print(interrupted_word(exc), file=sys.stderr)
+        return interrupted_exit_code(exc)
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_INPUT
+    except Exception as exc:
+        if debug:
+            raise
+        from agenttest_submit.cli.services import unreachable_service  # after heap.starting()
+        from agenttest_worker.report.common import printable  # after heap.starting()
+
+        # An exception's text may quote a case, a reply or a server's answer: escaped.
+        unreachable = unreachable_service(exc)
+        if unreachable is not None:
+            print(f"agenttest-submit: {printable(unreachable)}", file=sys.stderr)
+            return EXIT_INTERNAL
+        said = printable(f"{type(exc).__name__}: {exc}")
+        print(f"agenttest-submit: internal error: {said}", file=sys.stderr)
+        print("(set AGENTTEST_DEBUG=1 to see the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def warn_about_flags(request: RunRequest) -> None:
+    """Flags that cannot do what they say here: said on stderr, the run goes on."""
+    if request.interactive and not request.skip_interactive and not _stdin_is_terminal():
+        print(
+            "warning: --interactive: stdin is not a terminal, so nobody can be asked; "
+            "each case's on_missing_input decides when an agent awaits input",
+            file=sys.stderr,
+        )
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # closed, or no stdin at all
+        return False
+
+
+def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> None:
+    count = len(problems)
+    noun = "problem" if count == 1 else "problems"
+    tail = "; nothing was run" if nothing_ran else ""
+    print(f"agenttest-submit: {count} input {noun}{tail}:", file=sys.stderr)
+    # A file that is wrong throughout would bury the terminal; the first ones show the
+    # pattern, and the count says how many there are.
+    # A problem quotes the file (ids, values): escaped, so it cannot command the terminal.
+    from agenttest_worker.report.common import printable  # after heap.starting()
+
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
+        print(f"  {printable(str(problem), keep_lines=True)}", file=sys.stderr)
+    if count > MAX_PROBLEMS_SHOWN:
+        print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

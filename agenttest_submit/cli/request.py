@@ -1,0 +1,179 @@
+"""What the user asked for, as typed objects built once from the command line.
+
+`agenttest_submit.cli.main` parses the arguments and builds one of these; everything after it
+(the run, the re-evaluation, the subcommands, the report) reads its choices from them,
+never from argparse. They hold the values as given: checking them against
+agenttest.yaml (an unknown agent, a simulator that is not there) is the run's business,
+so that every such problem is reported at once.
+
+The subcommands' requests are named tuples: a class of them costs every invocation's
+start-up ~0.06 ms against a frozen dataclass's ~1 ms (ten of them were ~9 ms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
+
+if TYPE_CHECKING:
+    from agenttest_worker.cases.model import OnMissingInput
+
+# `--simulator` given alone: agenttest.yaml's defaults.simulator (known once it is loaded).
+DEFAULT_SIMULATOR = "\0defaults.simulator"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """`agenttest-submit -i ...` (or `--reeval`): run cases, or judge stored ones again."""
+
+    # -i: case files or folders, direct messages, agents:/scripts: generators, as given.
+    inputs: tuple[str, ...] = ()
+    # -n: the target agent (None: agenttest.yaml's defaults.agent).
+    agent: str | None = None
+    # -c: a registry agent called instead of the target's own entry.
+    connector: str | None = None
+    # --config: agenttest.yaml's path (None: ./agenttest.yaml).
+    config_file: str | None = None
+    # -o: where the report (with dry_run, the normalized cases) is written.
+    output: str | None = None
+    # --format: the report's format on stdout, or in `output` (None: console on stdout,
+    # jsonl in `output`); a name registered in agenttest_worker.report.REPORTERS.
+    format: str | None = None
+    # -v: show every turn in the console report.
+    verbose: bool = False
+    # --only-failures: the console report shows only failed and skipped cases (the
+    # summary still counts every case; other formats keep every case).
+    only_failures: bool = False
+    # --interactive / --skip-interactive: ask at the terminal when an agent awaits input,
+    # or never (both false: each case's `interactive.enabled` decides).
+    interactive: bool = False
+    skip_interactive: bool = False
+    # --simulator: the simulator of cases without one (DEFAULT_SIMULATOR: agenttest.yaml's
+    # defaults.simulator; None: none).
+    simulator: str | None = None
+    # --on-missing-input: overrides every case's on_missing_input.
+    on_missing_input: OnMissingInput | None = None
+    # --tag, --id: run only the cases with one of these tags / these ids.
+    tags: tuple[str, ...] = ()
+    ids: tuple[str, ...] = ()
+    # --timeout, --turn-timeout (seconds): per case, per turn (None: no turn limit).
+    case_timeout: float = 300.0
+    turn_timeout: float | None = None
+    # --deadline (seconds): the whole run stops after this long (None: never).
+    deadline: float | None = None
+    # --max-tokens, --max-cost: no new turn starts once the run used this much.
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    # --parallel: conversations run at a time (embedded: in this process, 10 unless
+    # given; on a fleet: in flight across the fleet, no cap unless given).
+    parallel: int = 10
+    parallel_given: bool = False
+    # --fail-fast: stop on the first failure.
+    fail_fast: bool = False
+    # --repeat: play each case this many times (None: each case's `repeat`, else once);
+    # --pass-rule: how its repetitions make its verdict; --pass-k: the k of pass@k.
+    repeat: int | None = None
+    pass_rule: str = "all"
+    pass_k: int | None = None
+    # --suite: the series of runs this one belongs to (None: derived, runner.run_suite);
+    # --baseline: a run to compare this one with at its end (a run id, "last" or
+    # "suite"); --fail-on: what makes the exit code 1 ("any" failure, or "regressions").
+    suite: str | None = None
+    baseline: str | None = None
+    fail_on: str = "any"
+    # --dry-run: load, generate and check the cases, print them, call no target.
+    dry_run: bool = False
+    # --wait / --no-wait (distributed): watch the run and report it, or return at once.
+    wait: bool = True
+    # --reeval [RUN]: judge stored conversations again (a run id or "last"; None: no).
+    reeval: str | None = None
+    # --reporter: a reporter agent that is sent the results.
+    reporter: str | None = None
+
+
+class StatusRequest(NamedTuple):
+    """`agenttest-submit status RUN`."""
+
+    run: str  # a run id, or "last" for the newest run
+
+
+class ReportRequest(NamedTuple):
+    """`agenttest-submit report RUN [-o FILE] [--format F] [-v] [--only-failures]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    output: str | None = None  # None: stdout
+    format: str | None = None  # None: console on stdout, jsonl in `output`
+    verbose: bool = False
+    only_failures: bool = False  # as on a run: the console alone leaves passed cases out
+
+
+class ResumeRequest(NamedTuple):
+    """`agenttest-submit resume RUN [--parallel N]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    parallel: int = 10
+
+
+class DbRequest(NamedTuple):
+    """`agenttest-submit db upgrade`."""
+
+    action: Literal["upgrade"] = "upgrade"
+
+
+# What `agenttest-submit schema KIND` describes: a JSON case file (and one JSONL line), a
+# tdx YAML case file, or agenttest.yaml.
+SchemaKind = Literal["cases", "yaml", "config"]
+SCHEMA_KINDS: tuple[SchemaKind, ...] = get_args(SchemaKind)
+
+
+class SchemaRequest(NamedTuple):
+    """`agenttest-submit schema [cases|yaml|config]`: print a JSON Schema for editors."""
+
+    kind: SchemaKind = "cases"
+
+
+class DiffRequest(NamedTuple):
+    """`agenttest-submit diff [BASE] [NEW] [--window N] [--format F]`."""
+
+    new: str = "last"  # a run id, or "last"
+    base: str | None = None  # a run id, "last" or "suite"; None: NEW's suite's previous run
+    window: int = 10  # the suite's runs over which a case's verdict changing is flaky
+    format: str = "console"  # console, json, markdown, junit
+
+
+class HistoryRequest(NamedTuple):
+    """`agenttest-submit history CASE_ID [--suite S] [--last N] [--format F]`."""
+
+    case_id: str
+    suite: str | None = None  # None: every suite
+    last: int = 20
+    format: str = "console"  # console, json
+
+
+class RunsRequest(NamedTuple):
+    """`agenttest-submit runs [--suite S] [--last N] [--format F]`."""
+
+    suite: str | None = None
+    last: int = 20
+    format: str = "console"
+
+
+class ViewRequest(NamedTuple):
+    """`agenttest-submit view [RUN] [--host H] [--port P] [--token T]`: the read-only viewer."""
+
+    run: str | None = None  # a run id or "last" to open at; None: the runs page
+    host: str = "127.0.0.1"  # another address than loopback needs `token`
+    port: int = 8750  # 0: any free port (printed)
+    token: str | None = None  # None: AGENTTEST_VIEW_TOKEN, if set
+
+
+class MetricsRequest(NamedTuple):
+    """`agenttest-submit metrics [--port P] [--host H]`: serve the fleet's progress to
+    Prometheus (metrics_exporter.py)."""
+
+    port: int = 9809
+    host: str = "0.0.0.0"  # scraped from other hosts; 127.0.0.1 to keep it local
+
+
+HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
+SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest

@@ -1,0 +1,7 @@
+"""The subcommands of `agenttest-submit` besides a run, and `agenttest-demo`.
+
+`subcommands`: status, report, db upgrade; `resume`: finish a stopped run;
+`history_commands`: diff, history, runs; `schema`: JSON Schemas for editors;
+`metrics_exporter`: the fleet's progress for Prometheus; `viewer/`: the read-only web
+pages over the store; `demo_command`: `agenttest-demo`, the demo agents and suite.
+"""

@@ -1,0 +1,305 @@
+"""Run history commands: `diff [BASE] [NEW]`, `history CASE_ID`, `runs`, and the diff a
+run prints at its end (`--baseline`, `--fail-on regressions`).
+
+A diff reads each run as one row per case (store/history.py) and the records only of
+the regressions, whose first difference it shows; history reads one case's records
+over a suite's runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from agenttest_submit.cli.request import (
+    DiffRequest,
+    HistoryCommandRequest,
+    HistoryRequest,
+    RunsRequest,
+)
+from agenttest_submit.run.runner import resolve_run
+from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.report.common import format_ms, one_line, printable
+from agenttest_worker.report.diff import (
+    CaseChange,
+    RunDiff,
+    RunInfo,
+    category,
+    difference,
+    tally_verdict,
+)
+from agenttest_worker.report.diff_formats import render_diff
+from agenttest_worker.report.verdicts import case_verdict
+from agenttest_worker.results import CaseResult, CaseStatus
+from agenttest_worker.settings import get_settings
+from agenttest_worker.store.sql import run_history as history
+from agenttest_worker.store.sql.db import upgrade
+
+if TYPE_CHECKING:
+    from agenttest_worker.store.sql.models import RunRow
+
+DEFAULT_WINDOW = 10
+DEFAULT_LAST = 20
+
+
+def _info(run: RunRow) -> RunInfo:
+    return RunInfo(run.id, run.created_at, run.suite, run.status)
+
+
+def _rule(run: RunRow) -> str:
+    return str((run.options or {}).get("pass_rule") or "all")
+
+
+def previous_run(url: str, run: RunRow) -> RunRow | None:
+    """The finished run of `run`'s suite before it, or None."""
+    if run.suite is None:
+        return None
+    before = [r for r in history.suite_runs(url, run.suite, finished=True, before=run.created_at)]
+    return before[0] if before else None
+
+
+def resolve_baseline(url: str, ref: str, new: RunRow) -> RunRow:
+    """A baseline: a run id, `last` (the newest run before `new`), or `suite` (the
+    previous finished run of `new`'s suite)."""
+    if ref == "suite":
+        found = previous_run(url, new)
+        if found is None:
+            raise InputError(
+                InputProblem(
+                    f"suite {new.suite!r} has no finished run before {new.id}",
+                    field="--baseline",
+                )
+            )
+        return found
+    if ref == "last":
+        earlier = history.suite_runs(url, None, last=1, before=new.created_at)
+        if not earlier:
+            raise InputError(InputProblem(f"no run before {new.id}", field="--baseline"))
+        return earlier[0]
+    return resolve_run(url, ref)
+
+
+def build_diff(url: str, base: RunRow, new: RunRow, window: int = DEFAULT_WINDOW) -> RunDiff:
+    """What changed from `base` to `new`, case by case (report/diff.py)."""
+    base_rule, rule = _rule(base), _rule(new)
+    before: dict[str, CaseStatus] = {
+        t.id: tally_verdict(t.played, t.passed, t.skipped, base_rule)
+        for t in history.case_tallies(url, base.id)
+    }
+    found = RunDiff(_info(base), _info(new), window)
+    disagreeing: dict[str, str] = {}
+    for tally in history.case_tallies(url, new.id):
+        now = tally_verdict(tally.played, tally.passed, tally.skipped, rule)
+        was = before.pop(tally.id, None)
+        found.changes.append(CaseChange(tally.id, category(was, now), was, now))
+        if tally.played > 1 and tally.passed not in (0, tally.played):
+            disagreeing[tally.id] = (
+                f"its repetitions disagree: {tally.passed}/{tally.played} passed"
+            )
+    found.changes += [CaseChange(i, "removed", was, None) for i, was in before.items()]
+    runs = _window(url, new, window)
+    changing = history.changing_cases(url, [r.id for r in runs], rule)
+    for change in found.changes:
+        if change.category in ("new", "removed"):
+            continue
+        if change.id in changing:
+            change.category = "flaky"
+            change.flaky_because = (
+                f"its verdict changed at least twice in the last {len(runs)} runs"
+            )
+        elif change.id in disagreeing:
+            change.category = "flaky"
+            change.flaky_because = disagreeing[change.id]
+    _explain_regressions(url, base, new, found.regressions)
+    return found
+
+
+def _window(url: str, new: RunRow, window: int) -> list[RunRow]:
+    """The suite's last `window` finished runs up to `new` (itself included)."""
+    earlier = history.suite_runs(url, new.suite, finished=True, before=new.created_at)
+    return [new, *earlier[: max(window - 1, 0)]] if new.suite is not None else [new]
+
+
+def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[CaseChange]) -> None:
+    """Each regression's first difference: its records read a chunk of cases at a time."""
+    for start in range(0, len(changes), history.CHUNK):
+        chunk = {c.id: c for c in changes[start : start + history.CHUNK]}
+        then = _records(url, base.id, chunk)
+        now = _records(url, new.id, chunk)
+        for case_id, change in chunk.items():
+            earlier, later = then.get(case_id, []), now.get(case_id, [])
+            if not later:
+                continue
+            change.name = later[0].name
+            failing = next((r for r in later if r.status == "failed"), later[0])
+            passing = next((r for r in earlier if r.status == "passed"), None)
+            if passing is not None:
+                change.difference = difference(passing, failing)
+
+
+def _records(url: str, run_id: str, ids: dict[str, Any]) -> dict[str, list[CaseResult]]:
+    found: dict[str, list[CaseResult]] = {}
+    for case_id, text in history.results_of(url, run_id, ids):
+        found.setdefault(case_id, []).append(CaseResult.model_validate_json(text))
+    return found
+
+
+# -- the commands ----------------------------------------------------------------------
+
+
+def run_history_command(request: HistoryCommandRequest) -> int:
+    """`diff`, `history` or `runs`, against the store this environment points at."""
+    url = get_settings().effective_database_url()
+    upgrade(url)
+    if isinstance(request, DiffRequest):
+        return run_diff(url, request)
+    if isinstance(request, HistoryRequest):
+        return run_history(url, request)
+    return run_list(url, request)
+
+
+def run_diff(url: str, request: DiffRequest) -> int:
+    """`diff [BASE] [NEW]`: exit 1 when a case passed in BASE and fails in NEW."""
+    new = resolve_run(url, request.new)
+    base = resolve_baseline(url, request.base, new) if request.base else previous_run(url, new)
+    if base is None:
+        raise InputError(
+            InputProblem(
+                f"run {new.id} (suite {new.suite!r}) has no earlier finished run to compare "
+                "with: give BASE",
+                field="BASE",
+            )
+        )
+    found = build_diff(url, base, new, request.window)
+    sys.stdout.write(render_diff(found, request.format))
+    return 1 if found.regressions else 0
+
+
+def print_baseline_diff(url: str, run_id: str, ref: str, fail_on: str, code: int) -> int:
+    """After a run's report: its diff against the baseline, and the exit code
+    `--fail-on` asks for (`regressions`: 1 only for cases that passed in the baseline
+    and fail now; `any`: the run's own code)."""
+    new = resolve_run(url, run_id)
+    try:
+        base = resolve_baseline(url, ref, new)
+    except InputError as exc:
+        print(f"warning: --baseline {ref}: {printable(str(exc.problems[0]))}", file=sys.stderr)
+        return code
+    found = build_diff(url, base, new)
+    sys.stdout.write("\n" + render_diff(found, "console"))
+    if fail_on == "regressions":
+        return 1 if found.regressions else 0
+    return code
+
+
+def run_history(url: str, request: HistoryRequest) -> int:
+    """`history CASE_ID`: the case's verdict run after run, and how often it changed."""
+    suite = request.suite
+    runs = history.case_runs(url, request.case_id, suite, request.last)
+    if not runs:
+        where = f" in suite {suite!r}" if suite else ""
+        raise InputError(
+            InputProblem(f"no finished run{where} played case {request.case_id!r}", field="CASE_ID")
+        )
+    rows = [_history_row(run, texts) for run, texts in runs]
+    verdicts = [row["status"] for row in reversed(rows)]
+    changes = sum(1 for a, b in itertools.pairwise(verdicts) if a != b)
+    rate = changes / (len(verdicts) - 1) if len(verdicts) > 1 else 0.0
+    if request.format == "json":
+        document = {
+            "case_id": request.case_id,
+            "suite": suite,
+            "runs": rows,
+            "changes": changes,
+            "flake_rate": round(rate, 4),
+        }
+        sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+        return 0
+    lines = [
+        f"History of {printable(request.case_id)}"
+        + (f" in suite {printable(suite)}" if suite else "")
+        + f": {len(rows)} runs, flake rate {rate:.0%} ({changes} changes in "
+        f"{max(len(rows) - 1, 0)} transitions)",
+        "",
+        f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<8}  {'REPEATS':>7}  {'DURATION':>8}  REASON",
+    ]
+    for row in rows:
+        lines.append(
+            f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
+            f"{row['status'].upper():<8}  {row['repeats']:>7}  "
+            f"{format_ms(row['duration_ms']):>8}  {one_line(row['reason'] or '')}"
+        )
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _history_row(run: RunRow, texts: list[str]) -> dict[str, Any]:
+    records = [CaseResult.model_validate_json(t) for t in texts]
+    found = case_verdict(records, _rule(run))
+    failing = next((r for r in records if r.status == "failed"), None)
+    return {
+        "run_id": run.id,
+        "suite": run.suite,
+        "created_at": _iso(run.created_at),
+        "status": found.status,
+        "repeats": found.fraction() if found.repeated else "",
+        "duration_ms": sum(r.duration_ms for r in records),
+        # The judge's (or any failing assertion's) reason, where it failed.
+        "reason": _reason(failing) if failing else None,
+    }
+
+
+def _reason(record: CaseResult) -> str:
+    checked = [a for t in record.turns for a in t.assertions] + list(record.final_assertions)
+    failed = [a for a in checked if not a.passed]
+    judged = next((a for a in failed if a.type == "agent"), None)
+    chosen = judged or (failed[0] if failed else None)
+    if chosen is not None:
+        return chosen.reason or chosen.error or "failed"
+    return record.error or "failed"
+
+
+def _iso(when: datetime | None) -> str:
+    return when.isoformat() if when else ""
+
+
+def run_list(url: str, request: RunsRequest) -> int:
+    """`runs`: the suite's (or every) run, newest first, with their counts."""
+    runs = history.suite_runs(url, request.suite, last=request.last)
+    rows: list[dict[str, Any]] = [
+        {
+            "run_id": run.id,
+            "suite": run.suite,
+            "created_at": _iso(run.created_at),
+            "status": run.status,
+            "cases": (run.options or {}).get("distinct_cases") or run.total_cases,
+            "conversations": run.total_cases,
+            "passed": run.passed,
+            "failed": run.failed,
+            "skipped": run.skipped,
+        }
+        for run in runs
+    ]
+    if request.format == "json":
+        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+        return 0
+    if not rows:
+        print("no runs yet" + (f" in suite {printable(request.suite)}" if request.suite else ""))
+        return 0
+    lines = [
+        f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<11}  {'CASES':>7}  PASSED  FAILED  SKIPPED  SUITE"
+    ]
+    for row in rows:
+        cases = str(row["cases"])
+        if row["conversations"] != row["cases"]:
+            cases = f"{row['cases']}×{row['conversations'] // max(row['cases'], 1)}"
+        lines.append(
+            f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
+            f"{row['status']:<11}  {cases:>7}  {row['passed']:>6}  {row['failed']:>6}  "
+            f"{row['skipped']:>7}  {printable(row['suite'] or '-')}"
+        )
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0

@@ -1,0 +1,185 @@
+"""The viewer's aiohttp application: pages and their JSON API, read-only.
+
+    /                       the runs, grouped, newest first
+    /runs/RUN               a run: summary, live progress while it runs, the case table
+    /runs/RUN/case?id=ID    a case's conversation (every repetition of a repeated case)
+    /runs/RUN/diff?base=B   what changed since B (a run id, last, or suite: the default)
+    /api/runs               {"groups": [{"name", "runs": [...]}]}
+    /api/runs/RUN           the run's header, summary and progress
+    /api/runs/RUN/cases     {"rows": [...]} (?q=TEXT: {"ids": [...]} of the cases matching)
+    /api/runs/RUN/case?id=  {"exists", "row", "records": [[record, notes], ...]}
+    /api/runs/RUN/diff?base= the `diff` command's JSON, case by case
+
+Every request passes `guard` first: only GET and HEAD are served (anything else is 405
+before routing, so no handler can be reached by a method that might change something);
+with a token, the request must carry it (`Authorization: Bearer TOKEN`, or basic auth
+with TOKEN as the password, which a browser asks for); without one the server is on a
+loopback address and answers only requests addressed to one, so that a web page the
+browser visits cannot reach it through a DNS name rebound to 127.0.0.1. Every response
+carries a Content-Security-Policy and nosniff; the token is never part of a page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from agenttest_submit.commands.viewer.queries import RunViews, run_diff, runs_page
+from agenttest_worker.report.html_page.shell import page_end, page_start, policy
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_RUN = "{run:[A-Za-z0-9._-]{1,64}}"
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+_API_POLICY = "default-src 'none'; frame-ancestors 'none'"
+_HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:]*)(:\d+)?$")
+VIEWS = web.AppKey("views", RunViews)
+
+
+def make_app(url: str, *, token: str | None = None) -> web.Application:
+    """The viewer over the store at `url`; `token`: what every request must carry."""
+    app = web.Application(middlewares=[_guard(token)])
+    app[VIEWS] = RunViews(url)
+    app.router.add_get("/", _page("runs"))
+    app.router.add_get(f"/runs/{_RUN}", _page("run"))
+    app.router.add_get(f"/runs/{_RUN}/case", _page("case"))
+    app.router.add_get(f"/runs/{_RUN}/diff", _page("diff"))
+    app.router.add_get("/api/runs", _api_runs)
+    app.router.add_get(f"/api/runs/{_RUN}", _api_run)
+    app.router.add_get(f"/api/runs/{_RUN}/cases", _api_cases)
+    app.router.add_get(f"/api/runs/{_RUN}/case", _api_case)
+    app.router.add_get(f"/api/runs/{_RUN}/diff", _api_diff)
+    return app
+
+
+def _guard(token: str | None) -> Any:
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if request.method not in ("GET", "HEAD"):
+                raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"], text="read-only")
+            if token is not None:
+                if not _authorized(request, token):
+                    raise web.HTTPUnauthorized(
+                        headers={"WWW-Authenticate": 'Basic realm="agenttest", charset="UTF-8"'},
+                        text="a token is required",
+                    )
+            elif _host(request.host) not in _LOOPBACK_HOSTS:
+                raise web.HTTPMisdirectedRequest(text="this viewer answers only on 127.0.0.1")
+            response = await handler(request)
+        except web.HTTPException as error:
+            _secure(request, error)
+            raise
+        _secure(request, response)
+        return response
+
+    return guard
+
+
+def _host(header: str) -> str:
+    match = _HOST_PORT.match(header.strip().lower())
+    return match.group(1) if match else ""
+
+
+def _authorized(request: web.Request, token: str) -> bool:
+    said = request.headers.get("Authorization", "")
+    scheme, _, value = said.partition(" ")
+    if scheme.lower() == "bearer":
+        return hmac.compare_digest(value.strip().encode(), token.encode())
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        _, _, password = decoded.partition(":")
+        return hmac.compare_digest(password.encode(), token.encode())
+    return False
+
+
+def _secure(request: web.Request, response: web.StreamResponse) -> None:
+    page = not request.path.startswith("/api/")
+    response.headers["Content-Security-Policy"] = (
+        f"{policy(served=True)}; frame-ancestors 'none'" if page else _API_POLICY
+    )
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["X-Frame-Options"] = "DENY"
+    response.headers["Cache-Control"] = "no-store"
+
+
+def _page(kind: str) -> Handler:
+    async def page(request: web.Request) -> web.StreamResponse:
+        config: dict[str, Any] = {"page": kind}
+        title = "agenttest"
+        if kind != "runs":
+            config["run"] = request.match_info["run"]
+            title = f"agenttest · run {config['run']}"
+        if kind == "case":
+            config["case"] = request.query.get("id", "")
+        if kind == "diff":
+            config["base"] = request.query.get("base", "suite")
+        # The page is the same shell as the HTML report's; its data comes from /api/.
+        text = page_start(title, config, served=True) + page_end()
+        return web.Response(text=text, content_type="text/html", charset="utf-8")
+
+    return page
+
+
+def _views(request: web.Request) -> RunViews:
+    return request.app[VIEWS]
+
+
+async def _read(function: Callable[..., Any], *args: Any) -> Any:
+    # The store is synchronous (SQLAlchemy): read on a thread, the loop stays free.
+    return await asyncio.to_thread(function, *args)
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.json_response(value, status=status)
+
+
+def _no_run(request: web.Request) -> web.Response:
+    return _json({"message": f"no run {request.match_info['run']}"}, status=404)
+
+
+async def _api_runs(request: web.Request) -> web.StreamResponse:
+    return _json(await _read(runs_page, _views(request).url))
+
+
+async def _api_run(request: web.Request) -> web.StreamResponse:
+    found = await _read(_views(request).header, request.match_info["run"])
+    return _no_run(request) if found is None else _json(found)
+
+
+async def _api_cases(request: web.Request) -> web.StreamResponse:
+    run = request.match_info["run"]
+    query = request.query.get("q", "").strip()
+    if query:
+        ids = await _read(_views(request).search, run, query)
+        return _no_run(request) if ids is None else _json({"ids": ids})
+    rows = await _read(_views(request).rows, run)
+    return _no_run(request) if rows is None else _json({"rows": rows})
+
+
+async def _api_case(request: web.Request) -> web.StreamResponse:
+    found = await _read(
+        _views(request).case, request.match_info["run"], request.query.get("id", "")
+    )
+    if found is None:
+        return _no_run(request)
+    return _json(found, status=200 if found["exists"] else 404)
+
+
+async def _api_diff(request: web.Request) -> web.StreamResponse:
+    base = request.query.get("base", "suite")
+    found = await _read(run_diff, _views(request).url, request.match_info["run"], base)
+    if found is None:
+        return _no_run(request)
+    return _json(found, status=404 if "cases" not in found else 200)

@@ -1,0 +1,116 @@
+"""A run's report where the user asked for it: stdout, `-o FILE`, a reporter agent.
+
+`emit_report` renders the run's report in the `--format` chosen (console on stdout by
+default, jsonl in -o), writes it, sends it to the `--reporter` agent, and says the exit
+code; `output_problem` checks that -o can be written before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
+from agenttest_submit.cli.request import RunRequest
+from agenttest_submit.cli.terminal import color_wanted
+from agenttest_submit.run.reporter_agent import run_reporter
+from agenttest_worker.agents.base import AgentError
+from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.errors import InputProblem
+from agenttest_worker.report import RunReport, render
+from agenttest_worker.report.common import printable
+
+
+def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
+    """Why `output` cannot be written, found before anything runs (not after an hour)."""
+    if not output:
+        return None
+    path = Path(output).expanduser()
+    folder = path.parent
+    if path.is_dir():
+        why = "it is a folder; give a file name"
+    elif not folder.is_dir():
+        why = f"folder {folder} does not exist"
+    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        why = "permission denied"
+    else:
+        return None
+    return InputProblem(f"cannot write {output}: {why}", field=flag)
+
+
+def _rendered(fmt: str, report: RunReport) -> str:
+    """`render`, unless the aggregator rendered the same report in `fmt` already."""
+    text = report.rendered.get(fmt)
+    return text if text is not None else render(fmt, report)
+
+
+def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | None = None) -> int:
+    """Print the report (console unless --format says otherwise), write -o, exit code.
+
+    `built` is the aggregator's report when this process just built it: the results
+    are not read from the store a second time. An embedded run (`built`) and a fleet's
+    (read here) get the same options: --only-failures means the same on both.
+    """
+    color = color_wanted(sys.stdout)
+    if built is not None:
+        report = built
+    else:
+        # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
+        from agenttest_worker.report.aggregate import build_report
+
+        report = build_report(url, run_id)
+    chosen = (request.verbose, color, request.only_failures)
+    if (report.verbose, report.color, report.only_failures) != chosen:
+        # What the aggregator rendered was for the stored defaults, not these options.
+        report.verbose, report.color, report.only_failures = chosen
+        report.rendered = {}
+    stdout_format = request.format if request.format and not request.output else "console"
+    sys.stdout.write(_rendered(stdout_format, report))
+    sys.stdout.flush()
+    if request.output:
+        if report.color:
+            report.color, report.rendered = False, {}
+        try:
+            text = _rendered(request.format or "jsonl", report)
+            Path(request.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            # Checked before the run started; this is the disk filling up or the like.
+            print(
+                f"agenttest-submit: cannot write {request.output}: {exc.strerror or exc}; the "
+                f"results are stored: agenttest-submit report {run_id} -o FILE",
+                file=sys.stderr,
+            )
+            return EXIT_INPUT
+        print(f"results written to {request.output} (run {run_id})", file=sys.stderr)
+    if request.reporter:
+        _custom_report(url, run_id, request.reporter, report)
+    code = EXIT_FAILED if report.summary().failed else EXIT_OK
+    if request.baseline:
+        # After the report: what changed since the baseline, and --fail-on's exit code.
+        from agenttest_submit.commands.history_commands import (
+            print_baseline_diff,  # the store: see above
+        )
+
+        code = print_baseline_diff(url, run_id, request.baseline, request.fail_on, code)
+    return code
+
+
+def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
+    """--reporter: the reporter agent's account, stored with the run and printed."""
+    # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
+    from agenttest_worker.store.sql import results, runs
+
+    run = runs.get_run(url, run_id)
+    config = ProjectConfig.from_stored(run.config) if run is not None else ProjectConfig()
+    try:
+        text = run_reporter(use, report, config, url)
+    except AgentError as exc:
+        # The run's own results stand; only the extra report is missing.
+        print(f"warning: reporter {use} failed: {printable(exc.message)}", file=sys.stderr)
+        return
+    results.store_report(url, run_id, "reporter", text)
+    # The reporter agent's words are data: printed with their lines, escapes made visible.
+    shown = printable(text.rstrip(), keep_lines=True)
+    sys.stdout.write(f"\n── Report by {use} ──\n{shown}\n")
+    sys.stdout.flush()

@@ -1,0 +1,169 @@
+"""A run request carried out: checked against agenttest.yaml, then run, re-judged or printed.
+
+`submit` is what `agenttest-submit -i ...` (or `--reeval`) does once the command line
+is parsed: it loads agenttest.yaml, checks every part of the request against it (all
+the problems at once, before anything runs), expands the inputs into a stream of
+checked cases, and hands them to the dry run, the re-evaluation (reeval.py), or
+`run_cases`, which stores the run and runs it here (embedded.py) or on the fleet
+(distributed.py). It returns the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from agenttest_submit.cli.exits import EXIT_OK
+from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RunRequest
+from agenttest_submit.inputs.expand import CaseStream, Selection, Spool, print_warnings
+from agenttest_submit.inputs.generate import forget_generation_usage
+from agenttest_submit.inputs.sources import InputSource, MessageInput, parse_inputs
+from agenttest_submit.run.embedded import run_embedded
+from agenttest_submit.run.output import output_problem
+from agenttest_submit.run.reporter_agent import reporter_problem
+from agenttest_submit.run.runner import input_label, run_options, run_suite, store_records
+from agenttest_worker.agents.config import ProjectConfig, load_config
+from agenttest_worker.cases.checks import check_ref
+from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
+from agenttest_worker.settings import get_settings
+
+# reeval.py and distributed.py are imported where they are used: both import the store
+# (SQLAlchemy), which an embedded run leaves to its store's thread while its first
+# conversations run (see embedded.run_embedded).
+
+
+def submit(request: RunRequest) -> int:
+    """Check the request, then run its cases (or re-judge or print them); the exit code."""
+    forget_generation_usage()  # an earlier submission's generators are not this run's
+    if request.interactive and request.skip_interactive:
+        raise InputError("--interactive and --skip-interactive contradict each other")
+    config = load_config(request.config_file)
+    bad_output = output_problem(request.output)
+    if request.reeval is not None and not request.inputs:
+        if bad_output:
+            raise InputError(bad_output)
+        from agenttest_submit.run.reeval import reeval_run  # the store: see the note at the top
+
+        return reeval_run(request, config)
+    if not request.inputs:
+        raise InputError('no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR')
+    sources, problems = parse_inputs(request.inputs)
+    target = request.agent or config.defaults.agent
+    if bad_output:
+        problems.append(bad_output)
+    for flag, ref in (("-n", request.agent), ("-c", request.connector)):
+        if ref is not None and ref not in config.agents:
+            problems.append(InputProblem(config.unknown_agent_message(ref), field=flag))
+    simulator = request.simulator
+    if simulator == DEFAULT_SIMULATOR:
+        simulator = config.defaults.simulator
+        if simulator is None:
+            problems.append(
+                InputProblem(
+                    "names no simulator, and agenttest.yaml has no defaults.simulator",
+                    field="--simulator",
+                )
+            )
+    if simulator is not None and (message := check_ref(config, simulator, "simulator")):
+        problems.append(InputProblem(message, field="--simulator"))
+    if reporter := reporter_problem(config, request.reporter):
+        problems.append(reporter)  # not found out after the whole run
+    if problems:
+        raise InputError(problems)
+    if any(isinstance(s, MessageInput) for s in sources) and target is None:
+        raise InputError(
+            InputProblem("a direct message needs a target agent: add -n NAME", field="-i")
+        )
+    stream = CaseStream(
+        sources,
+        config,
+        target=target,
+        simulator=simulator,
+        selection=Selection(tags=list(request.tags), ids=list(request.ids)),
+    )
+    if request.dry_run:
+        return _dry_run(stream, request.output)
+    if request.reeval is not None:
+        from agenttest_submit.run.reeval import reeval_cases  # the store: see the note at the top
+
+        cases = list(stream)
+        stream.finish()
+        print_warnings(stream.warnings)
+        return reeval_cases(request, config, cases)
+    return run_cases(request, config, stream, sources, target)
+
+
+# What json.dumps(ensure_ascii=False) leaves raw and a terminal would obey: DEL, the C1
+# controls (0x9b is CSI on its own) and the bidirectional marks, overrides and isolates.
+# Written as \uXXXX always, on a terminal or in a file someone may `cat`: the JSON
+# decodes to the same strings.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _json_line(record: object) -> str:
+    text = json.dumps(record, ensure_ascii=False)
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
+
+
+def _dry_run(stream: CaseStream, output: str | None) -> int:
+    """Print (or write) the normalized cases, only once all of them proved valid."""
+    with Spool(stream, None, sources=False) as spool:
+        print_warnings(stream.warnings)
+        lines = (_json_line(record) for _, _, record in spool.records())
+        if output:
+            with Path(output).open("w", encoding="utf-8") as handle:
+                handle.writelines(lines)
+            where = f" written to {output}"
+        else:
+            sys.stdout.writelines(lines)
+            where = ""
+    print(f"{stream.count} case(s){where} (dry run: no target was called)", file=sys.stderr)
+    return EXIT_OK
+
+
+def run_cases(
+    request: RunRequest,
+    config: ProjectConfig,
+    stream: CaseStream,
+    sources: list[InputSource],
+    target: str | None,
+) -> int:
+    """Store the stream's cases (rejecting bad input before anything runs), run, report."""
+    settings = get_settings()
+    # Start-up is over: see heap.py.
+    settle(YOUNG_THRESHOLD if settings.distributed else EMBEDDED_YOUNG_THRESHOLD)
+    options = run_options(request, config, target)
+    label = input_label(sources, 0)
+    url = settings.effective_database_url()
+    if settings.distributed:
+        # The store and the publisher: see the note at the top.
+        from agenttest_submit.run.distributed import database_url, import_publisher_meanwhile
+
+        url = database_url()
+        import_publisher_meanwhile()
+    # Every case is checked (and every problem reported) before anything is stored.
+    with Spool(stream, target, repeat=request.repeat) as spool:
+        print_warnings(stream.warnings)
+        if spool.repeated:
+            options = options.model_copy(update={"distinct_cases": spool.cases})
+        if not settings.distributed:
+            records = list(spool.records())
+            return run_embedded(request, url, records, options, config, target, label)
+        from agenttest_submit.run.distributed import FleetStarter, run_distributed
+
+        run_id, total = store_records(
+            url,
+            spool.stored_records(),
+            options=options,
+            config=config,
+            target=target,
+            label=label,
+            deadline=request.deadline,
+            suite=run_suite(request, target),
+            starter=FleetStarter(url, request.parallel if request.parallel_given else None),
+        )
+
+    return run_distributed(request, url, run_id, total, config, options)

@@ -1,0 +1,9 @@
+"""Agent calls over HTTP, through aiohttp.
+
+- `transport`: a call with retries, timing and bounded bodies;
+- `exchange`: one attempt of it, on the loop's one `ClientSession`;
+- `streaming`: streamed replies (Server-Sent Events, NDJSON) and their assemblers;
+- `urls`: whether an agent's URL can be called, said for the user when it cannot.
+
+The agents package's face (`agenttest_worker.agents`) exports what other packages use.
+"""

@@ -1,0 +1,276 @@
+"""One attempt of an agent call over HTTP, through aiohttp.
+
+Every call, plain http or https, read whole or streamed, goes through one aiohttp
+session per event loop, and first takes a slot of one gate per loop, so that
+AGENTTEST_HTTP_POOL_SIZE bounds the calls to agents under way. A call fails in one of
+three ways: TimeoutError, `ConnectFailure` (could not connect, with the breaker's
+reason) or `HttpFailure` (no reply that could be read). The session keeps no cookies: a
+cookie one conversation's agent set would be sent on every other conversation's calls.
+Proxies come from the environment. Redirects are followed here, not by aiohttp, which
+drops only `Authorization`, `Cookie` and `Proxy-Authorization` when one leaves the
+origin: here every credential the call carries is dropped (CREDENTIAL_HEADERS, and any
+header holding one of the call's secrets: its API key, a value from `${VAR}`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import weakref
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from yarl import URL
+
+from agenttest_worker.agents.http.streaming import Assembler, StreamSpec, read_stream
+from agenttest_worker.agents.limits.breaker import unreachable_reason
+from agenttest_worker.json_values import body_bytes
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# aiohttp is imported by configure_pool or the first call, not here: a submitter that
+# only enqueues a run to the fleet never calls an agent, and importing aiohttp (which
+# builds its TLS contexts at import) was a tenth of its start-up.
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_REDIRECTS = 10  # requests in all, as aiohttp counts them
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
+)
+USER_AGENT = "agenttest"
+_SNIPPET = 200
+
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
+    weakref.WeakKeyDictionary()
+)
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+_pool_size = 200
+
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
+
+
+class HttpFailure(Exception):
+    """A call that got no reply it could read, in words (transport.py: "cannot reach")."""
+
+
+class ConnectFailure(Exception):
+    """Could not connect: `reason` in words (breaker.unreachable_reason), which the
+    breaker keeps as why the agent is unreachable."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes  # at most MAX_BODY_BYTES + 1 bytes; empty when streamed
+
+
+def configure_pool(size: int) -> None:
+    """Agent calls under way at once per event loop, set by a process about to make them
+    (a worker starting, an embedded run) before its first call. It imports aiohttp now:
+    a worker's first turns, all at once, would otherwise each wait on the import."""
+    global _pool_size
+    _pool_size = size
+    import aiohttp  # noqa: F401
+
+
+def connections_for(concurrency: int | None) -> int:
+    """Agent calls at once per loop: AGENTTEST_HTTP_POOL_SIZE when set, else enough for
+    every conversation in flight (never fewer than the setting's default). The same for
+    a worker's `-c` and an embedded run's `--parallel`."""
+    from agenttest_worker.settings import get_settings
+
+    settings = get_settings()
+    if "http_pool_size" in settings.model_fields_set:
+        return settings.http_pool_size
+    return max(settings.http_pool_size, concurrency or 0)
+
+
+def _proxied() -> bool:
+    """Whether to honour proxy settings from the environment.
+
+    aiohttp's trust_env also reads ~/.netrc and the proxy variables on every request,
+    through a thread hop each time; that is only worth it when a proxy is configured.
+    """
+    return any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARS)
+
+
+def gate() -> asyncio.Semaphore:
+    """The running event loop's bound on the agent calls under way."""
+    loop = asyncio.get_running_loop()
+    current = _gates.get(loop)
+    if current is None:
+        current = _gates[loop] = asyncio.Semaphore(_pool_size)
+    return current
+
+
+def session() -> aiohttp.ClientSession:
+    """The running event loop's aiohttp session."""
+    import aiohttp  # at the first call, not at import (see above)
+
+    loop = asyncio.get_running_loop()
+    current = _sessions.get(loop)
+    if current is None or current.closed:
+        connector = aiohttp.TCPConnector(
+            limit=_pool_size, limit_per_host=_pool_size, ttl_dns_cache=300
+        )
+        current = aiohttp.ClientSession(
+            connector=connector,
+            # Bodies are parsed by us (lenient, with clear errors), not by aiohttp.
+            json_serialize=json.dumps,
+            raise_for_status=False,
+            trust_env=_proxied(),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            headers={"User-Agent": USER_AGENT},
+        )
+        _sessions[loop] = current
+    return current
+
+
+async def close_session() -> None:
+    """Close the running loop's session (end of an embedded run, worker shutdown)."""
+    loop = asyncio.get_running_loop()
+    _gates.pop(loop, None)
+    current = _sessions.pop(loop, None)
+    if current is not None and not current.closed:
+        await current.close()
+
+
+class Attempt:
+    """One attempt of a call: what it sends, and what is known of its reply so far."""
+
+    __slots__ = (
+        "assembler",
+        "body",
+        "headers",
+        "method",
+        "secrets",
+        "status",
+        "stream",
+        "streamed",
+        "timeout",
+        "url",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        url: str,
+        body: Any,
+        headers: dict[str, str],
+        timeout: float,
+        stream: StreamSpec | None,
+        secrets: Collection[str] = (),
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.body = body
+        self.headers = headers
+        self.timeout = timeout
+        self.stream = stream
+        self.secrets = [secret for secret in secrets if secret]
+        self.assembler: Assembler | None = stream.assembler() if stream is not None else None
+        self.status: int | None = None  # once known
+        self.streamed = False  # the reply is being read as a stream of events
+
+    async def exchange(self) -> Reply:
+        """Send the request and read the reply, once the loop's gate lets it, following
+        redirects. A reply read whole has `timeout` in all; a streamed one, for each
+        wait (to connect, for the next piece)."""
+        import aiohttp  # at the first call (see above)
+
+        limit = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=self.timeout)
+        method, url, headers = self.method, URL(self.url), self.headers
+        # No body at all for None (a GET of a chat history), not the JSON text "null".
+        payload = body_bytes(self.body) if self.body is not None else None
+        try:
+            async with gate(), asyncio.timeout(None if self.stream else self.timeout):
+                for _ in range(MAX_REDIRECTS):
+                    async with session().request(
+                        method,
+                        url,
+                        data=payload,
+                        headers=headers,
+                        timeout=limit,
+                        allow_redirects=False,
+                    ) as response:
+                        status = response.status
+                        location = response.headers.get("Location")
+                        if status not in _REDIRECTS or not location:
+                            return await self._read(response)
+                    # As aiohttp follows a redirect, but for the credentials.
+                    following = _redirected(url, location)
+                    if status == 303 or (status in (301, 302) and method == "POST"):
+                        method, payload = "GET", None
+                    if following.origin() != url.origin():
+                        headers = {k: v for k, v in headers.items() if not self._secret(k, v)}
+                    url = following
+                raise HttpFailure(f"too many redirects, to {url}")
+        except TimeoutError:
+            raise  # (aiohttp's own timeouts are ClientErrors too)
+        except aiohttp.ServerDisconnectedError:
+            # (Its text is the reply's head so far when one had begun, a repr.)
+            raise HttpFailure("Server disconnected") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectFailure(unreachable_reason(exc)) from None  # (its own text is noisy)
+        except aiohttp.ClientError as exc:
+            raise HttpFailure(describe(exc)) from None
+
+    def _secret(self, name: str, value: str) -> bool:
+        return name.lower() in CREDENTIAL_HEADERS or any(s in value for s in self.secrets)
+
+    async def _read(self, response: aiohttp.ClientResponse) -> Reply:
+        self.status = response.status  # (a broken stream's record says it)
+        headers = dict(response.headers.items())
+        stream, assembler = self.stream, self.assembler
+        if stream is not None and assembler is not None and 200 <= response.status < 300:
+            # An agent asked for events that answers with one JSON body (it does not
+            # stream) is read as a whole reply: HttpResult.stream stays None. (NDJSON is
+            # often served as application/json: it is read as events.)
+            whole = stream.framing == "sse" and response.content_type == "application/json"
+            self.streamed = not whole
+        if self.streamed and stream is not None and assembler is not None:
+            await read_stream(response.content, stream.framing, assembler)
+            return Reply(response.status, headers, b"")
+        return Reply(response.status, headers, await _read_body(response.content))
+
+
+def _redirected(url: URL, location: str) -> URL:
+    try:
+        following = url.join(URL(location))
+        following.origin()
+    except ValueError:
+        raise HttpFailure(f"redirect to an invalid URL: {location[:_SNIPPET]}") from None
+    if following.scheme not in ("http", "https"):
+        raise HttpFailure(f"redirect to a URL that is not HTTP: {location[:_SNIPPET]}")
+    return following
+
+
+async def _read_body(stream: aiohttp.StreamReader) -> bytes:
+    """The body, up to MAX_BODY_BYTES + 1 bytes (more is refused unread). aiohttp's
+    `read(n)` returns what has arrived so far (up to n), not n bytes: a reply of a few
+    hundred KB came back cut short."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_BODY_BYTES:
+        chunk = await stream.read(MAX_BODY_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…"

@@ -1,0 +1,8 @@
+"""What keeps agent calls within bounds: rate limits, back-off, and the circuit breaker.
+
+- `ratelimit`: requests and tokens per second or minute and concurrent calls per agent,
+  shared through Redis on a fleet;
+- `retry`: when and how long to wait before calling an agent again;
+- `waiting`: turns waiting for a rate-limit slot or a retry's back-off;
+- `breaker`: failing fast on an agent that cannot be reached.
+"""

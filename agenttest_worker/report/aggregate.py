@@ -1,0 +1,78 @@
+"""The aggregator: once every conversation of a run has ended, build its reports once.
+
+Claimed with a guarded UPDATE, so two conversations finishing at the same moment (or a
+redelivered aggregation task) still produce exactly one aggregation.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from agenttest_worker.report import RunReport, render_chunks
+from agenttest_worker.report.model import Budget, StoredResults
+from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.sql.usage import stored_usage
+
+# What every run keeps; any other format (`report RUN --format ...`) is rendered from
+# the stored records when asked for.
+STORED_FORMATS = ("jsonl", "console")
+
+
+def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = False) -> RunReport:
+    run = runs.get_run(url, run_id)
+    if run is None:
+        raise LookupError(f"no run {run_id}")
+    records = StoredResults(list(results.iter_result_texts(url, run_id)))
+    started = run.started_at or run.created_at
+    finished = run.finished_at or datetime.now(UTC)
+    if started is not None and started.tzinfo is None:
+        started = started.replace(tzinfo=UTC)
+    if finished.tzinfo is None:
+        finished = finished.replace(tzinfo=UTC)
+    duration = (finished - started).total_seconds() if started else 0.0
+    return RunReport(
+        results=records,
+        agent=run.agent,
+        input_label=run.input_label or "",
+        total_cases=run.total_cases,
+        duration_s=max(duration, 0.0),
+        verbose=verbose,
+        run_id=run_id,
+        color=color,
+        budget=_budget(run.options or {}, run.total_tokens, run.total_cost),
+        pass_rule=(run.options or {}).get("pass_rule") or "all",
+        pass_k=(run.options or {}).get("pass_k"),
+        distinct_cases=(run.options or {}).get("distinct_cases"),
+        # What the run used outside its conversations (its records hold the rest).
+        run_usage=stored_usage(run.usage),
+    )
+
+
+def _budget(options: dict[str, Any], tokens: int | None, cost: float | None) -> Budget | None:
+    """The run's budget and what it used, when it had one: a budgeted run's totals are
+    counted per turn (driver/budget.py), so they are its use."""
+    max_tokens, max_cost = options.get("max_tokens"), options.get("max_cost")
+    if max_tokens is None and max_cost is None:
+        return None
+    return Budget(max_tokens, max_cost, tokens or 0, cost or 0.0)
+
+
+def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> RunReport | None:
+    """Build and store the run's reports if this caller wins the claim.
+
+    Returns the report built (the caller that waited for the run may print it without
+    reading the results again), or None when another aggregator has the claim.
+    `lease_seconds` is how long another aggregator's claim is respected (see
+    `results.claim_aggregation`); `resume`, run by a person who knows the run stopped,
+    passes 0 to take over an aggregation that died at once.
+    """
+    if not results.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
+        return None
+    report = build_report(url, run_id)
+    # Rendered as they are stored: on Postgres a large run's reports are never held whole
+    # (store/report_copy.py); an embedded run's come back joined, for printing.
+    report.rendered = results.complete_run(
+        url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS}
+    )
+    return report

@@ -1,0 +1,413 @@
+"""The embedded runner's store: one run's conversations in memory, written in batches.
+
+Workers use `base.SqlStore`, which goes to the database on every step, so that any
+worker can take any turn and nothing is lost when one dies. `BufferedStore` is the
+embedded runner's: one process owns the whole run, so conversations are kept in memory,
+with the same guards (a step is saved once, at the turn it ran), and what they produce
+is written to the same tables in batches. A run interrupted mid-way loses at most the
+last half second of turns, which `agenttest-submit resume` runs again.
+
+Nothing here imports SQLAlchemy until it touches the database. The store's work runs
+on a thread of its own, in order: a new embedded run's BufferedStore starts from the
+cases in memory while that thread imports the store and writes the run (its `setup`,
+`BufferedStore.fresh`), so that its first conversations overlap that start-up instead
+of waiting for it; then each flush is handed to it as plain data (flush_batch.py,
+`flush_writes.write_flush`) while the conversations go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from agenttest_worker.results import RoleUsage, UsageRole, usage_spend
+from agenttest_worker.store import reservations, steps
+from agenttest_worker.store.memory.buffered_run import BufferedRun, RunChanges
+from agenttest_worker.store.memory.flush_batch import (
+    BufferedStep,
+    CaseValues,
+    CaseWrite,
+    FlushBatch,
+    RunTotals,
+    StepRecord,
+    StepRefused,
+    take_off,
+)
+
+_TIMER_TICK = 0.05  # seconds: the shortest wait of flush_on_timer
+
+
+@dataclass
+class _Conversation:
+    case: dict[str, Any]
+    agent: str | None
+    phase: str
+    next_turn: int
+    # As the step handed it over (often text): read back by the next step, and turned
+    # into objects only for the database, once per flush.
+    state: steps.JsonDocument | None
+    deliveries: int
+    result: StepRecord | None = None
+
+    def values(self) -> CaseValues:
+        return CaseValues(self.next_turn, self.phase, self.state, self.result)
+
+
+@dataclass
+class _Unwritten:
+    """A conversation's steps since the last write, and the conversation as written."""
+
+    written: _Conversation
+    steps: list[BufferedStep]
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A write handed to the store's thread: what it holds, and its outcome to come."""
+
+    unwritten: dict[str, _Unwritten]
+    changes: RunChanges
+    reply: Future[list[StepRefused]]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A conversation whose step `turn` the database refused (see BufferedStore.flush)."""
+
+    case_id: str
+    turn: int
+    reason: str
+    # The status its refused steps had ended the case with (already counted), if any.
+    ended_as: str | None
+
+
+class BufferedStore(reservations.MemoryReservations):
+    """One run's conversations in memory, written to the database in batches."""
+
+    def __init__(
+        self,
+        url: str,
+        run_id: str,
+        run: BufferedRun,
+        conversations: dict[str, _Conversation],
+        *,
+        flush_every: float = 0.5,
+        setup: Callable[[], object] | None = None,
+    ) -> None:
+        self.url = url
+        # The store's work, in order: see the module's docstring.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttest-store")
+        self._setup = self._thread.submit(setup) if setup is not None else None
+        self.run_id = run_id
+        self.run = run
+        self.conversations = conversations
+        self.flush_every = flush_every
+        self._last_flush = time.monotonic()
+        self._unwritten: dict[str, _Unwritten] = {}
+        self._changes = RunChanges()
+        # The write handed to the store's thread whose outcome is not yet taken.
+        self._sent: _Sent | None = None
+        self._refused: list[Refused] = []
+
+    @classmethod
+    def fresh(
+        cls,
+        url: str,
+        run_id: str,
+        records: Iterable[steps.CaseRecord],
+        *,
+        options: dict[str, Any],
+        config: dict[str, Any],
+        deadline_at: float | None,
+        setup: Callable[[], object],
+    ) -> BufferedStore:
+        """A run not yet started: its cases as `runs.add_cases` stores them, the run as
+        `runs.start_run` leaves it. `setup` stores them, on the store's thread, while
+        the conversations start; nothing is written before it is done."""
+        conversations = {
+            case_id: _Conversation(record, agent, "pending", 1, None, 0)
+            for case_id, agent, record in records
+        }
+        run = BufferedRun(
+            options=options,
+            config=config,
+            cancelled=False,
+            cancel_reason=None,
+            deadline_at=deadline_at,
+            status="running",
+            total_cases=len(conversations),
+            finished_cases=0,
+            total_tokens=0,
+            total_cost=0.0,
+            counters={"passed": 0, "failed": 0, "skipped": 0, "total_turns": 0},
+        )
+        return cls(url, run_id, run, conversations, setup=setup)
+
+    @classmethod
+    def from_database(cls, url: str, run_id: str) -> BufferedStore:
+        """A stored run as it is now (a run being resumed)."""
+        # The store's SQLAlchemy modules only once it is used: see the module docstring.
+        from sqlalchemy import select
+
+        from agenttest_worker.store.sql.db import get_engine
+        from agenttest_worker.store.sql.shared import CASES, RUNS
+
+        with get_engine(url).connect() as connection:
+            row = connection.execute(select(RUNS).where(RUNS.c.id == run_id)).one()
+            run = BufferedRun(
+                options=row.options,
+                config=row.config,
+                cancelled=row.cancelled,
+                cancel_reason=row.cancel_reason,
+                deadline_at=row.deadline_at,
+                status=row.status,
+                total_cases=row.total_cases,
+                finished_cases=row.finished_cases,
+                total_tokens=row.total_tokens,
+                total_cost=row.total_cost,
+                counters={
+                    "passed": row.passed,
+                    "failed": row.failed,
+                    "skipped": row.skipped,
+                    "total_turns": row.total_turns,
+                },
+            )
+            conversations = {
+                c.case_id: _Conversation(
+                    c.case, c.agent, c.phase, c.next_turn, c.state, c.deliveries
+                )
+                for c in connection.execute(
+                    select(
+                        CASES.c.case_id,
+                        CASES.c.case,
+                        CASES.c.agent,
+                        CASES.c.phase,
+                        CASES.c.next_turn,
+                        CASES.c.state,
+                        CASES.c.deliveries,
+                    ).where(CASES.c.run_id == run_id)
+                )
+            }
+        return cls(url, run_id, run, conversations)
+
+    def load_case(
+        self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
+    ) -> steps.LoadedCase | None:
+        found = self.conversations.get(case_id) if run_id == self.run_id else None
+        if found is None:
+            return None
+        run = self.run
+        return steps.LoadedCase(
+            run_id=run_id,
+            case_id=case_id,
+            case=found.case,
+            agent=found.agent,
+            phase=found.phase,
+            next_turn=found.next_turn,
+            # The step validates this into its own objects; it never changes ours.
+            state=found.state,
+            deliveries=found.deliveries,
+            run_cancelled=run.cancelled,
+            cancel_reason=run.cancel_reason,
+            run_options=run.options,
+            run_config=run.config,
+            deadline_at=run.deadline_at,
+            run_tokens=run.total_tokens,
+            run_cost=run.total_cost,
+        )
+
+    def save_step(self, step: steps.Step) -> steps.Saved:
+        case_id, result = step.case_id, step.result
+        found = self.conversations.get(case_id) if step.run_id == self.run_id else None
+        if found is None or found.next_turn != step.expected_turn:
+            return steps.Saved(False)
+        allowed = ("pending", "ready") if step.expected_phase is None else (step.expected_phase,)
+        if found.phase not in allowed:
+            return steps.Saved(False)
+        unwritten = self._unwritten.get(case_id)
+        if unwritten is None:
+            unwritten = self._unwritten[case_id] = _Unwritten(dataclasses.replace(found), [])
+        found.next_turn, found.phase, found.state = step.next_turn, step.phase, step.state
+        found.deliveries = 0
+        tokens, cost = steps.step_spend(step.spend, result)
+        if result is not None:
+            found.result = StepRecord(
+                steps.JsonText(result.model_dump_json()), result.status, result.total_turns
+            )
+        unwritten.steps.append(
+            BufferedStep(
+                turn=step.expected_turn,
+                next_turn=step.next_turn,
+                phase=step.phase,
+                state=step.state,
+                result=found.result if result is not None else None,
+                rows=steps.step_rows(step.run_id, case_id, step.new_turns, step.final_assertions),
+                tokens=tokens,
+                cost=cost,
+            )
+        )
+        run = self.run
+        run.total_cost += cost
+        run.total_tokens += tokens
+        self.release_reservation(case_id, step.budget_turns)
+        if result is None:
+            return steps.Saved(True)
+        run.finished_cases += 1
+        run.counters[result.status] += 1
+        run.counters["total_turns"] += result.total_turns
+        finished = run.status == "running" and run.finished_cases >= run.total_cases
+        return steps.Saved(True, run_finished=finished)
+
+    def cancel_run(self, run_id: str, reason: str) -> bool:
+        if run_id != self.run_id or self.run.cancelled:
+            return False
+        self.run.cancelled, self.run.cancel_reason = True, reason
+        self._changes.cancel = reason
+        return True
+
+    def add_unrecorded_usage(self, run_id: str, usage: Mapping[UsageRole, RoleUsage]) -> None:
+        if run_id == self.run_id and usage:
+            # Into runs.usage at the next flush; the totals are written from memory.
+            tokens, cost = usage_spend(usage)
+            self.run.total_tokens += tokens
+            self.run.total_cost += cost
+            self._changes.add(RunChanges(usage=dict(usage)))
+
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush < self.flush_every:
+            return
+        if self._setup is not None and not self._setup.done():
+            return  # the run is still being stored: keep buffering, never wait here
+        self.flush(wait=False)
+
+    async def flush_on_timer(self, write: Callable[[], None]) -> None:
+        """Call `write` (the caller's maybe_flush) whenever a flush falls due, until
+        cancelled. Steps alone flush only when a conversation saves one: with a 4 s
+        agent, a run killed outright lost 3 of 4 finished first turns, held in memory
+        through the quiet stretch. An empty buffer costs nothing (`flush` returns)."""
+        while True:
+            due = self._last_flush + self.flush_every - time.monotonic()
+            # A tick at least: a flush put off while the run is stored must not spin.
+            await asyncio.sleep(max(due, _TIMER_TICK))
+            write()
+
+    def flush(self, wait: bool = True) -> None:
+        """Write everything saved since the last flush, in one transaction (once the
+        run's setup, if any, is done: waits for it, and raises what it raised).
+
+        Without `wait`, the write is handed to the store's thread and this returns at
+        once (it runs while the conversations go on); its outcome is taken at the next
+        flush, which raises what it raised. A write that fails is rolled back, and what
+        it held is written by the next flush.
+
+        When the database refuses a value one of the steps holds (db.unstorable_reason),
+        the steps are written again one by one, each in a savepoint: the others are
+        written, and each conversation with a refused step goes back to how it was
+        before that step (its later steps dropped), listed by `take_refused` for its
+        caller to end (a worker ends such a case in `driver.step.commit_or_fail`; this
+        store only learns of the refusal here, after the step was played).
+        """
+        if self._setup is not None:
+            self._setup.result()
+            self._setup = None
+        self._collect()
+        self._last_flush = time.monotonic()
+        unwritten, self._unwritten = self._unwritten, {}
+        changes, self._changes = self._changes, RunChanges()
+        if not unwritten and not changes:
+            return
+        try:
+            reply = self._thread.submit(_write_flush, self.url, self._batch(unwritten, changes))
+        except BaseException:
+            self._put_back(unwritten, changes)
+            raise
+        self._sent = _Sent(unwritten, changes, reply)
+        if wait:
+            self._collect()
+
+    def _collect(self) -> None:
+        """The outcome of the write handed over last, if any (waited for)."""
+        sent = self._sent
+        if sent is None:
+            return
+        try:
+            refused = sent.reply.result()
+        except BaseException:
+            if sent.reply.done() and sent.reply.exception() is not None:
+                self._sent = None
+                self._put_back(sent.unwritten, sent.changes)
+            # Else the wait was interrupted (Ctrl-C, SIGTERM) while the thread writes:
+            # the next flush (the run's cleanup) takes its outcome.
+            raise
+        self._sent = None
+        for found in refused:
+            pending = sent.unwritten[found.case_id]
+            self._refused.append(
+                self._take_back(found.case_id, pending, found.position, found.reason)
+            )
+
+    def _put_back(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> None:
+        """A write that failed (rolled back) is kept for the next flush, before what was
+        saved since, which the run's own cleanup would otherwise lose."""
+        for case_id, later in self._unwritten.items():
+            if case_id in unwritten:
+                unwritten[case_id].steps += later.steps
+            else:
+                unwritten[case_id] = later
+        self._unwritten = unwritten
+        changes.add(self._changes)
+        self._changes = changes
+
+    def take_refused(self) -> list[Refused]:
+        """The conversations whose steps the database refused since last asked."""
+        refused, self._refused = self._refused, []
+        return refused
+
+    def _batch(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> FlushBatch:
+        run = self.run
+        return FlushBatch(
+            run_id=self.run_id,
+            cases=[
+                CaseWrite(case_id, self.conversations[case_id].values(), pending.steps)
+                for case_id, pending in unwritten.items()
+            ],
+            run=RunTotals(run.finished_cases, run.total_tokens, run.total_cost, dict(run.counters)),
+            changes=changes,
+        )
+
+    def _take_back(self, case_id: str, pending: _Unwritten, index: int, reason: str) -> Refused:
+        """The conversation as it was before its step `index`, that step and the ones
+        after it (those saved since it was handed over too) taken off the run's
+        counters."""
+        conversation = self.conversations[case_id]
+        before = pending.steps[index - 1] if index else None
+        newer = self._unwritten.pop(case_id, None)
+        dropped = pending.steps[index:] + (newer.steps if newer is not None else [])
+        ended = take_off(self.run, dropped)
+        status = ended.status if ended is not None else None
+        self._set(conversation, pending.written if before is None else before)
+        return Refused(case_id, dropped[0].turn, reason, status)
+
+    @staticmethod
+    def _set(conversation: _Conversation, to: _Conversation | BufferedStep) -> None:
+        conversation.next_turn, conversation.phase = to.next_turn, to.phase
+        conversation.state, conversation.result = to.state, to.result
+        conversation.deliveries = 0
+
+    def snapshot(self) -> dict[str, _Conversation]:
+        """A copy of the conversations (for tests and the deadline sweep)."""
+        return copy.deepcopy(self.conversations)
+
+
+def _write_flush(url: str, batch: FlushBatch) -> list[StepRefused]:
+    """flush_writes.write_flush, imported where it runs (the store's thread)."""
+    # The store's SQLAlchemy modules only once it is used: see the module docstring.
+    from agenttest_worker.store.memory.flush_writes import write_flush
+
+    return write_flush(url, batch)

@@ -1,0 +1,109 @@
+"""What one flush of the embedded store writes, as plain data (no SQLAlchemy).
+
+`BufferedStore` (buffered.py) keeps a run's conversations in memory and hands what
+changed since its last flush to `flush_writes.write_flush` as a `FlushBatch`, on the
+store's thread: nothing here imports the database's modules. The records are named
+tuples: a class of them costs start-up ~0.06 ms against a frozen dataclass's ~0.5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from agenttest_worker.store import steps
+from agenttest_worker.store.memory.buffered_run import RunChanges
+
+
+class StepRecord(NamedTuple):
+    """A case's record as written (pydantic's JSON text) and what the counters take."""
+
+    text: steps.JsonText
+    status: str
+    total_turns: int
+
+
+class CaseValues(NamedTuple):
+    """A conversation's row as a flush writes it (its `cases` columns that steps move)."""
+
+    next_turn: int
+    phase: str
+    state: steps.JsonDocument | None
+    result: StepRecord | None
+
+
+class BufferedStep(NamedTuple):
+    """A saved step not yet written: the conversation as it left it, and what it adds."""
+
+    turn: int  # the turn it ran (its guard)
+    next_turn: int
+    phase: str
+    state: steps.JsonDocument
+    result: StepRecord | None
+    rows: steps.StepRows
+    tokens: int
+    cost: float
+
+    def values(self) -> CaseValues:
+        return CaseValues(self.next_turn, self.phase, self.state, self.result)
+
+
+class CaseWrite(NamedTuple):
+    """One conversation in a flush: its row as it stands, and its steps since the last
+    flush (written one by one only when the database refuses the batch)."""
+
+    case_id: str
+    now: CaseValues
+    steps: list[BufferedStep]
+
+
+@dataclass
+class RunTotals:
+    """The run row's counters as the store has them in memory."""
+
+    finished_cases: int
+    total_tokens: int
+    total_cost: float
+    counters: dict[str, int]
+
+
+class FlushBatch(NamedTuple):
+    """Everything one flush writes, in one transaction."""
+
+    run_id: str
+    cases: list[CaseWrite]
+    run: RunTotals
+    changes: RunChanges
+
+
+class StepRefused(NamedTuple):
+    """The database refused step `position` (in its conversation's steps of the batch)
+    of conversation `case_id` in a flush: that step and the ones after it were not
+    written (flush_writes.write_flush)."""
+
+    case_id: str
+    position: int
+    reason: str
+
+
+class HasRunTotals(Protocol):
+    finished_cases: int
+    total_tokens: int
+    total_cost: float
+    counters: dict[str, int]
+
+
+def take_off(run: HasRunTotals, dropped: Iterable[BufferedStep]) -> StepRecord | None:
+    """Take steps that were not written off the run's counters: their spend, and the
+    case the first of them to end it ended; that case's record, if one did."""
+    ended: StepRecord | None = None
+    for step in dropped:
+        run.total_tokens -= step.tokens
+        run.total_cost -= step.cost
+        ended = ended or step.result
+    if ended is not None:
+        run.finished_cases -= 1
+        run.counters[ended.status] -= 1
+        run.counters["total_turns"] -= ended.total_turns
+    return ended

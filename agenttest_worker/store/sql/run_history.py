@@ -1,0 +1,201 @@
+"""Run history read from the store: a suite's runs, each case's tally in a run, the
+cases whose verdict keeps changing, a case's record run after run.
+
+Everything a diff of two 100,000-case runs needs is read as one row per case (its
+repetitions counted by the database, `coalesce(test_id, case_id)` being the case id),
+and records are read only for the cases a diff shows in detail, a chunk at a time.
+Works the same on Postgres and SQLite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Text, and_, case, cast, func, literal, or_, select
+from sqlalchemy.sql.elements import ColumnElement
+
+from agenttest_worker.store.sql.db import session_scope
+from agenttest_worker.store.sql.models import CaseRow, RunRow
+
+# Ids per IN (...) list: well under SQLite's and Postgres' bound-parameter limits.
+CHUNK = 500
+FINISHED = ("done",)
+
+
+@dataclass(frozen=True)
+class CaseTally:
+    """One case in one run: its repetitions (1 for a case played once) by status."""
+
+    id: str
+    played: int
+    passed: int
+    failed: int
+    skipped: int
+
+
+def test_id() -> ColumnElement[str]:
+    """A conversation's case id: a repetition's `test_id`, else its key."""
+    return func.coalesce(CaseRow.test_id, CaseRow.case_id)
+
+
+def suite_runs(
+    url: str,
+    suite: str | None,
+    *,
+    last: int | None = None,
+    before: datetime | None = None,
+    finished: bool = False,
+) -> list[RunRow]:
+    """A suite's runs (every run when `suite` is None), newest first: at most `last`,
+    created before `before`, only finished ones with `finished`."""
+    query = select(RunRow).order_by(RunRow.created_at.desc(), RunRow.id.desc())
+    if suite is not None:
+        query = query.where(RunRow.suite == suite)
+    if before is not None:
+        query = query.where(RunRow.created_at < before)
+    if finished:
+        query = query.where(RunRow.status.in_(FINISHED))
+    if last is not None:
+        query = query.limit(last)
+    with session_scope(url) as session:
+        found = list(session.scalars(query))
+        session.expunge_all()
+        return found
+
+
+def case_tallies(url: str, run_id: str) -> Iterator[CaseTally]:
+    """Every finished case of the run, one row each, in the run's order."""
+    tid = test_id()
+    counts = [
+        func.sum(case((CaseRow.status == status, 1), else_=0)) for status in ("passed", "failed")
+    ]
+    query = (
+        select(
+            tid.label("tid"),
+            func.count().label("played"),
+            *counts,
+            func.min(CaseRow.seq).label("first"),
+        )
+        .where(CaseRow.run_id == run_id, CaseRow.status.is_not(None))
+        .group_by(tid)
+        .order_by("first")
+    )
+    with session_scope(url) as session:
+        for tid_value, played, passed, failed, _ in session.execute(query).yield_per(10_000):
+            yield CaseTally(
+                str(tid_value),
+                int(played),
+                int(passed or 0),
+                int(failed or 0),
+                int(played) - int(passed or 0) - int(failed or 0),
+            )
+
+
+def _verdict(rule: str, played: Any, passed: Any, skipped: Any) -> ColumnElement[str]:
+    """The verdict under `rule` in SQL, as report/verdicts.py decides it in Python."""
+    passes: ColumnElement[bool]
+    if rule == "all":
+        passes = passed == played
+    elif rule == "any":
+        passes = passed >= 1
+    elif rule == "majority":
+        passes = passed * 2 > played
+    else:
+        # At least the share, in whole repetitions: passed >= ceil(share * played).
+        passes = passed * 1_000_000 >= played * round(float(rule) * 1_000_000) - 1
+    return case(
+        (skipped == played, literal("skipped")),
+        (passes, literal("passed")),
+        else_=literal("failed"),
+    )
+
+
+def changing_cases(url: str, run_ids: Sequence[str], rule: str, *, changes: int = 2) -> set[str]:
+    """The cases whose verdict changed from one run to the next at least `changes`
+    times over these runs (taken in the order of their creation)."""
+    if len(run_ids) < 2:
+        return set()
+    tid = test_id()
+    played = func.count()
+    passed = func.sum(case((CaseRow.status == "passed", 1), else_=0))
+    skipped = func.sum(case((CaseRow.status == "skipped", 1), else_=0))
+    per_run = (
+        select(
+            tid.label("tid"),
+            RunRow.created_at.label("at"),
+            RunRow.id.label("run"),
+            _verdict(rule, played, passed, skipped).label("verdict"),
+        )
+        .join(RunRow, RunRow.id == CaseRow.run_id)
+        .where(CaseRow.run_id.in_(list(run_ids)), CaseRow.status.is_not(None))
+        .group_by(tid, RunRow.created_at, RunRow.id)
+        .subquery()
+    )
+    previous = (
+        func.lag(per_run.c.verdict)
+        .over(partition_by=per_run.c.tid, order_by=(per_run.c.at, per_run.c.run))
+        .label("previous")
+    )
+    paired = select(per_run.c.tid, per_run.c.verdict, previous).subquery()
+    query = (
+        select(paired.c.tid)
+        .where(paired.c.previous.is_not(None), paired.c.previous != paired.c.verdict)
+        .group_by(paired.c.tid)
+        .having(func.count() >= changes)
+    )
+    with session_scope(url) as session:
+        return {str(row) for row in session.scalars(query)}
+
+
+def results_of(url: str, run_id: str, ids: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """(case id, record JSON text) of these cases' conversations in the run, a chunk of
+    ids at a time, each case's repetitions in order."""
+    wanted = list(dict.fromkeys(ids))
+    tid = test_id()
+    for start in range(0, len(wanted), CHUNK):
+        chunk = wanted[start : start + CHUNK]
+        query = (
+            select(tid, cast(CaseRow.result, Text))
+            .where(
+                CaseRow.run_id == run_id,
+                CaseRow.result.is_not(None),
+                or_(CaseRow.case_id.in_(chunk), CaseRow.test_id.in_(chunk)),
+            )
+            .order_by(CaseRow.seq)
+        )
+        with session_scope(url) as session:
+            for case_id, text in session.execute(query):
+                yield str(case_id), str(text)
+
+
+def case_runs(
+    url: str, case_id: str, suite: str | None, last: int
+) -> list[tuple[RunRow, list[str]]]:
+    """The case's records in each of the suite's last `last` finished runs that played
+    it (every suite's when `suite` is None), newest first."""
+    runs = suite_runs(url, suite, finished=True, last=None if suite is None else last)
+    by_id = {run.id: run for run in runs}
+    found: dict[str, list[str]] = {}
+    for start in range(0, len(runs), CHUNK):
+        chunk = [run.id for run in runs[start : start + CHUNK]]
+        query = (
+            select(CaseRow.run_id, cast(CaseRow.result, Text))
+            .where(
+                CaseRow.run_id.in_(chunk),
+                CaseRow.result.is_not(None),
+                or_(
+                    and_(CaseRow.case_id == case_id, CaseRow.test_id.is_(None)),
+                    CaseRow.test_id == case_id,
+                ),
+            )
+            .order_by(CaseRow.run_id, CaseRow.seq)
+        )
+        with session_scope(url) as session:
+            for run_id, text in session.execute(query):
+                found.setdefault(str(run_id), []).append(str(text))
+    ordered = [(by_id[run_id], texts) for run_id, texts in found.items()]
+    ordered.sort(key=lambda pair: (pair[0].created_at, pair[0].id), reverse=True)
+    return ordered[:last]
