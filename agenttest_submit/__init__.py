@@ -1,33 +1,18 @@
 """agenttest's client: `agenttest-submit`, from the command line to the exit code.
 
-A command line becomes a request once, and the request flows one way through the
-modules; nothing imports `cli`, and no two modules import each other:
+A command line becomes a request once, and the request flows one way through four
+packages:
 
-    cli             argument parsing only: the parsers, the request built from the
-                    arguments, the entry point called, input problems printed
-    request         the typed requests: RunRequest (a run, a re-evaluation), and one
-                    per subcommand (status, report, resume, db)
-    submit          a run request carried out: checked against agenttest.yaml (every
-                    problem at once), its inputs expanded, then a dry run, a
-                    re-evaluation or a run
-    inputs          the `-i` values classified: case files, messages, generators
-    expand          inputs into a stream of checked cases (spooled before anything runs)
-    generate        cases from a generator agent or script (`-i agents:ID`)
-    runner          what every run shares: its options, storing it with its cases
-                    (each batch handed to a starter as it is stored), finding it again
-    embedded        a run in this process: its conversations, `--parallel` at a time
-    distributed     a run on the worker fleet: enqueue, watch, recover, report
-    reeval          `--reeval`: stored conversations judged again without the target
-    resume          `resume RUN`: the unfinished conversations of a run played on
-    commands        the subcommands: status, report, resume, db upgrade
-    output          the report on stdout, in `-o`, to a `--reporter` agent; exit code
-    reporter_agent  the reporter agent's request and call
-    human           asking the person at the terminal when an agent awaits input
-    progress        the progress line on stderr
-    stopping        SIGTERM handled as Ctrl-C; the exit codes of an interrupted run
-    services        the database or the broker out of reach, said plainly
-    exits           the exit codes
+    cli/        the parsers, the typed request built from the arguments, the entry
+                point, exit codes, the terminal, SIGTERM handled as Ctrl-C
+    inputs/     the `-i` values turned into checked cases (files, messages,
+                generators), and the person at the terminal for --interactive
+    run/        a run carried out: checked against agenttest.yaml, stored, played in
+                this process or on the fleet, re-judged, reported
+    commands/   every other subcommand: status, report, resume, db, schema, diff,
+                history, runs, metrics, view; and `agenttest-demo`
 
-This package imports none of its modules here, so that the command starts without
-importing what it does not need (the store, Celery, aiohttp).
+It uses agenttest_worker only through its packages' faces, and nothing in
+agenttest_worker imports it. This package imports none of its modules here, so that
+the command starts without importing what it does not need (the store, Celery).
 """

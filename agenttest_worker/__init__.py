@@ -13,7 +13,7 @@ __all__ = ["celery"]
 
 def __getattr__(name: str) -> Any:
     if name in ("celery", "app"):
-        from agenttest_worker.fleet.app import app
+        from agenttest_worker.fleet.celery_app import app
 
         return app
     raise AttributeError(name)

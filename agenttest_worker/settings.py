@@ -207,7 +207,7 @@ def get_settings() -> Settings:
 
 
 # kombu (the workers' consumer) reads `ssl_cert_reqs` in ssl's constant names as well as
-# in redis-py's words; the fleet-wide rate limits and breakers (agents/ratelimit.py)
+# in redis-py's words; the fleet-wide rate limits and breakers (agents/limits/ratelimit.py)
 # reach the same Redis through redis-py, which reads only the words.
 _CERT_REQS_WORDS = {"CERT_REQUIRED": "required", "CERT_OPTIONAL": "optional", "CERT_NONE": "none"}
 

@@ -4,7 +4,7 @@
 
 For each size, a fresh Postgres database gets a run of N finished 3-turn cases (the
 records a real run stores, written as its steps write them: three turns, a `contains`
-verdict each), and a new process runs `agenttest_worker.report.aggregate.aggregate` on
+verdict each), and a new process runs `agenttest_worker.report.aggregation.aggregate` on
 it, as the worker that ends a run does.
 Prints the time, the process's peak RSS before and after (the difference is what the
 aggregation held), and the size of the stored reports. The floors, measured in the same
@@ -59,7 +59,7 @@ def case_record(case_id: str) -> dict[str, object]:
 
 
 def _saved(case_id: str) -> str:
-    # As a step stores a case's record (store/turns.py): the result model's own JSON.
+    # As a step stores a case's record (store/sql/turns.py): the result model's own JSON.
     return CaseResult.model_validate(case_record(case_id)).model_dump_json()
 
 
@@ -89,7 +89,7 @@ def store_finished_run(url: str, cases: int) -> None:
 
 AGGREGATOR = """
 import json, os, resource, sys, time
-from agenttest_worker.report.aggregate import aggregate
+from agenttest_worker.report.aggregation import aggregate
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.monotonic()
 report = aggregate(os.environ["AGENTTEST_DATABASE_URL"], sys.argv[1])

@@ -31,7 +31,7 @@ app.conf.update(
 _client = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=200))
 
 # At most POOL_SIZE connections per worker process, as agenttest's engine has
-# (store/db.py): one per thread would take a hundred per process, and two processes
+# (store/sql/db.py): one per thread would take a hundred per process, and two processes
 # would run out of Postgres's default 100 connections (the chain then stalls on turns
 # whose insert failed).
 POOL_SIZE = 20

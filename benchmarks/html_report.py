@@ -5,7 +5,7 @@
 
 Builds N finished three-turn cases (what a real run records per turn: the input, the
 reply, a `contains` verdict, usage, the target call; one case in ten failed), held as
-stored JSON text as `report RUN` holds them (report/model.py StoredResults), and renders
+stored JSON text as `report RUN` holds them (report/report_model.py StoredResults), and renders
 the JSONL report and the HTML report from them in the same process, best of --repeat.
 Prints both sizes and their ratio (the HTML report must stay under 2x), and both times:
 the JSONL report is the floor (parsing and writing every record once).
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agenttest_worker.report import render
-from agenttest_worker.report.model import RunReport, StoredResults
+from agenttest_worker.report.report_model import RunReport, StoredResults
 from agenttest_worker.results import (
     AgentCallRecord,
     AssertionResult,

@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fault_kit import Fault, FaultAgent, PostgresServer, openai_agent, write_config  # noqa: E402
 from fleet import WORKER_ENV, RedisServer, _die_with_parent, expense_case, greeting_case  # noqa: E402
 
-from agenttest_worker.demo.server import DemoServer  # noqa: E402
+from agenttest_worker.demo.demo_server import DemoServer  # noqa: E402
 from benchmarks.common import BIN, AgentUrl, forwarding_agent, queued_messages  # noqa: E402
 
 FAULTS = ("kill", "429", "redis", "outage", "deploy", "postgres")

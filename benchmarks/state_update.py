@@ -70,7 +70,7 @@ def _measure(
     return cpu_ms, wal_kb
 
 
-# A step in one statement, as the hot path's (store/turn_statements.py pg_step): the
+# A step in one statement, as the hot path's (store/sql/turn_statements.py pg_step): the
 # state updated, and the turn that left it inserted as a record.
 STEP = """
 WITH moved AS (UPDATE cases SET state = %(state)s WHERE id = %(id)s RETURNING id)

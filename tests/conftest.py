@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agenttest_worker.demo.server import DemoServer
+from agenttest_worker.demo.demo_server import DemoServer
 from agenttest_worker.settings import get_settings
 
 PG_ADMIN_URL = os.environ.get("AGENTTEST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

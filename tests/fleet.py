@@ -45,7 +45,8 @@ from aiohttp import web
 from sqlalchemy import select
 
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
-from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.sql import run_results as results
+from agenttest_worker.store.sql import runs
 from agenttest_worker.store.sql.db import session_scope
 from agenttest_worker.store.sql.models import CaseRow
 

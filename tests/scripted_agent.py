@@ -30,7 +30,7 @@ from aiohttp import web
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 from agenttest_worker.engine import (
     ConversationState,

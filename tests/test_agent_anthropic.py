@@ -25,9 +25,9 @@ from stream_servers import (
     sse,
 )
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig
 from agenttest_worker.agents.http.exchange import close_session
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.protocols.anthropic import AnthropicClient
 from agenttest_worker.results import AgentCallRecord, ToolCall, Usage

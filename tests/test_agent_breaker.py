@@ -2,7 +2,7 @@
 
 Each call retries on its own (backoff, jitter); against an agent that is down every case
 used to spend its whole retry schedule before failing. The circuit breaker
-(agents/breaker.py) opens after AGENTTEST_BREAKER_FAILURES calls in a row could not
+(agents/limits/breaker.py) opens after AGENTTEST_BREAKER_FAILURES calls in a row could not
 connect: later calls fail at once with "agent X unreachable since <time>", one call
 probes now and then, and a call that gets an answer closes it again.
 """

@@ -17,7 +17,7 @@ from agent_servers import refused_url
 from fault_kit import openai_agent, write_config
 from fleet import Fleet, fleet_on, run_id_of, write_cases
 
-from agenttest_worker.store.sql import results
+from agenttest_worker.store.sql import run_results as results
 
 pytestmark = pytest.mark.fleet
 

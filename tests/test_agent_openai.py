@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from agent_servers import AgentServer, Reply, completion, run, tool_call
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.protocols.openai import OpenAIClient
 from agenttest_worker.results import AgentRole, ToolCall, Usage
 

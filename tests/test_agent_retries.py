@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from agent_servers import AgentServer, Reply, completion, refused_url, run
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.limits.retry import RetryPolicy, is_retryable_status, parse_retry_after
 from agenttest_worker.agents.protocols.http import HttpAgentClient
 from agenttest_worker.agents.protocols.openai import OpenAIClient

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from agent_servers import AgentServer, Reply, completion, run, tool_call
 
-from agenttest_worker.agents.base import AgentError, AgentRequest
 from agenttest_worker.agents.config import AgentConfig, Defaults, ProjectConfig
+from agenttest_worker.agents.interface import AgentError, AgentRequest
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.agents.roles import (
     SIMULATOR_PROMPT,

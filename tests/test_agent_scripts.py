@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from agent_servers import run
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.script_loader import ScriptError, load_script, resolve_script
 from agenttest_worker.results import AgentCallRecord, ToolCall

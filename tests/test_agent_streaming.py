@@ -17,8 +17,8 @@ from agent_servers import Reply, completion, run
 from scripted_agent import project, run_case
 from stream_servers import Piece, Stream, StreamServer, openai_chunks, sse
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.protocols.http import HttpAgentClient
 from agenttest_worker.agents.protocols.openai import OpenAIClient
 from agenttest_worker.results import ToolCall, Usage

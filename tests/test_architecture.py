@@ -385,6 +385,53 @@ def test_no_engine_module_imports_them_even_inside_a_function() -> None:
 # -- sizes ------------------------------------------------------------------------------------
 
 
+def _is_face(name: str) -> bool:
+    """A face of agenttest_worker: one of its packages (its __init__.py) or one of its
+    top-level modules; anything deeper is the package's own business."""
+    parts = name.split(".")
+    return parts[0] == "agenttest_worker" and len(parts) <= 2
+
+
+def test_agenttest_submit_imports_only_the_workers_faces() -> None:
+    """The client uses the worker's packages through what they export (`from
+    agenttest_worker.store import runs`), never a module inside one, so that a package
+    can rearrange its modules without touching the client."""
+    inside = [
+        str(i)
+        for i in imports()
+        if i.source.startswith("agenttest_submit.")
+        and i.target.startswith("agenttest_worker.")
+        and not _is_face(i.target)
+    ]
+    assert not inside, "agenttest_submit imports inside a worker package:\n" + "\n".join(inside)
+
+
+def test_no_worker_module_imports_agenttest_submit() -> None:
+    """Workers run without the client: nothing in agenttest_worker imports it."""
+    upward = [
+        str(i)
+        for i in imports()
+        if i.source.startswith("agenttest_worker") and i.target.startswith("agenttest_submit")
+    ]
+    assert not upward, "agenttest_worker imports agenttest_submit:\n" + "\n".join(upward)
+
+
+def test_the_face_rule_sees_an_import_inside_a_package() -> None:
+    assert _is_face("agenttest_worker.store") and _is_face("agenttest_worker.settings")
+    assert not _is_face("agenttest_worker.store.sql.runs")
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's file name says what it holds, once in the project: two `history.py`
+    were four subjects under one word."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for module in MODULES.values():
+        if not module.is_package and module.path.stem not in ("__main__",):
+            by_name[module.path.stem].append(module.where)
+    shared = {name: wheres for name, wheres in by_name.items() if len(wheres) > 1}
+    assert not shared, f"module names used twice: {shared}"
+
+
 def test_no_module_is_over_500_lines() -> None:
     sizes = {
         m.where: len(m.path.read_text(encoding="utf-8").splitlines()) for m in MODULES.values()
@@ -529,6 +576,21 @@ def test_architecture_md_names_only_what_exists() -> None:
         if not any(_exists(c, path) for c in _candidates(path, row))
     ]
     assert not missing, "docs/ARCHITECTURE.md names what does not exist:\n" + "\n".join(missing)
+
+
+def test_architecture_md_lists_every_module() -> None:
+    """One line per module: a newcomer finds any module, and what it is for, in one hop."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    listed = {span for _, span, _ in named_paths(text)}
+    unlisted = [
+        module.where
+        for module in MODULES.values()
+        if not module.is_package
+        and "versions" not in module.path.parts
+        and module.path.name not in listed
+        and module.where not in listed
+    ]
+    assert not unlisted, "docs/ARCHITECTURE.md does not list:\n" + "\n".join(unlisted)
 
 
 def test_named_paths_are_the_backticked_packages_and_modules() -> None:

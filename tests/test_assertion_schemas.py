@@ -22,8 +22,8 @@ from agenttest_worker.assertions import (
     ToolCalledAssertion,
     TypeAssertion,
 )
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.cases.files import Located, load_cases, validate_case
-from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputProblem
 
 SPEC = Path(__file__).parent / "fixtures" / "spec"

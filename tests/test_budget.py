@@ -9,7 +9,7 @@ import pytest
 
 from agenttest_submit.cli.main import main
 from agenttest_worker.agents.config import AgentConfig, Pricing, ProjectConfig
-from agenttest_worker.driver.budget import budget_spent, calls_cost
+from agenttest_worker.driver.budget_counting import budget_spent, calls_cost
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.results import AgentCallRecord, Usage
 

@@ -19,7 +19,7 @@ from fleet import Fleet, fleet_on, run_id_of, write_cases
 from scripted_agent import ScriptedAgent, say
 
 from agenttest_submit.cli.main import main
-from agenttest_worker.report.aggregate import build_report
+from agenttest_worker.report.aggregation import build_report
 
 BUDGET, PER_TURN = 40, 15  # the scripted agent's usage is 15 tokens a call
 

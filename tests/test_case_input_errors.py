@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from agenttest_submit.cli.main import main
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.cases.files import iter_cases, load_cases
-from agenttest_worker.cases.model import Case
 from agenttest_worker.errors import InputError, InputProblem
 
 CONFIG = """\

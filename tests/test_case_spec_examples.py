@@ -24,8 +24,8 @@ from agenttest_worker.assertions import (
     ToolCalledAssertion,
 )
 from agenttest_worker.cases.attachments import inline_attachments
+from agenttest_worker.cases.case_model import Attachment, Case, InteractiveConfig, SimulatorConfig
 from agenttest_worker.cases.files import iter_cases, load_cases
-from agenttest_worker.cases.model import Attachment, Case, InteractiveConfig, SimulatorConfig
 from agenttest_worker.errors import InputError, InputProblem
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from agenttest_submit.commands.demo_command import main as cli_main
-from agenttest_worker.demo.server import DemoServer
+from agenttest_worker.demo.demo_server import DemoServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["expense", "user-sim", "validator", "generator", "echo"]

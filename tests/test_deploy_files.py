@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def queue_lists(queue: str) -> list[str]:
     """The Redis lists of `queue` under the app's transport options: the priority steps'."""
-    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.celery_app import app
 
     options = app.conf.broker_transport_options
     steps, sep = options["priority_steps"], options["sep"]
@@ -376,7 +376,7 @@ def test_compose_healthchecks() -> None:
     # Demo: a route the demo server really has.
     demo_check = " ".join(services["demo"]["healthcheck"]["test"])
     assert "127.0.0.1:8700/v1/models" in demo_check
-    server = (ROOT / "agenttest_worker" / "demo" / "server.py").read_text()
+    server = (ROOT / "agenttest_worker" / "demo" / "demo_server.py").read_text()
     assert 'add_get("/v1/models"' in server
 
 
@@ -900,7 +900,7 @@ def test_k8s_keda_scales_the_workers_on_the_queue() -> None:
     triggers = scaled["spec"]["triggers"]
     assert {t["type"] for t in triggers} == {"redis"}
     # Both lists the queue's messages wait in (kombu's Redis transport keeps a list per
-    # priority step, fleet/app.py).
+    # priority step, fleet/celery_app.py).
     lists = [t["metadata"]["listName"] for t in triggers]
     assert lists == queue_lists(Settings.model_fields["queue"].default)
     assert lists == queue_lists(_configmap_data()["AGENTTEST_QUEUE"])

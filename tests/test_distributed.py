@@ -30,8 +30,9 @@ from fleet import (
 from sqlalchemy import select
 
 from agenttest_submit.cli.main import main as submit_main
-from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.conversation_store import SqlStore
+from agenttest_worker.store.sql import run_results as results
+from agenttest_worker.store.sql import runs
 from agenttest_worker.store.sql.db import session_scope, upgrade
 from agenttest_worker.store.sql.models import RunReportRow, TurnRow
 
@@ -201,7 +202,7 @@ def test_the_fleet_starts_conversations_while_their_run_is_still_being_stored(
 @pytest.mark.fleet
 def test_a_duplicated_turn_message_is_a_no_op(fleet: Fleet, demo_url: str, tmp_path: Path) -> None:
     """D1 gets duplicated and stale messages, D2 (the same conversation) none."""
-    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.celery_app import app
     from agenttest_worker.fleet.tasks import turn
 
     with WatchingAgent(demo_url, delay=0.3) as agent:
@@ -315,9 +316,9 @@ def test_racing_aggregators_build_the_reports_once(
     from agenttest_submit.run.progress import Progress
     from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import load_config
-    from agenttest_worker.cases.model import Case
+    from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
-    from agenttest_worker.report.aggregate import aggregate
+    from agenttest_worker.report.aggregation import aggregate
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
     config = load_config(str(SUITE / "agenttest.yaml"))
@@ -387,7 +388,7 @@ def _one_case_run(database_url: str, case: dict[str, Any]) -> str:
     """A stored, started run of one case against the demo suite's agents."""
     from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import load_config
-    from agenttest_worker.cases.model import Case
+    from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
 
     run_id, _ = store_run(
@@ -450,7 +451,7 @@ def test_a_redelivered_copy_of_the_step_that_ended_the_run_aggregates_it(
     (redelivered) and that copy enqueues it. A plain duplicate does not, and once the
     run is aggregated a redelivery asks for nothing more."""
     from agenttest_worker.driver.step import Advance, prepare
-    from agenttest_worker.report.aggregate import aggregate
+    from agenttest_worker.report.aggregation import aggregate
 
     monkeypatch.setenv("AGENTTEST_DEMO_URL", demo_url)
     run_id = _one_case_run(pg_database, greeting_case("L1"))
@@ -502,7 +503,7 @@ def test_task_routes_send_a_run_to_the_queue_its_workers_consume(
     """The fleet's tasks are published through Celery, so the app's `task_routes` (from
     AGENTTEST_CELERY_CONFIG) apply: a worker consuming only the routed queue plays the
     whole run, and nothing waits in the default queue."""
-    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.celery_app import app
 
     (tmp_path / "routed_celery.py").write_text(
         'task_routes = {"agenttest.*": {"queue": "routed"}}\n', encoding="utf-8"
@@ -526,7 +527,7 @@ def test_publishing_a_turn_sends_celerys_publish_signals(redis_db: str) -> None:
     into: a header it adds travels with the message), then `after_task_publish`."""
     from celery.signals import after_task_publish, before_task_publish
 
-    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.celery_app import app
     from agenttest_worker.fleet.enqueue import enqueue_turn
 
     seen: list[tuple[str, Any]] = []

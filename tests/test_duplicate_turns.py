@@ -25,7 +25,7 @@ from test_state_cache import (
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache
 from agenttest_worker.store import steps
-from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.kept_states import KEPT
 from agenttest_worker.store.sql import runs, usage
 

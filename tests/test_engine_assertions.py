@@ -27,8 +27,8 @@ from scripted_agent import (
 )
 
 from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.cases.files import load_cases
-from agenttest_worker.cases.model import Case
 from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.results import AssertionResult

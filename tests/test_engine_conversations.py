@@ -29,8 +29,8 @@ from scripted_agent import (
 )
 
 from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.cases.case_model import OnMissingInput
 from agenttest_worker.cases.files import load_cases
-from agenttest_worker.cases.model import OnMissingInput
 from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.engine import MAX_TOOL_ROUNDS, NO_NEXT_TURN, RunOptions
 from agenttest_worker.results import CaseResult

@@ -16,14 +16,14 @@ import pytest
 from agent_servers import run
 from scripted_agent import ScriptedAgent, project, run_case
 
-from agenttest_worker.agents.base import (
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig, load_config
+from agenttest_worker.agents.interface import (
     AgentReply,
     AgentRequest,
     protocol,
     protocol_names,
     unregister_protocol,
 )
-from agenttest_worker.agents.config import AgentConfig, ProjectConfig, load_config
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.assertions import (
     ASSERTION_TYPES,
@@ -33,7 +33,7 @@ from agenttest_worker.assertions import (
     assertion_types,
     register,
 )
-from agenttest_worker.assertions.base import unregister
+from agenttest_worker.assertions.checking import unregister
 from agenttest_worker.cases.files import iter_cases, load_cases
 from agenttest_worker.errors import ConfigError, InputProblem
 

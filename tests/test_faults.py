@@ -34,7 +34,8 @@ from fleet import (
     write_project,
 )
 
-from agenttest_worker.store.sql import recovery, results, runs
+from agenttest_worker.store.sql import recovery, runs
+from agenttest_worker.store.sql import run_results as results
 from agenttest_worker.store.sql.db import upgrade
 
 
@@ -204,7 +205,7 @@ def test_a_lost_aggregation_is_done_by_the_sweeper(
     from agenttest_submit.run.progress import Progress
     from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import ProjectConfig, load_config
-    from agenttest_worker.cases.model import Case
+    from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
 
     url = fleet.database_url
@@ -250,7 +251,7 @@ def test_stalled_conversations_are_claimed_by_one_sweeper(
     """Two sweepers at once on a stalled run: each conversation is re-enqueued once."""
     from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import load_config
-    from agenttest_worker.cases.model import Case
+    from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
 
     url = pg_database

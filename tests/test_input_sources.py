@@ -11,7 +11,7 @@ import pytest
 from agenttest_submit.cli.main import main
 from agenttest_submit.inputs.sources import FileInput, GeneratorInput, MessageInput, parse_input
 from agenttest_worker.agents.refs import Ref, parse_ref
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.errors import InputError, InputProblem
 
 CONFIG = """\

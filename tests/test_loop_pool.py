@@ -130,7 +130,7 @@ def test_a_worker_asked_for_celery_time_limits_refuses_to_start_and_says_what_to
 def test_a_task_declaring_a_time_limit_is_refused_too(caplog: pytest.LogCaptureFixture) -> None:
     from celery import Celery
 
-    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.celery_app import app
     from agenttest_worker.fleet.loop_pool import TaskPool, refuse_time_limits
 
     refuse_time_limits(TaskPool(1, app=app))  # the fleet's own tasks declare none

@@ -21,7 +21,7 @@ from celery.platforms import EX_USAGE
 from celery.worker.request import Request, create_request_cls
 from kombu.utils.encoding import safe_repr
 
-from agenttest_worker.fleet.app import app
+from agenttest_worker.fleet.celery_app import app
 from agenttest_worker.fleet.loop_pool import TaskPool
 
 

@@ -32,8 +32,9 @@ from scripted_agent import Body, Reply, ScriptedAgent, fail, say
 
 from agenttest_submit.commands.metrics_exporter import FleetCollector
 from agenttest_worker.observe.metrics import WorkerMetrics
-from agenttest_worker.store.sql import results, runs
 from agenttest_worker.store.sql import run_history as history
+from agenttest_worker.store.sql import run_results as results
+from agenttest_worker.store.sql import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "agenttest.json"
@@ -180,7 +181,7 @@ def test_two_workers_and_the_exporter_count_what_the_run_stored(
         try:
             wait_until(lambda: _answers(exporter_port), 20, "the exporter to serve")
             # No worker yet: the run's one start message waits, at the new-conversation
-            # priority (fleet/app.py), and nothing of the run has ended.
+            # priority (fleet/celery_app.py), and nothing of the run has ended.
             queued = samples(scrape(exporter_port))
             lists = redis.Redis.from_url(fleet.broker_url)
             assert total(queued, "agenttest_queue_messages", queue="agenttest") == 1

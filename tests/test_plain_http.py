@@ -1,4 +1,4 @@
-"""Agent calls (agents/exchange.py, through aiohttp) on the wire: what they send, every
+"""Agent calls (agents/http/exchange.py, through aiohttp) on the wire: what they send, every
 way a reply can come back, and how a call fails, against hand-written servers on real
 sockets."""
 
@@ -16,10 +16,10 @@ import pytest
 from agent_servers import refused_url, run
 from raw_http import Answer, RawRequest, RawServer, reply
 
-from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.http import exchange
 from agenttest_worker.agents.http.exchange import MAX_BODY_BYTES
 from agenttest_worker.agents.http.transport import HttpResult, post_json
+from agenttest_worker.agents.interface import AgentError
 from agenttest_worker.agents.limits.retry import RetryPolicy
 
 ONCE = RetryPolicy(max_retries=0)

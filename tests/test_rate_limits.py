@@ -15,8 +15,8 @@ import pytest
 from agent_servers import AgentServer, Reply, completion, run
 from fault_kit import max_in_window
 
-from agenttest_worker.agents.base import AgentRequest
 from agenttest_worker.agents.config import AgentConfig, RateLimit
+from agenttest_worker.agents.interface import AgentRequest
 from agenttest_worker.agents.limits.ratelimit import (
     WINDOW_SLACK,
     Limits,

@@ -16,9 +16,9 @@ from agent_servers import run
 from aiohttp import web
 from stream_servers import anthropic_message
 
-from agenttest_worker.agents.base import AgentReply, AgentRequest
 from agenttest_worker.agents.config import config_from_data
 from agenttest_worker.agents.http.exchange import close_session
+from agenttest_worker.agents.interface import AgentReply, AgentRequest
 from agenttest_worker.agents.protocols.anthropic import AnthropicClient
 from agenttest_worker.agents.protocols.http import HttpAgentClient
 from agenttest_worker.agents.protocols.openai import OpenAIClient

@@ -1,5 +1,5 @@
 """The aggregator's stored reports are exactly the rendered ones. On Postgres they are
-streamed to the server as they are rendered (COPY, store/report_copy.py), so text that COPY
+streamed to the server as they are rendered (COPY, store/sql/report_copy.py), so text that COPY
 escapes, reports larger than one write, and a report already stored are checked there;
 the embedded store (SQLite) joins and inserts them."""
 
@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import text
 
 from agenttest_worker.report import render, render_chunks
-from agenttest_worker.report.aggregate import STORED_FORMATS, aggregate, build_report
+from agenttest_worker.report.aggregation import STORED_FORMATS, aggregate, build_report
 from agenttest_worker.store import steps
-from agenttest_worker.store.sql import db, results, runs
+from agenttest_worker.store.sql import db, runs
+from agenttest_worker.store.sql import run_results as results
 
 # What COPY's text format escapes (backslash, tab, newline, carriage return) and more.
 AWKWARD = 'a\\b\tc\r\nd "quoted" é ✓ \\N \\.'

@@ -18,7 +18,8 @@ from scripted_agent import Reply, ScriptedAgent, fail, say
 from agenttest_submit.cli.main import main
 from agenttest_worker.demo._protocol import metadata_of
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.sql import run_results as results
+from agenttest_worker.store.sql import runs
 
 RUN_ID = re.compile(r"ℹ Run: (\S+)")
 DIGEST = "1 of 2 cases failed: FAILS expected a refund the agent never mentions."

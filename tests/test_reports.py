@@ -638,7 +638,7 @@ def test_registry_names_match_the_cli() -> None:
 def test_every_format_renders_the_same_from_stored_text() -> None:
     """The aggregator keeps a run's records as their stored JSON text (StoredResults)
     and parses them as each report reads them: the same reports as from objects."""
-    from agenttest_worker.report.model import StoredResults
+    from agenttest_worker.report.report_model import StoredResults
 
     objects = spec_run(verbose=True)
     stored = spec_run(
@@ -657,7 +657,7 @@ def test_stored_text_in_any_layout_gives_the_records_jsonl_lines() -> None:
     """A record stored as the model writes it is given to the JSONL as it is; one stored
     in another layout (spaced, keys in another order, a null the model leaves out) is
     written anew: both give the line the model writes."""
-    from agenttest_worker.report.model import StoredResults
+    from agenttest_worker.report.report_model import StoredResults
 
     objects = spec_run()
     spaced = [json.dumps(case.model_dump(mode="json")) for case in objects.results]
@@ -675,7 +675,7 @@ def test_a_record_whose_nul_the_store_replaced_is_written_as_the_other_reports_s
     """Postgres keeps no NUL, so the store writes it as the escape of U+FFFD; the model
     writes U+FFFD as the character. The JSONL gives the record as the model writes it
     (the character), not as stored, as it does a reply holding that escape's text."""
-    from agenttest_worker.report.model import StoredResults
+    from agenttest_worker.report.report_model import StoredResults
     from agenttest_worker.store.storable import storable_json
 
     case = spec_run().results[0]

@@ -29,13 +29,14 @@ from agenttest_worker.agents.config import load_config
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare
 from agenttest_worker.engine import HumanPrompt, RunOptions
-from agenttest_worker.report.aggregate import aggregate
+from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.results import AgentCallRecord, CaseResult, TurnResult, Usage
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import steps
-from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.memory.buffered import BufferedStore
-from agenttest_worker.store.sql import recovery, results, runs, turn_statements
+from agenttest_worker.store.sql import recovery, runs, turn_statements
+from agenttest_worker.store.sql import run_results as results
 from agenttest_worker.store.sql.db import session_scope, upgrade
 from agenttest_worker.store.sql.models import CaseRow, RunReportRow, RunRow, TurnRow
 

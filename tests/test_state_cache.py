@@ -21,7 +21,7 @@ from agent_servers import AgentServer, Received, Reply, completion, tool_call
 from sqlalchemy import select
 
 from agenttest_worker.store import steps
-from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.kept_states import KEPT
 from agenttest_worker.store.sql.db import session_scope
 from agenttest_worker.store.sql.models import CaseRow, TurnRecordRow
@@ -70,7 +70,7 @@ def _case(case_id: str) -> dict[str, Any]:
 def _run(database_url: str, agent: AgentServer, case_id: str = "K1") -> str:
     from agenttest_submit.run.runner import store_run
     from agenttest_worker.agents.config import ProjectConfig
-    from agenttest_worker.cases.model import Case
+    from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
 
     config = ProjectConfig.model_validate(
@@ -286,7 +286,7 @@ import asyncio, sys
 from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import PoolCache
-from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.conversation_store import SqlStore
 
 async def main():
     try:

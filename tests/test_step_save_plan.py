@@ -6,7 +6,7 @@ phase. Postgres could serve it from the (run_id, phase) index as well, and did: 
 run's cases, with no statistics yet (or statistics of earlier, smaller runs), both
 indexes look like one row, and the phase index then read every conversation of the run
 in that phase, 10,000 at 10,000 turns in flight (benchmarks/RESULTS.md). Each plan here
-is the one Postgres picks for the text the hot path sends (store/turns.py).
+is the one Postgres picks for the text the hot path sends (store/sql/turns.py).
 """
 
 from __future__ import annotations

@@ -22,12 +22,13 @@ from sqlalchemy.exc import DBAPIError
 
 from agenttest_submit.run.runner import store_run
 from agenttest_worker.agents.config import load_config
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.driver.event_loops import run_sync
 from agenttest_worker.driver.step import Advance, PoolCache, commit, execute, prepare
 from agenttest_worker.engine import RunOptions
-from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.sql import recovery, results, runs
+from agenttest_worker.store.conversation_store import SqlStore
+from agenttest_worker.store.sql import recovery, runs
+from agenttest_worker.store.sql import run_results as results
 from agenttest_worker.store.sql.db import get_engine, is_connection_lost, upgrade
 
 
@@ -203,7 +204,7 @@ def test_reconnecting_waits_for_a_server_that_is_still_starting(pg: PostgresServ
     reader.start()
     try:
         # Past the read's first two attempts (at once: the dropped connection; 0.2 s
-        # later: refused), before its third (0.7 s, store/db.py RECONNECT_DELAYS).
+        # later: refused), before its third (0.7 s, store/sql/db.py RECONNECT_DELAYS).
         time.sleep(0.4)
         assert reader.is_alive()  # still trying
         pg.start()

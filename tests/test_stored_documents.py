@@ -14,7 +14,8 @@ from fleet import write_cases
 from scripted_agent import Reply
 from sqlalchemy import text
 
-from agenttest_worker.store.sql import db, results
+from agenttest_worker.store.sql import db
+from agenttest_worker.store.sql import run_results as results
 
 # Keys neither sorted nor in jsonb's order (shorter keys first), nested.
 ARGS = {"zeta": 1, "alpha": {"yy": 1, "b": 2}, "mid": [{"z": 0, "a": 1}]}

@@ -30,7 +30,8 @@ from fleet import (
 )
 
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.sql import recovery, results, runs
+from agenttest_worker.store.sql import recovery, runs
+from agenttest_worker.store.sql import run_results as results
 
 
 def _run_ids(database_url: str) -> set[str]:

@@ -30,7 +30,7 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
 
 def _purged(broker_url: str, queue: str) -> int:
     """Empty the broker's `queue`; how many messages it held."""
-    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.celery_app import app
 
     with app.connection_for_write(broker_url) as connection:
         return int(connection.default_channel.queue_purge(queue))

@@ -1,5 +1,5 @@
-"""The turn's statements as the hot path sends them on Postgres (store/turns.py): SQL
-text (store/turn_statements.py) sent through psycopg with its own placeholders, the
+"""The turn's statements as the hot path sends them on Postgres (store/sql/turns.py): SQL
+text (store/sql/turn_statements.py) sent through psycopg with its own placeholders, the
 step that ends a conversation included, saved whole by its one statement."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from agenttest_worker.results import (
     TurnResult,
     Usage,
 )
-from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.sql import runs
 from agenttest_worker.store.sql import turn_statements as sql
 from agenttest_worker.store.sql.db import upgrade

@@ -22,7 +22,7 @@ from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache
 from agenttest_worker.results import RoleUsage
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.base import ConversationStore, SqlStore
+from agenttest_worker.store.conversation_store import ConversationStore, SqlStore
 from agenttest_worker.store.sql import runs, usage
 
 

@@ -17,7 +17,8 @@ from scripted_agent import Reply, ScriptedAgent, last_user_text
 
 from agenttest_submit.cli.main import main
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.sql import results, runs
+from agenttest_worker.store.sql import run_results as results
+from agenttest_worker.store.sql import runs
 from agenttest_worker.store.storable import storable_json, storable_row
 
 

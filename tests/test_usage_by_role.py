@@ -1,7 +1,7 @@
 """Calls, tokens and cost by role: per case (`usage_by_role` on each JSONL record), per
 run (with what the run called outside its conversations: generator agents at
 submission, a --reporter agent), in `status RUN` while the run goes on and after it,
-and added up by report/usage.py.
+and added up by report/usage_tally.py.
 
 Embedded, over real HTTP, against agents that report usage and count what they
 reported (usage_kit.py): every figure is checked against what the servers counted.
@@ -31,8 +31,8 @@ from usage_kit import (
 )
 
 from agenttest_submit.cli.main import main
-from agenttest_worker.report.aggregate import build_report
-from agenttest_worker.report.usage import (
+from agenttest_worker.report.aggregation import build_report
+from agenttest_worker.report.usage_tally import (
     ROLE_ORDER,
     UsageTally,
     run_usage,
@@ -215,7 +215,7 @@ def test_case_result_without_a_config_counts_calls_at_no_cost() -> None:
     }
 
 
-# -- report/usage.py -------------------------------------------------------------------------
+# -- report/usage_tally.py -------------------------------------------------------------------------
 
 
 def _usage(calls: int, prompt: int, completion: int, cost: float) -> RoleUsage:

@@ -17,8 +17,8 @@ from test_metrics import added, samples, scrape
 from test_metrics import total as metric_total
 from usage_kit import UsageAgents, check_status, same_usage, status_rows, write_suite
 
-from agenttest_worker.report.aggregate import build_report
-from agenttest_worker.report.usage import run_usage, usage_dict
+from agenttest_worker.report.aggregation import build_report
+from agenttest_worker.report.usage_tally import run_usage, usage_dict
 
 pytestmark = pytest.mark.fleet
 
@@ -107,7 +107,7 @@ def test_fleet_counts_the_calls_of_a_turn_played_twice_once_in_the_run(
     both copies call the target and the judge, one records the turn, and the other's
     calls are the run's own (tests/test_unrecorded_usage.py), so that what the run
     reports is what the agents answered."""
-    from agenttest_worker.fleet.app import app
+    from agenttest_worker.fleet.celery_app import app
     from agenttest_worker.fleet.tasks import turn
 
     ports = [free_port(), free_port()]

@@ -252,7 +252,7 @@ def test_nothing_but_get_is_answered(run: Run, viewer: Viewer) -> None:
                 assert response.headers["Allow"] == "GET,HEAD"
         assert client.get(api).json()["progress"] == before
 
-    from agenttest_submit.commands.viewer.server import make_app
+    from agenttest_submit.commands.viewer.web_app import make_app
 
     routes = make_app("sqlite://").router.routes()
     assert {route.method for route in routes} == {"GET", "HEAD"}

@@ -43,7 +43,7 @@ def positive_float(text: str) -> float:
 
 
 def pass_rule(text: str) -> str:
-    from agenttest_worker.report.verdicts import pass_rule_problem  # after heap.starting()
+    from agenttest_worker.report import pass_rule_problem  # after heap.starting()
 
     problem = pass_rule_problem(text)
     if problem:

@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         from agenttest_submit.cli.services import unreachable_service  # after heap.starting()
-        from agenttest_worker.report.common import printable  # after heap.starting()
+        from agenttest_worker.report import printable  # after heap.starting()
 
         # An exception's text may quote a case, a reply or a server's answer: escaped.
         unreachable = unreachable_service(exc)
@@ -386,7 +386,7 @@ def print_problems(problems: list[InputProblem], nothing_ran: bool = True) -> No
     # A file that is wrong throughout would bury the terminal; the first ones show the
     # pattern, and the count says how many there are.
     # A problem quotes the file (ids, values): escaped, so it cannot command the terminal.
-    from agenttest_worker.report.common import printable  # after heap.starting()
+    from agenttest_worker.report import printable  # after heap.starting()
 
     for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(f"  {printable(str(problem), keep_lines=True)}", file=sys.stderr)

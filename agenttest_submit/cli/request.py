@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
 
 if TYPE_CHECKING:
-    from agenttest_worker.cases.model import OnMissingInput
+    from agenttest_worker.cases import OnMissingInput
 
 # `--simulator` given alone: agenttest.yaml's defaults.simulator (known once it is loaded).
 DEFAULT_SIMULATOR = "\0defaults.simulator"

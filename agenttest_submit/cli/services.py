@@ -36,7 +36,7 @@ def unreachable_service(exc: BaseException) -> str | None:
 
 def _cannot_reach(service: str, url: str, exc: BaseException) -> str:
     from agenttest_worker.errors import redact
-    from agenttest_worker.store.sql.db import error_reason  # see above
+    from agenttest_worker.store import error_reason  # see above
 
     # The driver may quote the address it was given: any URL in its words is redacted.
     return f"cannot reach {service} at {safe_url(url)}: {redact(error_reason(exc))}"
@@ -53,6 +53,6 @@ def _database_lost(exc: BaseException) -> bool:
     sqlalchemy_exc = sys.modules.get("sqlalchemy.exc")
     if sqlalchemy_exc is None or not isinstance(exc, sqlalchemy_exc.DBAPIError):
         return False
-    from agenttest_worker.store.sql.db import is_connection_lost  # see above
+    from agenttest_worker.store import is_connection_lost  # see above
 
     return is_connection_lost(exc)

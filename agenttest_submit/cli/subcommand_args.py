@@ -1,5 +1,5 @@
 """The parser of `agenttest-submit status|report|resume|db|schema ...` and the requests
-it builds (request.py); the run's own parser is in cli.py."""
+it builds (request.py); the run's own parser is in main.py."""
 
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
 
 
 def _diff_formats() -> tuple[str, ...]:
-    # After heap.starting(), as the report formats are (see cli.py).
-    from agenttest_worker.report.diff_formats import DIFF_FORMATS
+    # After heap.starting(), as the report formats are (see main.py).
+    from agenttest_worker.report import DIFF_FORMATS
 
     return DIFF_FORMATS
 

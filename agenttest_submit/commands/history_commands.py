@@ -1,7 +1,7 @@
 """Run history commands: `diff [BASE] [NEW]`, `history CASE_ID`, `runs`, and the diff a
 run prints at its end (`--baseline`, `--fail-on regressions`).
 
-A diff reads each run as one row per case (store/history.py) and the records only of
+A diff reads each run as one row per case (store/sql/run_history.py) and the records only of
 the regressions, whose first difference it shows; history reads one case's records
 over a suite's runs.
 """
@@ -22,24 +22,26 @@ from agenttest_submit.cli.request import (
 )
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.report.common import format_ms, one_line, printable
-from agenttest_worker.report.diff import (
+from agenttest_worker.report import (
     CaseChange,
     RunDiff,
     RunInfo,
+    case_verdict,
     category,
     difference,
+    format_ms,
+    one_line,
+    printable,
+    render_diff,
     tally_verdict,
 )
-from agenttest_worker.report.diff_formats import render_diff
-from agenttest_worker.report.verdicts import case_verdict
 from agenttest_worker.results import CaseResult, CaseStatus
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.sql import run_history as history
-from agenttest_worker.store.sql.db import upgrade
+from agenttest_worker.store import run_history as history
+from agenttest_worker.store import upgrade
 
 if TYPE_CHECKING:
-    from agenttest_worker.store.sql.models import RunRow
+    from agenttest_worker.store import RunRow
 
 DEFAULT_WINDOW = 10
 DEFAULT_LAST = 20

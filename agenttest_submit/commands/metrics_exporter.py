@@ -70,8 +70,7 @@ class FleetCollector:
         from prometheus_client.core import GaugeMetricFamily
         from sqlalchemy import select
 
-        from agenttest_worker.store.sql.db import session_scope
-        from agenttest_worker.store.sql.models import RunRow
+        from agenttest_worker.store import RunRow, session_scope
 
         columns = (
             RunRow.id,
@@ -132,7 +131,7 @@ class FleetCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         # Celery, only where the broker is read (the exporter's own process).
-        from agenttest_worker.fleet.app import app
+        from agenttest_worker.fleet import app
 
         waiting = GaugeMetricFamily(
             "agenttest_queue_messages",

@@ -20,12 +20,9 @@ from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.driving import driven_by
 from agenttest_submit.run.embedded import drive
 from agenttest_submit.run.progress import Progress
-from agenttest_worker.report import render
-from agenttest_worker.report.aggregate import aggregate, build_report
-from agenttest_worker.report.common import printable
+from agenttest_worker.report import aggregate, build_report, printable, render
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.sql import recovery, results, runs
-from agenttest_worker.store.sql.models import RunRow
+from agenttest_worker.store import RunRow, recovery, results, runs
 
 
 def unfinished(url: str, run_id: str) -> list[tuple[str, int]]:
@@ -94,7 +91,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     count = len(pending) + len(parked)
     print(f"run {run.id}: resuming {count} unfinished conversation(s)", file=sys.stderr)
     if get_settings().distributed:
-        from agenttest_worker.fleet.enqueue import enqueue_turns  # Celery, only distributed
+        from agenttest_worker.fleet import enqueue_turns  # Celery, only distributed
 
         # Conversations parked for a person stay parked: `agenttest-submit` waiting on
         # the run with --interactive answers them.
@@ -117,7 +114,7 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     if current is None or current.finished_cases < current.total_cases:
         return 0
     if get_settings().distributed:
-        from agenttest_worker.fleet.enqueue import enqueue_aggregate  # Celery, only distributed
+        from agenttest_worker.fleet import enqueue_aggregate  # Celery, only distributed
 
         enqueue_aggregate(run.id)
         return 0

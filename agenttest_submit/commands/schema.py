@@ -26,14 +26,15 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 from pydantic_core import core_schema
 
-import agenttest_worker.agents.protocols  # noqa: F401  (registers the protocols it names)
 from agenttest_submit.cli.request import SCHEMA_KINDS, SchemaKind
-from agenttest_worker.agents.base import protocol_names
-from agenttest_worker.agents.config import AgentConfig, ProjectConfig
-from agenttest_worker.assertions import ContainsAssertion, RegexAssertion, TypeAssertion
-from agenttest_worker.assertions.structure import _TYPE_ALIASES
-from agenttest_worker.cases.model import Case, InteractiveConfig
-from agenttest_worker.cases.yaml_model import YamlTest
+from agenttest_worker.agents import AgentConfig, ProjectConfig, protocol_names
+from agenttest_worker.assertions import (
+    TYPE_ALIASES,
+    ContainsAssertion,
+    RegexAssertion,
+    TypeAssertion,
+)
+from agenttest_worker.cases import Case, InteractiveConfig, YamlTest
 
 __all__ = ["SCHEMAS", "SCHEMA_KINDS", "SchemaKind", "schema_text"]
 
@@ -118,7 +119,7 @@ def _adjust_regex(schema: JsonSchemaValue) -> None:
 
 def _adjust_type(schema: JsonSchemaValue) -> None:
     names = schema["properties"]["value"].get("enum", [])
-    _replace(schema, "value", {"enum": [*names, *(a for a in _TYPE_ALIASES if a not in names)]})
+    _replace(schema, "value", {"enum": [*names, *(a for a in TYPE_ALIASES if a not in names)]})
 
 
 ADJUSTMENTS: dict[type[BaseModel], Callable[[JsonSchemaValue], None]] = {

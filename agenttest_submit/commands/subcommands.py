@@ -3,7 +3,7 @@
 RUN is a run id as printed when the run started, or `last` for the newest run.
 `run_subcommand` carries out the request the command line was parsed into. `status`
 shows the calls, tokens and cost so far by role and agent, running or not: from the
-calls recorded (store/usage.py), priced with the run's stored agenttest.yaml.
+calls recorded (store/sql/usage.py), priced with the run's stored agenttest.yaml.
 """
 
 from __future__ import annotations
@@ -26,18 +26,13 @@ from agenttest_submit.commands.resume import resume_run
 from agenttest_submit.commands.schema import schema_text
 from agenttest_submit.run.output import output_problem
 from agenttest_submit.run.runner import resolve_run
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.engine.outcome import USAGE_ROLE, tokens_cost
+from agenttest_worker.agents import ProjectConfig
+from agenttest_worker.engine import USAGE_ROLE, tokens_cost
 from agenttest_worker.errors import ConfigError, InputError
-from agenttest_worker.report import render
-from agenttest_worker.report.aggregate import build_report
-from agenttest_worker.report.common import printable
-from agenttest_worker.report.usage import ROLE_ORDER, UsageTally
+from agenttest_worker.report import ROLE_ORDER, UsageTally, build_report, printable, render
 from agenttest_worker.results import AgentRole, RoleUsage, UsageRole
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.sql import results, usage
-from agenttest_worker.store.sql.db import upgrade
-from agenttest_worker.store.sql.models import RunRow
+from agenttest_worker.store import RunRow, results, upgrade, usage
 
 
 def _url() -> str:

@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.assertions import AgentAssertion
-from agenttest_worker.cases.attachments import inline_attachments
-from agenttest_worker.cases.checks import check_case_refs
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases import Case, check_case_refs, inline_attachments
 from agenttest_worker.errors import InputError, InputProblem
 
 

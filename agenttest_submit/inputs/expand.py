@@ -13,12 +13,11 @@ from agenttest_submit.inputs.case_checks import CaseChecker, Selection
 from agenttest_submit.inputs.generate import generate_cases
 from agenttest_submit.inputs.sources import FileInput, GeneratorInput, InputSource, MessageInput
 from agenttest_submit.inputs.spool_lines import SpoolShape, SpoolWriter, spooled_records
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.cases.files import case_files_in, iter_cases
-from agenttest_worker.cases.model import Case
+from agenttest_worker.agents import ProjectConfig
+from agenttest_worker.cases import Case, case_files_in, iter_cases
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.report.common import printable
-from agenttest_worker.store.steps import CaseRecord, StoredCase
+from agenttest_worker.report import printable
+from agenttest_worker.store import CaseRecord, StoredCase
 
 __all__ = ["CaseStream", "Expansion", "Selection", "Spool", "expand", "print_warnings"]
 

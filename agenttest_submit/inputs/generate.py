@@ -22,16 +22,11 @@ from typing import Any
 
 from agenttest_submit.cli.stopping import run_async
 from agenttest_submit.inputs.sources import GeneratorInput
-from agenttest_worker.agents.base import AgentError
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.agents.http.exchange import close_session
-from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.cases.checks import check_case_refs
-from agenttest_worker.cases.files import Located, validate_case
-from agenttest_worker.cases.model import Case
-from agenttest_worker.engine.outcome import usage_by_role
+from agenttest_worker.agents import AgentError, AgentPool, ProjectConfig, close_session
+from agenttest_worker.cases import Case, Located, check_case_refs, validate_case
+from agenttest_worker.engine import usage_by_role
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.report.common import printable
+from agenttest_worker.report import printable
 from agenttest_worker.results import AgentCallRecord, RoleUsage, UsageRole, add_usage
 
 # Only plain decimal numerals become numbers: "007" (an id), "1e3", "nan" or "inf" (not

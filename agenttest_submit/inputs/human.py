@@ -25,11 +25,11 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from agenttest_submit.run.progress import Progress
-from agenttest_worker.agents.config import DEFAULT_AWAITING_TOOLS
+from agenttest_worker.agents import DEFAULT_AWAITING_TOOLS
 from agenttest_worker.durations import format_duration
-from agenttest_worker.report.common import asked_question, printable
+from agenttest_worker.report import asked_question, printable
 from agenttest_worker.results import TurnResult
-from agenttest_worker.store import steps
+from agenttest_worker.store import LoadedCase, as_object
 
 # Lines of what the agent said after the first sit under it, past "  Agent: ".
 _CONTINUED = "\n" + " " * len("  Agent: ")
@@ -136,16 +136,16 @@ class HumanQuestion:
 
 
 def human_question(
-    loaded: steps.LoadedCase, timeouts: Mapping[str, float] | None = None
+    loaded: LoadedCase, timeouts: Mapping[str, float] | None = None
 ) -> HumanQuestion:
     """What to ask a person about a conversation parked for one: the engine's prompt,
     and how long to wait (`timeouts` for this case, else the stored case's
     interactive.timeout in seconds, else the spec's default: 5m)."""
-    state = steps.as_object(loaded.state) or {}
+    state = as_object(loaded.state) or {}
     prompt = state.get("prompt") or {}
     timeout = (timeouts or {}).get(loaded.case_id)
     if not timeout:
-        interactive = (steps.as_object(loaded.case) or {}).get("interactive")
+        interactive = (as_object(loaded.case) or {}).get("interactive")
         stored = interactive.get("timeout") if isinstance(interactive, dict) else None
         timeout = float(stored) if isinstance(stored, int | float) else 300.0
     return HumanQuestion(_what_was_said(state, loaded.run_options), prompt.get("hint"), timeout)

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agenttest_worker.agents.refs import Ref, parse_ref
-from agenttest_worker.cases.files import CASE_SUFFIXES
+from agenttest_worker.agents import Ref, parse_ref
+from agenttest_worker.cases import CASE_SUFFIXES
 from agenttest_worker.errors import InputError, InputProblem
 
 

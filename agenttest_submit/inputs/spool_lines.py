@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from agenttest_worker.cases.model import Case, repetition_key
-from agenttest_worker.store.steps import CaseText, StoredCase
+from agenttest_worker.cases import Case, repetition_key
+from agenttest_worker.store import CaseText, StoredCase
 
 
 @dataclass(frozen=True)

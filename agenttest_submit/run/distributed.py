@@ -20,7 +20,7 @@ import threading
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.stopping import interrupted_exit_code, interrupted_word
 from agenttest_submit.run.output import emit_report
-from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.settings import get_settings
@@ -47,7 +47,7 @@ def import_publisher_meanwhile() -> None:
     """Import what publishes tasks on a thread while the run is being stored.
 
     It is imported before the first conversation can start; storing the run is mostly
-    waiting on the database, time the import can use (Celery's is ~0.2 s).
+    waiting on the database, time Celery's import can use.
     `FleetStarter` (or `enqueue_run`) then finds it imported (or waits on the import
     lock until it is).
     """
@@ -55,7 +55,7 @@ def import_publisher_meanwhile() -> None:
     def load() -> None:
         # On failure enqueue_run imports them again and reports the error where it belongs.
         with contextlib.suppress(BaseException):
-            import agenttest_worker.fleet.enqueue  # noqa: F401
+            from agenttest_worker.fleet import enqueue_starts  # noqa: F401
 
     threading.Thread(target=load, name="agenttest-import", daemon=True).start()
 
@@ -68,7 +68,7 @@ def enqueue_run(run_id: str, total: int) -> None:
     so the submitter's cost does not grow with one publish per case.
     """
     # The publisher: see the note at the top.
-    from agenttest_worker.fleet.enqueue import enqueue_starts
+    from agenttest_worker.fleet import enqueue_starts
 
     if total:
         enqueue_starts(run_id, 0, total - 1)
@@ -94,18 +94,18 @@ class FleetStarter:
     def stored(self, run_id: str, first: int, last: int) -> None:
         if self.parallel is not None:
             return  # started once the run is running, `parallel` at a time
-        from agenttest_worker.fleet.enqueue import enqueue_start  # the publisher: see the top
+        from agenttest_worker.fleet import enqueue_start  # the publisher: see the top
 
         enqueue_start(run_id, first, last)
 
     def started(self, run_id: str, every_case_ended: bool) -> None:
         # The publisher: see the note at the top.
-        from agenttest_worker.fleet.enqueue import enqueue_aggregate, enqueue_starts
+        from agenttest_worker.fleet import enqueue_aggregate, enqueue_starts
 
         if every_case_ended:  # they ended before the run was running: nobody else will
             enqueue_aggregate(run_id)
         elif self.parallel is not None:
-            from agenttest_worker.store.sql import runs  # the store: where it is used
+            from agenttest_worker.store import runs  # the store: where it is used
 
             starts = runs.claim_starts(self.url, run_id, self.parallel)
             if starts is not None:

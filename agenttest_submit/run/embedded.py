@@ -23,20 +23,20 @@ from agenttest_submit.run.output import emit_report
 from agenttest_submit.run.progress import Progress
 from agenttest_submit.run.runner import new_run, run_suite
 from agenttest_submit.run.storing import write_run
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.agents.http.exchange import close_session, configure_pool, connections_for
-from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
-from agenttest_worker.driver.step import (
+from agenttest_worker.agents import ProjectConfig, close_session, configure_pool, connections_for
+from agenttest_worker.driver import (
     Advance,
     PoolCache,
+    TurnAddress,
     answer_human,
     end_refused,
+    inline,
+    run_step,
 )
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import steps
-from agenttest_worker.store.memory.buffered import BufferedStore
+from agenttest_worker.store import BufferedStore, CaseRecord
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
 # here: a new embedded run is stored on the store's thread while its first
@@ -46,7 +46,7 @@ from agenttest_worker.store.memory.buffered import BufferedStore
 def run_embedded(
     request: RunRequest,
     url: str,
-    records: list[steps.CaseRecord],
+    records: list[CaseRecord],
     options: RunOptions,
     config: ProjectConfig,
     target: str | None,
@@ -77,7 +77,7 @@ def run_embedded(
     # What the first agent call imports, imported before the store's thread starts:
     # both are CPU work, and the calls should not wait for the store's share of it.
     if any(agent.protocol != "script" for agent in config.agents.values()):
-        import aiohttp  # noqa: F401  (agents/exchange.py imports it where a call needs it)
+        import aiohttp  # noqa: F401  (agents/http/exchange.py imports it where a call needs it)
 
     # The conversations start now, while the run is being stored.
     run = new_run(
@@ -105,7 +105,7 @@ def run_embedded(
     run_async(drive(url, run.run_id, conversations, request.parallel, progress, store=store))
     progress.close()
     # The store: see the note at the top.
-    from agenttest_worker.report.aggregate import aggregate
+    from agenttest_worker.report import aggregate
 
     return emit_report(url, run.run_id, request, aggregate(url, run.run_id))
 

@@ -20,16 +20,19 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_submit.cli.stopping import run_async
 from agenttest_submit.inputs.human import TerminalAsker, human_question
 from agenttest_submit.run.progress import Progress
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.agents.http.exchange import close_session
-from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.driver.step import Advance, answer_human
+from agenttest_worker.agents import AgentPool, ProjectConfig, close_session
+from agenttest_worker.driver import Advance, answer_human
 from agenttest_worker.engine import RunOptions
-from agenttest_worker.report.common import printable
+from agenttest_worker.report import printable
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.base import ConversationStore, SqlStore
-from agenttest_worker.store.sql import results, runs
-from agenttest_worker.store.sql.db import error_reason, is_connection_lost
+from agenttest_worker.store import (
+    ConversationStore,
+    SqlStore,
+    error_reason,
+    is_connection_lost,
+    results,
+    runs,
+)
 
 # Celery is imported where it is used: see distributed.py.
 
@@ -37,7 +40,7 @@ POLL_SECONDS = 0.5
 
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
-    from agenttest_worker.fleet.enqueue import follow_up as enqueue  # see distributed.py
+    from agenttest_worker.fleet import follow_up as enqueue  # see distributed.py
 
     enqueue(run_id, case_id, advance)
 
@@ -52,8 +55,7 @@ def wait_for_run(
 ) -> None:
     """Progress from the database until the run's reports exist."""
     # Celery: see the note at the top.
-    from agenttest_worker.fleet.app import sweep_interval
-    from agenttest_worker.fleet.sweeper import recover
+    from agenttest_worker.fleet import recover, sweep_interval
 
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)
@@ -154,7 +156,7 @@ class ConsumerWatch(threading.Thread):
 
 def _consumed_queues() -> set[str]:
     """The queues the workers that answer within a second consume."""
-    from agenttest_worker.fleet.app import app  # Celery: see the note at the top
+    from agenttest_worker.fleet import app  # Celery: see the note at the top
 
     replies = app.control.inspect(timeout=1.0).active_queues() or {}
     return {q["name"] for queues in replies.values() for q in queues or []}

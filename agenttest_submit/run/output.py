@@ -15,11 +15,9 @@ from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.reporter_agent import run_reporter
-from agenttest_worker.agents.base import AgentError
-from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents import AgentError, ProjectConfig
 from agenttest_worker.errors import InputProblem
-from agenttest_worker.report import RunReport, render
-from agenttest_worker.report.common import printable
+from agenttest_worker.report import RunReport, printable, render
 
 
 def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
@@ -57,7 +55,7 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         report = built
     else:
         # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
-        from agenttest_worker.report.aggregate import build_report
+        from agenttest_worker.report import build_report
 
         report = build_report(url, run_id)
     chosen = (request.verbose, color, request.only_failures)
@@ -99,7 +97,7 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
 def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
     """--reporter: the reporter agent's account, stored with the run and printed."""
     # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
-    from agenttest_worker.store.sql import results, runs
+    from agenttest_worker.store import results, runs
 
     run = runs.get_run(url, run_id)
     config = ProjectConfig.from_stored(run.config) if run is not None else ProjectConfig()

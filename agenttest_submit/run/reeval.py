@@ -34,21 +34,21 @@ from agenttest_submit.run.output import emit_report
 from agenttest_submit.run.progress import Progress
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import resolve_run, run_options, run_suite, store_run
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.agents.http.exchange import close_session
-from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.cases.model import Case
-from agenttest_worker.driver.rejudge import reevaluate
+from agenttest_worker.agents import AgentPool, ProjectConfig, close_session
+from agenttest_worker.cases import Case
+from agenttest_worker.driver import reevaluate
 from agenttest_worker.engine import ConversationState, RunOptions, case_result
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.report.aggregate import aggregate
-from agenttest_worker.report.common import printable
+from agenttest_worker.report import aggregate, printable
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.base import SqlStore
-from agenttest_worker.store.sql import runs
-from agenttest_worker.store.sql.db import upgrade
-from agenttest_worker.store.sql.stored_conversations import StoredConversation, stored_conversations
-from agenttest_worker.store.steps import Step
+from agenttest_worker.store import (
+    SqlStore,
+    Step,
+    StoredConversation,
+    runs,
+    stored_conversations,
+    upgrade,
+)
 
 
 def _url() -> str:

@@ -4,7 +4,7 @@ The agent gets a system prompt, then one user message holding the run's summary 
 its case records as JSON, with `metadata` {test_mode: "reporter", run_id, summary}.
 Its reply (any text: a digest, a Slack message, a triage list) is stored with the run
 as the report format "reporter" and printed after the standard report; what its call
-cost is added to the run's own usage (store/usage.py), for `status RUN` and `report RUN`.
+cost is added to the run's own usage (store/sql/usage.py), for `status RUN` and `report RUN`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ import json
 from typing import Any
 
 from agenttest_submit.cli.stopping import run_async
-from agenttest_worker.agents.base import AgentError, AgentRequest
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.agents.http.exchange import close_session
-from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.agents.refs import parse_ref
-from agenttest_worker.engine.outcome import usage_by_role
+from agenttest_worker.agents import (
+    AgentError,
+    AgentPool,
+    AgentRequest,
+    ProjectConfig,
+    close_session,
+    parse_ref,
+)
+from agenttest_worker.engine import usage_by_role
 from agenttest_worker.errors import InputProblem
 from agenttest_worker.report import RunReport
 from agenttest_worker.results import AgentCallRecord
@@ -101,6 +104,6 @@ def run_reporter(use: str, report: RunReport, config: ProjectConfig, url: str | 
     finally:
         if url is not None and report.run_id is not None and log:
             # The store: imported here, as output.py does (see embedded.run_embedded).
-            from agenttest_worker.store.sql.usage import add_run_usage
+            from agenttest_worker.store import add_run_usage
 
             add_run_usage(url, report.run_id, usage_by_role(log, config))

@@ -21,14 +21,14 @@ from agenttest_submit.cli.services import safe_url
 from agenttest_submit.inputs.generate import take_generation_usage
 from agenttest_submit.inputs.sources import InputSource
 from agenttest_submit.run.storing import NewRun, RunStarter, write_run
-from agenttest_worker.agents.config import ProjectConfig
-from agenttest_worker.cases.model import Case
+from agenttest_worker.agents import ProjectConfig
+from agenttest_worker.cases import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.store import steps
+from agenttest_worker.store import StoredCase, new_run_id
 
 if TYPE_CHECKING:
-    from agenttest_worker.store.sql.models import RunRow
+    from agenttest_worker.store import RunRow
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
 # here: a new embedded run leaves it to its store's thread while its first conversations
@@ -124,7 +124,7 @@ def new_run(
     """A new run as it is stored: a fresh id, its options and config as stored, its
     deadline from now, and what the generators of its cases called."""
     return NewRun(
-        run_id=steps.new_run_id(),
+        run_id=new_run_id(),
         options=options.model_dump(mode="json"),
         config=config.stored(),
         target=target,
@@ -139,7 +139,7 @@ def new_run(
 
 def store_records(
     url: str,
-    records: Iterable[steps.StoredCase],
+    records: Iterable[StoredCase],
     *,
     options: RunOptions,
     config: ProjectConfig,
@@ -159,7 +159,7 @@ def store_records(
 
 def resolve_run(url: str, ref: str) -> RunRow:
     """The stored run a RUN argument names: a run id, or `last` for the newest run."""
-    from agenttest_worker.store.sql import runs  # the store: see the note at the top
+    from agenttest_worker.store import runs  # the store: see the note at the top
 
     run = runs.latest_run(url) if ref == "last" else runs.get_run(url, ref)
     if run is None:

@@ -10,7 +10,7 @@ before it are stored, as when they were written one after the other. SQLite take
 writer at a time: one batch in flight there.
 
 The store (SQLAlchemy) is imported where it is used: a new embedded run's conversations
-start while a thread stores it (store/buffered.py).
+start while a thread stores it (store/memory/buffered.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from agenttest_worker.settings import get_settings
 
 if TYPE_CHECKING:
     from agenttest_worker.results import RoleUsage, UsageRole
-    from agenttest_worker.store import steps
+    from agenttest_worker.store import StoredCase
 
 # Batches waiting read for each writer: a batch is a few hundred KB.
 WAITING_PER_WRITER = 2
@@ -179,7 +179,7 @@ class NewRun:
 def write_run(
     url: str,
     run: NewRun,
-    records: Iterable[steps.StoredCase],
+    records: Iterable[StoredCase],
     starter: RunStarter | None = None,
 ) -> int:
     """Bring the store up to date, create the run, add its cases, start it; the number
@@ -189,9 +189,7 @@ def write_run(
     a fleet works on the first conversations while the rest are written.
     """
     # The store: see the top.
-    from agenttest_worker.store.sql import runs
-    from agenttest_worker.store.sql.db import is_sqlite, upgrade
-    from agenttest_worker.store.sql.usage import usage_document
+    from agenttest_worker.store import is_sqlite, runs, upgrade, usage_document
 
     upgrade(url)
     run_id = run.run_id

@@ -24,8 +24,8 @@ from agenttest_submit.run.embedded import run_embedded
 from agenttest_submit.run.output import output_problem
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import input_label, run_options, run_suite, store_records
-from agenttest_worker.agents.config import ProjectConfig, load_config
-from agenttest_worker.cases.checks import check_ref
+from agenttest_worker.agents import ProjectConfig, load_config
+from agenttest_worker.cases import check_ref
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
 from agenttest_worker.settings import get_settings

@@ -15,7 +15,14 @@
 - `script_loader`: Python callables from the scripts folder, and only from there.
 """
 
-from agenttest_worker.agents.base import (
+from agenttest_worker.agents.config import (
+    DEFAULT_AWAITING_TOOLS,
+    AgentConfig,
+    ProjectConfig,
+    load_config,
+)
+from agenttest_worker.agents.http.exchange import close_session, configure_pool, connections_for
+from agenttest_worker.agents.interface import (
     AgentClient,
     AgentError,
     AgentReply,
@@ -23,11 +30,12 @@ from agenttest_worker.agents.base import (
     protocol,
     protocol_names,
 )
-from agenttest_worker.agents.config import AgentConfig, ProjectConfig, load_config
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.agents.protocols import HttpAgentClient, OpenAIClient, ScriptAgentClient
+from agenttest_worker.agents.refs import Ref, parse_ref
 
 __all__ = [
+    "DEFAULT_AWAITING_TOOLS",
     "AgentClient",
     "AgentConfig",
     "AgentError",
@@ -37,9 +45,14 @@ __all__ = [
     "HttpAgentClient",
     "OpenAIClient",
     "ProjectConfig",
+    "Ref",
     "RoleSession",
     "ScriptAgentClient",
+    "close_session",
+    "configure_pool",
+    "connections_for",
     "load_config",
+    "parse_ref",
     "protocol",
     "protocol_names",
 ]

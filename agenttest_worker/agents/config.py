@@ -24,13 +24,13 @@ from pydantic import (
     model_validator,
 )
 
-from agenttest_worker.agents.base import (
+from agenttest_worker.agents.http.urls import url_problem
+from agenttest_worker.agents.interface import (
     MetadataMode,
     get_protocol,
     protocol_choices,
     protocol_names,
 )
-from agenttest_worker.agents.http.urls import url_problem
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem

@@ -1,7 +1,7 @@
 """The agents of one project: clients by name, and the role calls the engine makes.
 
 `AgentPool` builds one client per agenttest.yaml entry on first use, with the client
-its protocol registered (agents/base.py, agents/protocols/). `RoleSession` binds it
+its protocol registered (agents/interface.py, agents/protocols/). `RoleSession` binds it
 to a list where every call's record (latency, attempts, tokens) is kept, and is what
 assertions see as their `roles`.
 """
@@ -14,14 +14,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agenttest_worker.agents.base import (
+from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.interface import (
     AgentClient,
     AgentError,
     AgentReply,
     AgentRequest,
     get_protocol,
 )
-from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.refs import Ref, RefKind, parse_ref
 from agenttest_worker.agents.roles import (
     ReplyParseError,

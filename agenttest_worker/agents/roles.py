@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from agenttest_worker.agents.base import AgentError, AgentRequest, text_of
 from agenttest_worker.agents.http.transport import snippet
+from agenttest_worker.agents.interface import AgentError, AgentRequest, text_of
 from agenttest_worker.results import AgentCallRecord
 
 SIMULATOR_PROMPT = """You are simulating a user talking to an AI agent that is being tested.

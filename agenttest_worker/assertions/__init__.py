@@ -15,7 +15,7 @@ load-time error naming the field. A new type is one family module (its spec mode
 its `@register(Spec)` checker) and its import below.
 """
 
-from agenttest_worker.assertions.base import (
+from agenttest_worker.assertions.checking import (
     Assertion,
     AssertionContext,
     AssertionOutcome,
@@ -31,10 +31,10 @@ from agenttest_worker.assertions.base import (
 # Imported in the order messages list the types ("known: contains, equals, ..."): that
 # is the order they register in.
 from agenttest_worker.assertions.text import ContainsAssertion, EqualsAssertion, RegexAssertion
-from agenttest_worker.assertions.structure import JsonPathAssertion, TypeAssertion
+from agenttest_worker.assertions.structure import TYPE_ALIASES, JsonPathAssertion, TypeAssertion
 from agenttest_worker.assertions.tools import ToolCalledAssertion
 from agenttest_worker.assertions.agent import AgentAssertion
-from agenttest_worker.assertions.script import ScriptAssertion
+from agenttest_worker.assertions.scripted import ScriptAssertion
 from agenttest_worker.assertions.latency import LatencyAssertion, TimedContext
 
 # isort: on
@@ -44,6 +44,7 @@ ASSERTION_TYPES = assertion_types()
 
 __all__ = [
     "ASSERTION_TYPES",
+    "TYPE_ALIASES",
     "AgentAssertion",
     "Assertion",
     "AssertionContext",

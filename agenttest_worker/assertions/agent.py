@@ -31,7 +31,7 @@ from pydantic import Field, field_validator
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.agents.roles import conversation_for_role
-from agenttest_worker.assertions.base import (
+from agenttest_worker.assertions.checking import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
-from agenttest_worker.assertions.base import (
+from agenttest_worker.assertions.checking import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,
@@ -22,7 +22,7 @@ from agenttest_worker.json_values import compile_path, find, json_equal
 JsonType = Literal["string", "number", "integer", "boolean", "array", "object", "null"]
 
 # Names people write for JSON types in other languages, mapped to JSON Schema's names.
-_TYPE_ALIASES: dict[str, JsonType] = {
+TYPE_ALIASES: dict[str, JsonType] = {
     "str": "string",
     "text": "string",
     "float": "number",
@@ -71,7 +71,7 @@ class TypeAssertion(AssertionSpec):
     def _alias_type_names(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("value"), str):
             name = data["value"].strip().lower()
-            data = {**data, "value": _TYPE_ALIASES.get(name, name)}
+            data = {**data, "value": TYPE_ALIASES.get(name, name)}
         return data
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
-from agenttest_worker.assertions.base import (
+from agenttest_worker.assertions.checking import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,

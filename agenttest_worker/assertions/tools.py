@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from agenttest_worker.assertions.base import (
+from agenttest_worker.assertions.checking import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,

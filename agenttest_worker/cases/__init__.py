@@ -11,10 +11,10 @@
   agenttest.yaml. `attachments`: `file://` attachments inlined as data: URLs.
 """
 
+from typing import TYPE_CHECKING
+
 from agenttest_worker.cases.attachments import inline_attachments
-from agenttest_worker.cases.checks import check_case_refs
-from agenttest_worker.cases.files import CASE_SUFFIXES, case_files_in, iter_cases, load_cases
-from agenttest_worker.cases.model import (
+from agenttest_worker.cases.case_model import (
     Attachment,
     Case,
     CaseSource,
@@ -23,8 +23,14 @@ from agenttest_worker.cases.model import (
     OnMissingInput,
     SimulatorConfig,
     Turn,
+    repetition_key,
 )
+from agenttest_worker.cases.checks import check_case_refs, check_ref
+from agenttest_worker.cases.files import CASE_SUFFIXES, case_files_in, iter_cases, load_cases
 from agenttest_worker.cases.validation import Located, validate_case
+
+if TYPE_CHECKING:
+    from agenttest_worker.cases.yaml_model import YamlTest
 
 # `YamlTest` (yaml_model.py) is imported when asked for: its models cost every run ~5 ms
 # of start-up, and only runs of tdx YAML files need them (files.py reads those).
@@ -52,8 +58,10 @@ __all__ = [
     "YamlTest",
     "case_files_in",
     "check_case_refs",
+    "check_ref",
     "inline_attachments",
     "iter_cases",
     "load_cases",
+    "repetition_key",
     "validate_case",
 ]

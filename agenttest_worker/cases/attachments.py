@@ -12,7 +12,7 @@ import mimetypes
 from pathlib import Path
 from urllib.parse import unquote
 
-from agenttest_worker.cases.model import Attachment, Case
+from agenttest_worker.cases.case_model import Attachment, Case
 from agenttest_worker.errors import InputError, InputProblem
 
 MAX_ATTACHMENT_BYTES = 20 * 1024 * 1024

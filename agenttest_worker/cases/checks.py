@@ -12,7 +12,7 @@ from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.agents.script_loader import ScriptError, ScriptRole, resolve_script
 from agenttest_worker.assertions import AgentAssertion, Assertion, ScriptAssertion
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.errors import FieldPath, InputProblem
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.cases.json_reader import read_json, read_jsonl
-from agenttest_worker.cases.model import Case
 from agenttest_worker.cases.validation import Located, validate_case
 from agenttest_worker.errors import InputError, InputProblem
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agenttest_worker.assertions import assertion_types
-from agenttest_worker.cases.model import Case, CaseSource, FieldError
+from agenttest_worker.cases.case_model import Case, CaseSource, FieldError
 from agenttest_worker.errors import InputProblem, format_field
 from agenttest_worker.yamlfile import YamlPath
 

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agenttest_worker.agents.options import Options
 from agenttest_worker.assertions import Assertion, on_change
-from agenttest_worker.cases.model import (
+from agenttest_worker.cases.case_model import (
     Attachment,
     CaseSource,
     FieldError,
@@ -187,7 +187,7 @@ def criteria_assertion(criteria: str, **judging: Any) -> dict[str, Any]:
 
 
 def _rebuild_with_registered_types() -> None:
-    # As cases/model.py does for its models: a late assertion type reaches these too.
+    # As cases/case_model.py does for its models: a late assertion type reaches these too.
     for model in (_Round, YamlTest):
         model.model_rebuild(force=True)
 

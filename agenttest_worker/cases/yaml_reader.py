@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.cases.validation import (
     Located,
     Path_,

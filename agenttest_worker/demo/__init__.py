@@ -13,14 +13,14 @@ that model's behaviour:
 - `generator` (`generator.py`): test case generator, replies `{cases: [...]}`.
 - `echo`      (`echo.py`): replies with what it was sent (messages, metadata, tools).
 
-`server.py` serves them (`create_app`, `DemoServer`), on a thread of its own through
+`demo_server.py` serves them (`create_app`, `DemoServer`), on a thread of its own through
 `threaded.py` (which the test agents in tests/ use too); `SUITE` is the bundled suite's
 folder. The `agenttest-demo` command is agenttest_submit's (commands/demo_command.py).
 """
 
 from pathlib import Path
 
-from agenttest_worker.demo.server import DemoServer, start_site
+from agenttest_worker.demo.demo_server import DemoServer, start_site
 
 SUITE = Path(__file__).parent / "suite"
 

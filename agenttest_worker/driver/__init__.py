@@ -8,15 +8,26 @@ conversation, runs one engine step, and saves it with the guarded idempotent sav
 Importing it imports no SQLAlchemy: the store it is handed brings its own.
 """
 
-from agenttest_worker.driver.budget import budget_spent
+from agenttest_worker.driver.budget_counting import budget_spent
+from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.rejudge import reevaluate
-from agenttest_worker.driver.step import Advance, PoolCache, answer_human, run_step_sync
+from agenttest_worker.driver.step import (
+    Advance,
+    PoolCache,
+    answer_human,
+    end_refused,
+    run_step_sync,
+)
 
 __all__ = [
     "Advance",
     "PoolCache",
+    "TurnAddress",
     "answer_human",
     "budget_spent",
+    "end_refused",
+    "inline",
     "reevaluate",
+    "run_step",
     "run_step_sync",
 ]

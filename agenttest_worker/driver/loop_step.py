@@ -4,7 +4,7 @@ conversation on the submitter's loop, agenttest_submit/run/embedded.py) and the 
 differs is where the store's calls run, which the caller says with `offload`: on a
 worker, whose store blocks (Postgres, Redis), a few threads beside the loop
 (loop_pool.offload); in the embedded runner, whose store answers from memory and writes
-on a thread of its own (store/buffered.py), the loop's own thread (`inline`)."""
+on a thread of its own (store/memory/buffered.py), the loop's own thread (`inline`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from agenttest_worker.driver import budget
+from agenttest_worker.driver import budget_counting as budget
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
@@ -25,7 +25,7 @@ from agenttest_worker.driver.step import (
     prepare,
 )
 from agenttest_worker.engine import ConversationState
-from agenttest_worker.store.base import ConversationStore
+from agenttest_worker.store.conversation_store import ConversationStore
 
 T = TypeVar("T")
 

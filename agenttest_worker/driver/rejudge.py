@@ -14,7 +14,7 @@ from typing import Any
 from agenttest_worker.agents.options import merge_options
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.assertions import Assertion, AssertionContext
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine import (
     ConversationState,
     final_context,

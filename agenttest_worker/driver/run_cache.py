@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.store import steps

@@ -31,7 +31,7 @@ measures a turn at turn ~3 and ~50.
   for the next call; a state read from the store gets them back from the records.
 
 A run with an agent read from its chat history (`history:` in agenttest.yaml) saves
-whole states: reading the history may rewrite earlier turns (engine/history.py). So
+whole states: reading the history may rewrite earlier turns (engine/history_turns.py). So
 does a conversation whose stored state was whole (stored before turn records existed,
 or by a store without them), to its end.
 """
@@ -49,7 +49,7 @@ from agenttest_worker.engine import ConversationState, start_conversation
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.json_values import compact_json
 from agenttest_worker.store import steps
-from agenttest_worker.store.base import ConversationStore
+from agenttest_worker.store.conversation_store import ConversationStore
 from agenttest_worker.store.kept_states import KEPT
 
 

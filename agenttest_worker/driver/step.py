@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.cases.model import Case
-from agenttest_worker.driver import budget, state_cache
-from agenttest_worker.driver.budget import budget_spent, turns_spend
+from agenttest_worker.cases.case_model import Case
+from agenttest_worker.driver import budget_counting as budget
+from agenttest_worker.driver import state_cache
+from agenttest_worker.driver.budget_counting import budget_spent, turns_spend
 from agenttest_worker.driver.event_loops import run_sync
 
 # PoolCache is imported from here by the runners (embedded.py, fleet/tasks.py).
@@ -42,7 +43,7 @@ from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
-from agenttest_worker.store.base import ConversationStore
+from agenttest_worker.store.conversation_store import ConversationStore
 
 T = TypeVar("T")
 

@@ -22,7 +22,14 @@ assertions read), `assess` (running assertions), `next_input` (what comes next),
 
 from agenttest_worker.engine.assess import grade_turn, run_assertions
 from agenttest_worker.engine.next_input import apply_missing_input, give_human_input, wants_human
-from agenttest_worker.engine.outcome import case_result, final_context, finish
+from agenttest_worker.engine.outcome import (
+    USAGE_ROLE,
+    case_result,
+    final_context,
+    finish,
+    tokens_cost,
+    usage_by_role,
+)
 from agenttest_worker.engine.state import (
     MAX_TOOL_ROUNDS,
     MISSING_INPUT_HINT,
@@ -40,6 +47,7 @@ __all__ = [
     "MAX_TOOL_ROUNDS",
     "MISSING_INPUT_HINT",
     "NO_NEXT_TURN",
+    "USAGE_ROLE",
     "ConversationState",
     "HumanPrompt",
     "PendingInput",
@@ -55,6 +63,8 @@ __all__ = [
     "run_turn",
     "start_conversation",
     "target_for",
+    "tokens_cost",
+    "usage_by_role",
     "user_message",
     "wants_human",
 ]

@@ -6,7 +6,7 @@ import asyncio
 from typing import cast
 
 from agenttest_worker.assertions import Assertion, AssertionContext
-from agenttest_worker.assertions.base import begin
+from agenttest_worker.assertions.checking import begin
 from agenttest_worker.results import (
     AssertionOutcome,
     AssertionResult,

@@ -1,6 +1,6 @@
 """Turns of a history-based agent: each turn's reply read from the agent's chat history.
 
-The agent declares `history:` (agents/protocols/history.py reads and splits it). With
+The agent declares `history:` (agents/protocols/chat_history.py reads and splits it). With
 `when: turn` the history is read after every turn and the turn gets its last round;
 with `when: end` it is read once, after the last static turn, and every turn not yet
 read gets its round then: the turns' assertions wait for it (turn.py). The k-th turn
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agenttest_worker.agents.base import AgentError, AgentRequest, HistoryRound, HistorySource
-from agenttest_worker.cases.model import Case
+from agenttest_worker.agents.interface import AgentError, AgentRequest, HistoryRound, HistorySource
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine.state import ConversationState
 from agenttest_worker.results import AgentCallRecord, TurnResult
 

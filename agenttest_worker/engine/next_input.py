@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from agenttest_worker.agents.base import AgentError
+from agenttest_worker.agents.interface import AgentError
 from agenttest_worker.agents.pool import AgentPool
-from agenttest_worker.cases.model import Case, OnMissingInput
+from agenttest_worker.cases.case_model import Case, OnMissingInput
 from agenttest_worker.engine.outcome import finish
 from agenttest_worker.engine.state import (
     NO_NEXT_TURN,

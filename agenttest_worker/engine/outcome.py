@@ -10,7 +10,7 @@ from typing import Literal
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.assertions import AssertionContext
-from agenttest_worker.cases.model import Case
+from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine.assess import run_assertions
 from agenttest_worker.engine.documents import final_document
 from agenttest_worker.engine.state import ConversationState

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, TypeAdapter
 
 from agenttest_worker.agents.config import DEFAULT_AWAITING_TOOLS
-from agenttest_worker.cases.model import Case, OnMissingInput
+from agenttest_worker.cases.case_model import Case, OnMissingInput
 from agenttest_worker.json_values import compact_json
 from agenttest_worker.results import (
     AgentCallRecord,

@@ -4,7 +4,7 @@ whether the agent awaits input, run the turn's assertions and choose the next in
 A streamed reply's time to first token and the target's whole reply time are kept on
 the turn (and given to latency assertions); a stream that broke after content arrived
 leaves that content as the turn's output. A history-based agent's reply is read from
-its chat history (engine/history.py)."""
+its chat history (engine/history_turns.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest, history_source
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest, history_source
 from agenttest_worker.agents.options import Options, merge_options
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.assertions import Assertion, TimedContext
-from agenttest_worker.cases.model import Attachment, Case
+from agenttest_worker.cases.case_model import Attachment, Case
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine.assess import grade_turn, run_assertions
 from agenttest_worker.engine.awaiting import detect_awaiting

@@ -1,25 +1,52 @@
-"""The fleet: the Celery app and its configuration, the thin tasks, the sweeper that
-recovers stalled conversations, and the aggregation that builds a run's reports once
-its last conversation ends.
+"""The fleet: the Celery app and its configuration, the thin tasks, publishing them, the
+loop pool that plays turns as coroutines, and the sweeper that recovers stalled
+conversations. The aggregation the last conversation's task runs is the report
+package's (report/aggregation.py).
 
-Names are exported lazily: importing a module of this package for a helper does not
-start Celery's import (~0.3 s) in processes that never talk to a broker.
+Names are exported lazily: a process that never talks to a broker (an embedded run, a
+dry run) does not pay for importing Celery.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agenttest_worker.fleet.celery_app import app, sweep_interval
+    from agenttest_worker.fleet.enqueue import (
+        enqueue_aggregate,
+        enqueue_start,
+        enqueue_starts,
+        enqueue_turn,
+        enqueue_turns,
+        follow_up,
+    )
+    from agenttest_worker.fleet.sweeper import recover
 
 _EXPORTS = {
-    "app": "agenttest_worker.fleet.app",
-    "build_report": "agenttest_worker.report.aggregate",
+    "app": "agenttest_worker.fleet.celery_app",
+    "sweep_interval": "agenttest_worker.fleet.celery_app",
+    "enqueue_aggregate": "agenttest_worker.fleet.enqueue",
     "enqueue_start": "agenttest_worker.fleet.enqueue",
     "enqueue_turn": "agenttest_worker.fleet.enqueue",
+    "enqueue_starts": "agenttest_worker.fleet.enqueue",
+    "enqueue_turns": "agenttest_worker.fleet.enqueue",
+    "follow_up": "agenttest_worker.fleet.enqueue",
     "recover": "agenttest_worker.fleet.sweeper",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "app",
+    "enqueue_aggregate",
+    "enqueue_start",
+    "enqueue_starts",
+    "enqueue_turn",
+    "enqueue_turns",
+    "follow_up",
+    "recover",
+    "sweep_interval",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.fleet.app import CONTINUING, NEW_CONVERSATION, app
+from agenttest_worker.fleet.celery_app import CONTINUING, NEW_CONVERSATION, app
 from agenttest_worker.settings import get_settings
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ AGGREGATE = "agenttest.aggregate"
 @dataclass(frozen=True)
 class TaskMessage:
     """One task to publish: its name, positional arguments (plain ids and numbers) and
-    its priority (app.py)."""
+    its priority (celery_app.py)."""
 
     name: str
     args: tuple[Any, ...]
@@ -51,7 +51,7 @@ def publish(messages: list[TaskMessage], producer: Any = None) -> None:
 
 def turn_message(run_id: str, case_id: str, number: int) -> TaskMessage:
     """`agenttest.turn(run_id, case_id, number)`. A first turn waits behind the turns of
-    conversations under way (app.py)."""
+    conversations under way (celery_app.py)."""
     priority = NEW_CONVERSATION if number == 1 else CONTINUING
     return TaskMessage(TURN, (run_id, case_id, number), priority)
 

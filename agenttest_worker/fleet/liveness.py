@@ -9,7 +9,7 @@ presumably). A turn waiting for a rate-limit slot, or out a 429's Retry-After, o
 run alone after a crash (isolation.py), is neither: handed out again, it was played
 twice, calling its agents twice (the copy's save is refused, but the calls were made).
 
-So while a turn waits (agents/waiting.py lists it), its worker's heartbeat thread marks
+So while a turn waits (agents/limits/waiting.py lists it), its worker's heartbeat thread marks
 it alive every `marking_interval`: in the store, by touching its conversation's
 `updated_at` (what the stall sweeper and `resume` judge by), and at the broker, by
 moving its message's entry in kombu's unacked index (a sorted set scored by delivery
@@ -29,7 +29,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutdown
 
 from agenttest_worker.agents.limits.waiting import WAITING
-from agenttest_worker.fleet.app import REDIS_BROKER, app
+from agenttest_worker.fleet.celery_app import REDIS_BROKER, app
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.sql import recovery
 

@@ -138,7 +138,7 @@ def raise_open_files_limit(wanted: int) -> int:
 
 
 class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
-    """`worker_pool` of the fleet (fleet/app.py): turns on one event loop per process."""
+    """`worker_pool` of the fleet (fleet/celery_app.py): turns on one event loop per process."""
 
     body_can_be_buffer = True
     signal_safe = False

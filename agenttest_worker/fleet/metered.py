@@ -27,7 +27,7 @@ from agenttest_worker.driver.run_cache import pricing_config
 from agenttest_worker.engine.outcome import call_cost
 from agenttest_worker.observe import metrics
 from agenttest_worker.results import AgentCallRecord
-from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.steps import LoadedCase, Saved, Step
 
 

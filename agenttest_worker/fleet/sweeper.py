@@ -25,11 +25,11 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutdown
 from sqlalchemy.exc import DBAPIError
 
-from agenttest_worker.fleet.app import app, sweep_interval
+from agenttest_worker.fleet.celery_app import app, sweep_interval
 from agenttest_worker.fleet.enqueue import enqueue_starts, enqueue_turn
 from agenttest_worker.fleet.tasks import database_url
 from agenttest_worker.observe import metrics
-from agenttest_worker.report.aggregate import aggregate
+from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.sql import recovery
 from agenttest_worker.store.sql.db import error_reason, is_connection_lost

@@ -26,10 +26,10 @@ from agenttest_worker.driver.loop_step import TurnAddress, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 
 # Connects the signals that serve a worker's metrics when AGENTTEST_METRICS_PORT is
-# set. Here rather than in app.py: a worker imports this module (the app's `include`)
+# set. Here rather than in celery_app.py: a worker imports this module (the app's `include`)
 # before it sends `celeryd_init`, and a process that only publishes never needs it.
-from agenttest_worker.fleet import metrics as _metrics  # noqa: F401
-from agenttest_worker.fleet.app import app
+from agenttest_worker.fleet import metrics_server as _metrics  # noqa: F401
+from agenttest_worker.fleet.celery_app import app
 from agenttest_worker.fleet.enqueue import (
     AGGREGATE,
     START,
@@ -43,9 +43,9 @@ from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
 from agenttest_worker.fleet.metered import metered
 from agenttest_worker.heap import settle
-from agenttest_worker.report.aggregate import aggregate
+from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.base import SqlStore
+from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.sql import recovery
 from agenttest_worker.store.sql.db import error_reason, upgrade
 
@@ -166,7 +166,7 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
     Imports: a hundred turns taking their first step at once would each wait on the
     import lock and the GIL for modules kept off the submitter's start-up path. aiohttp,
     which every agent call goes through, is imported by the loop pool's `configure_pool`
-    (agents/exchange.py), and in the other pools by the first call.
+    (agents/http/exchange.py), and in the other pools by the first call.
 
     Connections, where tasks run in this process (the loop pool, threads): the database,
     whose schema `worker_process_init` brings current only in prefork's children, so

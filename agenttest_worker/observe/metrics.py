@@ -1,7 +1,7 @@
 """A worker's Prometheus metrics, and the calls that count into them.
 
 Off unless AGENTTEST_METRICS_PORT is set: a worker then turns them on at start-up
-(`enable`, from fleet/metrics.py, which also serves them). Until then every function
+(`enable`, from fleet/metrics_server.py, which also serves them). Until then every function
 here returns after reading one module global, and prometheus_client is never imported:
 the embedded runner and the submitter pay nothing.
 
@@ -14,7 +14,7 @@ runs still going). No label or value ever holds a URL, a message or a secret.
 Turns, conversations, calls, latency, tokens and cost are counted from the steps a
 worker recorded (fleet/metered.py), once per turn however often its message was
 delivered, so that they add up to what the run stored. Retries, rate-limit waits and
-breaker refusals are counted where they happen (agents/transport.py, ratelimit.py,
+breaker refusals are counted where they happen (agents/http/transport.py, ratelimit.py,
 breaker.py).
 """
 
@@ -183,7 +183,7 @@ def call_outcome(call: AgentCallRecord) -> str:
         return "5xx"
     if status is not None and status >= 400:
         return "4xx"
-    # No HTTP error: the transport's words say which (agents/transport.py, breaker.py).
+    # No HTTP error: the transport's words say which (agents/http/transport.py, breaker.py).
     text = call.error
     if text.startswith("timeout"):
         return "timeout"
@@ -227,7 +227,7 @@ def unrecorded_calls(
 ) -> None:
     """The calls of a step a worker played but did not save (a copy of its message saved
     it first, or its conversation ended meanwhile): counted as calls, tokens and cost,
-    which the run counts too (store/usage.py), but not as turns."""
+    which the run counts too (store/sql/usage.py), but not as turns."""
     on = _on
     if on is None:
         return
@@ -253,21 +253,21 @@ def _count_call(
 
 
 def retried(agent: str, role: str, kind: str, status: int | None) -> None:
-    """An attempt failed and its call tries again (agents/transport.py)."""
+    """An attempt failed and its call tries again (agents/http/transport.py)."""
     on = _on
     if on is not None:
         on.retries.labels(agent, role_name(role), retry_reason(kind, status)).inc()
 
 
 def rate_limit_waited(agent: str, seconds: float) -> None:
-    """An attempt got its rate-limit slot after `seconds` (agents/ratelimit.py)."""
+    """An attempt got its rate-limit slot after `seconds` (agents/limits/ratelimit.py)."""
     on = _on
     if on is not None:
         on.rate_limit_wait.labels(agent).observe(seconds)
 
 
 def breaker_seen(key: str, open_: bool) -> None:
-    """What a call found of an agent's breaker (agents/breaker.py); `key` is
+    """What a call found of an agent's breaker (agents/limits/breaker.py); `key` is
     "agent@host:port", and only the agent's name becomes a label."""
     on = _on
     if on is None:

@@ -1,84 +1,107 @@
-"""Reports over a run's results: one module per format, chosen by the name users write.
+"""Reports over a run's results, on both paths (embedded and fleet).
 
-`--format console|json|jsonl|table|tsv|junit|html` looks the reporter up in REPORTERS.
-Reporters are pure: a RunReport in, text out; writing it to stdout or `-o` is the
-caller's business, which keeps every format testable without files or terminals.
+- `formats`: the registry of report formats (`--format`), one module per format:
+  `console`, `json`, `jsonl`, `table`, `tsv`, `junit`, `html` (with `html_page/`, the
+  conversation pages the viewer shares);
+- `report_model`: what every format renders (`RunReport`), `common` what they share;
+- `aggregation`: once a run's conversations have ended, its reports built once and
+  stored, streamed from the store;
+- `verdicts` (repeated cases), `judges` (judge agreement), `usage_tally` (calls, tokens
+  and cost by role), `diff` and `diff_formats` (what changed between two runs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Protocol
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.report import console, html, jsonl, junit, table, tsv
-from agenttest_worker.report import json as json_report
-from agenttest_worker.report.model import DEFAULT_TITLE, RunReport, Summary
+from agenttest_worker.report.common import asked_question, format_ms, one_line, printable
+from agenttest_worker.report.diff import (
+    CATEGORIES,
+    TITLES,
+    CaseChange,
+    RunDiff,
+    RunInfo,
+    category,
+    difference,
+    tally_verdict,
+)
+from agenttest_worker.report.diff_formats import DIFF_FORMATS, render_diff
+from agenttest_worker.report.formats import (
+    REPORTERS,
+    ChunkedReporter,
+    Reporter,
+    register,
+    render,
+    render_chunks,
+)
+from agenttest_worker.report.html_page.data import (
+    RunData,
+    case_row,
+    record_notes,
+    search_text,
+    sort_rows,
+)
+from agenttest_worker.report.html_page.shell import page_end, page_start, policy
+from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
+from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
+from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
+
+if TYPE_CHECKING:
+    from agenttest_worker.report.aggregation import aggregate, build_report
 
 
-class Reporter(Protocol):
-    """A report format. Each format module satisfies it with its module-level render()."""
-
-    def render(self, run: RunReport) -> str: ...
-
-
-class ChunkedReporter(Reporter, Protocol):
-    """A format that can also be written as it is built: `render_chunks` yields pieces
-    whose concatenation is `render`'s text (the aggregator streams such reports to the
-    store instead of holding them whole)."""
-
-    def render_chunks(self, run: RunReport) -> Iterator[str]: ...
-
-
-REPORTERS: dict[str, Reporter] = {
-    "console": console,
-    "json": json_report,
-    "jsonl": jsonl,
-    "table": table,
-    "tsv": tsv,
-    "junit": junit,
-    "html": html,
+# The aggregation reads and writes the store: imported when asked for, so that rendering
+# a report needs no database library.
+_LAZY = {
+    "aggregate": "agenttest_worker.report.aggregation",
+    "build_report": "agenttest_worker.report.aggregation",
 }
 
 
-def register(name: str, reporter: Reporter) -> None:
-    """Add a report format (for plugins); a name is registered once."""
-    if name in REPORTERS:
-        raise ValueError(f"report format {name!r} registered twice")
-    REPORTERS[name] = reporter
-
-
-def _reporter(format: str) -> Reporter:
-    try:
-        return REPORTERS[format]
-    except KeyError:
-        known = ", ".join(sorted(REPORTERS))
-        raise ValueError(f"unknown report format {format!r} (choose from: {known})") from None
-
-
-def render(format: str, run: RunReport) -> str:
-    """The run's report in `format`; an unknown name lists the known ones."""
-    return _reporter(format).render(run)
-
-
-def render_chunks(format: str, run: RunReport) -> Iterator[str]:
-    """The run's report in `format` piece by piece (in one piece for a format that is
-    not a ChunkedReporter)."""
-    reporter = _reporter(format)
-    pieces = getattr(reporter, "render_chunks", None)
-    if pieces is None:
-        yield reporter.render(run)
-        return
-    yield from pieces(run)
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "CATEGORIES",
     "DEFAULT_TITLE",
+    "DIFF_FORMATS",
     "REPORTERS",
+    "ROLE_ORDER",
+    "TITLES",
+    "CaseChange",
     "ChunkedReporter",
     "Reporter",
+    "RunData",
+    "RunDiff",
+    "RunInfo",
     "RunReport",
     "Summary",
+    "UsageTally",
+    "aggregate",
+    "asked_question",
+    "build_report",
+    "case_row",
+    "case_verdict",
+    "category",
+    "difference",
+    "format_ms",
+    "grouped",
+    "one_line",
+    "page_end",
+    "page_start",
+    "pass_rule_problem",
+    "policy",
+    "printable",
+    "record_notes",
     "register",
     "render",
     "render_chunks",
+    "render_diff",
+    "search_text",
+    "sort_rows",
+    "tally_verdict",
 ]

@@ -30,8 +30,8 @@ from agenttest_worker.report.common import (
     quoted,
 )
 from agenttest_worker.report.judges import judges_line
-from agenttest_worker.report.model import RunReport, Summary
-from agenttest_worker.report.usage import usage_line
+from agenttest_worker.report.report_model import RunReport, Summary
+from agenttest_worker.report.usage_tally import usage_line
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 from agenttest_worker.report.html_page.data import RunData, record_notes, script_text, sort_rows
 from agenttest_worker.report.html_page.shell import data_element, data_open, page_end, page_start
-from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.report_model import RunReport
 from agenttest_worker.report.verdicts import grouped
 from agenttest_worker.results import CaseResult
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agenttest_worker.report.model import RunReport
-from agenttest_worker.report.usage import usage_dict
+from agenttest_worker.report.report_model import RunReport
+from agenttest_worker.report.usage_tally import usage_dict
 
 
 def document(run: RunReport) -> dict[str, Any]:

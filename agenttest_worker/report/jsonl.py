@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from agenttest_worker.report.model import RunReport, StoredResults
+from agenttest_worker.report.report_model import RunReport, StoredResults
 
 
 def render(run: RunReport) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from agenttest_worker.report.common import first_problem, problems
 from agenttest_worker.report.console import Style, case_lines, repeated_case_lines
-from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.report_model import RunReport
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, grouped
 from agenttest_worker.results import CaseResult
 

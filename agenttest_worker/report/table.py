@@ -8,7 +8,7 @@ reason is the first failed repetition's.
 from __future__ import annotations
 
 from agenttest_worker.report.common import first_problem, format_ms, format_seconds, printable
-from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.report_model import RunReport
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import CaseResult
 

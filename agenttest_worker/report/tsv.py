@@ -12,7 +12,7 @@ failed repetitions' problems, and three more columns at the end: `repeats` (K),
 from __future__ import annotations
 
 from agenttest_worker.report.common import assertion_counts, problems
-from agenttest_worker.report.model import RunReport
+from agenttest_worker.report.report_model import RunReport
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import CaseResult
 

@@ -3,7 +3,7 @@
 Counting usage only when a turn is saved let every turn already running see the
 budget unspent: a fleet of 2×4 threads ran 8 turns of 15 tokens against a budget of 40.
 So a turn first reserves an estimate on its run (atomically across workers: under the
-run row's lock on a fleet, store/budget.py; on the one event loop embedded,
+run row's lock on a fleet, store/sql/budget_reservations.py; on the one event loop embedded,
 `MemoryReservations`), and only while spent plus reserved is below the budget. The
 saved step releases its reservation and adds what it really used, in the same write.
 The run then overshoots by at most the turns already in flight when it ran out (and by

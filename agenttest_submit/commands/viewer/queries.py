@@ -20,20 +20,20 @@ from typing import Any
 from sqlalchemy import Text, cast, or_, select
 
 from agenttest_worker.errors import InputError
-from agenttest_worker.report.aggregate import build_report
-from agenttest_worker.report.diff import CATEGORIES, TITLES
-from agenttest_worker.report.html_page.data import (
+from agenttest_worker.report import (
+    CATEGORIES,
+    TITLES,
     RunData,
+    build_report,
     case_row,
+    case_verdict,
+    grouped,
     record_notes,
     search_text,
     sort_rows,
 )
-from agenttest_worker.report.verdicts import case_verdict, grouped
 from agenttest_worker.results import CaseResult
-from agenttest_worker.store.sql import results, runs
-from agenttest_worker.store.sql.db import session_scope
-from agenttest_worker.store.sql.models import CaseRow, RunRow
+from agenttest_worker.store import CaseRow, RunRow, results, runs, session_scope
 
 RUNS_LISTED = 500
 # How stale a running run's case table may be (its progress is always current).
@@ -167,7 +167,7 @@ class RunViews:
                 select(CaseRow.phase, CaseRow.next_turn, CaseRow.case, cast(CaseRow.result, Text))
                 .where(
                     CaseRow.run_id == run_id,
-                    # A repetition is stored as "ID#N" (cases/model.py).
+                    # A repetition is stored as "ID#N" (cases/case_model.py).
                     or_(
                         CaseRow.case_id == case_id,
                         CaseRow.case_id.startswith(f"{case_id}#", autoescape=True),

@@ -59,7 +59,7 @@ def run_view(request: ViewRequest) -> int:
     check_binding(request.host, token)  # before anything is opened
     from agenttest_submit.run.runner import resolve_run
     from agenttest_worker.settings import get_settings
-    from agenttest_worker.store.sql.db import upgrade  # the store: SQLAlchemy, only here
+    from agenttest_worker.store import upgrade  # the store: SQLAlchemy, only here
 
     url = get_settings().effective_database_url()
     upgrade(url)  # as every subcommand does: a store it can read
@@ -78,7 +78,7 @@ def serve(database_url: str, host: str, port: int, token: str | None, path: str 
 async def _serve(database_url: str, host: str, port: int, token: str | None, path: str) -> None:
     from aiohttp import web  # here: aiohttp's server is needed only by this command
 
-    from agenttest_submit.commands.viewer.server import make_app
+    from agenttest_submit.commands.viewer.web_app import make_app
 
     runner = web.AppRunner(make_app(database_url, token=token), access_log=None)
     await runner.setup()

@@ -21,7 +21,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from agenttest_worker.agents.base import AgentReply
+from agenttest_worker.agents.interface import AgentReply
 
 Framing = Literal["sse", "ndjson"]
 

@@ -15,7 +15,6 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.http.exchange import (
     MAX_BODY_BYTES,
     Attempt,
@@ -24,6 +23,7 @@ from agenttest_worker.agents.http.exchange import (
     describe,
 )
 from agenttest_worker.agents.http.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
+from agenttest_worker.agents.interface import AgentError
 from agenttest_worker.agents.limits.breaker import breaker, endpoint_key
 from agenttest_worker.agents.limits.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.limits.retry import RetryPolicy, is_retryable_status, parse_retry_after
@@ -125,7 +125,7 @@ async def post_json(
             attempts += 1
             tripped = await breaker().admit(key)
             if tripped is not None:
-                # The agent is down (agents/breaker.py): fail now, not after every retry.
+                # The agent is down (agents/limits/breaker.py): fail now, not after every retry.
                 if unreachable is not None:  # this call, too, ended unable to connect
                     await breaker().failed(key, unreachable)
                 made = attempts - 1

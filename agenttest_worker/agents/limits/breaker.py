@@ -1,6 +1,6 @@
 """Failing fast on an agent that cannot be reached: a circuit breaker per agent.
 
-Each call retries connection errors on its own (agents/retry.py), so against an agent
+Each call retries connection errors on its own (agents/limits/retry.py), so against an agent
 that is down every case spent its whole retry schedule before failing, one after the
 other. After AGENTTEST_BREAKER_FAILURES calls in a row (default 3) ended unable to
 connect, each after its retries (a blip that a retry rides out counts for nothing), the
@@ -14,7 +14,7 @@ Only failures to connect count (refused, unreachable, DNS, TLS handshake): a tim
 a 5xx says the agent is there, slow or broken, which is the retries' business.
 
 With a Redis broker the breaker is the fleet's (on the rate limiter's Redis client and
-its outage handling, agents/ratelimit.py): a worker that never called the agent fails
+its outage handling, agents/limits/ratelimit.py): a worker that never called the agent fails
 fast too. Each event loop reads the shared state at most every REFRESH seconds, so a
 call to a healthy agent costs no Redis round trip; the price is that a worker may see
 the breaker open (or a success elsewhere end a streak) up to that much late. Redis

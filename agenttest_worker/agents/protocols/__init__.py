@@ -10,7 +10,7 @@
 - `history`: reading an http agent's replies back from its chat history.
 
 Each protocol module registers its client class with `@protocol("name", check=...)`
-(agents/base.py); importing this package registers them all. A new protocol is one
+(agents/interface.py); importing this package registers them all. A new protocol is one
 module here and its import below; `protocol:` in agenttest.yaml, the message for an
 unknown one and the pool's clients follow from the registry.
 """
@@ -21,7 +21,7 @@ unknown one and the pool's clients follow from the registry.
 from agenttest_worker.agents.protocols.openai import OpenAIClient
 from agenttest_worker.agents.protocols.anthropic import AnthropicClient
 from agenttest_worker.agents.protocols.http import HttpAgentClient
-from agenttest_worker.agents.protocols.script import ScriptAgentClient
+from agenttest_worker.agents.protocols.python_script import ScriptAgentClient
 
 # isort: on
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient

@@ -20,7 +20,9 @@ import base64
 import json
 from typing import Any
 
-from agenttest_worker.agents.base import (
+from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.http.streaming import StreamSpec
+from agenttest_worker.agents.interface import (
     AgentError,
     AgentReply,
     AgentRequest,
@@ -29,8 +31,6 @@ from agenttest_worker.agents.base import (
     protocol,
     text_of,
 )
-from agenttest_worker.agents.config import AgentConfig
-from agenttest_worker.agents.http.streaming import StreamSpec
 from agenttest_worker.agents.protocols.anthropic_reply import (
     MessageAssembler,
     error_text,

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agenttest_worker.agents.base import AgentError, AgentReply, object_of, read_tool_calls
 from agenttest_worker.agents.http.streaming import (
     StreamEvent,
     StreamFailure,
     json_data,
     mark_content,
 )
+from agenttest_worker.agents.interface import AgentError, AgentReply, object_of, read_tool_calls
 from agenttest_worker.agents.protocols.json_client import as_bool
 from agenttest_worker.results import Usage
 

@@ -18,7 +18,9 @@ from collections.abc import Collection
 from typing import Any
 from urllib.parse import quote
 
-from agenttest_worker.agents.base import (
+from agenttest_worker.agents.config import AgentConfig, HistoryMapping
+from agenttest_worker.agents.http.transport import post_json
+from agenttest_worker.agents.interface import (
     AgentError,
     AgentRequest,
     HistoryRead,
@@ -26,8 +28,6 @@ from agenttest_worker.agents.base import (
     read_tool_calls,
     text_of,
 )
-from agenttest_worker.agents.config import AgentConfig, HistoryMapping
-from agenttest_worker.agents.http.transport import post_json
 from agenttest_worker.agents.limits.retry import RetryPolicy
 from agenttest_worker.json_values import find, parse_json
 

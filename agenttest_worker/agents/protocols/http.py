@@ -19,7 +19,7 @@ each event's piece of text, `final` marks the last event, whose other fields the
 paths read (tool calls, awaiting_input, state, usage). Without `final` the body's end
 ends the reply, and the last event is read for those fields.
 
-`history:` makes the agent history-based (protocols/history.py): its replies are read
+`history:` makes the agent history-based (protocols/chat_history.py): its replies are read
 back from its chat history.
 """
 
@@ -29,14 +29,6 @@ import json
 import re
 from typing import Any
 
-from agenttest_worker.agents.base import (
-    AgentReply,
-    AgentRequest,
-    HistoryRead,
-    protocol,
-    read_tool_calls,
-    text_of,
-)
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
 from agenttest_worker.agents.http.streaming import (
     StreamEvent,
@@ -44,6 +36,14 @@ from agenttest_worker.agents.http.streaming import (
     StreamSpec,
     json_data,
     mark_content,
+)
+from agenttest_worker.agents.interface import (
+    AgentReply,
+    AgentRequest,
+    HistoryRead,
+    protocol,
+    read_tool_calls,
+    text_of,
 )
 from agenttest_worker.agents.protocols.chat_history import fetch_history
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
@@ -213,7 +213,7 @@ class HttpAgentClient(JsonAgentClient):
         super().__init__(name, config, project)
         self.template = config.request if config.request is not None else DEFAULT_TEMPLATE
         if config.history is not None:
-            # Read by the engine (agents/base.py history_source): this agent's replies
+            # Read by the engine (agents/interface.py history_source): this agent's replies
             # come from its chat history.
             self.history_when = config.history.when
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.agents.http.streaming import StreamSpec
 from agenttest_worker.agents.http.transport import masked, post_json
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.limits.ratelimit import Limits, limiter
 from agenttest_worker.agents.limits.retry import RetryPolicy
 from agenttest_worker.errors import url_secrets
@@ -18,7 +18,7 @@ from agenttest_worker.results import Usage
 
 
 class JsonAgentClient:
-    # `project` is what every registered client is built with (agents/base.py); the JSON
+    # `project` is what every registered client is built with (agents/interface.py); the JSON
     # protocols need nothing from it.
     def __init__(
         self, name: str, config: AgentConfig, project: ProjectConfig | None = None

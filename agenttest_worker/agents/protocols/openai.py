@@ -22,15 +22,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agenttest_worker.agents.base import (
-    AgentError,
-    AgentReply,
-    AgentRequest,
-    MetadataMode,
-    protocol,
-    read_tool_calls,
-    text_of,
-)
 from agenttest_worker.agents.config import AgentConfig
 from agenttest_worker.agents.http.streaming import (
     StreamEvent,
@@ -38,6 +29,15 @@ from agenttest_worker.agents.http.streaming import (
     StreamSpec,
     json_data,
     mark_content,
+)
+from agenttest_worker.agents.interface import (
+    AgentError,
+    AgentReply,
+    AgentRequest,
+    MetadataMode,
+    protocol,
+    read_tool_calls,
+    text_of,
 )
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.results import Usage

@@ -22,8 +22,8 @@ from agenttest_worker.report.common import (
     first_problem,
     js_value,
 )
-from agenttest_worker.report.model import RunReport, Tally
-from agenttest_worker.report.usage import usage_dict
+from agenttest_worker.report.report_model import RunReport, Tally
+from agenttest_worker.report.usage_tally import usage_dict
 from agenttest_worker.report.verdicts import CaseVerdict
 from agenttest_worker.results import CaseResult, TurnResult
 
@@ -197,7 +197,7 @@ class RunData:
             "pass_rule": run.pass_rule,
             "summary": counted,
             "tokens": self.tokens,
-            # By role, in the summary's order (report/usage.py), the run's own included.
+            # By role, in the summary's order (report/usage_tally.py), the run's own included.
             "usage": usage_dict(summary.usage),
             "budget": summary.budget.line() if summary.budget else None,
             "repeat_lines": summary.repeats.lines() if summary.repeats else [],

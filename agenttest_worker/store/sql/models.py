@@ -101,7 +101,7 @@ class RunRow(Base):
     started_cases: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     claimed_from: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Budgets on a fleet: what the turns running now have reserved, and how many turns'
-    # usage is in the totals, whose average is a turn's estimate (store/budget.py).
+    # usage is in the totals, whose average is a turn's estimate (budget_reservations.py).
     reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     reserved_cost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     budget_turns: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -109,7 +109,7 @@ class RunRow(Base):
     # target), for history and diffs (migration 0009).
     suite: Mapped[str | None] = mapped_column(String(200))
     # What the run used outside its conversations (generator agents at submission, a
-    # --reporter agent), {role: {calls, ..._tokens, cost}} (migration 0008, store/usage.py).
+    # --reporter agent), {role: {calls, ..._tokens, cost}} (migration 0008, store/sql/usage.py).
     usage: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
     __table_args__ = (Index("ix_runs_suite_created", "suite", "created_at"),)
@@ -137,7 +137,7 @@ class CaseRow(Base):
     # Written with each step: a retry after a lost connection finds its own token there
     # when its first attempt did commit (turns.save_step).
     step_token: Mapped[str | None] = mapped_column(String(32))
-    # This conversation's share of its run's reservation (store/budget.py): a turn run
+    # This conversation's share of its run's reservation (budget_reservations.py): a turn run
     # again after its worker died replaces it, and the saved step releases it.
     reserved_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     reserved_cost: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

@@ -28,7 +28,7 @@ def interleaved_parts(reports: Mapping[str, Iterable[str]]) -> Iterator[tuple[st
     """(format, part number, text) of every report, rendered side by side: a piece of
     each in turn, gathered into parts of about _WRITE_CHARS characters. Rendered one
     after the other, each report parsed every record again; side by side they share the
-    records just parsed (report/model.py StoredResults). Every format has a part 0, so
+    records just parsed (report/report_model.py StoredResults). Every format has a part 0, so
     an empty report is still stored."""
     rendering = {fmt: iter(pieces) for fmt, pieces in reports.items()}
     waiting: dict[str, list[str]] = {fmt: [] for fmt in rendering}

@@ -63,7 +63,7 @@ def create_run(
     suite: str | None = None,
     usage: dict[str, Any] | None = None,
 ) -> None:
-    """`usage`: what the run used before it was stored (its generators; store/usage.py)."""
+    """`usage`: what the run used before it was stored (its generators; store/sql/usage.py)."""
     texts = {
         "submitted_by": submitted_by(),
         "agent": agent,

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.results import CaseResult
-from agenttest_worker.store.sql import budget
+from agenttest_worker.store.sql import budget_reservations as budget
 from agenttest_worker.store.sql import turn_statements as sql
 from agenttest_worker.store.sql.db import connection_lost, reconnecting, retrying
 from agenttest_worker.store.steps import (
@@ -226,7 +226,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
     write it finds there (a duplicate's) is not saved.
 
     `step.spend` (tokens, cost) is added to the run's totals with the step, and the
-    conversation's reservation released (store/budget.py): runs with a budget account
+    conversation's reservation released (budget_reservations.py): runs with a budget account
     per turn, so the next turn anywhere in the fleet sees it. Without,
     tokens are added once per case when it ends (one write to the run row per case).
     """
@@ -263,7 +263,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
     rows = step_rows(step.run_id, step.case_id, step.new_turns, step.final_assertions)
     rows.records = record_rows(step)
 
-    # A budgeted step also releases its conversation's reservation (store/budget.py):
+    # A budgeted step also releases its conversation's reservation (budget_reservations.py):
     # that takes the transaction below, and Postgres's one-statement save is kept for
     # steps without a budget, the hot path.
     if postgres and not step.budgeted:

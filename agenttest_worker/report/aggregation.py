@@ -9,9 +9,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from agenttest_worker.report import RunReport, render_chunks
-from agenttest_worker.report.model import Budget, StoredResults
-from agenttest_worker.store.sql import results, runs
+from agenttest_worker.report.formats import render_chunks
+from agenttest_worker.report.report_model import Budget, RunReport, StoredResults
+from agenttest_worker.store.sql import run_results as results
+from agenttest_worker.store.sql import runs
 from agenttest_worker.store.sql.usage import stored_usage
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
@@ -51,7 +52,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
 
 def _budget(options: dict[str, Any], tokens: int | None, cost: float | None) -> Budget | None:
     """The run's budget and what it used, when it had one: a budgeted run's totals are
-    counted per turn (driver/budget.py), so they are its use."""
+    counted per turn (driver/budget_counting.py), so they are its use."""
     max_tokens, max_cost = options.get("max_tokens"), options.get("max_cost")
     if max_tokens is None and max_cost is None:
         return None
@@ -71,7 +72,7 @@ def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> R
         return None
     report = build_report(url, run_id)
     # Rendered as they are stored: on Postgres a large run's reports are never held whole
-    # (store/report_copy.py); an embedded run's come back joined, for printing.
+    # (store/sql/report_copy.py); an embedded run's come back joined, for printing.
     report.rendered = results.complete_run(
         url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS}
     )

@@ -139,7 +139,7 @@ def _serve_on_start(options: dict[str, Any] | None = None, conf: Any = None, **_
     port = get_settings().metrics_port
     if port is None:
         return
-    # The --pool given on the command line, else the configured one (fleet/app.py).
+    # The --pool given on the command line, else the configured one (fleet/celery_app.py).
     given = options or {}
     pool = given.get("pool") or given.get("pool_cls") or getattr(conf, "worker_pool", "threads")
     try:

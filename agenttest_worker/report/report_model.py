@@ -8,13 +8,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
-from agenttest_worker.report.usage import UsageTally
+from agenttest_worker.report.usage_tally import UsageTally
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, VerdictTally
 from agenttest_worker.results import RESULT_VERSION, CaseResult, RoleUsage, UsageRole
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
 # How the skip reason of a case its run stopped before it started begins
-# (driver/step.py: --fail-fast, cancellations; driver/budget.py: budgets).
+# (driver/step.py: --fail-fast, cancellations; driver/budget_counting.py: budgets).
 NOT_RUN = "not run: "
 
 
@@ -128,7 +128,7 @@ class StoredResults(Sequence[CaseResult]):
     """
 
     # Records parsed lately, by index: the aggregator renders its stored reports side by
-    # side (store/report_copy.py), so each record parsed for one is reused by the next
+    # side (store/sql/report_copy.py), so each record parsed for one is reused by the next
     # instead of parsed again (parsing was the JSONL report's largest cost).
     _RECENT = 64
 

@@ -81,7 +81,8 @@ class SqlStore:
     def __init__(self, url: str, engine: Engine | None = None) -> None:
         # Imported here, not above: SQLAlchemy costs ~0.5 s of start-up that an
         # embedded run's first conversations overlap (buffered.py).
-        from agenttest_worker.store.sql import budget, runs, turns
+        from agenttest_worker.store.sql import budget_reservations as budget
+        from agenttest_worker.store.sql import runs, turns
         from agenttest_worker.store.sql.db import get_engine
 
         self.url = url

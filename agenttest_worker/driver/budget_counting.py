@@ -19,7 +19,7 @@ from agenttest_worker.agents.limits.waiting import waiting
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.engine.outcome import call_cost
 from agenttest_worker.results import AgentCallRecord, TurnResult
-from agenttest_worker.store.base import ConversationStore
+from agenttest_worker.store.conversation_store import ConversationStore
 from agenttest_worker.store.reservations import FIRST_TURN_WAIT, Reservation, TurnReservation
 from agenttest_worker.store.steps import LoadedCase
 

@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from agenttest_submit.commands.viewer.queries import RunViews, run_diff, runs_page
-from agenttest_worker.report.html_page.shell import page_end, page_start, policy
+from agenttest_worker.report import page_end, page_start, policy
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

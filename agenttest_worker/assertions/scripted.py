@@ -12,7 +12,7 @@ from pydantic import field_validator
 
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import parse_ref
-from agenttest_worker.assertions.base import (
+from agenttest_worker.assertions.checking import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,
