@@ -7,9 +7,9 @@ run on a worker fleet.
 The environment is read by `Settings.from_environment` into a plain pydantic model:
 names are matched case-insensitively, values are converted and checked by the fields
 (`"3600"` -> 3600, `"true"`/`"1"`/`"yes"` -> True), unknown AGENTTEST_ names are left to
-whoever reads them (AGENTTEST_DEMO_URL, read by the demo suite). pydantic-settings did the same, but
-importing it cost every process ~80 ms of start-up (the embedded default's whole run
-at 20 at a time is ~4 s), for features (dotenv, secrets dirs, cloud sources) unused here.
+whoever reads them (AGENTTEST_DEMO_URL, read by the demo suite). pydantic-settings would
+do the same with one more dependency, for features (dotenv, secrets dirs, cloud sources)
+unused here.
 """
 
 from __future__ import annotations

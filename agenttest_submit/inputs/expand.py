@@ -82,7 +82,7 @@ class CaseStream:
         self.count = 0
         # Where each id was first defined, for a later duplicate's message, as a number
         # standing for its file and line (`_place`): the text "file:line" for each id
-        # cost a million-case file ~60 MB more.
+        # would grow with a million-case file.
         self._seen: dict[str, int | str] = {}
         self._files: dict[str, int] = {}
 
@@ -207,7 +207,7 @@ class Spool:
         if clashes:
             raise InputError(clashes)
         # Every id is checked: what the stream kept of them (a million-case file's ids
-        # and places, ~100 MB) is not needed while the run is stored.
+        # and places) is not needed while the run is stored.
         stream.forget_ids()
         self.handle.seek(0)
 

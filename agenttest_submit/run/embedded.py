@@ -256,7 +256,7 @@ async def _started_one_by_one(
 ) -> asyncio.Future[list[None]]:
     """`count` lanes started one at a time, the loop given a turn between two: a lane's
     first call then reaches its agent while the next lanes start. Started all at once,
-    every lane's first step (~0.2 ms of CPU each) ran before any connection could
+    every lane's first step ran before any connection could
     complete, and the run's first call left after the hundredth lane's start-up
     (benchmarks/embedded.py). Cancelled meanwhile, the lanes started are cancelled too."""
     started: list[asyncio.Task[None]] = []

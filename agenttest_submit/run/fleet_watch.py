@@ -27,9 +27,9 @@ from agenttest_worker.report import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import (
     ConversationStore,
-    SqlStore,
     error_reason,
     is_connection_lost,
+    open_store,
     results,
     runs,
 )
@@ -166,7 +166,7 @@ def _answer_waiting(
     url: str, run_id: str, pool: AgentPool, asker: TerminalAsker, timeouts: dict[str, float]
 ) -> None:
     """Ask about every conversation parked for a person; resume each on the fleet."""
-    store = SqlStore(url)
+    store = open_store(url)
     for case_id, _turn in list(results.iter_case_ids(url, run_id, "awaiting_human")):
         loaded = store.load_case(run_id, case_id)
         if loaded is None:

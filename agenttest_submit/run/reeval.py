@@ -42,9 +42,9 @@ from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import aggregate, printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import (
-    SqlStore,
     Step,
     StoredConversation,
+    open_store,
     runs,
     stored_conversations,
     upgrade,
@@ -203,7 +203,7 @@ async def _rejudge_all(
     if not cases:
         return
     pool = AgentPool(config)
-    store = SqlStore(url)
+    store = open_store(url)
     queue = iter(cases)
 
     async def lane() -> None:

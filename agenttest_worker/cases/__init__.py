@@ -32,8 +32,8 @@ from agenttest_worker.cases.validation import Located, validate_case
 if TYPE_CHECKING:
     from agenttest_worker.cases.yaml_model import YamlTest
 
-# `YamlTest` (yaml_model.py) is imported when asked for: its models cost every run ~5 ms
-# of start-up, and only runs of tdx YAML files need them (files.py reads those).
+# `YamlTest` (yaml_model.py) is imported when asked for: only runs of tdx YAML files
+# need its models (files.py reads those).
 
 
 def __getattr__(name: str) -> object:

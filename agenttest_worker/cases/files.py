@@ -92,7 +92,7 @@ def iter_cases(path: Path) -> Iterator[Case | InputProblem]:
 def _read_cases(path: Path) -> Iterator[Case | InputProblem]:
     kind = CASE_SUFFIXES[path.suffix.lower()]
     if kind == "yaml":
-        # Imported here: the tdx models cost a run of JSONL files ~5 ms of start-up.
+        # Imported here: a run of JSONL files never needs the tdx models.
         from agenttest_worker.cases.yaml_reader import read_yaml
 
         yield from read_yaml(path)

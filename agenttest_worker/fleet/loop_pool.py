@@ -1,10 +1,11 @@
 """A Celery pool that plays turns as coroutines on one event loop per worker process.
 
 Celery's thread pool gives every turn in flight a thread, and each thread its own event
-loop (driver/event_loops.py): against a slow agent (seconds per call) a worker held
-about 1,300 turns in flight of 2,000 allowed, at ~355 MB, and spent its CPU switching
-threads. Here a turn in flight costs a coroutine: `-c` / AGENTTEST_WORKER_CONCURRENCY is
-how many turns one process keeps waiting on agents at once, thousands if need be.
+loop (driver/event_loops.py): against a slow agent (seconds per call) a worker cannot
+hold thousands of turns in flight that way, and spends its CPU switching threads
+(benchmarks/in_flight.py measures it). Here a turn in flight costs a coroutine: `-c` /
+AGENTTEST_WORKER_CONCURRENCY is how many turns one process keeps waiting on agents at once,
+thousands if need be.
 
 How it fits Celery (5.x has no asyncio pool of its own; the asyncio pools on PyPI
 replace Celery's tracer by monkeypatching it). The consumer hands each message to
@@ -144,9 +145,8 @@ class TaskPool(BasePool):  # type: ignore[misc]  # Celery ships no type hints
     signal_safe = False
 
     # Threads for the store's blocking calls, and for the tasks that are not turns. Two
-    # store threads keep the loop fed (800 x 3 turns, one worker: 240 turns/s at 3.6 ms
-    # of CPU per turn); eight spent more on the interpreter lock than they saved
-    # (169 turns/s, 4.9 ms).
+    # store threads keep the loop fed; more spend more on the interpreter lock than they
+    # save (benchmarks/throughput.py; benchmarks/RESULTS.md has the figures).
     STORE_THREADS = 2
     TASK_THREADS = 4
 

@@ -171,11 +171,9 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
     Connections, where tasks run in this process (the loop pool, threads): the database,
     whose schema `worker_process_init` brings current only in prefork's children, so
     that here the first task did it, importing the driver and the Postgres dialect
-    (~0.1 s) and connecting; and the broker connection turns are published on. The
-    first run a worker took saw its first turn ~0.2 s later than its next run did; this
-    takes ~0.07 s of that away (benchmarks/RESULTS.md; the rest is the first agent
-    connections and statement compilations). Not in a prefork parent: its children,
-    forked again later, would inherit those connections. What cannot be reached now,
+    and connecting; and the broker connection turns are published on. Made here, they
+    are not paid for by the first turn of the first run a worker takes. Not in a prefork parent:
+    its children, forked again later, would inherit those connections. What cannot be reached now,
     the first task tries again.
     """
     from celery.concurrency.prefork import TaskPool as PreforkPool

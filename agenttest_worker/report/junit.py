@@ -45,7 +45,7 @@ def _seconds(value: float) -> str:
 
 def render(run: RunReport) -> str:
     # ElementTree is imported where a JUnit report is built: every run imports this
-    # module (the format registry), few write JUnit (~0.03 s of start-up saved).
+    # module (the format registry), few write JUnit.
     import xml.etree.ElementTree as ET
 
     # One pass over the records: the tally gives each case's verdict and, at the end,

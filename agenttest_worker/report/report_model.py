@@ -121,8 +121,7 @@ class StoredResults(Sequence[CaseResult]):
     """A run's case records kept as their stored JSON text, parsed as they are read.
 
     The aggregator of a run of tens of thousands of cases held every record as an
-    object, ~13 KB each for 3 turns against ~1 KB of text: 30,000 cases took 380 MB
-    in the worker that built the reports (benchmarks/aggregate.py). Each reporter
+    object, an order of magnitude larger than its text (benchmarks/aggregate.py). Each reporter
     reads the records once, in order; parsing the text again per report costs less
     than keeping the objects.
     """
@@ -219,9 +218,8 @@ class RunReport:
     # The cases the run's `total_cases` conversations play, when some case repeats.
     distinct_cases: int | None = None
     # The summary a reporter counted as it read every record (console, json): the exit
-    # code and the reporter agent take it instead of parsing the records a second time
-    # (a 1,000-case run's records take ~0.05 s to parse). A report's records and
-    # duration are not changed once it is rendered.
+    # code and the reporter agent take it instead of parsing the records a second time. A report's
+    # records and duration are not changed once it is rendered.
     counted: Summary | None = field(default=None, repr=False, compare=False)
 
     def tally(self) -> Tally:

@@ -79,8 +79,8 @@ class SqlStore:
     keeps_turn_records = True
 
     def __init__(self, url: str, engine: Engine | None = None) -> None:
-        # Imported here, not above: SQLAlchemy costs ~0.5 s of start-up that an
-        # embedded run's first conversations overlap (buffered.py).
+        # Imported here, not above: a dry run, or the engine's users, never need
+        # SQLAlchemy.
         from agenttest_worker.store.sql import budget_reservations as budget
         from agenttest_worker.store.sql import runs, turns
         from agenttest_worker.store.sql.db import get_engine

@@ -301,8 +301,7 @@ class RedisLimiter:
     def __init__(
         self, url: str, prefix: str = "agenttest:ratelimit", outage_grace: float = OUTAGE_GRACE
     ) -> None:
-        # Imported when a shared limiter is made (redis.asyncio is ~0.13 s of start-up):
-        # an embedded run never needs it.
+        # Imported when a shared limiter is made: an embedded run never needs redis.asyncio.
         import redis.asyncio as aioredis
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError

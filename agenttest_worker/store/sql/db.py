@@ -118,7 +118,7 @@ def unstorable_reason(exc: BaseException) -> str | None:
         if isinstance(sqlstate, str) and sqlstate.startswith("22"):
             return error_reason(exc)
         try:
-            import psycopg  # here: ~0.1 s that an embedded (SQLite) run never needs
+            import psycopg  # here: an embedded (SQLite) run never needs it
         except ImportError:  # pragma: no cover - psycopg is a dependency
             return None
         if isinstance(orig, psycopg.DataError):
@@ -257,7 +257,7 @@ def _create_fresh(url: str, engine: Engine) -> None:
     The same schema the migrations build (tests/test_migrations.py compares them),
     without importing Alembic for what is most often a one-off local run.
     """
-    # Here: the models cost ~75 ms, and this module is also imported just to judge an
+    # Here: this module is also imported just to judge an
     # error (services.py, driver/step.py) or to find the database current.
     from agenttest_worker.store.sql.models import Base
 
@@ -272,7 +272,7 @@ def _create_fresh(url: str, engine: Engine) -> None:
 
 
 def _migrate(url: str, engine: Engine) -> None:
-    # Here: Alembic costs ~0.15 s, needed only when the schema is not current.
+    # Here: Alembic is needed only when the schema is not current.
     from alembic import command
     from alembic.config import Config
 

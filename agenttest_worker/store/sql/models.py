@@ -40,10 +40,9 @@ from sqlalchemy.types import TypeEngine
 class _Jsonb(TypeDecorator[Any]):
     """Postgres's `jsonb`, named without importing SQLAlchemy's Postgres dialect.
 
-    Importing `sqlalchemy.dialects.postgresql` for its JSONB class costs ~0.15 s of CPU
-    (every Postgres driver module loads with it), which an embedded run on SQLite would
-    pay on the thread its first conversations share; the dialect is imported only when
-    a Postgres database compiles or binds the type.
+    Importing `sqlalchemy.dialects.postgresql` for its JSONB class loads every Postgres
+    driver module, which an embedded run on SQLite would pay for at start-up; the dialect is
+    imported only when a Postgres database compiles or binds the type.
     """
 
     impl = JSON

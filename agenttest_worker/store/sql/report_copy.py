@@ -1,8 +1,8 @@
 """Storing a run's reports as they are rendered, without holding them whole.
 
-The reports of a nightly run are large (30,000 cases: ~26 MB of JSONL and ~12 MB of
-console text). Built as strings and inserted, each existed several times over in the
-worker that aggregated the run: its pieces, the joined text and the driver's encoded
+The reports of a nightly run are large (tens of megabytes of JSONL and console text
+for tens of thousands of cases). Built as strings and inserted, each existed several times over in
+the worker that aggregated the run: its pieces, the joined text and the driver's encoded
 copy (benchmarks/aggregate.py). On Postgres the reports are instead streamed to the
 server side by side, in parts of about a megabyte, with COPY, into a temporary table
 first, then joined by the server into run_reports, so that a report already stored (a

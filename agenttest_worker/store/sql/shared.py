@@ -28,7 +28,7 @@ def insert_ignoring(session: Session, model: type[Base], rows: Sequence[dict[str
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         # Imported only here: an embedded run on SQLite never loads the Postgres
-        # dialect (~0.15 s of CPU, on the thread its first conversations share).
+        # dialect, whose import loads every Postgres driver module.
         from sqlalchemy.dialects import postgresql
 
         module: Any = postgresql

@@ -92,9 +92,8 @@ RUN_SETTINGS = "SELECT CAST(options AS TEXT), CAST(config AS TEXT) FROM runs WHE
 # index instead of the primary key: by statistics of earlier runs, whose conversations
 # had mostly ended, or by none (new_run.statistics_behind), both look like one row. That
 # index holds every conversation of the run in that phase, thousands when thousands are
-# in flight, and the save then read them all: ~20 ms of the database's CPU per save at
-# 10,000 in flight (benchmarks/RESULTS.md). Found by its primary key, the row is one
-# index probe away; its phase is checked on it (tests/test_step_save_plan.py).
+# in flight, and the save then read them all (benchmarks/RESULTS.md). Found by its primary key, the
+# row is one index probe away; its phase is checked on it (tests/test_step_save_plan.py).
 SAVE_GUARDED = """UPDATE cases SET next_turn = :b_next, phase = :b_phase, state = :b_state,
   status = :b_status, result = :b_result, deliveries = 0, step_token = :b_token,
   updated_at = CURRENT_TIMESTAMP

@@ -45,8 +45,8 @@ from agenttest_worker.store.steps import (
 )
 from agenttest_worker.store.storable import dumps_storable, storable_json, storable_row
 
-# psycopg is imported where it is used, on Postgres only: importing it costs ~0.1 s that
-# an embedded (SQLite) run never needs.
+# psycopg is imported where it is used, on Postgres only: an embedded (SQLite) run never
+# needs it.
 
 
 @cache
