@@ -236,6 +236,33 @@ def test_missing_function_and_missing_file(scripts: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("source", "reference", "why"),
+    [
+        ("from subprocess import call\n", "tools.call", "not a function defined in that file"),
+        ("import os\nsystem = os.system\n", "tools.system", "not a function defined in that file"),
+        ("def _helper(*a): return 'x'\n", "tools._helper", "names starting with _"),
+        ("def f(): pass\n", "tools.__init__", "names starting with _"),
+        ("class respond:\n    pass\n", "tools.respond", "not a function defined in that file"),
+    ],
+)
+def test_only_functions_the_script_defines_can_be_referenced(
+    scripts: Path, source: str, reference: str, why: str
+) -> None:
+    write(scripts, "tools.py", source)
+    with pytest.raises(ScriptError, match="has no function") as refused:
+        load_script(scripts, reference, "agent")
+    assert why in str(refused.value)
+
+
+def test_an_imported_name_is_refused_through_the_role_session(scripts: Path) -> None:
+    write(scripts, "local/fake.py", "from subprocess import call as respond\n")
+    pool = AgentPool(project(scripts, **{"local.fake": "scripts:local.fake"}))
+    request = AgentRequest(role="target", messages=HELLO, metadata={})
+    with pytest.raises(AgentError, match="not a function defined in that file"):
+        run(pool.client("local.fake").complete(request))
+
+
+@pytest.mark.parametrize(
     "name", ["..", "../outside", "a..b", "/etc/passwd", "tests/check", ".hidden", "a\\b", ""]
 )
 def test_names_that_are_paths_are_refused(scripts: Path, name: str) -> None:

@@ -112,14 +112,34 @@ def _load_module(file: Path) -> ModuleType:
 def load_script(scripts_dir: Path | None, ident: str, role: ScriptRole) -> Callable[..., Any]:
     resolved = resolve_script(scripts_dir, ident, role)
     module = _load_module(resolved.file)
-    fn = getattr(module, resolved.function, None)
-    if fn is None and resolved.function == ROLE_FUNCTIONS[role]:
-        fn = getattr(module, "main", None)
-    if not callable(fn):
-        raise ScriptError(
-            f"scripts:{ident}: {resolved.file.name} has no function {resolved.function}()"
+    name = resolved.function
+    fn = _defined_function(module, name)
+    if fn is None and name == ROLE_FUNCTIONS[role] and not hasattr(module, name):
+        fn = _defined_function(module, "main")
+    if fn is None:
+        found = getattr(module, name, None)
+        why = (
+            "names starting with _ cannot be referenced"
+            if name.startswith("_")
+            else "it is not a function defined in that file (an imported name, a class or "
+            "another object cannot be referenced)"
+            if found is not None
+            else "there is no such function"
         )
-    return fn  # type: ignore[no-any-return]
+        raise ScriptError(f"scripts:{ident}: {resolved.file.name} has no function {name}(): {why}")
+    return fn
+
+
+def _defined_function(module: ModuleType, name: str) -> Callable[..., Any] | None:
+    """The function `name` that `module` itself defines, or None: a `scripts:` reference
+    must not reach what the script imported (`subprocess.call`, `os.system`), a dunder or
+    a private helper."""
+    if name.startswith("_"):
+        return None
+    fn = getattr(module, name, None)
+    if not inspect.isfunction(fn) or fn.__module__ != module.__name__:
+        return None
+    return fn
 
 
 async def call_script(fn: Callable[..., Any], *args: Any) -> Any:
