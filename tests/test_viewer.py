@@ -266,6 +266,23 @@ def test_a_request_for_another_host_is_refused(viewer: Viewer) -> None:
     assert "runs" not in response.text
 
 
+def test_a_viewer_bound_to_another_loopback_address_answers_on_it(run: Run) -> None:
+    """`--host 127.0.0.2` is loopback, so no token is needed, and a request to that
+    address names it as Host: answered, while another name is still refused."""
+    viewer = Viewer(["--host", "127.0.0.2", "--port", "0"], run.env, run.folder)
+    try:
+        root = viewer.root()
+        assert root.startswith("http://127.0.0.2:")
+        answered = httpx.get(f"{root}/api/runs")
+        assert answered.status_code == 200, answered.text
+        assert run.run_id in answered.text
+        refused = httpx.get(f"{root}/api/runs", headers={"Host": "evil.example"})
+        assert refused.status_code == 421
+        assert run.run_id not in refused.text
+    finally:
+        viewer.stop()
+
+
 def test_a_non_loopback_address_needs_a_token(run: Run, browser: Any) -> None:
     refused = subprocess.run(
         [sys.executable, "-m", "agenttest_submit.cli", "view", "--host", "0.0.0.0", "--port", "0"],

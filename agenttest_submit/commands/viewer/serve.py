@@ -80,7 +80,7 @@ async def _serve(database_url: str, host: str, port: int, token: str | None, pat
 
     from agenttest_submit.commands.viewer.web_app import make_app
 
-    runner = web.AppRunner(make_app(database_url, token=token), access_log=None)
+    runner = web.AppRunner(make_app(database_url, token=token, host=host), access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host.strip("[]"), port)

@@ -43,9 +43,12 @@ _HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:]*)(:\d+)?$")
 VIEWS = web.AppKey("views", RunViews)
 
 
-def make_app(url: str, *, token: str | None = None) -> web.Application:
-    """The viewer over the store at `url`; `token`: what every request must carry."""
-    app = web.Application(middlewares=[_guard(token)])
+def make_app(url: str, *, token: str | None = None, host: str = "127.0.0.1") -> web.Application:
+    """The viewer over the store at `url`, listening on `host`; `token`: what every
+    request must carry. Without a token, a request must name a loopback host or the
+    address the viewer was bound to (`--host 127.0.0.2`) in its Host header."""
+    bound = _host(host if not (":" in host and not host.startswith("[")) else f"[{host}]")
+    app = web.Application(middlewares=[_guard(token, {*_LOOPBACK_HOSTS, bound})])
     app[VIEWS] = RunViews(url)
     app.router.add_get("/", _page("runs"))
     app.router.add_get(f"/runs/{_RUN}", _page("run"))
@@ -59,7 +62,7 @@ def make_app(url: str, *, token: str | None = None) -> web.Application:
     return app
 
 
-def _guard(token: str | None) -> Any:
+def _guard(token: str | None, hosts: set[str]) -> Any:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
@@ -71,8 +74,12 @@ def _guard(token: str | None) -> Any:
                         headers={"WWW-Authenticate": 'Basic realm="agenttest", charset="UTF-8"'},
                         text="a token is required",
                     )
-            elif _host(request.host) not in _LOOPBACK_HOSTS:
-                raise web.HTTPMisdirectedRequest(text="this viewer answers only on 127.0.0.1")
+            elif _host(request.host) not in hosts:
+                # A page elsewhere reaching this address through a rebound DNS name
+                # sends its own name as Host.
+                raise web.HTTPMisdirectedRequest(
+                    text="this viewer answers only to " + ", ".join(sorted(hosts))
+                )
             response = await handler(request)
         except web.HTTPException as error:
             _secure(request, error)
