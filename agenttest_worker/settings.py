@@ -121,6 +121,17 @@ class Settings(BaseModel):
         description="Port each worker serves Prometheus metrics on (/metrics); unset: no "
         "metrics and no port opened",
     )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address a worker serves its metrics on; another than loopback "
+        "(0.0.0.0 for a scraper on another host) needs AGENTTEST_METRICS_TOKEN",
+    )
+    metrics_token: str | None = Field(
+        default=None,
+        repr=False,
+        description="Token every scrape of a worker's or the exporter's metrics must carry "
+        "(Authorization: Bearer TOKEN, or the password of Basic auth)",
+    )
     event_loop: EventLoopChoice = Field(
         default="auto",
         description="The event loop a fleet worker plays its turns on: uvloop's (about a "
@@ -129,7 +140,7 @@ class Settings(BaseModel):
     )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 
-    @field_validator("scripts_dir", "metrics_port", "celery_config", mode="before")
+    @field_validator("scripts_dir", "metrics_port", "metrics_token", "celery_config", mode="before")
     @classmethod
     def _unset_when_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

@@ -962,6 +962,20 @@ def test_compose_monitoring_profile_scrapes_the_workers_and_the_exporter() -> No
     assert workers["names"] == ["worker"] and workers["port"] == worker_port
     (fleet,) = jobs["agenttest-fleet"]["static_configs"]
     assert fleet["targets"] == [f"exporter:{exporter_port}"]
+    # Served on the stack's network, both answer only scrapes carrying METRICS_TOKEN:
+    # Prometheus reads it from the compose secret made of that variable.
+    worker_env = services["worker"]["environment"]
+    assert worker_env["AGENTTEST_METRICS_HOST"] == "0.0.0.0"
+    assert worker_env["AGENTTEST_METRICS_TOKEN"] == "${METRICS_TOKEN:-}"
+    assert env["AGENTTEST_METRICS_TOKEN"] == "${METRICS_TOKEN:-}"
+    exporter = _argv(services["exporter"]["command"])
+    assert exporter[exporter.index("--host") + 1] == "0.0.0.0"
+    assert "AGENTTEST_METRICS_TOKEN" in " ".join(services["exporter"]["healthcheck"]["test"])
+    secrets = yaml.safe_load(COMPOSE.read_text())["secrets"]
+    assert secrets["metrics_token"] == {"environment": "METRICS_TOKEN"}
+    assert services["prometheus"]["secrets"] == ["metrics_token"]
+    for job in jobs.values():
+        assert job["authorization"] == {"credentials_file": "/run/secrets/metrics_token"}
 
 
 def test_compose_grafana_is_provisioned_with_the_dashboard() -> None:
@@ -1021,7 +1035,21 @@ def test_k8s_workers_and_the_exporter_are_scraped() -> None:
     assert exporter["command"][:2] == ["agenttest-submit", "metrics"]
     assert int(exporter["command"][exporter["command"].index("--port") + 1]) == 9809
     env = {item["name"] for item in exporter["env"]}
-    assert env == {"AGENTTEST_BROKER_URL", "AGENTTEST_DATABASE_URL", "AGENTTEST_QUEUE"}
+    assert env == {
+        "AGENTTEST_BROKER_URL",
+        "AGENTTEST_DATABASE_URL",
+        "AGENTTEST_QUEUE",
+        "AGENTTEST_METRICS_TOKEN",
+    }
+    # On every address of their pods, so every scrape carries the token.
+    assert exporter["command"][exporter["command"].index("--host") + 1] == "0.0.0.0"
+    assert _configmap_data()["AGENTTEST_METRICS_HOST"] == "0.0.0.0"
+    for monitor in _k8s("ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["authorization"]["credentials"] == {
+            "name": "agenttest-secrets",
+            "key": "AGENTTEST_METRICS_TOKEN",
+        }
     assert "envFrom" not in exporter  # the agents' API keys stay with the workers
     assert _one("Deployment", "agenttest-metrics-exporter")["spec"]["replicas"] == 1
     (path,) = {p for p, doc in _k8s_documents() if doc["kind"] == "ServiceMonitor"}

@@ -170,7 +170,8 @@ class MetricsRequest(NamedTuple):
     Prometheus (metrics_exporter.py)."""
 
     port: int = 9809
-    host: str = "0.0.0.0"  # scraped from other hosts; 127.0.0.1 to keep it local
+    host: str = "127.0.0.1"  # another address needs a token
+    token: str | None = None  # None: AGENTTEST_METRICS_TOKEN
 
 
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest

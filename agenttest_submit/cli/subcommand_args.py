@@ -75,7 +75,17 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         "metrics", help="serve the fleet's run progress and queue lengths to Prometheus"
     )
     metrics.add_argument("--port", type=positive_int, default=9809, help="port (default: 9809)")
-    metrics.add_argument("--host", default="0.0.0.0", help="address (default: every address)")
+    metrics.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address (default: 127.0.0.1; another, e.g. 0.0.0.0, needs --token)",
+    )
+    metrics.add_argument(
+        "--token",
+        default=None,
+        help="every scrape must carry it (Bearer, or Basic auth's password); required on a "
+        "non-loopback --host (or AGENTTEST_METRICS_TOKEN)",
+    )
     _history_parsers(sub)
     view = sub.add_parser("view", help="a local read-only web viewer of the stored runs")
     view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
@@ -129,7 +139,7 @@ def subcommand_request(
     if args.command == "schema":
         return SchemaRequest(kind=args.kind)
     if args.command == "metrics":
-        return MetricsRequest(port=args.port, host=args.host)
+        return MetricsRequest(port=args.port, host=args.host, token=args.token)
     if args.command == "diff":
         if len(args.runs) > 2:
             raise InputError(InputProblem("diff takes at most two runs: BASE NEW", field="RUN"))

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from agenttest_submit.cli.request import MetricsRequest
+from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.observe import MetricsEndpoint, serve_metrics
 from agenttest_worker.settings import get_settings
 
 log = logging.getLogger("agenttest.metrics")
@@ -176,24 +178,31 @@ def _said(exc: BaseException, *urls: str | None) -> str:
 
 def run_metrics_exporter(request: MetricsRequest) -> int:
     """Serve the fleet's metrics on request.port until Ctrl-C or SIGTERM."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     settings = get_settings()
+    token = request.token if request.token is not None else settings.metrics_token
+    endpoint = MetricsEndpoint(request.host, request.port, token)
+    refused = endpoint.problem()
+    if refused is not None:  # before anything is opened
+        raise InputError(
+            InputProblem(f"--host {refused} (--token or AGENTTEST_METRICS_TOKEN)", field="--host")
+        )
     registry = CollectorRegistry()
     registry.register(
         FleetCollector(settings.effective_database_url(), settings.broker_url, settings.queue)
     )
     logging.basicConfig(level=logging.INFO, format="agenttest-submit metrics: %(message)s")
-    server, _thread = start_http_server(request.port, addr=request.host, registry=registry)
-    port = server.server_address[1]
+    server = serve_metrics(registry, endpoint)
+    where = f"http://{request.host}:{server.port}/metrics"
+    auth = " (token required)" if token else ""
     print(
-        f"serving fleet metrics on http://{request.host}:{port}/metrics (Ctrl-C stops)",
+        f"serving fleet metrics on {where}{auth} (Ctrl-C stops)",
         file=sys.stderr,
         flush=True,
     )
     try:
         threading.Event().wait()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     return 0

@@ -15,8 +15,9 @@ is imported, so the children forked later inherit both. A child that ends
 (`worker_process_shutdown`), or that was killed without a word (found at each scrape),
 has its live gauges dropped; its counters stay counted.
 
-The port is bound on every address: Prometheus scrapes from another host or pod. The
-metrics hold agent names, roles and counts, nothing secret (observe/metrics.py).
+The port is bound on AGENTTEST_METRICS_HOST, 127.0.0.1 unless told otherwise; another
+address (0.0.0.0 where Prometheus scrapes from another host or pod) needs
+AGENTTEST_METRICS_TOKEN, which every scrape must then carry (observe/exposition.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 from celery.signals import celeryd_init, worker_process_shutdown, worker_shutdown
 
-from agenttest_worker.observe import metrics
+from agenttest_worker.observe import MetricsEndpoint, MetricsServer, metrics, serve_metrics
 from agenttest_worker.settings import get_settings
 
 log = logging.getLogger("agenttest.metrics")
@@ -45,7 +46,7 @@ _LIVE_FILE = re.compile(r"gauge_live\w+?_(\d+)\.db$")
 
 class _Served:
     def __init__(self) -> None:
-        self.server: Any = None
+        self.server: MetricsServer | None = None
         self.directory: str | None = None  # the multiprocess directory, when in use
         self.made_directory = False  # created here, so removed at shutdown
 
@@ -61,13 +62,13 @@ def forks(pool: object) -> bool:
     return name in _FORKING_POOLS or name.startswith("celery.concurrency.prefork")
 
 
-def serve(port: int, multiprocess: bool) -> None:
-    """Turn this process's metrics on and serve them (and its children's) on `port`."""
+def serve(endpoint: MetricsEndpoint, multiprocess: bool) -> None:
+    """Turn this process's metrics on and serve them (and its children's) at `endpoint`."""
     if _served.server is not None:
         return
     if multiprocess:
         _prepare_directory()
-    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+    from prometheus_client import REGISTRY, CollectorRegistry
 
     if multiprocess:
         from prometheus_client import values
@@ -81,11 +82,12 @@ def serve(port: int, multiprocess: bool) -> None:
     else:
         registry = REGISTRY
     metrics.enable()
-    server, _thread = start_http_server(port, registry=registry)
-    _served.server = server
+    _served.server = serve_metrics(registry, endpoint)
     log.info(
-        "serving Prometheus metrics on port %d%s",
-        port,
+        "serving Prometheus metrics on %s:%d%s%s",
+        endpoint.host,
+        _served.server.port,
+        " (token required)" if endpoint.token else "",
         " (prefork: the pool's processes added up)" if multiprocess else "",
     )
 
@@ -136,17 +138,19 @@ def _forget(pid: int) -> None:
 
 
 def _serve_on_start(options: dict[str, Any] | None = None, conf: Any = None, **_: Any) -> None:
-    port = get_settings().metrics_port
+    settings = get_settings()
+    port = settings.metrics_port
     if port is None:
         return
+    endpoint = MetricsEndpoint(settings.metrics_host, port, settings.metrics_token)
     # The --pool given on the command line, else the configured one (fleet/celery_app.py).
     given = options or {}
     pool = given.get("pool") or given.get("pool_cls") or getattr(conf, "worker_pool", "threads")
     try:
-        serve(port, multiprocess=forks(pool))
-    except OSError as exc:
+        serve(endpoint, multiprocess=forks(pool))
+    except (OSError, ValueError) as exc:
         # The worker still runs its turns; it says why nothing can be scraped.
-        log.error("cannot serve metrics on port %d: %s", port, exc)
+        log.error("cannot serve metrics on %s:%d: %s", endpoint.host, port, exc)
 
 
 def _child_gone(pid: int | None = None, **_: Any) -> None:
@@ -157,8 +161,7 @@ def _child_gone(pid: int | None = None, **_: Any) -> None:
 def _stop_serving(**_: Any) -> None:
     server, _served.server = _served.server, None
     if server is not None:
-        server.shutdown()
-        server.server_close()
+        server.close()
     if _served.made_directory and _served.directory is not None:
         shutil.rmtree(_served.directory, ignore_errors=True)
 

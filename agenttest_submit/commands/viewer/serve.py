@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import os
 import sys
 
 from agenttest_submit.cli.request import ViewRequest
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.observe import is_loopback
 
 TOKEN_ENV = "AGENTTEST_VIEW_TOKEN"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8750
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to any address
 
 
 def chosen_token(given: str | None) -> str | None:

@@ -22,9 +22,6 @@ carries a Content-Security-Policy and nosniff; the token is never part of a page
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hmac
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from agenttest_submit.commands.viewer.queries import RunViews, run_diff, runs_page
+from agenttest_worker.observe import authorized
 from agenttest_worker.report import page_end, page_start, policy
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -69,7 +67,7 @@ def _guard(token: str | None, hosts: set[str]) -> Any:
             if request.method not in ("GET", "HEAD"):
                 raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"], text="read-only")
             if token is not None:
-                if not _authorized(request, token):
+                if not authorized(request.headers.get("Authorization", ""), token):
                     raise web.HTTPUnauthorized(
                         headers={"WWW-Authenticate": 'Basic realm="agenttest", charset="UTF-8"'},
                         text="a token is required",
@@ -93,21 +91,6 @@ def _guard(token: str | None, hosts: set[str]) -> Any:
 def _host(header: str) -> str:
     match = _HOST_PORT.match(header.strip().lower())
     return match.group(1) if match else ""
-
-
-def _authorized(request: web.Request, token: str) -> bool:
-    said = request.headers.get("Authorization", "")
-    scheme, _, value = said.partition(" ")
-    if scheme.lower() == "bearer":
-        return hmac.compare_digest(value.strip().encode(), token.encode())
-    if scheme.lower() == "basic":
-        try:
-            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        _, _, password = decoded.partition(":")
-        return hmac.compare_digest(password.encode(), token.encode())
-    return False
 
 
 def _secure(request: web.Request, response: web.StreamResponse) -> None:
