@@ -48,18 +48,21 @@ class Project:
 
     def run(
         self,
-        cases: list[dict[str, Any]],
+        cases: list[dict[str, Any]] | str,
         defaults: dict[str, Any] | None = None,
         **agents: dict[str, Any],
     ) -> dict[str, dict[str, Any]]:
-        """Run `cases` against `bot` (its entry as given, else plain): the records by id."""
+        """Run `cases` (or the input `-i` names) against `bot` (its entry as given, else
+        plain): the records by id."""
         entries = {"bot": self.entry("bot"), **agents}
         config = {"agents": entries, "defaults": defaults or {}}
         (self.tmp_path / "agenttest.yaml").write_text(json.dumps(config), encoding="utf-8")
-        source = self.tmp_path / "cases.jsonl"
-        source.write_text("".join(json.dumps(c) + "\n" for c in cases), encoding="utf-8")
+        source = str(self.tmp_path / "cases.jsonl") if not isinstance(cases, str) else cases
+        if not isinstance(cases, str):
+            text = "".join(json.dumps(c) + "\n" for c in cases)
+            (self.tmp_path / "cases.jsonl").write_text(text, encoding="utf-8")
         out = self.tmp_path / "out.jsonl"
-        argv = ["--config", str(self.tmp_path / "agenttest.yaml"), "-i", str(source)]
+        argv = ["--config", str(self.tmp_path / "agenttest.yaml"), "-i", source]
         self.capsys.readouterr()
         code = main([*argv, "-n", "bot", "-o", str(out)])
         stdout, stderr = self.capsys.readouterr()
@@ -226,6 +229,61 @@ def test_previous_response_id_sends_only_what_is_new(
     ]
 
 
+def test_attachments_travel_as_input_images_and_files(
+    project: Project, api: ResponsesStandIn
+) -> None:
+    api.script("bot", [say("A receipt.")])
+    png = "data:image/png;base64,iVBORw0KGgo="
+    pdf = "data:application/pdf;base64,JVBERi0xLjQ="
+    case = {
+        "id": "FILES",
+        "input": "What is this?",
+        "attachments": [
+            {"type": "image", "source": png},
+            {"type": "image", "source": "https://example.test/r.jpg"},
+            {"source": pdf, "name": "receipt.pdf"},
+            {"source": "https://example.test/terms.pdf", "name": "terms.pdf"},
+        ],
+    }
+    record = project.run([case])["FILES"]
+    assert record["status"] == "passed", record
+    [body] = api.bodies("bot")
+    assert body["input"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is this?"},
+                {"type": "input_image", "image_url": png, "detail": "auto"},
+                {
+                    "type": "input_image",
+                    "image_url": "https://example.test/r.jpg",
+                    "detail": "auto",
+                },
+                {"type": "input_file", "filename": "receipt.pdf", "file_data": pdf},
+                {
+                    "type": "input_file",
+                    "filename": "terms.pdf",
+                    "file_url": "https://example.test/terms.pdf",
+                },
+            ],
+        }
+    ]
+
+
+def test_a_stream_that_breaks_off_fails_its_turn_keeping_what_came(
+    project: Project, api: ResponsesStandIn
+) -> None:
+    # created, in_progress, output_item.added, content_part.added, then one delta.
+    api.script("bot", [Answer(text="Partial answer, then nothing.", cut_after=5)])
+    record = project.run([{"id": "CUT", "input": "Hi"}], bot=project.entry("bot", stream=True))
+    [turn] = record["CUT"]["turns"]
+    assert record["CUT"]["status"] == "failed"
+    assert turn["output"] == "Part"
+    assert turn["error"].startswith("agent error: bot's stream broke off")
+    # Content had come: not tried again.
+    assert len(api.requests("bot")) == 1
+
+
 # -- judges and simulators --------------------------------------------------------------------
 
 
@@ -265,6 +323,20 @@ def test_a_judge_and_a_simulator_on_openai_responses(
     assert roles == ["target", "validator", "simulator", "target"]
     by_role = record["usage_by_role"]
     assert by_role["judge"]["total_tokens"] == api.sent("judge")[0]["usage"]["total_tokens"]
+
+
+def test_a_generator_on_openai_responses_writes_the_cases(
+    project: Project, api: ResponsesStandIn
+) -> None:
+    generated = {"cases": [{"id": "G1", "input": "Hello", "assertions": []}]}
+    api.script("gen", [say(json.dumps(generated))])
+    api.script("bot", [say("Hello to you.")])
+    records = project.run("agents:gen?count=1", gen=project.entry("gen"))
+    assert records["G1"]["status"] == "passed", records["G1"]
+    assert records["G1"]["turns"][0]["output"] == "Hello to you."
+    [body] = api.bodies("gen")
+    assert body["instructions"].startswith("You are a test case generator")
+    assert body["input"] == [{"role": "user", "content": "Generate the test cases now."}]
 
 
 # -- what goes into the body ---------------------------------------------------------------------

@@ -88,12 +88,14 @@ class Answer:
     `incomplete` ("max_output_tokens" or "content_filter") ends the response with status
     `incomplete` for that reason, its text cut: to `max_output_tokens` words when the
     request sets it, else to half its words. `delay` holds the answer back (seconds).
+    `cut_after`: a streamed answer drops the connection after that many events.
     """
 
     text: str | None = None
     calls: tuple[FunctionCall, ...] = ()
     incomplete: str | None = None
     delay: float = 0.0
+    cut_after: int | None = None
 
 
 def say(text: str, **fields: Any) -> Answer:
@@ -660,7 +662,7 @@ class ResponsesStandIn(ServedOnThread):
             return web.json_response(refused.body, status=refused.status)
         if not body.get("stream"):
             return web.json_response(response)
-        return await self._stream(request, response, output)
+        return await self._stream(request, response, output, answer.cut_after)
 
     def _authorize(self, headers: dict[str, str]) -> None:
         if self.api_key is None:
@@ -833,11 +835,16 @@ class ResponsesStandIn(ServedOnThread):
         }
 
     async def _stream(
-        self, request: web.Request, response: Body, output: list[Item]
+        self, request: web.Request, response: Body, output: list[Item], cut_after: int | None
     ) -> web.StreamResponse:
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await stream.prepare(request)
-        for event in stream_events(response, output):
+        for number, event in enumerate(stream_events(response, output)):
+            if number == cut_after:
+                # The chunked body never gets its last chunk: the client sees it break.
+                assert request.transport is not None
+                request.transport.close()
+                return stream
             data = json.dumps(event)
             await stream.write(f"event: {event['type']}\ndata: {data}\n\n".encode())
         await stream.write_eof()

@@ -115,8 +115,12 @@ def _input_parts(content: Any) -> str | list[dict[str, Any]]:
             entry: dict[str, Any] = {"type": "input_file"}
             if file.get("filename"):
                 entry["filename"] = str(file["filename"])
-            if file.get("file_data"):
-                entry["file_data"] = str(file["file_data"])
+            data = str(file.get("file_data") or "")
+            # A file the case names by URL is fetched by the API; others travel inline.
+            if data.startswith(("http://", "https://")):
+                entry["file_url"] = data
+            elif data:
+                entry["file_data"] = data
             if file.get("file_id"):
                 entry["file_id"] = str(file["file_id"])
             parts.append(entry)
