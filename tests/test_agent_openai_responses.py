@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_servers import run
 from standins.openai_responses import Answer, ResponsesStandIn, call_function, say
 
 from agenttest_submit.cli import main
-from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.base import AgentReply, AgentRequest
+from agenttest_worker.agents.config import AgentConfig, config_from_data
+from agenttest_worker.agents.protocols.openai_responses import OpenAIResponsesClient
 from agenttest_worker.errors import ConfigError
 
 KEY_ENV = "AGENTTEST_TEST_RESPONSES_KEY"
@@ -284,6 +287,43 @@ def test_a_stream_that_breaks_off_fails_its_turn_keeping_what_came(
     assert len(api.requests("bot")) == 1
 
 
+def test_a_conversation_the_client_did_not_continue_is_sent_whole(
+    api: ResponsesStandIn,
+) -> None:
+    """The response ids are kept by the process that made the call: another client (a
+    worker that did not play the turn before), or a history that is not the one the
+    last response answered, sends the whole conversation, without an id."""
+    api.script("bot", lambda received: say(f"Re: {received.last_user_text}"))
+    config = AgentConfig.model_validate(
+        {
+            "protocol": "openai-responses",
+            "base_url": api.base_url,
+            "model": "bot",
+            "api_key_env": KEY_ENV,
+            "previous_response_id": True,
+        }
+    )
+    first = OpenAIResponsesClient("bot", config)
+    hello: list[dict[str, Any]] = [{"role": "user", "content": "Hello"}]
+
+    def ask(client: OpenAIResponsesClient, messages: list[dict[str, Any]]) -> AgentReply:
+        request = AgentRequest(role="target", messages=messages, session_id="s1")
+        return run(client.complete(request))
+
+    reply = ask(first, hello)
+    more = [*hello, reply.assistant_message(), {"role": "user", "content": "More"}]
+    ask(first, more)
+    ask(OpenAIResponsesClient("bot", config), more)
+    edited = [*hello, {"role": "assistant", "content": "Edited"}, more[-1]]
+    ask(first, edited)
+    chained, elsewhere, changed = api.bodies("bot")[1:]
+    assert chained["input"] == [{"role": "user", "content": "More"}]
+    assert chained["previous_response_id"] == api.sent("bot")[0]["id"]
+    for whole in (elsewhere, changed):
+        assert "previous_response_id" not in whole
+        assert len(whole["input"]) == 3
+
+
 # -- judges and simulators --------------------------------------------------------------------
 
 
@@ -414,8 +454,6 @@ def test_an_answer_cut_at_max_output_tokens_finishes_with_length(
 def test_an_entry_lacking_what_the_protocol_needs_is_refused(
     settings: dict[str, Any], problem: str, tmp_path: Path
 ) -> None:
-    from agenttest_worker.agents.config import config_from_data
-
     with pytest.raises(ConfigError) as caught:
         config_from_data({"agents": {"r": {"protocol": "openai-responses", **settings}}}, "x")
     assert problem in str(caught.value)

@@ -215,8 +215,8 @@ def _fingerprint(messages: list[dict[str, Any]]) -> str:
 
 @dataclass(frozen=True)
 class LastResponse:
-    """A conversation's last response: its id, and the messages its request held
-    (how many, and their fingerprint); the reply follows them in the history."""
+    """A conversation's last response: its id, how many messages its request held, and
+    the fingerprint of those messages followed by its reply (as the history keeps it)."""
 
     response_id: str
     covered: int
@@ -234,19 +234,20 @@ class ResponseChain:
         self._lock = threading.Lock()
 
     def continuation(self, session: str, messages: list[dict[str, Any]]) -> LastResponse | None:
-        """The last response, when `messages` are its request's, its reply and more."""
+        """The last response, when `messages` are its request's, its reply, and more."""
         with self._lock:
             last = self._last.get(session)
         if last is None or len(messages) <= last.covered + 1:
             return None
-        if messages[last.covered].get("role") != "assistant":
-            return None
-        if _fingerprint(messages[: last.covered]) != last.fingerprint:
+        if _fingerprint(messages[: last.covered + 1]) != last.fingerprint:
             return None
         return last
 
-    def remember(self, session: str, response_id: str, messages: list[dict[str, Any]]) -> None:
-        last = LastResponse(response_id, len(messages), _fingerprint(messages))
+    def remember(
+        self, session: str, response_id: str, sent: list[dict[str, Any]], reply: AgentReply
+    ) -> None:
+        history = [*sent, reply.assistant_message()]
+        last = LastResponse(response_id, len(sent), _fingerprint(history))
         with self._lock:
             self._last[session] = last
             self._last.move_to_end(session)
@@ -330,7 +331,7 @@ class OpenAIResponsesClient(JsonAgentClient):
             and isinstance(reply, ResponsesReply)
             and reply.response_id
         ):
-            self.chain.remember(request.session_id, reply.response_id, sent)
+            self.chain.remember(request.session_id, reply.response_id, sent, reply)
         return reply
 
 
