@@ -324,6 +324,14 @@ def test_a_conversation_the_client_did_not_continue_is_sent_whole(
         assert len(whole["input"]) == 3
 
 
+def test_a_failed_response_is_the_turn_s_error(project: Project, api: ResponsesStandIn) -> None:
+    api.script("bot", [Answer(failure="The model had an error.")])
+    record = project.run([{"id": "FAIL", "input": "Hi"}], bot=project.entry("bot", stream=True))
+    [turn] = record["FAIL"]["turns"]
+    assert record["FAIL"]["status"] == "failed"
+    assert turn["error"] == "agent error: bot: server_error: The model had an error."
+
+
 # -- judges and simulators --------------------------------------------------------------------
 
 

@@ -223,3 +223,28 @@ def test_a_cut_off_answer_is_incomplete(api: ResponsesStandIn, client: openai.Op
     assert response.incomplete_details is not None
     assert response.incomplete_details.reason == "max_output_tokens"
     assert response.output_text == " ".join(f"w{i}" for i in range(16))
+
+
+def test_a_failed_model_ends_the_stream_or_answers_500(
+    api: ResponsesStandIn, client: openai.OpenAI
+) -> None:
+    api.script("gpt-test", [Answer(failure="The model had an error.")] * 2)
+    events = list(client.responses.create(model="gpt-test", input="Hi", stream=True))
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.failed",
+    ]
+    failed = events[-1]
+    assert failed.type == "response.failed"
+    assert failed.response.status == "failed"
+    assert failed.response.error is not None
+    assert failed.response.error.code == "server_error"
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.responses.create(model="gpt-test", input="Hi")
+    assert caught.value.body == {
+        "message": "The model had an error.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }

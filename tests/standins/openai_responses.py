@@ -89,6 +89,8 @@ class Answer:
     `incomplete` for that reason, its text cut: to `max_output_tokens` words when the
     request sets it, else to half its words. `delay` holds the answer back (seconds).
     `cut_after`: a streamed answer drops the connection after that many events.
+    `failure`: the model fails with this message: a streamed response ends with
+    `response.failed` (its `error` a `server_error`), a whole one is an HTTP 500.
     """
 
     text: str | None = None
@@ -96,6 +98,7 @@ class Answer:
     incomplete: str | None = None
     delay: float = 0.0
     cut_after: int | None = None
+    failure: str | None = None
 
 
 def say(text: str, **fields: Any) -> Answer:
@@ -657,7 +660,13 @@ class ResponsesStandIn(ServedOnThread):
             answer = self._answer(received)
             if answer.delay:
                 await asyncio.sleep(answer.delay)
+            if answer.failure is not None and not body.get("stream"):
+                raise Refusal(answer.failure, None, None, status=500, kind="server_error")
             response, output = self._respond(received, answer)
+            if answer.failure is not None:
+                error = {"code": "server_error", "message": answer.failure}
+                response.update(status="failed", error=error, output=[], usage=None)
+                output = []
         except Refusal as refused:
             return web.json_response(refused.body, status=refused.status)
         if not body.get("stream"):
@@ -933,5 +942,7 @@ def stream_events(response: Body, output: list[Item]) -> Iterator[Body]:
             "output_index": index,
             "item": item,
         }
-    ended = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    ended = {"completed": "response.completed", "failed": "response.failed"}.get(
+        response["status"], "response.incomplete"
+    )
     yield {"type": ended, "sequence_number": next(numbers), "response": response}
