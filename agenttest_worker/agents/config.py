@@ -129,9 +129,10 @@ class Pricing(_Strict):
 
 class AgentConfig(_Strict):
     """One named agent. `protocol` decides how it is called: a protocol registered in
-    agents/protocols/ (openai, http, script), whose module says which of these fields
-    it reads and checks that the ones it needs are set (base_url, url, use) and that
-    those it does not read are not set (stream, history).
+    agents/protocols/ (openai, openai-responses, anthropic, http, script), whose module
+    says which of these fields it reads and checks that the ones it needs are set
+    (base_url, url, use) and that those it does not read are not set (stream, history,
+    previous_response_id).
     """
 
     protocol: str = "openai"
@@ -166,6 +167,9 @@ class AgentConfig(_Strict):
     max_tokens: int = Field(default=4096, ge=1)
     # http: replies read back from the agent's chat history.
     history: HistoryConfig | None = None
+    # openai-responses: continue a target's conversation from its last response's id,
+    # sending only what came after it (the API keeps the rest).
+    previous_response_id: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -225,6 +229,8 @@ class AgentConfig(_Strict):
         """What the agent's protocol needs of its settings (base_url, url, use, ...)."""
         check = get_protocol(self.protocol).check
         problem = check(self) if check is not None else None
+        if self.previous_response_id and self.protocol != "openai-responses":
+            problem = problem or "previous_response_id is for openai-responses agents"
         if problem:
             raise ValueError(problem)
         return self
