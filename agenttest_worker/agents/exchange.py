@@ -6,17 +6,19 @@ AGENTTEST_HTTP_POOL_SIZE bounds the calls to agents under way. A call fails in o
 three ways: TimeoutError, `ConnectFailure` (could not connect, with the breaker's
 reason) or `HttpFailure` (no reply that could be read). The session keeps no cookies: a
 cookie one conversation's agent set would be sent on every other conversation's calls.
-Proxies come from the environment. Redirects are followed here, not by aiohttp, which
-drops only `Authorization`, `Cookie` and `Proxy-Authorization` when one leaves the
-origin: here every credential the call carries is dropped (CREDENTIAL_HEADERS, and any
-header holding one of the call's secrets: its API key, a value from `${VAR}`).
+Each request chooses its TLS context and its proxy (`Route`: agents/tls.py,
+agents/proxies.py), since one session serves every agent. Redirects are followed here,
+not by aiohttp, which drops only `Authorization`, `Cookie` and `Proxy-Authorization`
+when one leaves the origin: here every credential the call carries is dropped
+(CREDENTIAL_HEADERS, and any header holding one of the call's secrets: its API key, a
+value from `${VAR}`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
+import ssl
 import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -25,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 from yarl import URL
 
 from agenttest_worker.agents.breaker import unreachable_reason
+from agenttest_worker.agents.proxies import (
+    FROM_ENVIRONMENT,
+    ProxyProblem,
+    ProxyRoute,
+    proxy_secrets,
+)
 from agenttest_worker.agents.streaming import Assembler, StreamSpec, read_stream
+from agenttest_worker.agents.tls import TlsFileProblem, default_context
+from agenttest_worker.errors import redact
 from agenttest_worker.json_values import body_bytes
 
 if TYPE_CHECKING:
@@ -51,8 +61,7 @@ _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] 
     weakref.WeakKeyDictionary()
 )
 _pool_size = 200
-
-_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
+_UNTRUSTED_HINT = "trust its CA with tls.ca_file, SSL_CERT_FILE or REQUESTS_CA_BUNDLE"
 
 
 class HttpFailure(Exception):
@@ -66,6 +75,20 @@ class ConnectFailure(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How one agent's calls travel: the TLS context of their https requests (None: the
+    default trust, as the environment sets it at the call), and how each request, each
+    redirect too, chooses its proxy."""
+
+    tls: ssl.SSLContext | None = None
+    proxy: ProxyRoute = FROM_ENVIRONMENT
+
+
+# The environment's trust and proxies: an agent without `tls:` or `proxy:`.
+DEFAULT_ROUTE = Route()
 
 
 @dataclass(slots=True)
@@ -83,6 +106,9 @@ def configure_pool(size: int) -> None:
     _pool_size = size
     import aiohttp  # noqa: F401
 
+    # The default trust reads the system's certificates: now, not in a first call on the loop.
+    default_context()
+
 
 def connections_for(concurrency: int | None) -> int:
     """Agent calls at once per loop: AGENTTEST_HTTP_POOL_SIZE when set, else enough for
@@ -94,15 +120,6 @@ def connections_for(concurrency: int | None) -> int:
     if "http_pool_size" in settings.model_fields_set:
         return settings.http_pool_size
     return max(settings.http_pool_size, concurrency or 0)
-
-
-def _proxied() -> bool:
-    """Whether to honour proxy settings from the environment.
-
-    aiohttp's trust_env also reads ~/.netrc and the proxy variables on every request,
-    through a thread hop each time; that is only worth it when a proxy is configured.
-    """
-    return any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARS)
 
 
 def gate() -> asyncio.Semaphore:
@@ -129,7 +146,9 @@ def session() -> aiohttp.ClientSession:
             # Bodies are parsed by us (lenient, with clear errors), not by aiohttp.
             json_serialize=json.dumps,
             raise_for_status=False,
-            trust_env=_proxied(),
+            # Proxies are chosen per request (agents/proxies.py): aiohttp's reading of
+            # the environment knows no CIDR ranges in NO_PROXY, and reads ~/.netrc.
+            trust_env=False,
             cookie_jar=aiohttp.DummyCookieJar(),
             headers={"User-Agent": USER_AGENT},
         )
@@ -154,6 +173,7 @@ class Attempt:
         "body",
         "headers",
         "method",
+        "route",
         "secrets",
         "status",
         "stream",
@@ -171,6 +191,7 @@ class Attempt:
         timeout: float,
         stream: StreamSpec | None,
         secrets: Collection[str] = (),
+        route: Route = DEFAULT_ROUTE,
     ) -> None:
         self.method = method
         self.url = url
@@ -179,6 +200,7 @@ class Attempt:
         self.timeout = timeout
         self.stream = stream
         self.secrets = [secret for secret in secrets if secret]
+        self.route = route
         self.assembler: Assembler | None = stream.assembler() if stream is not None else None
         self.status: int | None = None  # once known
         self.streamed = False  # the reply is being read as a stream of events
@@ -193,9 +215,12 @@ class Attempt:
         method, url, headers = self.method, URL(self.url), self.headers
         # No body at all for None (a GET of a chat history), not the JSON text "null".
         payload = body_bytes(self.body) if self.body is not None else None
+        proxy: str | None = None
         try:
+            context = self.route.tls if self.route.tls is not None else default_context()
             async with gate(), asyncio.timeout(None if self.stream else self.timeout):
                 for _ in range(MAX_REDIRECTS):
+                    proxy = self.route.proxy.for_url(url)
                     async with session().request(
                         method,
                         url,
@@ -203,6 +228,8 @@ class Attempt:
                         headers=headers,
                         timeout=limit,
                         allow_redirects=False,
+                        ssl=context,
+                        proxy=proxy,
                     ) as response:
                         status = response.status
                         location = response.headers.get("Location")
@@ -218,13 +245,22 @@ class Attempt:
                 raise HttpFailure(f"too many redirects, to {url}")
         except TimeoutError:
             raise  # (aiohttp's own timeouts are ClientErrors too)
+        except (ProxyProblem, TlsFileProblem) as exc:
+            raise HttpFailure(str(exc)) from None
         except aiohttp.ServerDisconnectedError:
             # (Its text is the reply's head so far when one had begun, a repr.)
             raise HttpFailure("Server disconnected") from None
         except aiohttp.ClientConnectorError as exc:
-            raise ConnectFailure(unreachable_reason(exc)) from None  # (its own text is noisy)
+            # (Its own text is noisy.) A proxy's credentials are in no part of it, but it is
+            # kept by the breaker, fleet-wide: masked all the same.
+            reason = unreachable_reason(exc)
+            if isinstance(exc, aiohttp.ClientProxyConnectionError):
+                reason = reason.replace("cannot connect to ", "cannot connect to proxy ", 1)
+            elif isinstance(exc, aiohttp.ClientConnectorCertificateError):
+                reason += f" ({_UNTRUSTED_HINT})"
+            raise ConnectFailure(_masked(reason, proxy)) from None
         except aiohttp.ClientError as exc:
-            raise HttpFailure(describe(exc)) from None
+            raise HttpFailure(_masked(describe(exc), proxy)) from None
 
     def _secret(self, name: str, value: str) -> bool:
         return name.lower() in CREDENTIAL_HEADERS or any(s in value for s in self.secrets)
@@ -243,6 +279,11 @@ class Attempt:
             await read_stream(response.content, stream.framing, assembler)
             return Reply(response.status, headers, b"")
         return Reply(response.status, headers, await _read_body(response.content))
+
+
+def _masked(text: str, proxy: str | None) -> str:
+    """`text` without the credentials of the proxy the request went through."""
+    return redact(text, proxy_secrets(proxy)) if proxy is not None else text
 
 
 def _redirected(url: URL, location: str) -> URL:

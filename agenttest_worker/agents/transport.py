@@ -18,10 +18,12 @@ from typing import Any
 from agenttest_worker.agents.base import AgentError
 from agenttest_worker.agents.breaker import breaker, endpoint_key
 from agenttest_worker.agents.exchange import (
+    DEFAULT_ROUTE,
     MAX_BODY_BYTES,
     Attempt,
     ConnectFailure,
     HttpFailure,
+    Route,
     describe,
 )
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
@@ -93,6 +95,7 @@ async def post_json(
     limits: Limits | None = None,
     hidden: Collection[str] = (),
     stream: StreamSpec | None = None,
+    route: Route = DEFAULT_ROUTE,
 ) -> HttpResult:
     """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent.
 
@@ -105,6 +108,9 @@ async def post_json(
     that keeps coming is not cut, one that goes silent is. An attempt that fails before
     any content arrived is retried as any other; after that the call fails at once,
     keeping what arrived (`AgentError.partial`).
+
+    `route` is the agent's TLS context and proxy choice (exchange.Route): by default,
+    the environment's trust and proxies.
     """
     # One coroutine, not a wrapper around another: each coroutine a waiting call holds
     # costs its frame, at thousands of calls in flight.
@@ -135,7 +141,7 @@ async def post_json(
                 raise failure
             unreachable = None
             retry_after: float | None = None
-            attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden)
+            attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden, route)
             lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
             try:
                 reply = await attempt.exchange()

@@ -27,6 +27,7 @@ from agenttest_worker.agents.base import (
     text_of,
 )
 from agenttest_worker.agents.config import AgentConfig, HistoryMapping
+from agenttest_worker.agents.exchange import Route
 from agenttest_worker.agents.retry import RetryPolicy
 from agenttest_worker.agents.transport import post_json
 from agenttest_worker.json_values import find, parse_json
@@ -42,7 +43,11 @@ def history_url(template: str, request: AgentRequest) -> str:
 
 
 async def fetch_history(
-    agent: str, config: AgentConfig, request: AgentRequest, hidden: Collection[str]
+    agent: str,
+    config: AgentConfig,
+    request: AgentRequest,
+    hidden: Collection[str],
+    route: Route,
 ) -> HistoryRead:
     """GET (or POST {session_id, case_id}) the history and split it into rounds."""
     history = config.history
@@ -67,6 +72,7 @@ async def fetch_history(
         agent=agent,
         method=history.method,
         hidden=hidden,
+        route=route,
     )
     data = result.json(agent)
     try:

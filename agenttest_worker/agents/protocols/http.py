@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from agenttest_worker.agents.base import (
+    AgentError,
     AgentReply,
     AgentRequest,
     HistoryRead,
@@ -255,4 +256,6 @@ class HttpAgentClient(JsonAgentClient):
 
     async def fetch_history(self, request: AgentRequest) -> HistoryRead:
         assert self.config.history is not None
-        return await fetch_history(self.name, self.config, request, self.hidden())
+        if self.route_problem is not None:
+            raise AgentError("config", self.route_problem)
+        return await fetch_history(self.name, self.config, request, self.hidden(), self.route)
