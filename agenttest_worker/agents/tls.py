@@ -25,6 +25,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -71,6 +72,13 @@ class _Choice:
     client_cert: Path | None
     client_key: Path | None
     trust: tuple[str | None, ...]
+
+
+class AgentTls(Protocol):
+    """An agent entry, as far as its TLS goes (config.AgentConfig)."""
+
+    @property
+    def tls(self) -> TlsSettings | None: ...
 
 
 _contexts: dict[_Choice, ssl.SSLContext] = {}
@@ -123,8 +131,8 @@ def trust_problems(env: Mapping[str, str] | None = None) -> list[tuple[str, str]
 
 
 def warn_unverified(agent: str) -> None:
-    """Say on stderr, once per process (or per run: `forget_warnings`), that `agent`'s
-    certificates are not checked."""
+    """Say on stderr, once per process (or per run: `warn_unverified_agents`), that
+    `agent`'s certificates are not checked."""
     if agent in _warned:
         return
     _warned.add(agent)
@@ -134,9 +142,13 @@ def warn_unverified(agent: str) -> None:
     )
 
 
-def forget_warnings() -> None:
-    """A new run in this process warns again."""
+def warn_unverified_agents(agents: Mapping[str, AgentTls]) -> None:
+    """Warn of each of `agents` (agenttest.yaml's entries) whose certificates are not
+    checked: a new run in this process says it again, once."""
     _warned.clear()
+    for name, agent in agents.items():
+        if agent.tls is not None and not agent.tls.verify:
+            warn_unverified(name)
 
 
 def _choice(settings: TlsSettings, base_dir: Path) -> _Choice:
