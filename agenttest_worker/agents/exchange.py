@@ -259,6 +259,11 @@ class Attempt:
             elif isinstance(exc, aiohttp.ClientConnectorCertificateError):
                 reason += f" ({_UNTRUSTED_HINT})"
             raise ConnectFailure(_masked(reason, proxy)) from None
+        except aiohttp.ClientHttpProxyError as exc:
+            # A tunnel (CONNECT) refused; aiohttp's text quotes the proxy's URL whole.
+            via = URL(proxy) if proxy else None
+            where = f" {via.host_subcomponent}:{via.port}" if via is not None else ""
+            raise HttpFailure(f"proxy{where} answered {exc.status} {exc.message}") from None
         except aiohttp.ClientError as exc:
             raise HttpFailure(_masked(describe(exc), proxy)) from None
 

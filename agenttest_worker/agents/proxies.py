@@ -62,11 +62,14 @@ def proxy_url(text: str) -> str:
         )
     try:
         url = URL(text)
-        port = url.port
     except ValueError:
         raise ProxyProblem("not a proxy URL that can be read") from None
     if not url.host:
         raise ProxyProblem("a proxy URL needs a host")
+    try:
+        port = url.port
+    except ValueError:
+        port = None
     if port is None or not 0 < port < 65536:
         raise ProxyProblem("a proxy URL's port must be 1–65535")
     if url.explicit_port is None:
