@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from agent_servers import refused_url, run
+from aiohttp import web
 from forward_proxy import ForwardProxy
 from pki_kit import Pki, serving_agent
 
@@ -375,5 +376,36 @@ def test_proxy_credentials_become_proxy_authorization_and_are_shown_nowhere(
                 assert secrets_of(text) == [], (name, text)
             stored = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
             assert secrets_of(stored.decode("latin-1")) == []
+
+    run(main())
+
+
+def test_each_redirect_chooses_its_proxy_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """127.0.0.1 is in NO_PROXY, localhost is not: the call goes direct, its redirect
+    through the proxy."""
+
+    async def main() -> None:
+        async with ForwardProxy() as proxy, serving_agent(None) as final:
+            moved = final.replace("127.0.0.1", "localhost") + "/v1/chat/completions"
+
+            async def redirect(request: web.Request) -> web.StreamResponse:
+                raise web.HTTPTemporaryRedirect(moved)
+
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", redirect)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            first = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            try:
+                monkeypatch.setenv("HTTP_PROXY", proxy.url)
+                monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+                config = write_config(tmp_path, {"a": agent(first)})
+                assert (await say_hi(config, "a")).content == "hello"
+            finally:
+                await runner.cleanup()
+            assert proxy.targets() == [f"POST {moved}"]
 
     run(main())

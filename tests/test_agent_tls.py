@@ -26,8 +26,9 @@ from pki_kit import Pki, serving_agent
 
 from agenttest_submit.cli import main
 from agenttest_worker.agents.base import AgentError, AgentReply, AgentRequest
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config import config_from_data, load_config
 from agenttest_worker.agents.protocols.openai import OpenAIClient
+from agenttest_worker.errors import ConfigError
 
 TRUST_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
 KEY = "sk-tls-test-key-never-shown"
@@ -311,3 +312,39 @@ def test_verify_false_warns_once_per_run_naming_the_agent(pki: Pki, tmp_path: Pa
             assert KEY not in err
 
     run(main())
+
+
+def test_a_trust_variable_naming_no_readable_file_is_an_input_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, {"secure": agent("https://127.0.0.1:9")})
+    missing = tmp_path / "no-such-bundle.pem"
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(missing))
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert [str(p) for p in caught.value.problems] == [
+        f"REQUESTS_CA_BUNDLE: {missing} is not a file that can be read"
+    ]
+    # SSL_CERT_FILE comes first: the bundle is then not read, nor checked.
+    monkeypatch.setenv("SSL_CERT_FILE", str(missing))
+    with pytest.raises(ConfigError) as caught:
+        load_config(config)
+    assert [p.field for p in caught.value.problems] == ["SSL_CERT_FILE"]
+
+
+def test_a_tls_file_gone_where_a_stored_run_plays_fails_its_calls_saying_which(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """A run's config rebuilt from the store is not checked for files (they were, when it
+    was submitted): a worker without the file fails the agent's calls, at once."""
+    gone = tmp_path / "gone-ca.pem"
+    entry = agent("https://127.0.0.1:9", tls={"ca_file": str(gone)}, max_retries=3)
+    project = config_from_data({"agents": {"secure": entry}}, str(tmp_path / "agenttest.yaml"))
+    client = OpenAIClient("secure", project.agents["secure"], project)
+    request = AgentRequest(role="target", messages=[{"role": "user", "content": "Hi"}])
+    with pytest.raises(AgentError) as caught:
+        run(client.complete(request))
+    assert caught.value.kind == "config"
+    assert caught.value.message == (
+        f"agent error: secure: tls.ca_file: cannot read {gone}: No such file or directory"
+    )
