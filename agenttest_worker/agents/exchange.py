@@ -29,8 +29,10 @@ from yarl import URL
 from agenttest_worker.agents.breaker import unreachable_reason
 from agenttest_worker.agents.proxies import (
     FROM_ENVIRONMENT,
+    EnvironmentProxies,
     ProxyProblem,
     ProxyRoute,
+    environment_proxies,
     proxy_secrets,
 )
 from agenttest_worker.agents.streaming import Assembler, StreamSpec, read_stream
@@ -57,6 +59,9 @@ _SNIPPET = 200
 _sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
     weakref.WeakKeyDictionary()
 )
+_environments: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Environment] = (
+    weakref.WeakKeyDictionary()
+)
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
@@ -75,6 +80,16 @@ class ConnectFailure(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What the environment says of agent calls: its proxies and the default trust. Read
+    when a loop's session is made, with it, not at each request: reading a dozen
+    variables a request cost more than choosing from them."""
+
+    proxies: EnvironmentProxies
+    trust: ssl.SSLContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +147,15 @@ def gate() -> asyncio.Semaphore:
 
 
 def session() -> aiohttp.ClientSession:
-    """The running event loop's aiohttp session."""
+    """The running event loop's aiohttp session; with it, the environment's proxies and
+    default trust are read (`Environment`)."""
     import aiohttp  # at the first call, not at import (see above)
 
     loop = asyncio.get_running_loop()
     current = _sessions.get(loop)
     if current is None or current.closed:
+        # First: an unreadable REQUESTS_CA_BUNDLE (TlsFileProblem) leaves no session.
+        environment = Environment(environment_proxies(), default_context())
         connector = aiohttp.TCPConnector(
             limit=_pool_size, limit_per_host=_pool_size, ttl_dns_cache=300
         )
@@ -153,6 +171,7 @@ def session() -> aiohttp.ClientSession:
             headers={"User-Agent": USER_AGENT},
         )
         _sessions[loop] = current
+        _environments[loop] = environment
     return current
 
 
@@ -160,6 +179,7 @@ async def close_session() -> None:
     """Close the running loop's session (end of an embedded run, worker shutdown)."""
     loop = asyncio.get_running_loop()
     _gates.pop(loop, None)
+    _environments.pop(loop, None)
     current = _sessions.pop(loop, None)
     if current is not None and not current.closed:
         await current.close()
@@ -217,11 +237,13 @@ class Attempt:
         payload = body_bytes(self.body) if self.body is not None else None
         proxy: str | None = None
         try:
-            context = self.route.tls if self.route.tls is not None else default_context()
+            client = session()
+            environment = _environments[asyncio.get_running_loop()]
+            context = self.route.tls if self.route.tls is not None else environment.trust
             async with gate(), asyncio.timeout(None if self.stream else self.timeout):
                 for _ in range(MAX_REDIRECTS):
-                    proxy = self.route.proxy.for_url(url)
-                    async with session().request(
+                    proxy = self.route.proxy.for_url(url, environment.proxies)
+                    async with client.request(
                         method,
                         url,
                         data=payload,

@@ -252,9 +252,10 @@ class ProxyRoute:
     from_environment: bool = True
     fixed: str | None = None
 
-    def for_url(self, url: URL) -> str | None:
+    def for_url(self, url: URL, environment: EnvironmentProxies) -> str | None:
+        """The proxy for `url` (None: direct), given the environment's."""
         if self.from_environment:
-            return environment_proxies().for_url(url)
+            return environment.for_url(url)
         return self.fixed
 
 
