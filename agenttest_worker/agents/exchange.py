@@ -95,8 +95,8 @@ class Environment:
 @dataclass(frozen=True, slots=True)
 class Route:
     """How one agent's calls travel: the TLS context of their https requests (None: the
-    default trust, as the environment sets it at the call), and how each request, each
-    redirect too, chooses its proxy."""
+    default trust, the loop's `Environment`), and how each request, each redirect too,
+    chooses its proxy."""
 
     tls: ssl.SSLContext | None = None
     proxy: ProxyRoute = FROM_ENVIRONMENT
