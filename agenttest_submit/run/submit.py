@@ -24,7 +24,7 @@ from agenttest_submit.run.embedded import run_embedded
 from agenttest_submit.run.output import output_problem
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import input_label, run_options, run_suite, store_records
-from agenttest_worker.agents import ProjectConfig, load_config
+from agenttest_worker.agents import ProjectConfig, load_config, warn_unverified_agents
 from agenttest_worker.cases import check_ref
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
@@ -41,6 +41,8 @@ def submit(request: RunRequest) -> int:
     if request.interactive and request.skip_interactive:
         raise InputError("--interactive and --skip-interactive contradict each other")
     config = load_config(request.config_file)
+    # Said once, before anything runs (the run's own calls do not say it again).
+    warn_unverified_agents(config.agents)
     bad_output = output_problem(request.output)
     if request.reeval is not None and not request.inputs:
         if bad_output:

@@ -31,7 +31,11 @@ from agenttest_worker.agents.interface import (
     protocol_choices,
     protocol_names,
 )
+from agenttest_worker.agents.network_checks import network_problems
+from agenttest_worker.agents.proxies import setting_problem
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
+from agenttest_worker.agents.tls import TlsSettings
+from agenttest_worker.agents.http.urls import url_problem
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
@@ -170,6 +174,11 @@ class AgentConfig(_Strict):
     # openai-responses: continue a target's conversation from its last response's id,
     # sending only what came after it (the API keeps the rest).
     previous_response_id: bool = False
+    # TLS of its https calls (agents/tls.py); unset, the default trust.
+    tls: TlsSettings | None = None
+    # Its proxy (agents/proxies.py): a URL, or `none` (or empty) to go direct; unset, the
+    # environment's (HTTPS_PROXY, NO_PROXY and the like).
+    proxy: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -201,6 +210,14 @@ class AgentConfig(_Strict):
         if problem:
             raise ValueError(problem)
         return url
+
+    @field_validator("proxy")
+    @classmethod
+    def _usable_proxy(cls, proxy: str | None) -> str | None:
+        problem = setting_problem(proxy)
+        if problem:
+            raise ValueError(problem)
+        return proxy
 
     @field_validator("use")
     @classmethod
@@ -394,7 +411,7 @@ def load_config(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(InputProblem("agenttest.yaml must be a mapping", file=name, line=1))
-    return config_from_data(data, name, env, lines)
+    return config_from_data(data, name, env, lines, check_files=True)
 
 
 def config_from_data(
@@ -402,8 +419,15 @@ def config_from_data(
     name: str | None,
     env: dict[str, str] | None = None,
     lines: LineMap | None = None,
+    *,
+    check_files: bool = False,
 ) -> ProjectConfig:
-    """Validate config data (interpolating ${ENV}); every problem raised together."""
+    """Validate config data (interpolating ${ENV}); every problem raised together.
+
+    With `check_files` (agenttest.yaml as read from disk), the files its `tls:` entries
+    name are read too, and the environment's CA and proxy variables checked: a run's
+    config rebuilt from the store is not, since its files may have gone since (a call
+    that needs one then fails, saying why)."""
     problems: list[InputProblem] = []
     line_map = lines or LineMap()
 
@@ -434,7 +458,10 @@ def config_from_data(
         config = ProjectConfig.model_validate({**interpolated, "path": name})
     except ValidationError as exc:
         raise ConfigError(more(_config_problems(exc, name, line_map))) from None
-    problems = more(check_config_refs(config, line_map))
+    found = check_config_refs(config, line_map)
+    if check_files:
+        found += network_problems(config, line_map, env)
+    problems = more(found)
     if problems:
         raise ConfigError(problems)
     config._raw = data

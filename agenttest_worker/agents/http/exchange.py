@@ -6,17 +6,19 @@ AGENTTEST_HTTP_POOL_SIZE bounds the calls to agents under way. A call fails in o
 three ways: TimeoutError, `ConnectFailure` (could not connect, with the breaker's
 reason) or `HttpFailure` (no reply that could be read). The session keeps no cookies: a
 cookie one conversation's agent set would be sent on every other conversation's calls.
-Proxies come from the environment. Redirects are followed here, not by aiohttp, which
-drops only `Authorization`, `Cookie` and `Proxy-Authorization` when one leaves the
-origin: here every credential the call carries is dropped (CREDENTIAL_HEADERS, and any
-header holding one of the call's secrets: its API key, a value from `${VAR}`).
+Each request chooses its TLS context and its proxy (`Route`: agents/tls.py,
+agents/proxies.py), since one session serves every agent. Redirects are followed here,
+not by aiohttp, which drops only `Authorization`, `Cookie` and `Proxy-Authorization`
+when one leaves the origin: here every credential the call carries is dropped
+(CREDENTIAL_HEADERS, and any header holding one of the call's secrets: its API key, a
+value from `${VAR}`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
+import ssl
 import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -24,8 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from agenttest_worker.agents.http.streaming import Assembler, StreamSpec, read_stream
 from agenttest_worker.agents.limits.breaker import unreachable_reason
+from agenttest_worker.agents.proxies import (
+    FROM_ENVIRONMENT,
+    EnvironmentProxies,
+    ProxyProblem,
+    ProxyRoute,
+    environment_proxies,
+    proxy_secrets,
+)
+from agenttest_worker.agents.http.streaming import Assembler, StreamSpec, read_stream
+from agenttest_worker.agents.tls import TlsFileProblem, default_context
+from agenttest_worker.errors import redact
 from agenttest_worker.json_values import body_bytes
 
 if TYPE_CHECKING:
@@ -47,12 +59,14 @@ _SNIPPET = 200
 _sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
     weakref.WeakKeyDictionary()
 )
+_environments: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Environment] = (
+    weakref.WeakKeyDictionary()
+)
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
 _pool_size = 200
-
-_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
+_UNTRUSTED_HINT = "trust its CA with tls.ca_file, SSL_CERT_FILE or REQUESTS_CA_BUNDLE"
 
 
 class HttpFailure(Exception):
@@ -66,6 +80,30 @@ class ConnectFailure(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What the environment says of agent calls: its proxies and the default trust. Read
+    when a loop's session is made, with it, not at each request: reading a dozen
+    variables a request cost more than choosing from them."""
+
+    proxies: EnvironmentProxies
+    trust: ssl.SSLContext
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How one agent's calls travel: the TLS context of their https requests (None: the
+    default trust, the loop's `Environment`), and how each request, each redirect too,
+    chooses its proxy."""
+
+    tls: ssl.SSLContext | None = None
+    proxy: ProxyRoute = FROM_ENVIRONMENT
+
+
+# The environment's trust and proxies: an agent without `tls:` or `proxy:`.
+DEFAULT_ROUTE = Route()
 
 
 @dataclass(slots=True)
@@ -83,6 +121,9 @@ def configure_pool(size: int) -> None:
     _pool_size = size
     import aiohttp  # noqa: F401
 
+    # The default trust reads the system's certificates: now, not in a first call on the loop.
+    default_context()
+
 
 def connections_for(concurrency: int | None) -> int:
     """Agent calls at once per loop: AGENTTEST_HTTP_POOL_SIZE when set, else enough for
@@ -96,15 +137,6 @@ def connections_for(concurrency: int | None) -> int:
     return max(settings.http_pool_size, concurrency or 0)
 
 
-def _proxied() -> bool:
-    """Whether to honour proxy settings from the environment.
-
-    aiohttp's trust_env also reads ~/.netrc and the proxy variables on every request,
-    through a thread hop each time; that is only worth it when a proxy is configured.
-    """
-    return any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARS)
-
-
 def gate() -> asyncio.Semaphore:
     """The running event loop's bound on the agent calls under way."""
     loop = asyncio.get_running_loop()
@@ -115,12 +147,15 @@ def gate() -> asyncio.Semaphore:
 
 
 def session() -> aiohttp.ClientSession:
-    """The running event loop's aiohttp session."""
+    """The running event loop's aiohttp session; with it, the environment's proxies and
+    default trust are read (`Environment`)."""
     import aiohttp  # at the first call, not at import (see above)
 
     loop = asyncio.get_running_loop()
     current = _sessions.get(loop)
     if current is None or current.closed:
+        # First: an unreadable REQUESTS_CA_BUNDLE (TlsFileProblem) leaves no session.
+        environment = Environment(environment_proxies(), default_context())
         connector = aiohttp.TCPConnector(
             limit=_pool_size, limit_per_host=_pool_size, ttl_dns_cache=300
         )
@@ -129,11 +164,14 @@ def session() -> aiohttp.ClientSession:
             # Bodies are parsed by us (lenient, with clear errors), not by aiohttp.
             json_serialize=json.dumps,
             raise_for_status=False,
-            trust_env=_proxied(),
+            # Proxies are chosen per request (agents/proxies.py): aiohttp's reading of
+            # the environment knows no CIDR ranges in NO_PROXY, and reads ~/.netrc.
+            trust_env=False,
             cookie_jar=aiohttp.DummyCookieJar(),
             headers={"User-Agent": USER_AGENT},
         )
         _sessions[loop] = current
+        _environments[loop] = environment
     return current
 
 
@@ -141,6 +179,7 @@ async def close_session() -> None:
     """Close the running loop's session (end of an embedded run, worker shutdown)."""
     loop = asyncio.get_running_loop()
     _gates.pop(loop, None)
+    _environments.pop(loop, None)
     current = _sessions.pop(loop, None)
     if current is not None and not current.closed:
         await current.close()
@@ -154,6 +193,7 @@ class Attempt:
         "body",
         "headers",
         "method",
+        "route",
         "secrets",
         "status",
         "stream",
@@ -171,6 +211,7 @@ class Attempt:
         timeout: float,
         stream: StreamSpec | None,
         secrets: Collection[str] = (),
+        route: Route = DEFAULT_ROUTE,
     ) -> None:
         self.method = method
         self.url = url
@@ -179,6 +220,7 @@ class Attempt:
         self.timeout = timeout
         self.stream = stream
         self.secrets = [secret for secret in secrets if secret]
+        self.route = route
         self.assembler: Assembler | None = stream.assembler() if stream is not None else None
         self.status: int | None = None  # once known
         self.streamed = False  # the reply is being read as a stream of events
@@ -193,16 +235,23 @@ class Attempt:
         method, url, headers = self.method, URL(self.url), self.headers
         # No body at all for None (a GET of a chat history), not the JSON text "null".
         payload = body_bytes(self.body) if self.body is not None else None
+        proxy: str | None = None
         try:
+            client = session()
+            environment = _environments[asyncio.get_running_loop()]
+            context = self.route.tls if self.route.tls is not None else environment.trust
             async with gate(), asyncio.timeout(None if self.stream else self.timeout):
                 for _ in range(MAX_REDIRECTS):
-                    async with session().request(
+                    proxy = self.route.proxy.for_url(url, environment.proxies)
+                    async with client.request(
                         method,
                         url,
                         data=payload,
                         headers=headers,
                         timeout=limit,
                         allow_redirects=False,
+                        ssl=context,
+                        proxy=proxy,
                     ) as response:
                         status = response.status
                         location = response.headers.get("Location")
@@ -218,13 +267,27 @@ class Attempt:
                 raise HttpFailure(f"too many redirects, to {url}")
         except TimeoutError:
             raise  # (aiohttp's own timeouts are ClientErrors too)
+        except (ProxyProblem, TlsFileProblem) as exc:
+            raise HttpFailure(str(exc)) from None
         except aiohttp.ServerDisconnectedError:
             # (Its text is the reply's head so far when one had begun, a repr.)
             raise HttpFailure("Server disconnected") from None
         except aiohttp.ClientConnectorError as exc:
-            raise ConnectFailure(unreachable_reason(exc)) from None  # (its own text is noisy)
+            # (Its own text is noisy.) A proxy's credentials are in no part of it, but it is
+            # kept by the breaker, fleet-wide: masked all the same.
+            reason = unreachable_reason(exc)
+            if isinstance(exc, aiohttp.ClientProxyConnectionError):
+                reason = reason.replace("cannot connect to ", "cannot connect to proxy ", 1)
+            elif isinstance(exc, aiohttp.ClientConnectorCertificateError):
+                reason += f" ({_UNTRUSTED_HINT})"
+            raise ConnectFailure(_masked(reason, proxy)) from None
+        except aiohttp.ClientHttpProxyError as exc:
+            # A tunnel (CONNECT) refused; aiohttp's text quotes the proxy's URL whole.
+            via = URL(proxy) if proxy else None
+            where = f" {via.host_subcomponent}:{via.port}" if via is not None else ""
+            raise HttpFailure(f"proxy{where} answered {exc.status} {exc.message}") from None
         except aiohttp.ClientError as exc:
-            raise HttpFailure(describe(exc)) from None
+            raise HttpFailure(_masked(describe(exc), proxy)) from None
 
     def _secret(self, name: str, value: str) -> bool:
         return name.lower() in CREDENTIAL_HEADERS or any(s in value for s in self.secrets)
@@ -243,6 +306,11 @@ class Attempt:
             await read_stream(response.content, stream.framing, assembler)
             return Reply(response.status, headers, b"")
         return Reply(response.status, headers, await _read_body(response.content))
+
+
+def _masked(text: str, proxy: str | None) -> str:
+    """`text` without the credentials of the proxy the request went through."""
+    return redact(text, proxy_secrets(proxy)) if proxy is not None else text
 
 
 def _redirected(url: URL, location: str) -> URL:

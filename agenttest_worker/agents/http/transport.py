@@ -15,13 +15,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from agenttest_worker.agents.http.exchange import (
-    MAX_BODY_BYTES,
-    Attempt,
-    ConnectFailure,
-    HttpFailure,
-    describe,
-)
+from agenttest_worker.agents.interface import AgentError
+from agenttest_worker.agents.limits.breaker import breaker, endpoint_key
+from agenttest_worker.agents.http.exchange import DEFAULT_ROUTE, MAX_BODY_BYTES, Attempt, ConnectFailure, HttpFailure, Route, describe
 from agenttest_worker.agents.http.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
 from agenttest_worker.agents.interface import AgentError
 from agenttest_worker.agents.limits.breaker import breaker, endpoint_key
@@ -93,6 +89,7 @@ async def post_json(
     limits: Limits | None = None,
     hidden: Collection[str] = (),
     stream: StreamSpec | None = None,
+    route: Route = DEFAULT_ROUTE,
 ) -> HttpResult:
     """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent.
 
@@ -105,6 +102,9 @@ async def post_json(
     that keeps coming is not cut, one that goes silent is. An attempt that fails before
     any content arrived is retried as any other; after that the call fails at once,
     keeping what arrived (`AgentError.partial`).
+
+    `route` is the agent's TLS context and proxy choice (exchange.Route): by default,
+    the environment's trust and proxies.
     """
     # One coroutine, not a wrapper around another: each coroutine a waiting call holds
     # costs its frame, at thousands of calls in flight.
@@ -135,7 +135,7 @@ async def post_json(
                 raise failure
             unreachable = None
             retry_after: float | None = None
-            attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden)
+            attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden, route)
             lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
             try:
                 reply = await attempt.exchange()

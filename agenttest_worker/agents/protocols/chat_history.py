@@ -28,7 +28,10 @@ from agenttest_worker.agents.interface import (
     read_tool_calls,
     text_of,
 )
+from agenttest_worker.agents.config import AgentConfig, HistoryMapping
+from agenttest_worker.agents.http.exchange import Route
 from agenttest_worker.agents.limits.retry import RetryPolicy
+from agenttest_worker.agents.http.transport import post_json
 from agenttest_worker.json_values import find, parse_json
 
 
@@ -42,7 +45,11 @@ def history_url(template: str, request: AgentRequest) -> str:
 
 
 async def fetch_history(
-    agent: str, config: AgentConfig, request: AgentRequest, hidden: Collection[str]
+    agent: str,
+    config: AgentConfig,
+    request: AgentRequest,
+    hidden: Collection[str],
+    route: Route,
 ) -> HistoryRead:
     """GET (or POST {session_id, case_id}) the history and split it into rounds."""
     history = config.history
@@ -67,6 +74,7 @@ async def fetch_history(
         agent=agent,
         method=history.method,
         hidden=hidden,
+        route=route,
     )
     data = result.json(agent)
     try:

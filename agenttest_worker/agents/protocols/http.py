@@ -29,22 +29,7 @@ import json
 import re
 from typing import Any
 
-from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
-from agenttest_worker.agents.http.streaming import (
-    StreamEvent,
-    StreamFailure,
-    StreamSpec,
-    json_data,
-    mark_content,
-)
-from agenttest_worker.agents.interface import (
-    AgentReply,
-    AgentRequest,
-    HistoryRead,
-    protocol,
-    read_tool_calls,
-    text_of,
-)
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest, HistoryRead, protocol, read_tool_calls, text_of
 from agenttest_worker.agents.protocols.chat_history import fetch_history
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.json_values import find
@@ -255,4 +240,6 @@ class HttpAgentClient(JsonAgentClient):
 
     async def fetch_history(self, request: AgentRequest) -> HistoryRead:
         assert self.config.history is not None
-        return await fetch_history(self.name, self.config, request, self.hidden())
+        if self.route_problem is not None:
+            raise AgentError("config", self.route_problem)
+        return await fetch_history(self.name, self.config, request, self.hidden(), self.route)

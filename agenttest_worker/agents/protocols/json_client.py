@@ -5,14 +5,17 @@ read the reply; both read token counts and declared booleans the same way."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
-from agenttest_worker.agents.http.streaming import StreamSpec
-from agenttest_worker.agents.http.transport import masked, post_json
-from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.http.exchange import Route
+from agenttest_worker.agents.proxies import proxy_route, proxy_secrets
 from agenttest_worker.agents.limits.ratelimit import Limits, limiter
 from agenttest_worker.agents.limits.retry import RetryPolicy
+from agenttest_worker.agents.http.streaming import StreamSpec
+from agenttest_worker.agents.tls import TlsFileProblem, context_for
+from agenttest_worker.agents.http.transport import masked, post_json
 from agenttest_worker.errors import url_secrets
 from agenttest_worker.results import Usage
 
@@ -36,7 +39,9 @@ class JsonAgentClient:
         self.secrets = [
             *url_secrets(self.url, written_url(config, written)),
             *header_secrets(config, written),
+            *written_proxy_secrets(config, written),
         ]
+        self.route, self.route_problem = agent_route(name, config, project)
 
     def endpoint(self) -> str:
         """Where requests are posted: `url`, else `base_url`."""
@@ -83,6 +88,8 @@ class JsonAgentClient:
         # The call and the masking of its errors in one frame: a frame per layer is held
         # by every turn waiting on its agent, thousands of them on a worker.
         try:
+            if self.route_problem is not None:
+                raise AgentError("config", self.route_problem)
             result = await post_json(
                 url=self.url,
                 body=self.body(request),
@@ -95,6 +102,7 @@ class JsonAgentClient:
                 method=self.config.method,
                 hidden=self.hidden(),
                 stream=self.stream_spec(),
+                route=self.route,
             )
             try:
                 if result.stream is not None:
@@ -133,6 +141,31 @@ def written_entry(name: str, project: ProjectConfig | None) -> dict[str, Any] | 
     agents = raw.get("agents") if isinstance(raw, dict) else None
     entry = agents.get(name) if isinstance(agents, dict) else None
     return entry if isinstance(entry, dict) else None
+
+
+def agent_route(
+    name: str, config: AgentConfig, project: ProjectConfig | None
+) -> tuple[Route, str | None]:
+    """How the agent's calls travel (its TLS context and proxy), or why they cannot: a
+    `tls:` file checked when agenttest.yaml was loaded may be missing where a stored run
+    is played (another machine, a file since removed), and every call then fails so."""
+    proxy = proxy_route(config.proxy)  # (checked when the file was loaded)
+    if config.tls is None:
+        return Route(proxy=proxy), None
+    base_dir = project.base_dir if project is not None else Path.cwd()
+    try:
+        return Route(context_for(name, config.tls, base_dir), proxy), None
+    except TlsFileProblem as problem:
+        return Route(proxy=proxy), f"agent error: {name}: {problem}"
+
+
+def written_proxy_secrets(config: AgentConfig, entry: dict[str, Any] | None) -> list[str]:
+    """What no error may show of the agent's `proxy:`: its password, and a user name
+    alone or written as ${VAR}."""
+    if not config.proxy:
+        return []
+    written = (entry or {}).get("proxy")
+    return proxy_secrets(config.proxy, written if isinstance(written, str) else None)
 
 
 def written_url(config: AgentConfig, entry: dict[str, Any] | None) -> str | None:

@@ -18,6 +18,8 @@ from agenttest_worker.results import AgentCallRecord
 
 
 def needs_use(config: AgentConfig) -> str | None:
+    if config.tls is not None or config.proxy is not None:
+        return "tls and proxy are for agents called over HTTP, not script agents"
     return None if config.use else "a script agent needs use: scripts:NAME"
 
 
