@@ -26,16 +26,16 @@ from aiohttp import web
 from forward_proxy import ForwardProxy
 from pki_kit import Pki, serving_agent
 
-from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.config import load_config
-from agenttest_worker.agents.protocols.openai import OpenAIClient
-from agenttest_worker.agents.proxies import (
+from agenttest_worker.agents.http.proxies import (
     ProxyProblem,
     environment_problems,
     environment_proxies,
     parse_no_proxy,
     proxy_url,
 )
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
+from agenttest_worker.agents.protocols.openai import OpenAIClient
 from agenttest_worker.errors import ConfigError
 
 PROXY_VARIABLES = (

@@ -22,6 +22,7 @@ from agenttest_worker.agents.config import (
     load_config,
 )
 from agenttest_worker.agents.http.exchange import close_session, configure_pool, connections_for
+from agenttest_worker.agents.http.tls import warn_unverified_agents
 from agenttest_worker.agents.interface import (
     AgentClient,
     AgentError,
@@ -55,4 +56,5 @@ __all__ = [
     "parse_ref",
     "protocol",
     "protocol_names",
+    "warn_unverified_agents",
 ]

@@ -24,6 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from agenttest_worker.agents.http.network_checks import network_problems
+from agenttest_worker.agents.http.proxies import setting_problem
+from agenttest_worker.agents.http.tls import TlsSettings
 from agenttest_worker.agents.http.urls import url_problem
 from agenttest_worker.agents.interface import (
     MetadataMode,
@@ -31,11 +34,8 @@ from agenttest_worker.agents.interface import (
     protocol_choices,
     protocol_names,
 )
-from agenttest_worker.agents.network_checks import network_problems
-from agenttest_worker.agents.proxies import setting_problem
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
-from agenttest_worker.agents.tls import TlsSettings
-from agenttest_worker.agents.http.urls import url_problem
+from agenttest_worker.agents.reply_mappings import HistoryConfig, ResponseMapping
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
@@ -50,65 +50,6 @@ OWNED_BODY_FIELDS = frozenset({"model", "messages", "stream", "stream_options", 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ResponseMapping(_Strict):
-    """JSONPaths that pick a generic http agent's reply fields out of its response body.
-
-    A streamed reply (`stream: sse|ndjson`) is read event by event: `content_delta`
-    picks the piece of text each event adds, `final` marks the last event (where it
-    finds a value other than false or null), and the other paths read that last event.
-    """
-
-    content: str = "$.content"
-    tool_calls: str = "$.tool_calls"
-    awaiting_input: str = "$.awaiting_input"
-    input_hint: str = "$.input_hint"
-    state: str = "$.state"
-    content_delta: str = "$.delta"
-    final: str | None = None
-
-
-class HistoryMapping(_Strict):
-    """Where a chat history keeps its events, and how each says who it came from.
-
-    Events whose role is `input_role` are the inputs the history is split at; events
-    with `tool_calls` are tool calls (Chat Completions items or {name, args}); events
-    whose role is `tool_role` are tool results, named by `tool_name` or by the call
-    whose id their `tool_call_id` answers.
-    """
-
-    events: str = "$.messages"
-    role: str = "$.role"
-    content: str = "$.content"
-    tool_calls: str = "$.tool_calls"
-    tool_name: str = "$.name"
-    tool_call_id: str = "$.tool_call_id"
-    input_role: str = "user"
-    assistant_role: str = "assistant"
-    tool_role: str = "tool"
-
-
-class HistoryConfig(_Strict):
-    """An agent whose replies are read back from its chat history (as tdx does): after
-    every turn (`when: turn`) or once after the last static turn (`when: end`), the
-    runner fetches `url` ({{session_id}} and {{case_id}} filled in) and gives each turn
-    what the agent emitted after its input."""
-
-    url: str
-    method: Literal["GET", "POST"] = "GET"
-    when: Literal["turn", "end"] = "turn"
-    headers: dict[str, str] = Field(default_factory=dict)
-    response: HistoryMapping = Field(default_factory=HistoryMapping)
-
-    @field_validator("url")
-    @classmethod
-    def _callable_url(cls, url: str) -> str:
-        # Placeholders are filled in at call time; checked as the URL they will be.
-        problem = url_problem(re.sub(r"\{\{\s*[a-z_]+\s*\}\}", "x", url))
-        if problem:
-            raise ValueError(problem)
-        return url
 
 
 class RateLimit(_Strict):
@@ -174,9 +115,9 @@ class AgentConfig(_Strict):
     # openai-responses: continue a target's conversation from its last response's id,
     # sending only what came after it (the API keeps the rest).
     previous_response_id: bool = False
-    # TLS of its https calls (agents/tls.py); unset, the default trust.
+    # TLS of its https calls (agents/http/tls.py); unset, the default trust.
     tls: TlsSettings | None = None
-    # Its proxy (agents/proxies.py): a URL, or `none` (or empty) to go direct; unset, the
+    # Its proxy (agents/http/proxies.py): a URL, or `none` (or empty) to go direct; unset, the
     # environment's (HTTPS_PROXY, NO_PROXY and the like).
     proxy: str | None = None
 

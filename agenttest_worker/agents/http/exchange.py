@@ -6,8 +6,8 @@ AGENTTEST_HTTP_POOL_SIZE bounds the calls to agents under way. A call fails in o
 three ways: TimeoutError, `ConnectFailure` (could not connect, with the breaker's
 reason) or `HttpFailure` (no reply that could be read). The session keeps no cookies: a
 cookie one conversation's agent set would be sent on every other conversation's calls.
-Each request chooses its TLS context and its proxy (`Route`: agents/tls.py,
-agents/proxies.py), since one session serves every agent. Redirects are followed here,
+Each request chooses its TLS context and its proxy (`Route`: agents/http/tls.py,
+agents/http/proxies.py), since one session serves every agent. Redirects are followed here,
 not by aiohttp, which drops only `Authorization`, `Cookie` and `Proxy-Authorization`
 when one leaves the origin: here every credential the call carries is dropped
 (CREDENTIAL_HEADERS, and any header holding one of the call's secrets: its API key, a
@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from agenttest_worker.agents.limits.breaker import unreachable_reason
-from agenttest_worker.agents.proxies import (
+from agenttest_worker.agents.http.proxies import (
     FROM_ENVIRONMENT,
     EnvironmentProxies,
     ProxyProblem,
@@ -36,7 +35,8 @@ from agenttest_worker.agents.proxies import (
     proxy_secrets,
 )
 from agenttest_worker.agents.http.streaming import Assembler, StreamSpec, read_stream
-from agenttest_worker.agents.tls import TlsFileProblem, default_context
+from agenttest_worker.agents.http.tls import TlsFileProblem, default_context
+from agenttest_worker.agents.limits.breaker import unreachable_reason
 from agenttest_worker.errors import redact
 from agenttest_worker.json_values import body_bytes
 
@@ -164,7 +164,7 @@ def session() -> aiohttp.ClientSession:
             # Bodies are parsed by us (lenient, with clear errors), not by aiohttp.
             json_serialize=json.dumps,
             raise_for_status=False,
-            # Proxies are chosen per request (agents/proxies.py): aiohttp's reading of
+            # Proxies are chosen per request (agents/http/proxies.py): aiohttp's reading of
             # the environment knows no CIDR ranges in NO_PROXY, and reads ~/.netrc.
             trust_env=False,
             cookie_jar=aiohttp.DummyCookieJar(),

@@ -15,9 +15,15 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from agenttest_worker.agents.interface import AgentError
-from agenttest_worker.agents.limits.breaker import breaker, endpoint_key
-from agenttest_worker.agents.http.exchange import DEFAULT_ROUTE, MAX_BODY_BYTES, Attempt, ConnectFailure, HttpFailure, Route, describe
+from agenttest_worker.agents.http.exchange import (
+    DEFAULT_ROUTE,
+    MAX_BODY_BYTES,
+    Attempt,
+    ConnectFailure,
+    HttpFailure,
+    Route,
+    describe,
+)
 from agenttest_worker.agents.http.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
 from agenttest_worker.agents.interface import AgentError
 from agenttest_worker.agents.limits.breaker import breaker, endpoint_key

@@ -18,7 +18,8 @@ from collections.abc import Collection
 from typing import Any
 from urllib.parse import quote
 
-from agenttest_worker.agents.config import AgentConfig, HistoryMapping
+from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.http.exchange import Route
 from agenttest_worker.agents.http.transport import post_json
 from agenttest_worker.agents.interface import (
     AgentError,
@@ -28,10 +29,8 @@ from agenttest_worker.agents.interface import (
     read_tool_calls,
     text_of,
 )
-from agenttest_worker.agents.config import AgentConfig, HistoryMapping
-from agenttest_worker.agents.http.exchange import Route
 from agenttest_worker.agents.limits.retry import RetryPolicy
-from agenttest_worker.agents.http.transport import post_json
+from agenttest_worker.agents.reply_mappings import HistoryMapping
 from agenttest_worker.json_values import find, parse_json
 
 

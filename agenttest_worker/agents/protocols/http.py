@@ -29,9 +29,26 @@ import json
 import re
 from typing import Any
 
-from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest, HistoryRead, protocol, read_tool_calls, text_of
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig
+from agenttest_worker.agents.http.streaming import (
+    StreamEvent,
+    StreamFailure,
+    StreamSpec,
+    json_data,
+    mark_content,
+)
+from agenttest_worker.agents.interface import (
+    AgentError,
+    AgentReply,
+    AgentRequest,
+    HistoryRead,
+    protocol,
+    read_tool_calls,
+    text_of,
+)
 from agenttest_worker.agents.protocols.chat_history import fetch_history
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
+from agenttest_worker.agents.reply_mappings import ResponseMapping
 from agenttest_worker.json_values import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {

@@ -10,12 +10,13 @@ from typing import Any
 
 from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.agents.http.exchange import Route
-from agenttest_worker.agents.proxies import proxy_route, proxy_secrets
+from agenttest_worker.agents.http.proxies import proxy_route, proxy_secrets
+from agenttest_worker.agents.http.streaming import StreamSpec
+from agenttest_worker.agents.http.tls import TlsFileProblem, context_for
+from agenttest_worker.agents.http.transport import masked, post_json
+from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.limits.ratelimit import Limits, limiter
 from agenttest_worker.agents.limits.retry import RetryPolicy
-from agenttest_worker.agents.http.streaming import StreamSpec
-from agenttest_worker.agents.tls import TlsFileProblem, context_for
-from agenttest_worker.agents.http.transport import masked, post_json
 from agenttest_worker.errors import url_secrets
 from agenttest_worker.results import Usage
 

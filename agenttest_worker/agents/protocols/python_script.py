@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 
-from agenttest_worker.agents.config import AgentConfig, ProjectConfig, ResponseMapping
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig
 from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest, protocol
 from agenttest_worker.agents.protocols.http import parse_http_reply
+from agenttest_worker.agents.reply_mappings import ResponseMapping
 from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
 from agenttest_worker.results import AgentCallRecord
 

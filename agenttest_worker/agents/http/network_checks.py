@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from agenttest_worker.agents.proxies import environment_problems
-from agenttest_worker.agents.tls import check_files, trust_problems
+from agenttest_worker.agents.http.proxies import environment_problems
+from agenttest_worker.agents.http.tls import check_files, trust_problems
 from agenttest_worker.errors import InputProblem, format_field
 from agenttest_worker.yamlfile import LineMap
 
