@@ -178,9 +178,13 @@ def config_problems(path: Path) -> list[tuple[int | None, str | None, str]]:
 def test_an_unknown_protocol_lists_the_registered_ones(tmp_path: Path) -> None:
     path = tmp_path / "agenttest.yaml"
     path.write_text("agents:\n  b:\n    protocol: grpc\n", encoding="utf-8")
-    assert protocol_names() == ("openai", "anthropic", "http", "script")
+    assert protocol_names() == ("openai", "azure", "anthropic", "http", "script")
     assert config_problems(path) == [
-        (3, "agents.b.protocol", "Input should be 'openai', 'anthropic', 'http' or 'script'")
+        (
+            3,
+            "agents.b.protocol",
+            "Input should be 'openai', 'azure', 'anthropic', 'http' or 'script'",
+        )
     ]
     protocol("echo", check=needs_model)(EchoClient)
     try:
@@ -188,7 +192,7 @@ def test_an_unknown_protocol_lists_the_registered_ones(tmp_path: Path) -> None:
             (
                 3,
                 "agents.b.protocol",
-                "Input should be 'openai', 'anthropic', 'http', 'script' or 'echo'",
+                "Input should be 'openai', 'azure', 'anthropic', 'http', 'script' or 'echo'",
             )
         ]
     finally:

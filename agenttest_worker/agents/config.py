@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -166,6 +167,38 @@ class AgentConfig(_Strict):
     max_tokens: int = Field(default=4096, ge=1)
     # http: replies read back from the agent's chat history.
     history: HistoryConfig | None = None
+    # azure (or openai with both deployment and api_version): the deployment's name, the
+    # API version, and the variable holding a Microsoft Entra ID token (instead of a key).
+    deployment: str | None = Field(default=None, min_length=1, validate_default=True)
+    api_version: str | None = Field(default=None, min_length=1, validate_default=True)
+    azure_ad_token_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_on_azure(cls, data: Any) -> Any:
+        # An openai entry that names a deployment and an API version is an Azure OpenAI
+        # deployment: the same as `protocol: azure`.
+        if (
+            isinstance(data, dict)
+            and data.get("protocol", "openai") == "openai"
+            and data.get("deployment")
+            and data.get("api_version")
+        ):
+            return {**data, "protocol": "azure"}
+        return data
+
+    @field_validator("deployment", "api_version")
+    @classmethod
+    def _needed_setting(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A setting the agent's protocol `needs` (agents/base.py), refused where unset."""
+        name = info.data.get("protocol")
+        if (
+            value is None
+            and name in protocol_names()
+            and info.field_name in get_protocol(name).needs
+        ):
+            raise ValueError(f"required field is missing: {name} agents need {info.field_name}")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -1,6 +1,8 @@
 """The agent protocols, one module each, registered where they are defined.
 
 - `openai`: Chat Completions at `{base_url}/chat/completions` with `model`.
+- `azure`: Chat Completions on an Azure OpenAI deployment (the openai protocol's body
+  and replies, Azure's URL and keys).
 - `anthropic`: the Messages API at `{base_url}/v1/messages` (replies read in
   `anthropic_reply`).
 - `http`: any JSON endpoint at `url` (or `base_url`): a request template, reply paths.
@@ -16,9 +18,10 @@ unknown one and the pool's clients follow from the registry.
 """
 
 # isort: off
-# Imported in the order messages list the protocols ('openai', 'anthropic', 'http' or
-# 'script'): that is the order they register in.
+# Imported in the order messages list the protocols ('openai', 'azure', 'anthropic',
+# 'http' or 'script'): that is the order they register in.
 from agenttest_worker.agents.protocols.openai import OpenAIClient
+from agenttest_worker.agents.protocols.azure import AzureOpenAIClient
 from agenttest_worker.agents.protocols.anthropic import AnthropicClient
 from agenttest_worker.agents.protocols.http import HttpAgentClient
 from agenttest_worker.agents.protocols.script import ScriptAgentClient
@@ -28,6 +31,7 @@ from agenttest_worker.agents.protocols.json_client import JsonAgentClient
 
 __all__ = [
     "AnthropicClient",
+    "AzureOpenAIClient",
     "HttpAgentClient",
     "JsonAgentClient",
     "OpenAIClient",

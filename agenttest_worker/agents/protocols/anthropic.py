@@ -36,7 +36,11 @@ from agenttest_worker.agents.protocols.anthropic_reply import (
     parse_message,
 )
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient
-from agenttest_worker.agents.protocols.openai import streams_whole, tool_definitions
+from agenttest_worker.agents.protocols.openai import (
+    azure_only,
+    streams_whole,
+    tool_definitions,
+)
 from agenttest_worker.agents.streaming import StreamSpec
 
 # Messages must end with a user turn: a trailing assistant message would be taken as
@@ -48,7 +52,9 @@ YOUR_TURN = "(Reply now, as the system prompt asks.)"
 def needs_base_url(config: AgentConfig) -> str | None:
     if not config.base_url:
         return "an anthropic agent needs base_url (e.g. https://api.anthropic.com)"
-    return streams_whole(config, "an anthropic")
+    if config.deployment or config.api_version:
+        return "deployment and api_version are for azure agents"
+    return azure_only(config) or streams_whole(config, "an anthropic")
 
 
 def _data_url(url: str) -> tuple[str, str] | None:

@@ -78,7 +78,19 @@ def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
 def needs_base_url(config: AgentConfig) -> str | None:
     if not config.base_url:
         return "an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)"
-    return streams_whole(config, "an openai")
+    if config.deployment or config.api_version:
+        # Both make it an azure agent (agents/config.py): one alone is half of that.
+        return (
+            "an openai agent on Azure OpenAI sets both deployment and api_version "
+            "(or write protocol: azure)"
+        )
+    return azure_only(config) or streams_whole(config, "an openai")
+
+
+def azure_only(config: AgentConfig) -> str | None:
+    if config.azure_ad_token_env:
+        return "azure_ad_token_env is for azure agents"
+    return None
 
 
 def streams_whole(config: AgentConfig, agent: str) -> str | None:
