@@ -176,14 +176,9 @@ class AgentConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _openai_on_azure(cls, data: Any) -> Any:
-        # An openai entry that names a deployment and an API version is an Azure OpenAI
-        # deployment: the same as `protocol: azure`.
-        if (
-            isinstance(data, dict)
-            and data.get("protocol", "openai") == "openai"
-            and data.get("deployment")
-            and data.get("api_version")
-        ):
+        # An openai entry naming a deployment and an API version is `protocol: azure`.
+        on_azure = isinstance(data, dict) and data.get("deployment") and data.get("api_version")
+        if on_azure and data.get("protocol", "openai") == "openai":
             return {**data, "protocol": "azure"}
         return data
 
@@ -192,11 +187,8 @@ class AgentConfig(_Strict):
     def _needed_setting(cls, value: str | None, info: ValidationInfo) -> str | None:
         """A setting the agent's protocol `needs` (agents/base.py), refused where unset."""
         name = info.data.get("protocol")
-        if (
-            value is None
-            and name in protocol_names()
-            and info.field_name in get_protocol(name).needs
-        ):
+        needs = get_protocol(name).needs if name in protocol_names() else ()
+        if value is None and info.field_name in needs:
             raise ValueError(f"required field is missing: {name} agents need {info.field_name}")
         return value
 
