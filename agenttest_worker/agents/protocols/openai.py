@@ -4,7 +4,8 @@ The case's metadata is not sent unless the agent entry asks (`metadata: object`,
 `strings`: values JSON-encoded, at most 16 keys of 64 characters and values of 512, as
 OpenAI allows): the API refuses `metadata` without `store: true`, which `metadata:
 object` or `strings` therefore also sends unless `params` sets `store`. The case's other
-options (skip, search, mode) travel beside it then, as an extra `options` field. `params`
+options (skip, search, mode) travel beside it then: with `object` as an extra `options`
+field, with `strings` (which the real API takes) as an `options` key of the metadata. `params`
 are added to the body under their Chat Completions names (temperature, seed,
 max_completion_tokens, response_format, tool_choice, stop, reasoning_effort, ...).
 Replies may carry non-standard `awaiting_input`, `input_hint` and `state` fields, at
@@ -114,12 +115,17 @@ class OpenAIClient(JsonAgentClient):
             "messages": request.messages,
         }
         mode = self.config.metadata_mode()
-        metadata = encode_metadata(request.metadata, mode)
+        given = request.metadata
+        if request.options and mode == "strings":
+            # Chat Completions has no `options` field: in OpenAI's own metadata format the
+            # options travel inside the metadata, first so that no key limit cuts them.
+            given = {"options": request.options, **given}
+        metadata = encode_metadata(given, mode)
         if metadata is not None:
             body["metadata"] = metadata
             # OpenAI takes `metadata` only on completions it stores.
             body["store"] = True
-        if request.options and mode != "none":
+        if request.options and mode == "object":
             # Not a Chat Completions field: an extra body field for agents that read the
             # spec's context.Options (skip, search, mode), sent only when a case sets one.
             body["options"] = request.options
