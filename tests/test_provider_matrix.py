@@ -14,6 +14,7 @@ assertion and the simulator add.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,8 @@ from standins.openai_chat import OpenAIChatStandIn
 from standins.scripting import Answer, Call, ScriptedStandIn
 
 from agenttest_submit.cli import main
+from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.pool import AgentPool
 
 KEY_ENV = "AGENTTEST_TEST_PROVIDER_KEY"
 KEY = "sk-matrix-0b7d41"
@@ -231,3 +234,25 @@ def test_metadata_strings_is_what_the_chat_completions_api_takes(
     assert code == 0
     assert body["store"] is True and "options" not in body
     assert body["metadata"] == {"options": '{"mode": "fast"}', "tier": "2"}
+
+
+def test_every_entry_in_connecting_to_providers_loads_as_written(tmp_path: Path) -> None:
+    """docs/providers.md's entries are meant to be copied: each is a valid agenttest.yaml,
+    and each calls its provider at the URL the page says."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "providers.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", guide, re.DOTALL)
+    urls = {}
+    for n, block in enumerate(blocks):
+        path = tmp_path / f"agenttest-{n}.yaml"
+        path.write_text(block, encoding="utf-8")
+        config = load_config(path, env={})
+        [(name, entry)] = config.agents.items()
+        assert entry.metadata_mode() == "none"
+        urls[name] = AgentPool(config).client(f"agents:{name}").url  # type: ignore[attr-defined]
+    assert urls == {
+        "gpt": "https://api.openai.com/v1/chat/completions",
+        "gpt-azure": "https://my-resource.openai.azure.com/openai/deployments/gpt-4o-prod/"
+        "chat/completions?api-version=2024-10-21",
+        "claude": "https://api.anthropic.com/v1/messages",
+        "local": "http://127.0.0.1:8000/v1/chat/completions",
+    }
