@@ -195,3 +195,15 @@ def test_a_bad_azure_entry_stops_the_run_with_exit_2(
         f"  {tmp_path / 'agenttest.yaml'}:2: agents.gpt.api_version: required field is "
         "missing: azure agents need api_version\n"
     )
+
+
+def test_an_api_version_before_stream_options_streams_without_them(
+    azure: AzureOpenAIStandIn,
+) -> None:
+    azure.script("gpt-4o-prod", "Streamed on an older version")
+    reply = call(entry(azure, api_version="2024-06-01", stream=True))
+    assert reply.content == "Streamed on an older version"
+    assert reply.usage is None  # what such a version's stream gives
+    [body] = azure.bodies()
+    assert body["stream"] is True and "stream_options" not in body
+    assert azure.refusals() == []

@@ -245,6 +245,13 @@ def test_azure_refuses_wrong_paths_versions_keys_fields_and_types_as_azure_does(
     wrong = post(url, {**body, "temperature": "low"}, **{"api-version": API_VERSION})
     assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "invalid_type"
 
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    older = post(url, streamed, **{"api-version": "2024-06-01"})
+    assert older.status_code == 400
+    assert older.json()["error"]["message"] == (
+        "Unrecognized request argument supplied: stream_options"
+    )
+
     client = openai.AzureOpenAI(
         azure_endpoint=azure.base_url, api_key="wrong", api_version=API_VERSION, max_retries=0
     )

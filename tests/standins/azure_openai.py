@@ -7,6 +7,10 @@ Bearer`. The body is the Chat Completions body (checked as tests/standins/openai
 checks it, `model` optional since the deployment names the model); Azure refuses an
 unknown field as OpenAI does ("Unrecognized request argument supplied: x").
 
+Fields come with API versions: `stream_options` is in the reference from 2024-09-01
+(2024-09-01-preview, and 2024-10-21 of the stable ones); an earlier version refuses it
+as an unknown field.
+
 What Azure answers otherwise, in its own error shape `{"error": {"code", "message"}}`:
 any other path, a missing or malformed api-version: 404 "Resource not found"; an
 unknown deployment: 404 `DeploymentNotFound`; no key or a wrong one: 401.
@@ -14,11 +18,12 @@ unknown deployment: 404 `DeploymentNotFound`; no key or a wrong one: 401.
 
 from __future__ import annotations
 
+import json
 import re
 
 from aiohttp import web
 
-from standins.openai_chat import OpenAIChatStandIn
+from standins.openai_chat import OpenAIChatStandIn, openai_error
 from standins.scripting import Received, Refusal
 
 API_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(-preview)?")
@@ -30,6 +35,16 @@ def azure_error(status: int, code: str, message: str) -> Refusal:
 
 
 NOT_FOUND = azure_error(404, "404", "Resource not found")
+# The first API version whose reference has `stream_options` (the dates compare as text).
+STREAM_OPTIONS_SINCE = "2024-09-01"
+
+
+def _fields(raw: bytes) -> list[str]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return []
+    return list(body) if isinstance(body, dict) else []
 
 
 class AzureOpenAIStandIn(OpenAIChatStandIn):
@@ -91,6 +106,8 @@ class AzureOpenAIStandIn(OpenAIChatStandIn):
                     "The API deployment for this resource does not exist. If you created the "
                     "deployment within the last 5 minutes, please wait a moment and try again.",
                 )
+            if version < STREAM_OPTIONS_SINCE and "stream_options" in _fields(raw):
+                raise openai_error("Unrecognized request argument supplied: stream_options")
             return await self.complete(request, raw, model_required=False, model=deployment)
         except Refusal as refusal:
             return self.refused(received, refusal)

@@ -6,7 +6,8 @@ The key goes in the `api-key` header, from `api_key_env`; or, with `azure_ad_tok
 a Microsoft Entra ID token goes as `Authorization: Bearer`. An `openai` entry that sets
 both `deployment` and `api_version` is an azure one (agents/config.py). The body and the
 replies, whole or streamed, are the openai protocol's (`model` is the entry's `model`,
-else the deployment; Azure routes by the deployment).
+else the deployment; Azure routes by the deployment), but for `stream_options`, which
+API versions before 2024-09-01 refuse: streamed replies come without usage there.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ def needs_endpoint(config: AgentConfig) -> str | None:
     if config.api_key_env and config.azure_ad_token_env:
         return "an azure agent authenticates with api_key_env or azure_ad_token_env, not both"
     return streams_whole(config, "an azure")
+
+
+# The first API version that takes `stream_options` (2024-09-01-preview; of the stable
+# ones 2024-10-21). Versions are dates: they compare as text.
+STREAM_OPTIONS_SINCE = "2024-09-01"
 
 
 @protocol("azure", check=needs_endpoint, needs=("deployment", "api_version"))
@@ -60,4 +66,7 @@ class AzureOpenAIClient(OpenAIClient):
     def body(self, request: AgentRequest) -> dict[str, Any]:
         body = super().body(request)
         body["model"] = self.config.model or self.config.deployment
+        if str(self.config.api_version) < STREAM_OPTIONS_SINCE:
+            # Earlier API versions refuse the field: their streams carry no usage.
+            body.pop("stream_options", None)
         return body
