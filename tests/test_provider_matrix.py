@@ -256,3 +256,48 @@ def test_every_entry_in_connecting_to_providers_loads_as_written(tmp_path: Path)
         "claude": "https://api.anthropic.com/v1/messages",
         "local": "http://127.0.0.1:8000/v1/chat/completions",
     }
+
+
+def test_yaml_criteria_call_their_judge_with_judge_params(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`judge_params` next to `criteria` go over the judge entry's params, a round's over
+    its test's; a `judge_params` with no criteria to judge is an input error."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.chdir(tmp_path)
+    with stand_in("openai") as (running, entries):
+        running.script(ROLES["target"], lambda body: "Hello Alice, nice to meet you.")
+        running.script(ROLES["judge"], lambda body: '{"passed": true, "reason": "ok"}')
+        agents = {
+            "bot": entries["target"],
+            "judge": {**entries["judge"], "params": {"temperature": 0.5, "seed": 7}},
+        }
+        config = {"agents": agents, "defaults": {"judge": "judge"}}
+        (tmp_path / "agenttest.yaml").write_text(json.dumps(config), encoding="utf-8")
+        (tmp_path / "memory.yaml").write_text(
+            "tests:\n"
+            "  - name: memory\n"
+            "    judge_params: {temperature: 0, top_p: 0.5}\n"
+            "    rounds:\n"
+            "      - user_input: My name is Alice\n"
+            "        criteria: Greets Alice\n"
+            "      - user_input: What is my name?\n"
+            "        criteria: Says Alice\n"
+            "        judge_params: {top_p: 0.9}\n",
+            encoding="utf-8",
+        )
+        code = main(["-i", "memory.yaml", "-n", "bot", "-o", "out.jsonl"])
+        assert running.refusals() == []
+        first, second = running.bodies(ROLES["judge"])
+    assert code == 0, capsys.readouterr().err
+    assert (first["temperature"], first["seed"], first["top_p"]) == (0, 7, 0.5)
+    assert (second["temperature"], second["seed"], second["top_p"]) == (0, 7, 0.9)
+
+    (tmp_path / "loose.yaml").write_text(
+        "tests:\n  - name: loose\n    user_input: Hi\n    judge_params: {temperature: 0}\n",
+        encoding="utf-8",
+    )
+    capsys.readouterr()
+    assert main(["-i", "loose.yaml", "-n", "bot", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "loose.yaml:4 (test 'loose'): judge_params: `judge_params` says how `criteria`" in err
