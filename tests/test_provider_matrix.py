@@ -1,11 +1,12 @@
 """Every hosted-API protocol in every role, streamed and not, in real agenttest runs
 against the strict stand-ins (tests/standins/), with the entries' default settings.
 
-Each run's target (with a tool), judge, simulator and generator are agents of one
-protocol: openai (Chat Completions), azure (Azure OpenAI) or anthropic (Messages). The
-generator writes the cases: one where the target calls a tool, is given the mocked
-result and answers, judged by an `agent` assertion with its own params; one continued by
-the simulator, with its own params. A stand-in refuses what its provider refuses, so a
+Each run's target (with a tool), judge, simulator, generator and reporter are agents
+of one protocol: openai (Chat Completions), azure (Azure OpenAI) or anthropic
+(Messages). The generator writes the cases: one where the target calls two tools at
+once, is given the mocked results and answers, judged over the conversation by an
+`agent` assertion with its own params; one continued by the simulator, with its own
+params. The reporter is sent the results after the run. A stand-in refuses what its provider refuses, so a
 run that passes sent only what the real API takes; and every body carries the entries'
 `params` (temperature 0 and seed 7; the Messages API has no seed) and the params the
 assertion and the simulator add.
@@ -32,7 +33,13 @@ from agenttest_worker.agents.pool import AgentPool
 
 KEY_ENV = "AGENTTEST_TEST_PROVIDER_KEY"
 KEY = "sk-matrix-0b7d41"
-ROLES = {"target": "m-target", "judge": "m-judge", "simulator": "m-sim", "generator": "m-gen"}
+ROLES = {
+    "target": "m-target",
+    "judge": "m-judge",
+    "simulator": "m-sim",
+    "generator": "m-gen",
+    "reporter": "m-report",
+}
 PARAMS = {
     "openai": {"temperature": 0, "seed": 7},
     "azure": {"temperature": 0, "seed": 7},
@@ -138,6 +145,7 @@ def run_all_roles(
             lambda body: '{"input": "Can you help me plan?", "goal_achieved": false}',
         )
         running.script(ROLES["generator"], lambda body: json.dumps({"cases": CASES}))
+        running.script(ROLES["reporter"], lambda body: "Both cases passed.")
         agents = {
             role: {**entry, "stream": stream, "params": PARAMS[protocol]}
             for role, entry in entries.items()
@@ -145,7 +153,12 @@ def run_all_roles(
         agents["target"]["tools"] = [LOOKUP]
         config = {"agents": agents, "defaults": {"judge": "judge", "simulator": "simulator"}}
         (tmp_path / "agenttest.yaml").write_text(json.dumps(config), encoding="utf-8")
-        code = main(["-i", "agents:generator?count=2", "-n", "target", "-o", "out.jsonl"])
+        code = main(
+            [
+                *("-i", "agents:generator?count=2", "-n", "target", "-o", "out.jsonl"),
+                *("--reporter", "agents:reporter"),
+            ]
+        )
         out = (tmp_path / "out.jsonl").read_text(encoding="utf-8")
         records = [json.loads(line) for line in out.splitlines()]
         return running, code, out, records, config
@@ -172,7 +185,7 @@ def test_every_role_runs_against_the_strict_stand_in(
 
     bodies = {role: running.bodies(model) for role, model in ROLES.items()}
     # target: a tool call, its result, the answer; then two turns of the trip.
-    assert [len(bodies[r]) for r in ROLES] == [4, 1, 1, 1]
+    assert [len(bodies[r]) for r in ROLES] == [4, 1, 1, 1, 1]
     for role, sent in bodies.items():
         for body in sent:
             assert {k: body.get(k) for k in PARAMS[protocol]} == PARAMS[protocol] or (
@@ -187,6 +200,7 @@ def test_every_role_runs_against_the_strict_stand_in(
     [simulated] = bodies["simulator"]
     assert simulated["top_p"] == 0.5
     assert all("top_p" not in body for body in bodies["target"] + bodies["generator"])
+    assert "Both cases passed." in printed.out
     assert KEY not in out and KEY not in printed.out + printed.err
 
 
