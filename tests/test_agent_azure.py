@@ -6,6 +6,7 @@ entry lacks, each with its file, line and field."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,3 +208,29 @@ def test_an_api_version_before_stream_options_streams_without_them(
     [body] = azure.bodies()
     assert body["stream"] is True and "stream_options" not in body
     assert azure.refusals() == []
+
+
+def test_neither_the_key_nor_the_token_is_kept_anywhere_a_run_writes(
+    azure: AzureOpenAIStandIn,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    fields = entry(azure, azure_ad_token_env=TOKEN_ENV)
+    del fields["api_key_env"]
+    judge = entry(azure)  # with the key
+    (tmp_path / "agenttest.yaml").write_text(
+        json.dumps({"agents": {"gpt": fields, "judge": judge}, "defaults": {"judge": "judge"}}),
+        encoding="utf-8",
+    )
+    azure.script("gpt-4o-prod", "Hello!", '{"passed": false, "reason": "too short"}')
+    case = {"id": "c", "input": "Hi", "assertions": [{"type": "agent"}]}
+    (tmp_path / "c.jsonl").write_text(json.dumps(case) + "\n", encoding="utf-8")
+    assert main(["-i", "c.jsonl", "-n", "gpt", "-o", "out.jsonl", "-v"]) == 1
+    printed = "".join(capsys.readouterr())
+    written = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
+    for secret in (KEY, TOKEN):
+        assert secret not in printed
+        assert all(secret.encode() not in data for data in written)
+    assert [r.headers.get("Authorization") for r in azure.accepted()] == [f"Bearer {TOKEN}", None]

@@ -6,10 +6,10 @@ of one protocol: openai (Chat Completions), azure (Azure OpenAI) or anthropic
 (Messages). The generator writes the cases: one where the target calls two tools at
 once, is given the mocked results and answers, judged over the conversation by an
 `agent` assertion with its own params; one continued by the simulator, with its own
-params. The reporter is sent the results after the run. A stand-in refuses what its provider refuses, so a
-run that passes sent only what the real API takes; and every body carries the entries'
-`params` (temperature 0 and seed 7; the Messages API has no seed) and the params the
-assertion and the simulator add.
+params. The reporter is sent the results after the run. A stand-in refuses what its
+provider refuses, so a run that passes sent only what the real API takes; and every
+body carries the entries' `params` (temperature 0 and seed 7; the Messages API has no
+seed) and the params the assertion and the simulator add.
 """
 
 from __future__ import annotations
