@@ -315,3 +315,36 @@ def test_yaml_criteria_call_their_judge_with_judge_params(
     assert main(["-i", "loose.yaml", "-n", "bot", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "loose.yaml:4 (test 'loose'): judge_params: `judge_params` says how `criteria`" in err
+
+
+@pytest.mark.parametrize(
+    ("protocol", "settings"),
+    [
+        ("openai", {"tool_choice": "auto", "parallel_tool_calls": False}),
+        ("anthropic", {"tool_choice": {"type": "auto"}}),
+    ],
+)
+def test_an_entry_with_tool_settings_can_judge_too(
+    protocol: str,
+    settings: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Tools go to the target alone; the settings that only go with tools stay out of the
+    same entry's judge calls, which the APIs would refuse."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.chdir(tmp_path)
+    with stand_in(protocol) as (running, entries):
+        running.script(ROLES["target"], "Hello there.", '{"passed": true, "reason": "it greets"}')
+        entry = {**entries["target"], "tools": [LOOKUP], "params": settings}
+        config = {"agents": {"bot": entry}, "defaults": {"judge": "bot"}}
+        (tmp_path / "agenttest.yaml").write_text(json.dumps(config), encoding="utf-8")
+        case = {"id": "c", "input": "Hi", "assertions": [{"type": "agent"}]}
+        (tmp_path / "c.jsonl").write_text(json.dumps(case) + "\n", encoding="utf-8")
+        code = main(["-i", "c.jsonl", "-n", "bot", "-o", "out.jsonl"])
+        assert running.refusals() == [], [r.body for r in running.refusals()]
+        as_target, as_judge = running.bodies(ROLES["target"])
+    assert code == 0, capsys.readouterr().err
+    assert {k: as_target[k] for k in settings} == settings and "tools" in as_target
+    assert not set(settings) & set(as_judge) and "tools" not in as_judge

@@ -160,7 +160,8 @@ def test_openai_refuses_an_unknown_field_and_a_wrong_type_as_the_api_does(
         ],
     )
     assert "call_1" in unanswered["message"]
-    assert len(chat.refusals()) == 6 and chat.accepted() == []
+    assert openai_refusal(client, tool_choice="auto")["param"] == "tool_choice"
+    assert len(chat.refusals()) == 7 and chat.accepted() == []
 
     with pytest.raises(openai.AuthenticationError) as caught:
         wrong_key = openai.OpenAI(base_url=chat.base_url, api_key="sk-wrong", max_retries=0)
@@ -344,6 +345,8 @@ def test_anthropic_refuses_an_unknown_field_and_a_wrong_type_as_the_api_does(
     assert metadata["error"]["message"] == "metadata.case: Extra inputs are not permitted"
     hot = anthropic_refusal(client, extra_body={"temperature": 1.5})
     assert hot["error"]["message"] == "temperature: Input should be less than or equal to 1"
+    alone = anthropic_refusal(client, tool_choice={"type": "auto"})
+    assert alone["error"]["message"].startswith("tool_choice: tool_choice may only be specified")
 
     no_version = httpx.post(
         messages.base_url + "/v1/messages",

@@ -9,7 +9,7 @@ Written from the API reference. It refuses what the API refuses, in its error sh
 - a field the reference does not define ("seed: Extra inputs are not permitted"), a
   field of the wrong type ("max_tokens: Input should be a valid integer"), a missing
   `model`, `max_tokens` or `messages` ("max_tokens: Field required"), a temperature
-  outside 0–1, `metadata` other than `user_id`;
+  outside 0–1, `metadata` other than `user_id`, `tool_choice` without `tools`;
 - messages that break the reference: a role other than user and assistant (system goes
   top-level), empty content, `tool_use` blocks not answered by `tool_result` blocks in
   the next message, a `tool_result` that answers no `tool_use` of the message before,
@@ -164,6 +164,8 @@ def check_messages_request(body: Any) -> dict[str, Any]:
                 raise invalid(
                     f"tools.{n}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,128}}$'"
                 )
+    if "tool_choice" in body and not body.get("tools"):
+        raise invalid("tool_choice: tool_choice may only be specified while providing tools.")
     _check_messages(body["messages"])
     return body
 

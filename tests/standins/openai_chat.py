@@ -9,7 +9,8 @@ error shape, HTTP 400 `{"error": {"message", "type": "invalid_request_error", "p
 - a field of the wrong type ("Invalid type for 'seed': expected an integer, but got a
   string instead.", code `invalid_type`), a missing `model` or `messages`, a temperature
   or top_p out of range;
-- `metadata` without `store: true`, `stream_options` without `stream: true`;
+- `metadata` without `store: true`, `stream_options` without `stream: true`,
+  `tool_choice` or `parallel_tool_calls` without `tools`;
 - messages that break the reference: an unknown role or key, content of the wrong type,
   a `tool` message that answers no preceding `tool_calls`, an assistant's `tool_calls`
   not all answered by the `tool` messages that follow, tools that are not function tools.
@@ -202,6 +203,12 @@ def check_chat_request(body: Any, *, model_required: bool = True) -> dict[str, A
                 )
     _check_messages(body["messages"])
     _check_tools(body.get("tools"))
+    for key in ("tool_choice", "parallel_tool_calls"):
+        if key in body and not body.get("tools"):
+            raise openai_error(
+                f"Invalid value for '{key}': '{key}' is only allowed when 'tools' are specified.",
+                key,
+            )
     if body.get("metadata") is not None:
         _check_metadata(body["metadata"], body.get("store"))
     if body.get("stream_options") is not None:

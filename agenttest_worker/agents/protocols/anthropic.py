@@ -40,6 +40,7 @@ from agenttest_worker.agents.protocols.openai import (
     azure_only,
     streams_whole,
     tool_definitions,
+    without_tool_settings,
 )
 from agenttest_worker.agents.streaming import StreamSpec
 
@@ -216,7 +217,7 @@ class AnthropicClient(JsonAgentClient):
         # The Messages API's own names: max_tokens, stop_sequences, thinking, temperature,
         # top_p, ... (`max_tokens` here wins over the entry's max_tokens).
         body.update(self.params(request))
-        return body
+        return without_tool_settings(body, ("tool_choice",))
 
     def parse(self, data: Any) -> AgentReply:
         return parse_message(data, self.name)

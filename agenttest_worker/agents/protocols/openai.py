@@ -76,6 +76,16 @@ def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def without_tool_settings(body: dict[str, Any], settings: tuple[str, ...]) -> dict[str, Any]:
+    """The body without the params that only go with tools when it has none: tools are
+    sent to the target alone, and the APIs refuse `tool_choice` without them (an entry
+    that is a target and a judge has its params in both roles' calls)."""
+    if "tools" not in body:
+        for setting in settings:
+            body.pop(setting, None)
+    return body
+
+
 def needs_base_url(config: AgentConfig) -> str | None:
     if not config.base_url:
         return "an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)"
@@ -135,7 +145,7 @@ class OpenAIClient(JsonAgentClient):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         body.update(self.params(request))
-        return body
+        return without_tool_settings(body, ("tool_choice", "parallel_tool_calls"))
 
     def parse(self, data: Any) -> AgentReply:
         return parse_completion(data, self.name)
