@@ -45,6 +45,7 @@ PARAMS = {
     "azure": {"temperature": 0, "seed": 7},
     "anthropic": {"temperature": 0},
 }
+JSON_MODE = {"type": "json_object"}
 LOOKUP = {
     "name": "lookup",
     "description": "The weather in a city",
@@ -151,6 +152,11 @@ def run_all_roles(
             for role, entry in entries.items()
         }
         agents["target"]["tools"] = [LOOKUP]
+        if protocol != "anthropic":
+            # JSON mode, which the API allows only where the messages ask for JSON: the
+            # role prompts do.
+            for role in ("judge", "simulator", "generator"):
+                agents[role]["params"] = {**PARAMS[protocol], "response_format": JSON_MODE}
         config = {"agents": agents, "defaults": {"judge": "judge", "simulator": "simulator"}}
         (tmp_path / "agenttest.yaml").write_text(json.dumps(config), encoding="utf-8")
         code = main(
@@ -193,6 +199,9 @@ def test_every_role_runs_against_the_strict_stand_in(
             ), (role, body)
             assert body.get("stream", False) is stream, (role, body)
             assert "metadata" not in body and "options" not in body, (role, body)
+    if protocol != "anthropic":
+        for role in ("judge", "simulator", "generator"):
+            assert bodies[role][0]["response_format"] == JSON_MODE
     [judged] = bodies["judge"]
     assert judged["top_p"] == 0.25 and judged["temperature"] == 0
     # The judge read the conversation, the tool call and its result written out in it.

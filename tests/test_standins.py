@@ -161,7 +161,9 @@ def test_openai_refuses_an_unknown_field_and_a_wrong_type_as_the_api_does(
     )
     assert "call_1" in unanswered["message"]
     assert openai_refusal(client, tool_choice="auto")["param"] == "tool_choice"
-    assert len(chat.refusals()) == 7 and chat.accepted() == []
+    json_mode = openai_refusal(client, response_format={"type": "json_object"})
+    assert "must contain the word 'json'" in json_mode["message"]
+    assert len(chat.refusals()) == 8 and chat.accepted() == []
 
     with pytest.raises(openai.AuthenticationError) as caught:
         wrong_key = openai.OpenAI(base_url=chat.base_url, api_key="sk-wrong", max_retries=0)

@@ -10,7 +10,8 @@ error shape, HTTP 400 `{"error": {"message", "type": "invalid_request_error", "p
   string instead.", code `invalid_type`), a missing `model` or `messages`, a temperature
   or top_p out of range;
 - `metadata` without `store: true`, `stream_options` without `stream: true`,
-  `tool_choice` or `parallel_tool_calls` without `tools`;
+  `tool_choice` or `parallel_tool_calls` without `tools`, JSON mode (`response_format`
+  `json_object`) on messages that never say "json";
 - messages that break the reference: an unknown role or key, content of the wrong type,
   a `tool` message that answers no preceding `tool_calls`, an assistant's `tool_calls`
   not all answered by the `tool` messages that follow, tools that are not function tools.
@@ -203,6 +204,15 @@ def check_chat_request(body: Any, *, model_required: bool = True) -> dict[str, A
                 )
     _check_messages(body["messages"])
     _check_tools(body.get("tools"))
+    response_format = body.get("response_format") or {}
+    if response_format.get("type") == "json_object" and "json" not in (
+        json.dumps(body["messages"]).lower()
+    ):
+        raise openai_error(
+            "'messages' must contain the word 'json' in some form, to use 'response_format' "
+            "of type 'json_object'.",
+            "messages",
+        )
     for key in ("tool_choice", "parallel_tool_calls"):
         if key in body and not body.get("tools"):
             raise openai_error(
