@@ -357,3 +357,29 @@ def test_an_entry_with_tool_settings_can_judge_too(
     assert code == 0, capsys.readouterr().err
     assert {k: as_target[k] for k in settings} == settings and "tools" in as_target
     assert not set(settings) & set(as_judge) and "tools" not in as_judge
+
+
+def test_a_blank_reply_is_left_out_of_the_next_messages_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Messages API refuses a text block of whitespace alone: a reply that was only
+    whitespace is not sent back in the conversation."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.chdir(tmp_path)
+    with stand_in("anthropic") as (running, entries):
+        running.script(ROLES["target"], " \n ", "Hello again.")
+        (tmp_path / "agenttest.yaml").write_text(
+            json.dumps({"agents": {"claude": entries["target"]}}), encoding="utf-8"
+        )
+        case = {"id": "c", "turns": [{"input": "Hi"}, {"input": "Are you there?"}]}
+        (tmp_path / "c.jsonl").write_text(json.dumps(case) + "\n", encoding="utf-8")
+        code = main(["-i", "c.jsonl", "-n", "claude", "-o", "out.jsonl"])
+        assert running.refusals() == [], [r.body for r in running.refusals()]
+        _, second = running.bodies(ROLES["target"])
+    assert code == 0, capsys.readouterr().err
+    assert second["messages"] == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "Are you there?"}],
+        }
+    ]

@@ -13,6 +13,7 @@ Written from the API reference. It refuses what the API refuses, in its error sh
 - messages that break the reference: a role other than user and assistant (system goes
   top-level), empty content, `tool_use` blocks not answered by `tool_result` blocks in
   the next message, a `tool_result` that answers no `tool_use` of the message before,
+  text blocks that are empty or only whitespace,
   tools without an `input_schema`.
 
 What it accepts it answers from the script: a `message`, or with `stream: true` the
@@ -184,6 +185,8 @@ def _block(where: str, block: Any, allowed: set[str]) -> dict[str, Any]:
         _typed(f"{where}.text", block.get("text"), ("string",))
         if not block["text"]:
             raise invalid("messages: text content blocks must be non-empty")
+        if not block["text"].strip():
+            raise invalid("messages: text content blocks must contain non-whitespace text")
     if kind == "tool_use":
         for key in ("id", "name", "input"):
             if key not in block:

@@ -73,7 +73,7 @@ def _part_blocks(part: Any) -> list[dict[str, Any]]:
     kind = part.get("type")
     if kind in ("text", "output_text"):
         text = part.get("text") or ""
-        return [{"type": "text", "text": text}] if text else []
+        return [{"type": "text", "text": text}] if text.strip() else []
     if kind == "image_url":
         image = part.get("image_url")
         url = image.get("url", "") if isinstance(image, dict) else str(image or "")
@@ -103,7 +103,8 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     if content is None:
         return []
     if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
+        # The API refuses a text block of whitespace alone, as it does an empty one.
+        return [{"type": "text", "text": content}] if content.strip() else []
     if isinstance(content, list):
         return [block for part in content for block in _part_blocks(part)]
     return [{"type": "text", "text": str(content)}]
