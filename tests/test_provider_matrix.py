@@ -383,3 +383,28 @@ def test_a_blank_reply_is_left_out_of_the_next_messages_request(
             "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "Are you there?"}],
         }
     ]
+
+
+@pytest.mark.parametrize("protocol", ["openai", "azure"])
+def test_a_reply_without_content_goes_back_as_empty_text(
+    protocol: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Chat Completions refuses an assistant message whose content is null unless it
+    calls tools: a reply that came without content is sent back as ""."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.chdir(tmp_path)
+    with stand_in(protocol) as (running, entries):
+        running.script(ROLES["target"], Answer(None), "Here now.")
+        (tmp_path / "agenttest.yaml").write_text(
+            json.dumps({"agents": {"gpt": entries["target"]}}), encoding="utf-8"
+        )
+        case = {"id": "c", "turns": [{"input": "Hi"}, {"input": "Are you there?"}]}
+        (tmp_path / "c.jsonl").write_text(json.dumps(case) + "\n", encoding="utf-8")
+        code = main(["-i", "c.jsonl", "-n", "gpt", "-o", "out.jsonl"])
+        assert running.refusals() == [], [r.body for r in running.refusals()]
+        _, second = running.bodies(ROLES["target"])
+    assert code == 0, capsys.readouterr().err
+    assert second["messages"][1] == {"role": "assistant", "content": ""}

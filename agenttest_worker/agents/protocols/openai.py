@@ -76,6 +76,23 @@ def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def sendable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as Chat Completions takes it: an assistant message without content
+    (a reply that said nothing, or refused) has "" unless it calls tools, since the API
+    refuses a null content there. Copied only when one needs it."""
+
+    def silent(message: dict[str, Any]) -> bool:
+        return (
+            message.get("role") == "assistant"
+            and message.get("content") is None
+            and not message.get("tool_calls")
+        )
+
+    if not any(silent(m) for m in messages):
+        return messages
+    return [{**m, "content": ""} if silent(m) else m for m in messages]
+
+
 def without_tool_settings(body: dict[str, Any], settings: tuple[str, ...]) -> dict[str, Any]:
     """The body without the params that only go with tools when it has none: tools are
     sent to the target alone, and the APIs refuse `tool_choice` without them (an entry
@@ -122,7 +139,7 @@ class OpenAIClient(JsonAgentClient):
     def body(self, request: AgentRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.config.model or self.name,
-            "messages": request.messages,
+            "messages": sendable(request.messages),
         }
         mode = self.config.metadata_mode()
         given = request.metadata
