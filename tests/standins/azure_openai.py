@@ -3,7 +3,7 @@
 Written from Azure OpenAI's data-plane reference: POST
 `/openai/deployments/{deployment}/chat/completions?api-version=YYYY-MM-DD[-preview]`,
 authenticated by an `api-key` header or a Microsoft Entra ID token as `Authorization:
-Bearer`. The body is the Chat Completions body (checked as tests/standins/openai_chat.py
+Bearer`. The body is the Chat Completions body (checked as tests/standins/chat_request.py
 checks it, `model` optional since the deployment names the model); Azure refuses an
 unknown field as OpenAI does ("Unrecognized request argument supplied: x").
 
@@ -23,7 +23,8 @@ import re
 
 from aiohttp import web
 
-from standins.openai_chat import OpenAIChatStandIn, openai_error
+from standins.chat_request import openai_error
+from standins.openai_chat import OpenAIChatStandIn
 from standins.scripting import Received, Refusal
 
 API_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(-preview)?")

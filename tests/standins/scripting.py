@@ -174,9 +174,8 @@ class ScriptedStandIn(ServedOnThread):
             )
         return Answer(given) if isinstance(given, str) else given
 
-    async def record(self, request: web.Request) -> tuple[Received, Any]:
-        """The request recorded, and its body as JSON (raises the provider's refusal when
-        the body is not JSON; `parse_error` words it)."""
+    async def record(self, request: web.Request) -> tuple[Received, bytes]:
+        """The request recorded on arrival, and its raw body."""
         raw = await request.read()
         received = Received(
             request.method,
@@ -191,8 +190,9 @@ class ScriptedStandIn(ServedOnThread):
         return received, raw
 
     def refused(self, received: Received, refusal: Refusal) -> web.Response:
+        """The refusal, answered and kept with the request it refused."""
         with self._lock:
-            at = self._received.index(received)
+            at = next(i for i, seen in enumerate(self._received) if seen is received)
             self._received[at] = replace(received, refusal=refusal)
         return web.json_response(refusal.body, status=refusal.status)
 
