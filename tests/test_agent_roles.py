@@ -16,6 +16,7 @@ from agent_servers import AgentServer, Reply, completion, run, tool_call
 
 from agenttest_worker.agents.config import AgentConfig, Defaults, ProjectConfig
 from agenttest_worker.agents.interface import AgentError, AgentRequest
+from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.agents.roles import (
     SIMULATOR_PROMPT,
@@ -338,7 +339,8 @@ def test_simulator_http_failure_is_logged(server: AgentServer) -> None:
 
 
 def judge(session: RoleSession, messages: list[dict[str, Any]], criteria: str, **kw: Any) -> Any:
-    return run(session.judge(kw.get("use"), messages, {"criteria": criteria}, kw.get("connector")))
+    options = Options(connector=kw.get("connector"), params=kw.get("params") or {})
+    return run(session.judge(kw.get("use"), messages, {"criteria": criteria}, options))
 
 
 def test_validator_request_shape_on_the_wire(server: AgentServer) -> None:
@@ -356,6 +358,18 @@ def test_validator_request_shape_on_the_wire(server: AgentServer) -> None:
     assert 'Criteria: Mentions "expense"' in system["content"]
     assert "whole conversation" not in system["content"]
     assert rest == messages
+
+
+def test_an_assertions_params_go_over_the_judge_entrys_params(server: AgentServer) -> None:
+    server.script(CHAT, *[Reply(body=completion('{"passed": true}'))] * 2)
+    helper = openai(server.url("/v1"), "helper", params={"temperature": 0.7, "seed": 3})
+    config = ProjectConfig(agents={"helper": helper}, defaults=Defaults(judge="helper"))
+    session = AgentPool(config).session([])
+    judge(session, CONVERSATION, "polite", params={"temperature": 0, "top_p": 0.5})
+    judge(session, CONVERSATION, "polite")
+    asked, plain = server.bodies(CHAT)
+    assert (asked["temperature"], asked["seed"], asked["top_p"]) == (0, 3, 0.5)
+    assert (plain["temperature"], plain["seed"], "top_p" in plain) == (0.7, 3, False)
 
 
 def test_validator_sees_the_whole_conversation_when_given_one(server: AgentServer) -> None:

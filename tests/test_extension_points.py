@@ -178,12 +178,20 @@ def config_problems(path: Path) -> list[tuple[int | None, str | None, str]]:
 def test_an_unknown_protocol_lists_the_registered_ones(tmp_path: Path) -> None:
     path = tmp_path / "agenttest.yaml"
     path.write_text("agents:\n  b:\n    protocol: grpc\n", encoding="utf-8")
-    assert protocol_names() == ("openai", "openai-responses", "anthropic", "http", "script")
+    assert protocol_names() == (
+        "openai",
+        "azure",
+        "openai-responses",
+        "anthropic",
+        "http",
+        "script",
+    )
     assert config_problems(path) == [
         (
             3,
             "agents.b.protocol",
-            "Input should be 'openai', 'openai-responses', 'anthropic', 'http' or 'script'",
+            "Input should be 'openai', 'azure', 'openai-responses', 'anthropic', 'http' or "
+            "'script'",
         )
     ]
     protocol("echo", check=needs_model)(EchoClient)
@@ -192,8 +200,8 @@ def test_an_unknown_protocol_lists_the_registered_ones(tmp_path: Path) -> None:
             (
                 3,
                 "agents.b.protocol",
-                "Input should be 'openai', 'openai-responses', 'anthropic', 'http', 'script' "
-                "or 'echo'",
+                "Input should be 'openai', 'azure', 'openai-responses', 'anthropic', 'http', "
+                "'script' or 'echo'",
             )
         ]
     finally:

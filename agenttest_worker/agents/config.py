@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -120,6 +121,30 @@ class AgentConfig(_Strict):
     # Its proxy (agents/http/proxies.py): a URL, or `none` (or empty) to go direct; unset, the
     # environment's (HTTPS_PROXY, NO_PROXY and the like).
     proxy: str | None = None
+    # azure (or openai with both deployment and api_version): the deployment's name, the
+    # API version, and the variable holding a Microsoft Entra ID token (instead of a key).
+    deployment: str | None = Field(default=None, min_length=1, validate_default=True)
+    api_version: str | None = Field(default=None, min_length=1, validate_default=True)
+    azure_ad_token_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_on_azure(cls, data: Any) -> Any:
+        # An openai entry naming a deployment and an API version is `protocol: azure`.
+        on_azure = isinstance(data, dict) and data.get("deployment") and data.get("api_version")
+        if on_azure and data.get("protocol", "openai") == "openai":
+            return {**data, "protocol": "azure"}
+        return data
+
+    @field_validator("deployment", "api_version")
+    @classmethod
+    def _needed_setting(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A setting the agent's protocol `needs` (agents/interface.py), refused where unset."""
+        name = info.data.get("protocol")
+        needs = get_protocol(name).needs if name in protocol_names() else ()
+        if value is None and info.field_name in needs:
+            raise ValueError(f"required field is missing: {name} agents need {info.field_name}")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -271,6 +271,8 @@ class AgentProtocol:
     # field they do not know (OpenAI's only with `store: true`), so only the generic
     # http protocol sends it unasked. The role prompts carry it regardless.
     metadata: MetadataMode = "none"
+    # Settings the protocol cannot do without, each refused as its own field when unset.
+    needs: tuple[str, ...] = ()
 
 
 _PROTOCOLS: dict[str, AgentProtocol] = {}
@@ -279,19 +281,25 @@ FactoryT = TypeVar("FactoryT", bound=ClientFactory)
 
 
 def protocol(
-    name: str, *, check: SettingsCheck | None = None, metadata: MetadataMode = "none"
+    name: str,
+    *,
+    check: SettingsCheck | None = None,
+    metadata: MetadataMode = "none",
+    needs: tuple[str, ...] = (),
 ) -> Callable[[FactoryT], FactoryT]:
     """Register a client class (or factory) under `name`, the `protocol:` agenttest.yaml writes.
 
     The pool calls it as client(agent_name, agent_config, project_config). `check`, given
     an agent's config, says what the protocol needs and it lacks; agenttest.yaml is
     checked with it when it is loaded. `metadata` is the protocol's default `metadata:`.
+    `needs` names settings of agenttest.yaml (among those agents/config.py validates
+    with `needed_setting`) that the protocol requires, each reported at its own field.
     """
 
     def decorate(client: FactoryT) -> FactoryT:
         if name in _PROTOCOLS:
             raise ValueError(f"agent protocol {name!r} registered twice")
-        _PROTOCOLS[name] = AgentProtocol(name, client, check, metadata)
+        _PROTOCOLS[name] = AgentProtocol(name, client, check, metadata, needs)
         return client
 
     return decorate

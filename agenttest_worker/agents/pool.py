@@ -22,6 +22,7 @@ from agenttest_worker.agents.interface import (
     AgentRequest,
     get_protocol,
 )
+from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import Ref, RefKind, parse_ref
 from agenttest_worker.agents.roles import (
     ReplyParseError,
@@ -141,13 +142,13 @@ class RoleSession:
         use: str | None,
         messages: list[dict[str, Any]],
         metadata: dict[str, Any],
-        connector: str | None,
+        options: Options | None,
     ) -> AssertionOutcome:
         """One judge (None: `defaults.judge`) asked once."""
-        agent = self._judge_agent(use, connector)
+        agent = self._judge_agent(use, options.connector if options else None)
         if isinstance(agent, AssertionOutcome):
             return agent
-        return await self._ask_judge(agent, messages, metadata)
+        return await self._ask_judge(agent, messages, metadata, options)
 
     async def judge_panel(
         self,
@@ -155,24 +156,25 @@ class RoleSession:
         votes: int | None,
         messages: list[dict[str, Any]],
         metadata: dict[str, Any],
-        connector: str | None,
+        options: Options | None,
     ) -> list[tuple[str, AssertionOutcome]]:
         """Every judge of `use` (one, a panel, or None: `defaults.judge`) asked `votes`
         times (None: `defaults.judge_votes`), all at once: each ask's (judge, outcome),
         judge by judge. Each ask is a call of its own, logged, rate limited and counted
-        against budgets like any other; a failed one is an outcome with `error`."""
+        against budgets like any other; a failed one is an outcome with `error`. The
+        assertion's `options` name a `connector` and add `params` to the judge's."""
         count = votes if votes is not None else self.pool.config.defaults.judge_votes
         judges = [use] if use is None or isinstance(use, str) else list(use)
         asks: list[tuple[str, str | AssertionOutcome]] = []
         for judge in judges:
-            agent = self._judge_agent(judge, connector)
+            agent = self._judge_agent(judge, options.connector if options else None)
             label = f"agents:{agent}" if isinstance(agent, str) else judge or "(no judge)"
             asks.extend((label, agent) for _ in range(count))
 
         async def ask(agent: str | AssertionOutcome) -> AssertionOutcome:
             if isinstance(agent, AssertionOutcome):
                 return agent  # not callable (no judge configured, a malformed name)
-            return await self._ask_judge(agent, messages, metadata)
+            return await self._ask_judge(agent, messages, metadata, options)
 
         outcomes = await asyncio.gather(*(ask(agent) for _, agent in asks))
         return [(label, outcome) for (label, _), outcome in zip(asks, outcomes, strict=True)]
@@ -193,10 +195,15 @@ class RoleSession:
         return name
 
     async def _ask_judge(
-        self, name: str, messages: list[dict[str, Any]], metadata: dict[str, Any]
+        self,
+        name: str,
+        messages: list[dict[str, Any]],
+        metadata: dict[str, Any],
+        options: Options | None,
     ) -> AssertionOutcome:
         whole = len([m for m in messages if m.get("role") in ("user", "assistant")]) > 2
         request = validator_request(messages, {"test_mode": "validator", **metadata}, whole)
+        request.params = dict(options.params) if options else {}
         try:
             reply = await self.call(name, request)
         except AgentError as exc:

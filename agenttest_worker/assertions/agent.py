@@ -98,7 +98,7 @@ async def check_agent(spec: AgentAssertion, ctx: AssertionContext) -> AssertionO
         ]
     # The spec's validator metadata names the test (test_id) next to the criteria.
     metadata = {"test_id": ctx.case_id, **options.metadata}
-    asks = await ctx.roles.judge_panel(spec.use, spec.votes, messages, metadata, options.connector)
+    asks = await ctx.roles.judge_panel(spec.use, spec.votes, messages, metadata, options)
     return decide(spec, asks)
 
 

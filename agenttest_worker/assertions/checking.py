@@ -42,6 +42,7 @@ from pydantic_core import CoreSchema
 from agenttest_worker.results import AssertionOutcome as AssertionOutcome
 
 if TYPE_CHECKING:
+    from agenttest_worker.agents.options import Options
     from agenttest_worker.results import ToolCall
 
 
@@ -62,7 +63,7 @@ class RoleCaller(Protocol):
         use: str | None,
         messages: list[dict[str, Any]],
         metadata: dict[str, Any],
-        connector: str | None,
+        options: Options | None,
     ) -> AssertionOutcome: ...
 
     async def judge_panel(
@@ -71,10 +72,11 @@ class RoleCaller(Protocol):
         votes: int | None,
         messages: list[dict[str, Any]],
         metadata: dict[str, Any],
-        connector: str | None,
+        options: Options | None,
     ) -> list[tuple[str, AssertionOutcome]]:
         """Each judge asked `votes` times (None: the configured default), concurrently:
-        (judge, outcome) per ask."""
+        (judge, outcome) per ask. `options`: the assertion's (its `connector` picks the
+        judge's entry, its `params` go over the judge entry's `params`)."""
         ...
 
     async def run_script_assertion(

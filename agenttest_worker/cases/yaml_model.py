@@ -3,8 +3,9 @@ and how it becomes the one internal `Case` shape (`to_case_data`).
 
 YAML `criteria` become an `agent` assertion on the configured default judge that sees
 the conversation so far; YAML cases default to `on_missing_input: end`. How that judge
-is asked and what its verdict needs (`votes`, `tie`, `min_agreement`, `min_score`) may
-be given next to `criteria`, on a test or a round (a round's own over its test's).
+is asked and what its verdict needs (`votes`, `tie`, `min_agreement`, `min_score`,
+`judge_params`) may be given next to `criteria`, on a test or a round (a round's own
+over its test's).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class _Judging(StrictModel):
     tie: Literal["fail", "pass"] | None = None
     min_agreement: float | None = Field(default=None, ge=0, le=1)
     min_score: float | None = Field(default=None, allow_inf_nan=False)
+    # Model parameters for the criteria's judge, over its entry's `params` (the agent
+    # assertion's `options.params`).
+    judge_params: dict[str, Any] | None = None
 
     def judging(self) -> dict[str, Any]:
         """The judging fields this test or round gives."""
@@ -43,7 +47,8 @@ class _Judging(StrictModel):
 
     def _judging_needs_criteria(self, judged: bool) -> None:
         # Where no criteria are judged, a judging field is a mistake (a misplaced one).
-        if not judged and (given := next(iter(self.judging()), None)):
+        given = next(iter(self.judging()), "judge_params" if self.judge_params else None)
+        if not judged and given:
             raise FieldError(given, f"`{given}` says how `criteria` are judged: give criteria")
 
 
@@ -136,7 +141,13 @@ class YamlTest(_Judging):
                 "assertions": [
                     *(a.model_dump(exclude_unset=True) for a in r.assertions),
                     *(
-                        [criteria_assertion(r.criteria, **{**self.judging(), **r.judging()})]
+                        [
+                            criteria_assertion(
+                                r.criteria,
+                                {**(self.judge_params or {}), **(r.judge_params or {})},
+                                **{**self.judging(), **r.judging()},
+                            )
+                        ]
                         if r.criteria
                         else []
                     ),
@@ -175,15 +186,14 @@ def _block_text(text: str) -> str:
     return text.rstrip("\n")
 
 
-def criteria_assertion(criteria: str, **judging: Any) -> dict[str, Any]:
+def criteria_assertion(criteria: str, params: dict[str, Any], **judging: Any) -> dict[str, Any]:
     """A tdx criterion as an agent assertion on the default judge, over the conversation,
-    judged as `judging` says (votes, tie, min_agreement, min_score)."""
-    return {
-        "type": "agent",
-        "conversation": True,
-        "options": {"metadata": {"criteria": _block_text(criteria)}},
-        **judging,
-    }
+    judged as `judging` says (votes, tie, min_agreement, min_score), the judge called
+    with `params` over its entry's."""
+    options: dict[str, Any] = {"metadata": {"criteria": _block_text(criteria)}}
+    if params:
+        options["params"] = params
+    return {"type": "agent", "conversation": True, "options": options, **judging}
 
 
 def _rebuild_with_registered_types() -> None:

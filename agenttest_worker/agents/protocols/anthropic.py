@@ -37,7 +37,12 @@ from agenttest_worker.agents.protocols.anthropic_reply import (
     parse_message,
 )
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient
-from agenttest_worker.agents.protocols.openai import streams_whole, tool_definitions
+from agenttest_worker.agents.protocols.openai import (
+    azure_only,
+    streams_whole,
+    tool_definitions,
+    without_tool_settings,
+)
 
 # Messages must end with a user turn: a trailing assistant message would be taken as
 # the start of the model's own reply (a prefill). Role calls (a simulator reading the
@@ -48,7 +53,9 @@ YOUR_TURN = "(Reply now, as the system prompt asks.)"
 def needs_base_url(config: AgentConfig) -> str | None:
     if not config.base_url:
         return "an anthropic agent needs base_url (e.g. https://api.anthropic.com)"
-    return streams_whole(config, "an anthropic")
+    if config.deployment or config.api_version:
+        return "deployment and api_version are for azure agents"
+    return azure_only(config) or streams_whole(config, "an anthropic")
 
 
 def _data_url(url: str) -> tuple[str, str] | None:
@@ -66,7 +73,7 @@ def _part_blocks(part: Any) -> list[dict[str, Any]]:
     kind = part.get("type")
     if kind in ("text", "output_text"):
         text = part.get("text") or ""
-        return [{"type": "text", "text": text}] if text else []
+        return [{"type": "text", "text": text}] if text.strip() else []
     if kind == "image_url":
         image = part.get("image_url")
         url = image.get("url", "") if isinstance(image, dict) else str(image or "")
@@ -96,7 +103,8 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     if content is None:
         return []
     if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
+        # The API refuses a text block of whitespace alone, as it does an empty one.
+        return [{"type": "text", "text": content}] if content.strip() else []
     if isinstance(content, list):
         return [block for part in content for block in _part_blocks(part)]
     return [{"type": "text", "text": str(content)}]
@@ -210,7 +218,7 @@ class AnthropicClient(JsonAgentClient):
         # The Messages API's own names: max_tokens, stop_sequences, thinking, temperature,
         # top_p, ... (`max_tokens` here wins over the entry's max_tokens).
         body.update(self.params(request))
-        return body
+        return without_tool_settings(body, ("tool_choice",))
 
     def parse(self, data: Any) -> AgentReply:
         return parse_message(data, self.name)

@@ -4,7 +4,8 @@ The case's metadata is not sent unless the agent entry asks (`metadata: object`,
 `strings`: values JSON-encoded, at most 16 keys of 64 characters and values of 512, as
 OpenAI allows): the API refuses `metadata` without `store: true`, which `metadata:
 object` or `strings` therefore also sends unless `params` sets `store`. The case's other
-options (skip, search, mode) travel beside it then, as an extra `options` field. `params`
+options (skip, search, mode) travel beside it then: with `object` as an extra `options`
+field, with `strings` (which the real API takes) as an `options` key of the metadata. `params`
 are added to the body under their Chat Completions names (temperature, seed,
 max_completion_tokens, response_format, tool_choice, stop, reasoning_effort, ...).
 Replies may carry non-standard `awaiting_input`, `input_hint` and `state` fields, at
@@ -75,10 +76,49 @@ def tool_definitions(tools: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def sendable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as Chat Completions takes it: an assistant message without content
+    (a reply that said nothing, or refused) has "" unless it calls tools, since the API
+    refuses a null content there. Copied only when one needs it."""
+
+    def silent(message: dict[str, Any]) -> bool:
+        return (
+            message.get("role") == "assistant"
+            and message.get("content") is None
+            and not message.get("tool_calls")
+        )
+
+    if not any(silent(m) for m in messages):
+        return messages
+    return [{**m, "content": ""} if silent(m) else m for m in messages]
+
+
+def without_tool_settings(body: dict[str, Any], settings: tuple[str, ...]) -> dict[str, Any]:
+    """The body without the params that only go with tools when it has none: tools are
+    sent to the target alone, and the APIs refuse `tool_choice` without them (an entry
+    that is a target and a judge has its params in both roles' calls)."""
+    if "tools" not in body:
+        for setting in settings:
+            body.pop(setting, None)
+    return body
+
+
 def needs_base_url(config: AgentConfig) -> str | None:
     if not config.base_url:
         return "an openai agent needs base_url (e.g. http://127.0.0.1:8700/v1)"
-    return streams_whole(config, "an openai")
+    if config.deployment or config.api_version:
+        # Both make it an azure agent (agents/config.py): one alone is half of that.
+        return (
+            "an openai agent on Azure OpenAI sets both deployment and api_version "
+            "(or write protocol: azure)"
+        )
+    return azure_only(config) or streams_whole(config, "an openai")
+
+
+def azure_only(config: AgentConfig) -> str | None:
+    if config.azure_ad_token_env:
+        return "azure_ad_token_env is for azure agents"
+    return None
 
 
 def streams_whole(config: AgentConfig, agent: str) -> str | None:
@@ -99,15 +139,20 @@ class OpenAIClient(JsonAgentClient):
     def body(self, request: AgentRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.config.model or self.name,
-            "messages": request.messages,
+            "messages": sendable(request.messages),
         }
         mode = self.config.metadata_mode()
-        metadata = encode_metadata(request.metadata, mode)
+        given = request.metadata
+        if request.options and mode == "strings":
+            # Chat Completions has no `options` field: in OpenAI's own metadata format the
+            # options travel inside the metadata, first so that no key limit cuts them.
+            given = {"options": request.options, **given}
+        metadata = encode_metadata(given, mode)
         if metadata is not None:
             body["metadata"] = metadata
             # OpenAI takes `metadata` only on completions it stores.
             body["store"] = True
-        if request.options and mode != "none":
+        if request.options and mode == "object":
             # Not a Chat Completions field: an extra body field for agents that read the
             # spec's context.Options (skip, search, mode), sent only when a case sets one.
             body["options"] = request.options
@@ -117,7 +162,7 @@ class OpenAIClient(JsonAgentClient):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         body.update(self.params(request))
-        return body
+        return without_tool_settings(body, ("tool_choice", "parallel_tool_calls"))
 
     def parse(self, data: Any) -> AgentReply:
         return parse_completion(data, self.name)
