@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pki_kit import Pki
 from standins.anthropic_messages import AnthropicMessagesStandIn
 from standins.azure_openai import AzureOpenAIStandIn
 from standins.openai_chat import OpenAIChatStandIn
@@ -264,15 +266,26 @@ def test_every_entry_in_connecting_to_providers_loads_as_written(tmp_path: Path)
     and each calls its provider at the URL the page says."""
     guide = (Path(__file__).resolve().parents[1] / "docs" / "providers.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", guide, re.DOTALL)
+    # The company agent's files, where its entry names them (relative to the file).
+    pki = Pki.make(tmp_path / "pki")
+    (tmp_path / "certs").mkdir()
+    for made, named in (
+        (pki.ca, "corp-ca.pem"),
+        (pki.client_cert, "agenttest.pem"),
+        (pki.client_key, "agenttest-key.pem"),
+    ):
+        shutil.copy(made, tmp_path / "certs" / named)
     urls = {}
     for n, block in enumerate(blocks):
         path = tmp_path / f"agenttest-{n}.yaml"
         path.write_text(block, encoding="utf-8")
-        config = load_config(path, env={})
+        config = load_config(path, env={"SUPPORT_BOT_TOKEN": "t0ken"})
         [(name, entry)] = config.agents.items()
-        assert entry.metadata_mode() == "none"
+        hosted = entry.protocol != "http"
+        assert entry.metadata_mode() == ("none" if hosted else "object")
         urls[name] = AgentPool(config).client(f"agents:{name}").url  # type: ignore[attr-defined]
     assert urls == {
+        "support.bot": "https://support-bot.corp.example/api/chat",
         "gpt": "https://api.openai.com/v1/chat/completions",
         "gpt-azure": "https://my-resource.openai.azure.com/openai/deployments/gpt-4o-prod/"
         "chat/completions?api-version=2024-10-21",
