@@ -249,6 +249,9 @@ class Defaults(_Strict):
     agent: str | None = None
     # How often an agent assertion without `votes` asks its judge(s).
     judge_votes: int = Field(default=1, ge=1)
+    # What a case that sets no `on_missing_input` does when its agent awaits input and
+    # nothing answers; None: by the case's form (engine/next_input.py).
+    on_missing_input: Literal["skip", "fail", "end"] | None = None
 
 
 class ProjectConfig(_Strict):

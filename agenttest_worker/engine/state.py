@@ -23,7 +23,9 @@ from agenttest_worker.results import (
 # A target that keeps calling mocked tools is stopped after this many calls in a turn.
 MAX_TOOL_ROUNDS = 8
 NO_NEXT_TURN = "Agent awaiting input, no next turn defined"
-MISSING_INPUT_HINT = "Add more turns, use --interactive, or configure simulator"
+MISSING_INPUT_HINT = (
+    "Add more turns, use --interactive, configure simulator, or set on_missing_input: end"
+)
 
 Phase = Literal["ready", "awaiting_human", "done"]
 
