@@ -152,6 +152,10 @@ class TurnResult(_Record):
     tool_results: dict[str, Any] | None = None
     awaiting_input: bool = False
     awaiting_reason: str | None = None
+    # Why the target's final reply of the turn stopped, as its protocol said it (OpenAI's
+    # finish_reason: stop, length, tool_calls; Anthropic's stop_reason: end_turn,
+    # max_tokens, tool_use; an http agent's `finish_reason` path); absent when unsaid.
+    finish_reason: str | None = None
     input_hint: str | None = None
     assertions: list[AssertionResult] = Field(default_factory=list)
     status: TurnStatus = "passed"

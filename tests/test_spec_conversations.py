@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_servers import Reply, completion
 from fleet import Fleet, fleet_on
+from scripted_agent import project, run_case
+from stream_servers import (
+    Stream,
+    StreamServer,
+    anthropic_events,
+    anthropic_message,
+    openai_chunks,
+)
 
 from agenttest_submit.cli.main import main as submit_main
 
@@ -135,3 +145,122 @@ def test_single_turn_cases_end_after_their_turn_on_a_fleet(
         code, records = run_on_fleet(module_fleet, args, folder / "out.jsonl")
         assert code == 1
         check_missing_input(records, default)
+
+
+# -- 2. a reply cut off by its length awaits nothing ---------------------------------------
+
+CUT = "Shall I go on and"  # where a reply ran out of tokens: a question by its first words
+CUT_CASE = {"id": "CUT", "turns": [{"input": "Tell me everything"}]}  # multi-turn: skip
+
+
+def _openai(server: StreamServer, **fields: Any) -> dict[str, Any]:
+    return {"protocol": "openai", "base_url": server.url("/v1"), "model": "m", **fields}
+
+
+def _anthropic(server: StreamServer, **fields: Any) -> dict[str, Any]:
+    return {"protocol": "anthropic", "base_url": server.url(), "model": "claude-test", **fields}
+
+
+CUT_REPLIES: dict[str, tuple[str, Any, Any, str]] = {
+    # protocol: (path, its entry, the cut reply, the finish reason it records)
+    "openai": (
+        "/v1/chat/completions",
+        _openai,
+        Reply(body=completion(CUT, finish_reason="length")),
+        "length",
+    ),
+    "openai-stream": (
+        "/v1/chat/completions",
+        partial(_openai, stream=True),
+        Stream(openai_chunks(["Shall I go", " on and"], finish_reason="length")),
+        "length",
+    ),
+    "anthropic": (
+        "/v1/messages",
+        _anthropic,
+        Reply(body=anthropic_message(CUT, stop_reason="max_tokens")),
+        "max_tokens",
+    ),
+    "anthropic-stream": (
+        "/v1/messages",
+        partial(_anthropic, stream=True),
+        Stream(anthropic_events(["Shall I go", " on and"], stop_reason="max_tokens")),
+        "max_tokens",
+    ),
+    "http": (
+        "/agent",
+        lambda server: {"protocol": "http", "url": server.url("/agent")},
+        Reply(body={"content": CUT, "finish_reason": "length"}),
+        "length",
+    ),
+}
+
+
+@pytest.mark.parametrize("protocol", list(CUT_REPLIES))
+def test_a_reply_cut_off_by_its_length_awaits_no_input(protocol: str) -> None:
+    path, entry, reply, reason = CUT_REPLIES[protocol]
+    with StreamServer() as server:
+        server.script(path, reply)
+        config = project({"target": {**entry(server), "max_retries": 0}})
+        result, _ = run_case(CUT_CASE, config)
+    [turn] = result.turns
+    assert turn.output == CUT
+    assert (turn.finish_reason, turn.awaiting_input) == (reason, False)
+    assert turn.awaiting_reason == "response_truncated"
+    assert result.status == "passed"
+    assert json.loads(result.to_json_line())["turns"][0]["finish_reason"] == reason
+
+
+def test_the_same_reply_stopped_awaits_input() -> None:
+    with StreamServer() as server:
+        server.script("/v1/chat/completions", Reply(body=completion(CUT)))
+        result, _ = run_case(CUT_CASE, project({"target": _openai(server, max_retries=0)}))
+    assert result.turns[0].finish_reason == "stop"
+    assert result.turns[0].awaiting_reason == "content_is_question"
+    assert result.status == "skipped"
+
+
+def cut_off_runs(folder: Path, demo_url: str) -> list[str]:
+    """The demo assistant asks "What type of expense ...?"; with 4 tokens it is cut off
+    after "What type of expense", a question by its first word."""
+    folder.mkdir()
+    extra = (
+        "  expense.short:\n"
+        "    protocol: openai\n"
+        f"    base_url: {demo_url}\n"
+        "    model: expense\n"
+        "    max_retries: 0\n"
+        "    params: {max_completion_tokens: 4}\n"
+    )
+    cases = [
+        {"id": "FULL", "turns": [{"input": ASKING_INPUT}]},
+        {"id": "SHORT", "agent": "expense.short", "turns": [{"input": ASKING_INPUT}]},
+    ]
+    config = demo_project(folder, demo_url, extra)
+    cases_file = write_lines(folder / "cases.jsonl", cases)
+    return ["-i", str(cases_file), "-n", "expense", "--config", str(config)]
+
+
+def check_cut_off(records: Records) -> None:
+    assert statuses(records) == {"FULL": "skipped", "SHORT": "passed"}
+    full, short = records["FULL"]["turns"][0], records["SHORT"]["turns"][0]
+    assert (full["finish_reason"], full["awaiting_reason"]) == ("stop", "content_is_question")
+    assert short["output"] == "What type of expense"
+    assert (short["finish_reason"], short["awaiting_reason"]) == ("length", "response_truncated")
+
+
+def test_a_cut_off_reply_ends_the_conversation_embedded(demo_url: str, tmp_path: Path) -> None:
+    args = cut_off_runs(tmp_path / "p", demo_url)
+    code, records = run_embedded(args, tmp_path / "out.jsonl")
+    assert code == 0
+    check_cut_off(records)
+
+
+@pytest.mark.fleet
+def test_a_cut_off_reply_ends_the_conversation_on_a_fleet(
+    module_fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    args = cut_off_runs(tmp_path / "p", demo_url)
+    code, records = run_on_fleet(module_fleet, args, tmp_path / "out.jsonl")
+    assert code == 0
+    check_cut_off(records)

@@ -61,6 +61,8 @@ class ResponseMapping(_Strict):
     awaiting_input: str = "$.awaiting_input"
     input_hint: str = "$.input_hint"
     state: str = "$.state"
+    # Why the reply stopped; `length` or `max_tokens` (cut off) awaits no input.
+    finish_reason: str = "$.finish_reason"
     content_delta: str = "$.delta"
     final: str | None = None
 
