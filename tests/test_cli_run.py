@@ -69,6 +69,7 @@ EXTRA_TURN_KEYS = {
     "skip_reason",
     "status",
     "awaiting_reason",
+    "finish_reason",
     "input_hint",
     "tool_results",
     "simulator_reasoning",

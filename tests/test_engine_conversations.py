@@ -238,15 +238,19 @@ def test_simulator_request_carries_history_and_spec_metadata(agent: ScriptedAgen
     assert metadata["test_id"] == "SM"
     assert metadata["persona"] == "New employee"
     assert metadata["goal"] == "Submit a $500 expense"
-    assert metadata["turn_number"] == 2
+    assert metadata["turn_number"] == metadata["turn_count"] == 2
+    assert metadata["last_response"] == "What is the amount?"
     assert metadata["max_turns"] == 6
     assert metadata["session_id"] == "session-SM"
     assert metadata["tool_results"] == {}
     system, *history = request["messages"]
     assert system["role"] == "system" and "New employee" in system["content"]
     assert history == [
-        {"role": "user", "content": "Start expense report"},
-        {"role": "assistant", "content": "What is the amount?"},
+        {
+            "role": "user",
+            "content": "Current conversation:\nUser: Start expense report\n\n"
+            'Agent: What is the amount?\n\nThe agent just responded:\n"What is the amount?"',
+        }
     ]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from agent_servers import Reply, completion
 from fleet import Fleet, fleet_on
-from scripted_agent import project, run_case
+from scripted_agent import ScriptedAgent, project, run_case, simulator_turn
 from stream_servers import (
     Stream,
     StreamServer,
@@ -25,6 +25,7 @@ from stream_servers import (
 )
 
 from agenttest_submit.cli.main import main as submit_main
+from agenttest_worker.demo._protocol import metadata_of
 
 Records = dict[str, dict[str, Any]]
 
@@ -264,3 +265,100 @@ def test_a_cut_off_reply_ends_the_conversation_on_a_fleet(
     code, records = run_on_fleet(module_fleet, args, tmp_path / "out.jsonl")
     assert code == 0
     check_cut_off(records)
+
+
+# -- 3. what the simulator is sent ------------------------------------------------------------
+
+ASKED = "What type of expense would you like to submit?"  # the demo assistant's question
+SIMULATORS = {"SIM-TRANSCRIPT": "transcript", "SIM-AS-IS": "as_is", "SIM-SWAPPED": "swapped"}
+
+
+def simulator_runs(folder: Path, demo_url: str, sim: ScriptedAgent) -> list[str]:
+    """Three cases, each with a simulator entry of its own `messages` mode, at `sim`."""
+    folder.mkdir()
+    sim.script("sim", lambda body: simulator_turn("", goal_achieved=True, reasoning="done"))
+    extra = "".join(
+        f"  sim.{mode}:\n"
+        "    protocol: openai\n"
+        f"    base_url: {sim.base_url}\n"
+        "    model: sim\n"
+        "    max_retries: 0\n"
+        f"    messages: {mode}\n"
+        for mode in SIMULATORS.values()
+    )
+    cases = [
+        {
+            "id": case_id,
+            "input": f"{ASKING_INPUT} [{case_id}]",
+            "simulator": {
+                "use": f"agents:sim.{mode}",
+                "metadata": {"persona": "New employee", "goal": "Submit a dinner expense"},
+            },
+        }
+        for case_id, mode in SIMULATORS.items()
+    ]
+    config = demo_project(folder, demo_url, extra)
+    return [
+        "-i",
+        str(write_lines(folder / "cases.jsonl", cases)),
+        "-n",
+        "expense",
+        "--config",
+        str(config),
+    ]
+
+
+def check_simulator_requests(records: Records, sim: ScriptedAgent) -> None:
+    assert statuses(records) == dict.fromkeys(SIMULATORS, "passed")
+    assert all(r["goal_achieved"] is True for r in records.values())
+    seen: dict[str, list[dict[str, Any]]] = {}
+    for body in sim.requests("sim"):
+        system, *conversation = body["messages"]
+        metadata = metadata_of(body)
+        case_id = metadata["test_id"]
+        seen[case_id] = conversation
+        assert system["role"] == "system"
+        assert system["content"].startswith(
+            "You are simulating a user with the following characteristics:\n\n"
+            "Persona: New employee\nGoal: Submit a dinner expense\n"
+        )
+        assert (metadata["turn_number"], metadata["turn_count"]) == (2, 2)
+        assert metadata["last_response"] == ASKED
+        if SIMULATORS[case_id] != "transcript":
+            assert f'The agent just responded:\n"{ASKED}"' in system["content"]
+    said = {case_id: f"{ASKING_INPUT} [{case_id}]" for case_id in SIMULATORS}
+    assert seen == {
+        "SIM-TRANSCRIPT": [
+            {
+                "role": "user",
+                "content": f"Current conversation:\nUser: {said['SIM-TRANSCRIPT']}\n\n"
+                f'Agent: {ASKED}\n\nThe agent just responded:\n"{ASKED}"',
+            }
+        ],
+        "SIM-AS-IS": [
+            {"role": "user", "content": said["SIM-AS-IS"]},
+            {"role": "assistant", "content": ASKED},
+        ],
+        "SIM-SWAPPED": [
+            {"role": "assistant", "content": said["SIM-SWAPPED"]},
+            {"role": "user", "content": ASKED},
+        ],
+    }
+
+
+def test_what_the_simulator_is_sent_embedded(demo_url: str, tmp_path: Path) -> None:
+    with ScriptedAgent() as sim:
+        code, records = run_embedded(simulator_runs(tmp_path / "p", demo_url, sim), tmp_path / "o")
+        check_simulator_requests(records, sim)
+    assert code == 0
+
+
+@pytest.mark.fleet
+def test_what_the_simulator_is_sent_on_a_fleet(
+    module_fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    with ScriptedAgent() as sim:
+        args = simulator_runs(tmp_path / "p", demo_url, sim)
+        code, records = run_on_fleet(module_fleet, args, tmp_path / "out.jsonl")
+        check_simulator_requests(records, sim)
+    assert code == 0

@@ -39,6 +39,8 @@ from agenttest_worker.yamlfile import LineMap, YamlPath, parse_yaml
 
 CONFIG_FILENAMES = ("agenttest.yaml", "agenttest.yml")
 DEFAULT_AWAITING_TOOLS = ("request_confirmation", "ask_user", "get_user_input")
+# How an agent called as the simulator is sent the conversation (agents/roles.py).
+SimulatorMessages = Literal["as_is", "swapped", "transcript"]
 
 # What the runner writes into a request body itself: a `params` entry may not replace it.
 OWNED_BODY_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "system"})
@@ -168,6 +170,9 @@ class AgentConfig(_Strict):
     max_tokens: int = Field(default=4096, ge=1)
     # http: replies read back from the agent's chat history.
     history: HistoryConfig | None = None
+    # Called as the simulator: the conversation as one transcript (a user message), as
+    # it is (the target's words as the assistant's), or with its roles swapped.
+    messages: SimulatorMessages = "transcript"
 
     @model_validator(mode="before")
     @classmethod

@@ -89,7 +89,10 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
         "test_id": case.id,
         **case.simulator.effective_metadata(),
         "turn_number": state.turns_run + 1,
+        # The spec's context names the same number turn_count.
+        "turn_count": state.turns_run + 1,
         "max_turns": limit,
+        "last_response": state.turns[-1].output or "",
         "session_id": state.session_id,
         "tool_results": state.tool_results,
     }
