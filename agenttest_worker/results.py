@@ -35,6 +35,10 @@ class AssertionOutcome:
     error: str | None = None
     votes: list[JudgeVote] | None = None
     agreement: float | None = None
+    # What a judge said beside its verdict (tdx's evaluator): how it went about judging,
+    # and its reasoning.
+    plan: str | None = None
+    thinking: str | None = None
 
 
 class _Record(BaseModel):
@@ -137,6 +141,9 @@ class AssertionResult(_Record):
     # An agent assertion asked with `votes` or a panel of judges (`use: [...]`).
     votes: list[JudgeVote] | None = None
     agreement: float | None = None
+    # A judge's plan and thinking beside its verdict (tdx's evaluator), when it gave them.
+    plan: str | None = None
+    thinking: str | None = None
 
 
 class TurnResult(_Record):

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 from agent_servers import Reply, completion
+from browser import chromium, open_page
 from fleet import Fleet, fleet_on
 from scripted_agent import ScriptedAgent, project, run_case, simulator_turn
 from stream_servers import (
+    HistoryAgent,
     Stream,
     StreamServer,
     anthropic_events,
@@ -362,3 +364,120 @@ def test_what_the_simulator_is_sent_on_a_fleet(
         code, records = run_on_fleet(module_fleet, args, tmp_path / "out.jsonl")
         check_simulator_requests(records, sim)
     assert code == 0
+
+
+# -- 4. tdx's chat history and its evaluator's plan and thinking ----------------------------
+
+TDX_ROUNDS = [
+    [
+        {"content": "Let me look that up.", "at": "2026-01-01T00:00:10Z"},
+        {
+            "tool": {"functionName": "search_flights", "content": '{"flights": 3}'},
+            "at": "2026-01-01T00:00:11Z",
+        },
+        {"content": "I found 3 flights. Which one?", "at": "2026-01-01T00:00:12Z"},
+    ],
+    [{"content": "Booked flight 2.", "at": "2026-01-01T00:00:20Z"}],
+]
+TDX_TESTS = """\
+tests:
+  - name: flight_booking
+    rounds:
+      - user_input: Find me a flight to Oslo
+        criteria: Must say how many flights it found
+        assertions:
+          - {type: tool_called, name: search_flights}
+          - {type: json_path, path: "$.events[1].tool.functionName", value: search_flights}
+      - user_input: The second one
+        criteria: Must confirm the booking
+"""
+PLAN = "1. Find the number of flights in the reply. 2. Check it is stated."
+THINKING = "The agent says it found 3 flights: the criteria are met."
+
+
+def tdx_evaluator(body: dict[str, Any]) -> str:
+    """tdx's evaluator output: {pass, reason, plan, thinking}."""
+    verdict = {"pass": True, "reason": "Meets the criteria", "plan": PLAN, "thinking": THINKING}
+    return json.dumps(verdict)
+
+
+def tdx_runs(folder: Path, history: HistoryAgent, judge: ScriptedAgent) -> list[str]:
+    folder.mkdir()
+    judge.script("judge", tdx_evaluator)
+    config = folder / "agenttest.yaml"
+    config.write_text(
+        "agents:\n"
+        "  travel.agent:\n"
+        "    protocol: http\n"
+        f"    url: {history.base_url}/chat\n"
+        '    request: {"session_id": "{{session_id}}", "input": "{{input}}"}\n'
+        "    max_retries: 0\n"
+        "    history:\n"
+        f"      url: {history.base_url}/history?session={{{{session_id}}}}\n"
+        "      when: end\n"
+        "      response:\n"
+        "        events: $.data\n"
+        "        input: $.input\n"
+        "        tool: $.tool\n"
+        "        tool_name: $.tool.functionName\n"
+        "        tool_content: $.tool.content\n"
+        "        content: $.content\n"
+        "  evaluator:\n"
+        "    protocol: openai\n"
+        f"    base_url: {judge.base_url}\n"
+        "    model: judge\n"
+        "    max_retries: 0\n"
+        "defaults:\n"
+        "  judge: evaluator\n",
+        encoding="utf-8",
+    )
+    tests = folder / "tests.yaml"
+    tests.write_text(TDX_TESTS, encoding="utf-8")
+    return ["-i", str(tests), "-n", "travel.agent", "--config", str(config)]
+
+
+def check_tdx_run(records: Records) -> None:
+    record = records["flight_booking"]
+    assert record["status"] == "passed", record
+    first, second = record["turns"]
+    assert first["output"] == "Let me look that up.\n\nI found 3 flights. Which one?"
+    assert first["tool_calls"] == [{"name": "search_flights", "args": {}}]
+    assert first["tool_results"] == {"search_flights": {"flights": 3}}
+    assert first["events"] == TDX_ROUNDS[0]
+    assert second["output"] == "Booked flight 2."
+    for turn in (first, second):
+        criteria = turn["assertions"][-1]
+        assert criteria["type"] == "agent" and criteria["passed"] is True
+        assert (criteria["reason"], criteria["plan"], criteria["thinking"]) == (
+            "Meets the criteria",
+            PLAN,
+            THINKING,
+        )
+
+
+def test_a_tdx_history_and_its_evaluator_embedded(tmp_path: Path) -> None:
+    with HistoryAgent(TDX_ROUNDS, tdx=True) as history, ScriptedAgent() as judge:
+        args = tdx_runs(tmp_path / "p", history, judge)
+        code, records = run_embedded(args, tmp_path / "out.jsonl")
+    assert code == 0
+    check_tdx_run(records)
+    # The HTML report shows the judge's plan and thinking.
+    report = tmp_path / "report.html"
+    assert submit_main(["report", "last", "--format", "html", "-o", str(report)]) == 0
+    with chromium() as browser:
+        page, _ = open_page(browser, f"{report.as_uri()}#case=flight_booking")
+        page.wait_for_selector("#conversation .assertions")
+        page.click("#conversation details.judge-plan summary >> nth=0")
+        page.click("#conversation details.judge-thinking summary >> nth=0")
+        text = page.inner_text("#conversation")
+    assert "Judge's plan" in text and PLAN in text
+    assert "Judge's thinking" in text and THINKING in text
+
+
+@pytest.mark.fleet
+def test_a_tdx_history_and_its_evaluator_on_a_fleet(module_fleet: Fleet, tmp_path: Path) -> None:
+    with HistoryAgent(TDX_ROUNDS, tdx=True) as history, ScriptedAgent() as judge:
+        args = tdx_runs(tmp_path / "p", history, judge)
+        code, records = run_on_fleet(module_fleet, args, tmp_path / "out.jsonl")
+    assert code == 0
+    check_tdx_run(records)

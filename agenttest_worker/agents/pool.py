@@ -221,6 +221,8 @@ class RoleSession:
             reason=verdict.reason or ("passed" if verdict.passed else "failed"),
             score=verdict.score,
             suggestions=verdict.suggestions,
+            plan=verdict.plan,
+            thinking=verdict.thinking,
         )
 
     async def run_script_assertion(

@@ -8,7 +8,8 @@
   as the assistant's) or `swapped` (roles swapped: the simulated user is the assistant).
 - validator: [user: original input, assistant: response] (or the conversation so far)
   after a system prompt, `metadata` with test_mode "validator" and the criteria;
-  returns {passed, score, reason, suggestions}.
+  returns {passed, score, reason, suggestions} (tdx's evaluator: {pass, reason, plan,
+  thinking}; plan and thinking are kept).
 - generator: `metadata` with test_mode "generator", target_agent, count, focus and the
   other query parameters; returns {cases: [...]}.
 
@@ -285,6 +286,9 @@ class Verdict:
     reason: str
     score: float | None
     suggestions: list[str] | None
+    # tdx's evaluator returns its plan and its thinking beside its verdict and reason.
+    plan: str | None = None
+    thinking: str | None = None
 
 
 def read_validator_reply(content: str | None) -> Verdict:
@@ -312,7 +316,17 @@ def read_validator_reply(content: str | None) -> Verdict:
         reason=str(reason),
         score=_number(score),
         suggestions=[str(s) for s in suggestions] if isinstance(suggestions, list) else None,
+        plan=_text(data.get("plan")),
+        thinking=_text(data.get("thinking")),
     )
+
+
+def _text(value: Any) -> str | None:
+    """A judge's free-text field as text (a list or object written as JSON); None when
+    it is absent or empty."""
+    if value is None or value == "" or value == [] or value == {}:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _number(value: Any) -> float | None:
