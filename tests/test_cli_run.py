@@ -608,7 +608,7 @@ def test_fail_fast_reports_the_rest_as_skipped(
     f6 = records(demo / "ff2.jsonl")[1]
     assert (f6["status"], f6["error"], f6.get("skip_reason")) == (
         "failed",
-        "no initial input",
+        "no initial input: the first input is blank (empty or whitespace only)",
         None,
     )
 

@@ -413,15 +413,24 @@ def test_a_single_input_answered_without_a_question_passes(agent: ScriptedAgent)
     assert result.status == "passed" and len(result.turns) == 1
 
 
+BLANK = "no initial input: the first input is blank (empty or whitespace only)"
+
+
 @pytest.mark.parametrize(
-    "case",
-    [{"id": "EMPTY"}, {"id": "EMPTY", "input": ""}, {"id": "EMPTY", "turns": [{"input": ""}]}],
+    ("case", "error"),
+    [
+        ({"id": "EMPTY"}, "no initial input"),
+        ({"id": "EMPTY", "input": ""}, BLANK),
+        ({"id": "EMPTY", "input": "  \n\t "}, BLANK),
+        ({"id": "EMPTY", "turns": [{"input": ""}]}, BLANK),
+        ({"id": "EMPTY", "turns": [{"input": " "}, {"input": "then this"}]}, BLANK),
+    ],
 )
 def test_a_case_without_input_fails_with_no_initial_input(
-    agent: ScriptedAgent, case: dict[str, Any]
+    agent: ScriptedAgent, case: dict[str, Any], error: str
 ) -> None:
     result, _ = run_case(case, config_for(agent))
-    assert (result.status, result.error, result.total_turns) == ("failed", "no initial input", 0)
+    assert (result.status, result.error, result.total_turns) == ("failed", error, 0)
     assert agent.requests("target") == []
 
 

@@ -481,3 +481,46 @@ def test_a_tdx_history_and_its_evaluator_on_a_fleet(module_fleet: Fleet, tmp_pat
         code, records = run_on_fleet(module_fleet, args, tmp_path / "out.jsonl")
     assert code == 0
     check_tdx_run(records)
+
+
+# -- 5. a blank first input is no initial input -------------------------------------------
+
+BLANK_CASES = [
+    {"id": "BLANK", "input": "   "},
+    {"id": "BLANK-TURN", "turns": [{"input": "\n\t "}, {"input": "Hello"}]},
+    {"id": "GREETED", "input": "Hello", "assertions": [{"type": "contains", "value": "help you"}]},
+]
+BLANK_ERROR = "no initial input: the first input is blank (empty or whitespace only)"
+
+
+def blank_runs(folder: Path, demo_url: str) -> list[str]:
+    folder.mkdir()
+    cases = write_lines(folder / "cases.jsonl", BLANK_CASES)
+    config = demo_project(folder, demo_url)
+    return ["-i", str(cases), "-n", "expense", "--config", str(config)]
+
+
+def check_blank(records: Records) -> None:
+    assert statuses(records) == {"BLANK": "failed", "BLANK-TURN": "failed", "GREETED": "passed"}
+    for case_id in ("BLANK", "BLANK-TURN"):
+        record = records[case_id]
+        assert (record["error"], record["total_turns"], record["turns"]) == (BLANK_ERROR, 0, [])
+
+
+def test_a_blank_first_input_fails_its_case_alone_embedded(
+    demo_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, records = run_embedded(blank_runs(tmp_path / "p", demo_url), tmp_path / "out.jsonl")
+    assert code == 1
+    check_blank(records)
+    assert f"Error: {BLANK_ERROR}" in capsys.readouterr().out
+
+
+@pytest.mark.fleet
+def test_a_blank_first_input_fails_its_case_alone_on_a_fleet(
+    module_fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    args = blank_runs(tmp_path / "p", demo_url)
+    code, records = run_on_fleet(module_fleet, args, tmp_path / "out.jsonl")
+    assert code == 1
+    check_blank(records)

@@ -16,8 +16,11 @@ Decisions where the specs are open (also in the README):
 - A `max_turns` below the number of static turns is not an error in the file: the
   case plays that many turns and fails with `max turns (N) exceeded`, as a case whose
   simulator needs a turn past it does.
-- A case with no input at all (or an empty first one) loads, and fails when run with
-  "no initial input" (the spec's test-level error table).
+- A case with no input at all, or a blank first one (empty or whitespace only), loads,
+  and fails when run with "no initial input" (the spec's test-level error table; for a
+  blank one the error says so: "no initial input: the first input is blank ..."). It is
+  not an input error that stops the run: the other cases run, as the spec's table is
+  about one test's outcome. A later blank turn is sent as written.
 - YAML tests (`yaml_model.py`) become a Case too: their `criteria` an `agent`
   assertion on the default judge, over the conversation so far.
 """
