@@ -1,7 +1,8 @@
 """Conversations as the spec means them, embedded and on a fleet: a single-turn case ends
 after its turn, a reply cut off by its length awaits nothing, what the simulator is sent,
-and a blank first input. Every run here is played twice, by the embedded default and by
-a worker fleet (one worker for the module), and both must give the same records.
+tdx's chat history and its evaluator's plan and thinking, and a blank first input. Each
+run is played by the embedded default and by a worker fleet (one worker for the module),
+and both must give the records the spec means.
 """
 
 from __future__ import annotations
