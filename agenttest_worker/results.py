@@ -35,6 +35,10 @@ class AssertionOutcome:
     error: str | None = None
     votes: list[JudgeVote] | None = None
     agreement: float | None = None
+    # What a judge said beside its verdict (tdx's evaluator): how it went about judging,
+    # and its reasoning.
+    plan: str | None = None
+    thinking: str | None = None
 
 
 class _Record(BaseModel):
@@ -137,6 +141,9 @@ class AssertionResult(_Record):
     # An agent assertion asked with `votes` or a panel of judges (`use: [...]`).
     votes: list[JudgeVote] | None = None
     agreement: float | None = None
+    # A judge's plan and thinking beside its verdict (tdx's evaluator), when it gave them.
+    plan: str | None = None
+    thinking: str | None = None
 
 
 class TurnResult(_Record):
@@ -152,6 +159,10 @@ class TurnResult(_Record):
     tool_results: dict[str, Any] | None = None
     awaiting_input: bool = False
     awaiting_reason: str | None = None
+    # Why the target's final reply of the turn stopped, as its protocol said it (OpenAI's
+    # finish_reason: stop, length, tool_calls; Anthropic's stop_reason: end_turn,
+    # max_tokens, tool_use; an http agent's `finish_reason` path); absent when unsaid.
+    finish_reason: str | None = None
     input_hint: str | None = None
     assertions: list[AssertionResult] = Field(default_factory=list)
     status: TurnStatus = "passed"

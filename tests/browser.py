@@ -167,6 +167,8 @@ def xss_cases() -> list[dict[str, Any]]:
             "id": "xss-ask",
             "name": f"Asks {TEXTAREA}",
             "input": "ask me",
+            # Multi-turn: its question unanswered, it is skipped (a single-turn case ends).
+            "type": "multi_turn",
             "tags": ["xss"],
             "assertions": [{"type": "contains", "value": "amount"}],
         },

@@ -33,6 +33,7 @@ a check that the formats here are the real ones.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -277,11 +278,21 @@ class HistoryAgent(ServedOnThread):
     the reply is in GET /history?session=ID: {"messages": [user input, events...]}.
 
     `rounds` are the events emitted after each input, in order (one list per input).
+    With `tdx`, the history is written as tdx's is: {"data": [{"input", "at"},
+    {"content", "at"}, {"tool": {"functionName", "content"}, "at"}, ...]}, each event told
+    apart by the key it carries (`rounds` are then written that way too).
     """
 
-    def __init__(self, rounds: Sequence[Sequence[dict[str, Any]]], greeting: bool = True) -> None:
+    def __init__(
+        self,
+        rounds: Sequence[Sequence[dict[str, Any]]],
+        greeting: bool = True,
+        tdx: bool = False,
+    ) -> None:
         self._rounds = deque(rounds)
         self._greeting = greeting
+        self._tdx = tdx
+        self._clock = itertools.count()
         self._lock = threading.Lock()
         self.histories: dict[str, list[dict[str, Any]]] = {}
         self.received: list[tuple[str, str]] = []
@@ -295,16 +306,23 @@ class HistoryAgent(ServedOnThread):
             history = self.histories.setdefault(session, [])
             if not history and self._greeting:
                 # Before the first input: belongs to no round.
-                history.append({"role": "assistant", "content": "Welcome!"})
-            history.append({"role": "user", "content": body.get("input")})
+                history.append(self._event({"role": "assistant", "content": "Welcome!"}))
+            history.append(self._event({"role": "user", "content": body.get("input")}))
             history.extend(self._rounds.popleft() if self._rounds else [])
         return web.json_response({"status": "accepted"})
+
+    def _event(self, message: dict[str, Any]) -> dict[str, Any]:
+        if not self._tdx:
+            return message
+        at = f"2026-01-01T00:00:{next(self._clock):02d}Z"
+        key = "input" if message["role"] == "user" else "content"
+        return {key: message["content"], "at": at}
 
     async def _history(self, request: web.Request) -> web.Response:
         with self._lock:
             self.received.append(("GET", request.path_qs))
             messages = list(self.histories.get(request.query.get("session", ""), []))
-        return web.json_response({"messages": messages})
+        return web.json_response({"data" if self._tdx else "messages": messages})
 
     def _app(self) -> web.Application:
         app = web.Application()

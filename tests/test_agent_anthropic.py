@@ -351,10 +351,11 @@ def test_anthropic_judges_and_simulates(server: StreamServer, stream: bool) -> N
     judge, simulator = bodies[1], bodies[2]
     assert judge["system"].startswith("You are a strict evaluator")
     assert simulator["system"].startswith("You are simulating a user")
-    # A role conversation ends with the agent's reply: a user turn follows, so that the
-    # model answers rather than continuing the assistant's text.
-    assert simulator["messages"][-1]["role"] == "user"
-    assert [m["role"] for m in simulator["messages"]] == ["user", "assistant", "user"]
+    # The conversation as one transcript, a user message (the simulator's default).
+    [transcript] = simulator["messages"]
+    assert transcript["role"] == "user"
+    [text] = transcript["content"]
+    assert text["text"].startswith("Current conversation:\nUser: Book a trip")
     roles = [c.role for t in result.turns for c in t.calls or []]
     assert roles == ["target", "validator", "simulator", "target"]
 

@@ -366,7 +366,13 @@ def test_a_judge_and_a_simulator_on_openai_responses(
     assert [i["role"] for i in judged["input"]] == ["user", "assistant"]
     [simulated] = api.bodies("sim")
     assert simulated["instructions"].startswith("You are simulating a user")
-    assert simulated["input"][-1] == {"role": "assistant", "content": "Which city?"}
+    # The simulator's default `messages: transcript`: the conversation as one user item.
+    [transcript] = simulated["input"]
+    assert transcript["role"] == "user"
+    assert (
+        "User: Book a trip" in transcript["content"]
+        and "Agent: Which city?" in transcript["content"]
+    )
     roles = [c["role"] for t in record["turns"] for c in t["calls"]]
     assert roles == ["target", "validator", "simulator", "target"]
     by_role = record["usage_by_role"]

@@ -19,6 +19,7 @@ from agenttest_worker.agents.interface import AgentError, AgentRequest
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.agents.roles import (
+    SIMULATOR_CONVERSATION,
     SIMULATOR_PROMPT,
     ReplyParseError,
     conversation_for_role,
@@ -58,6 +59,19 @@ FOLDED: list[dict[str, Any]] = [
     },
     {"role": "assistant", "content": "This requires manager approval. Please provide PO number."},
 ]
+LAST = "This requires manager approval. Please provide PO number."
+# CONVERSATION as the simulator's one user message (`messages: transcript`, the default).
+TRANSCRIPT = (
+    "Current conversation:\n"
+    "User: I want to submit an expense\n\n"
+    "Agent: What type of expense would you like to submit?\n\n"
+    "User: Business travel, $3500\n\n"
+    'Agent: [tool calls: create_expense({"amount": 3500})]\n'
+    '[tool result create_expense: {"id": "EXP-1", "status": "draft"}]\n\n'
+    f"Agent: {LAST}\n\n"
+    f'The agent just responded:\n"{LAST}"'
+)
+SWAPPED = [{**m, "role": "user" if m["role"] == "assistant" else "assistant"} for m in FOLDED]
 SIM_METADATA: dict[str, Any] = {
     "test_mode": "simulator",
     "persona": "a busy sales manager",
@@ -98,9 +112,10 @@ def demo_session(demo_url: str, log: list[AgentCallRecord], **fields: Any) -> Ro
     return AgentPool(config).session(log)
 
 
-def scripted_session(server: AgentServer, log: list[AgentCallRecord]) -> RoleSession:
+def scripted_session(server: AgentServer, log: list[AgentCallRecord], **fields: Any) -> RoleSession:
     config = ProjectConfig(
-        agents={"helper": openai(server.url("/v1"), "helper")}, defaults=Defaults(judge="helper")
+        agents={"helper": openai(server.url("/v1"), "helper", **fields)},
+        defaults=Defaults(judge="helper"),
     )
     return AgentPool(config).session(log)
 
@@ -231,38 +246,55 @@ def test_conversation_for_role_folds_tool_plumbing() -> None:
 # -- simulator ---------------------------------------------------------------------------------
 
 
-def test_simulator_request_shape_on_the_wire(server: AgentServer) -> None:
+@pytest.mark.parametrize(
+    ("mode", "conversation"),
+    [
+        ("transcript", [{"role": "user", "content": TRANSCRIPT}]),
+        ("as_is", FOLDED),
+        ("swapped", SWAPPED),
+    ],
+)
+def test_simulator_request_shape_on_the_wire(
+    server: AgentServer, mode: str, conversation: list[dict[str, Any]]
+) -> None:
     server.script(
         CHAT,
         Reply(body=completion('{"input": "PO-12345", "goal_achieved": false, "reasoning": "r"}')),
     )
     log: list[AgentCallRecord] = []
-    turn = simulate(scripted_session(server, log), "agents:helper", SIM_METADATA)
+    session = scripted_session(server, log, messages=mode)
+    turn = simulate(session, "agents:helper", SIM_METADATA)
     assert (turn.input, turn.goal_achieved, turn.reasoning) == ("PO-12345", False, "r")
     [body] = server.bodies(CHAT)
     # No tools for a simulator, and no `metadata` field for an openai agent that does not
-    # ask for it: the prompt carries it.
+    # ask for it: the prompt carries it, with the turn count and the last response.
     assert set(body) == {"model", "messages"}
-    assert metadata_of(body) == SIM_METADATA
+    metadata = metadata_of(body)
+    assert metadata == {**SIM_METADATA, "turn_count": 3, "last_response": LAST}
     system, *history = body["messages"]
-    assert history == FOLDED
+    assert history == conversation
     assert system["role"] == "system"
     assert system["content"] == SIMULATOR_PROMPT.format(
         persona="a busy sales manager",
         goal="Submit the travel expense",
         turn_number=3,
         max_turns=8,
-        metadata=json.dumps(SIM_METADATA),
+        conversation=SIMULATOR_CONVERSATION[mode].format(last_response=LAST),
+        metadata=json.dumps(metadata),
     )
+    if mode != "transcript":
+        assert f'The agent just responded:\n"{LAST}"' in system["content"]
     assert [(r.role, r.agent, r.status_code) for r in log] == [("simulator", "helper", 200)]
 
 
-def test_simulator_metadata_gets_test_mode_and_turn_number(server: AgentServer) -> None:
+def test_simulator_metadata_gets_test_mode_turn_and_last_response(server: AgentServer) -> None:
     server.script(CHAT, Reply(body=completion('{"input": "hi"}')))
     simulate(scripted_session(server, []), "helper", {"persona": "p"})
     assert metadata_of(server.bodies(CHAT)[0]) == {
         "test_mode": "simulator",
         "turn_number": 3,
+        "turn_count": 3,
+        "last_response": LAST,
         "persona": "p",
     }
 
@@ -278,7 +310,7 @@ def test_simulator_request_seen_by_the_demo_echo_agent(demo_url: str) -> None:
     assert "Persona: a busy sales manager" in echoed["messages"][0]["content"]
     assert "Goal: Submit the travel expense" in echoed["messages"][0]["content"]
     assert "Turn: 3 of at most 8" in echoed["messages"][0]["content"]
-    assert echoed["messages"][1:] == FOLDED
+    assert echoed["messages"][1:] == [{"role": "user", "content": TRANSCRIPT}]
     assert log and log[0].usage is not None and log[0].usage.total_tokens > 0
 
 

@@ -69,6 +69,7 @@ EXTRA_TURN_KEYS = {
     "skip_reason",
     "status",
     "awaiting_reason",
+    "finish_reason",
     "input_hint",
     "tool_results",
     "simulator_reasoning",
@@ -261,7 +262,8 @@ def test_demo_run_quickstart_reports_every_kind_of_case(processes: Processes) ->
         "  ├─ Turn 2: SKIPPED",
         "  │          Reason: Agent awaiting input, no next turn defined",
         '  │          Agent asked: "Please provide PO number"',
-        "  │          Hint: Add more turns, use --interactive, or configure simulator",
+        "  │          Hint: Add more turns, use --interactive, configure simulator,"
+        " or set on_missing_input: end",
         "  │",
         "  └─ Result: SKIPPED",
     ]
@@ -606,7 +608,7 @@ def test_fail_fast_reports_the_rest_as_skipped(
     f6 = records(demo / "ff2.jsonl")[1]
     assert (f6["status"], f6["error"], f6.get("skip_reason")) == (
         "failed",
-        "no initial input",
+        "no initial input: the first input is blank (empty or whitespace only)",
         None,
     )
 
@@ -835,21 +837,21 @@ def test_direct_message_runs_as_one_case(demo: Path, capsys: pytest.CaptureFixtu
     code, out, _ = run(capsys, *message, "--config", SUITE_CONFIG, "-v", "-o", "msg.jsonl")
     assert code == 0
     [rec] = records(demo / "msg.jsonl")
-    # The agent asks a question nobody answers: skipped, as any JSONL case would be.
-    assert rec["status"] == "skipped" and rec["total_turns"] == 1
+    # A message is a single-turn case: over after its turn, though the agent asked.
+    assert rec["status"] == "passed" and rec["total_turns"] == 1
     assert rec["turns"][0]["input"] == "I want to submit an expense"
     assert rec["turns"][0]["output"] == "What type of expense would you like to submit?"
     assert rec["turns"][0]["awaiting_input"] is True
     assert rec["agent"] == "assistants.expense"
     assert 'Turn 1: "I want to submit an expense" → PASSED' in out
-    assert "Agent awaiting input, no next turn defined" in out
 
     code, out, _ = run(
-        capsys, *message, "--config", SUITE_CONFIG, "--on-missing-input", "end", "-o", "msg.jsonl"
+        capsys, *message, "--config", SUITE_CONFIG, "--on-missing-input", "skip", "-o", "msg.jsonl"
     )
     assert code == 0
     [rec] = records(demo / "msg.jsonl")
-    assert rec["status"] == "passed" and rec["total_turns"] == 1
+    assert rec["status"] == "skipped" and rec["total_turns"] == 1
+    assert "Agent awaiting input, no next turn defined" in out
 
 
 def test_generator_cases_are_run(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:

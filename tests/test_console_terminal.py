@@ -223,7 +223,7 @@ def test_console_output_escapes_control_characters_from_cases_and_replies(
             ],
         },
         {"id": "ERR", "agent": "broken", "input": "hello"},
-        {"id": "ASK", "input": "ask me"},
+        {"id": "ASK", "input": "ask me", "type": "multi_turn"},
     )
     argv = ["-i", cases, "-n", "target", "--config", str(config)]
     for extra in ([], ["-v"]):
@@ -286,7 +286,11 @@ def test_a_skipped_turn_shows_the_question_the_agent_asked_or_nothing(
     config = write_project(workdir, agent, "target")
     cases = write_cases(
         workdir / "asked.jsonl",
-        *({"id": name, "input": f"hi [{name}]"} for name in ("NOTED", "TOOL", "LAST")),
+        # Multi-turn: a single-turn case ends after its turn, question or not.
+        *(
+            {"id": name, "input": f"hi [{name}]", "type": "multi_turn"}
+            for name in ("NOTED", "TOOL", "LAST")
+        ),
     )
     code, out, err = run(capsys, "-i", cases, "-n", "target", "--config", str(config))
     assert code == 0, out + err

@@ -238,15 +238,19 @@ def test_simulator_request_carries_history_and_spec_metadata(agent: ScriptedAgen
     assert metadata["test_id"] == "SM"
     assert metadata["persona"] == "New employee"
     assert metadata["goal"] == "Submit a $500 expense"
-    assert metadata["turn_number"] == 2
+    assert metadata["turn_number"] == metadata["turn_count"] == 2
+    assert metadata["last_response"] == "What is the amount?"
     assert metadata["max_turns"] == 6
     assert metadata["session_id"] == "session-SM"
     assert metadata["tool_results"] == {}
     system, *history = request["messages"]
     assert system["role"] == "system" and "New employee" in system["content"]
     assert history == [
-        {"role": "user", "content": "Start expense report"},
-        {"role": "assistant", "content": "What is the amount?"},
+        {
+            "role": "user",
+            "content": "Current conversation:\nUser: Start expense report\n\n"
+            'Agent: What is the amount?\n\nThe agent just responded:\n"What is the amount?"',
+        }
     ]
 
 
@@ -343,25 +347,60 @@ def test_yaml_cases_end_and_jsonl_cases_skip_by_default(
     assert failed.status == "failed" and "on_missing_input: fail" in (failed.error or "")
 
 
-def test_the_spec_t002_single_input_awaiting_is_skipped(agent: ScriptedAgent) -> None:
-    """The spec's T002: one `input` (type single_turn by default), an agent asking for a
-    PO number, nothing to answer it: skipped under the JSONL default, as the spec's
-    console output shows. `type` does not end a conversation; awaiting input does."""
-    agent.script(
-        "target", lambda body: say("This requires manager approval. Please provide PO number.")
-    )
-    t002 = {"id": "T002", "name": "Large Expense Approval", "input": "Submit $100,000"}
-    result, _ = run_case(t002, config_for(agent))
+ANYTHING_ELSE = "Hello! Your request is done. Is there anything else I can help with?"
+
+
+def test_a_single_turn_case_ends_after_its_turn(agent: ScriptedAgent) -> None:
+    """A case written in the single-turn form (`input`, or `type: single_turn`) is over
+    after its turn: a reply that ends in a question does not leave it missing input."""
+    agent.script("target", lambda body: say(ANYTHING_ELSE))
+    q1 = {"id": "Q1", "input": "Hello", "assertions": [{"type": "contains", "value": "done"}]}
+    result, _ = run_case(q1, config_for(agent))
+    assert result.turns[0].awaiting_input is True  # still recorded as the agent asked
+    assert (result.status, result.skip_reason, len(result.turns)) == ("passed", None, 1)
+    # The same as its turns form, which the spec calls equivalent.
+    turns_form = {"id": "Q1", "type": "single_turn", "turns": [{"input": "Hello"}]}
+    assert run_case(turns_form, config_for(agent))[0].status == "passed"
+    # An explicit on_missing_input still applies.
+    assert run_case({**q1, "on_missing_input": "skip"}, config_for(agent))[0].status == "skipped"
+    failed = run_case({**q1, "on_missing_input": "fail"}, config_for(agent))[0]
+    assert failed.status == "failed" and "on_missing_input: fail" in (failed.error or "")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param({"input": "Submit $100,000", "type": "multi_turn"}, id="input-multi_turn"),
+        pytest.param({"turns": [{"input": "Submit $100,000"}]}, id="turns"),
+    ],
+)
+def test_the_spec_t002_as_a_multi_turn_case_is_skipped(
+    agent: ScriptedAgent, case: dict[str, Any]
+) -> None:
+    """The spec's T002: an agent asking for a PO number in a multi-turn case, nothing
+    to answer it: skipped, as the spec's console output shows."""
+    agent.script("target", lambda body: say(T002_QUESTION))
+    result, _ = run_case({"id": "T002", **case}, config_for(agent))
     assert result.turns[0].awaiting_input is True
     assert result.status == "skipped"
-    assert result.skip_reason is not None and "awaiting input" in result.skip_reason
-    # The same as its turns form, which the spec calls equivalent.
-    turns_form = {"id": "T002", "type": "single_turn", "turns": [{"input": "Submit $100,000"}]}
-    assert run_case(turns_form, config_for(agent))[0].status == "skipped"
-    # on_missing_input applies to it like any case.
-    assert run_case({**t002, "on_missing_input": "end"}, config_for(agent))[0].status == "passed"
-    failed = run_case({**t002, "on_missing_input": "fail"}, config_for(agent))[0]
-    assert failed.status == "failed"
+    assert result.skip_reason == NO_NEXT_TURN
+
+
+def test_the_project_default_for_missing_input(agent: ScriptedAgent) -> None:
+    """agenttest.yaml's `defaults.on_missing_input` replaces the default of every case
+    that sets none; a case's own value beats it, and --on-missing-input beats both."""
+    agent.script("target", lambda body: say(T002_QUESTION))
+    agents = {"target": agent.entry("target")}
+    skipping = project(agents, defaults={"on_missing_input": "skip"})
+    single = {"id": "S", "input": "Submit $100,000"}
+    multi = {"id": "M", "turns": [{"input": "Submit $100,000"}]}
+    assert run_case(single, skipping)[0].status == "skipped"
+    ending = project(agents, defaults={"on_missing_input": "end"})
+    assert run_case(multi, ending)[0].status == "passed"
+    assert run_case({**multi, "on_missing_input": "skip"}, ending)[0].status == "skipped"
+    failing = RunOptions(target="target", on_missing_input="fail")
+    overridden = run_case({**multi, "on_missing_input": "skip"}, ending, failing)[0]
+    assert overridden.status == "failed"
 
 
 def test_a_single_input_answered_without_a_question_passes(agent: ScriptedAgent) -> None:
@@ -374,15 +413,24 @@ def test_a_single_input_answered_without_a_question_passes(agent: ScriptedAgent)
     assert result.status == "passed" and len(result.turns) == 1
 
 
+BLANK = "no initial input: the first input is blank (empty or whitespace only)"
+
+
 @pytest.mark.parametrize(
-    "case",
-    [{"id": "EMPTY"}, {"id": "EMPTY", "input": ""}, {"id": "EMPTY", "turns": [{"input": ""}]}],
+    ("case", "error"),
+    [
+        ({"id": "EMPTY"}, "no initial input"),
+        ({"id": "EMPTY", "input": ""}, BLANK),
+        ({"id": "EMPTY", "input": "  \n\t "}, BLANK),
+        ({"id": "EMPTY", "turns": [{"input": ""}]}, BLANK),
+        ({"id": "EMPTY", "turns": [{"input": " "}, {"input": "then this"}]}, BLANK),
+    ],
 )
 def test_a_case_without_input_fails_with_no_initial_input(
-    agent: ScriptedAgent, case: dict[str, Any]
+    agent: ScriptedAgent, case: dict[str, Any], error: str
 ) -> None:
     result, _ = run_case(case, config_for(agent))
-    assert (result.status, result.error, result.total_turns) == ("failed", "no initial input", 0)
+    assert (result.status, result.error, result.total_turns) == ("failed", error, 0)
     assert agent.requests("target") == []
 
 

@@ -208,7 +208,8 @@ T002 = """\
   ├─ Turn 2: SKIPPED
   │          Reason: Agent awaiting input, no next turn defined
   │          Agent asked: "Please provide PO number"
-  │          Hint: Add more turns, use --interactive, or configure simulator
+  │          Hint: Add more turns, use --interactive, configure simulator, \
+or set on_missing_input: end
   │
   └─ Result: SKIPPED
 """

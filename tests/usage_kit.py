@@ -113,10 +113,8 @@ def _target(body: Body) -> Reply | str:
 
 
 def _simulator(body: Body) -> Reply | str:
-    last = next(
-        (m.get("content") or "" for m in reversed(body["messages"]) if m["role"] == "assistant"),
-        "",
-    )
+    # The agent's last response, as the simulator's metadata carries it.
+    last = str(metadata_of(body).get("last_response") or "")
     if "Which city" in last:
         return say(json.dumps({"input": "Paris, please", "goal_achieved": False}))
     return say(json.dumps({"input": "", "goal_achieved": True, "reasoning": "booked"}))

@@ -44,6 +44,8 @@ from agenttest_worker.yamlfile import LineMap, YamlPath, parse_yaml
 
 CONFIG_FILENAMES = ("agenttest.yaml", "agenttest.yml")
 DEFAULT_AWAITING_TOOLS = ("request_confirmation", "ask_user", "get_user_input")
+# How an agent called as the simulator is sent the conversation (agents/roles.py).
+SimulatorMessages = Literal["as_is", "swapped", "transcript"]
 
 # What the runner writes into a request body itself: a `params` entry may not replace it.
 OWNED_BODY_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "system"})
@@ -146,6 +148,10 @@ class AgentConfig(_Strict):
             raise ValueError(f"required field is missing: {name} agents need {info.field_name}")
         return value
 
+    # Called as the simulator: the conversation as one transcript (a user message), as
+    # it is (the target's words as the assistant's), or with its roles swapped.
+    messages: SimulatorMessages = "transcript"
+
     @model_validator(mode="before")
     @classmethod
     def _no_inline_keys(cls, data: Any) -> Any:
@@ -238,6 +244,9 @@ class Defaults(_Strict):
     agent: str | None = None
     # How often an agent assertion without `votes` asks its judge(s).
     judge_votes: int = Field(default=1, ge=1)
+    # What a case that sets no `on_missing_input` does when its agent awaits input and
+    # nothing answers; None: by the case's form (engine/next_input.py).
+    on_missing_input: Literal["skip", "fail", "end"] | None = None
 
 
 class ProjectConfig(_Strict):

@@ -29,6 +29,7 @@ from agenttest_worker.agents.roles import (
     SimulatorTurn,
     Verdict,
     generator_request,
+    last_response_of,
     parse_failure,
     read_generator_reply,
     read_simulator_reply,
@@ -97,11 +98,17 @@ class RoleSession:
     ) -> SimulatorTurn:
         """The simulator's next user input; AgentError when it fails or replies junk.
 
-        `metadata` carries test_mode "simulator", persona, goal, turn_number, max_turns
-        (the engine sets them; test_mode and turn_number are filled in when missing).
+        `metadata` carries test_mode "simulator", persona, goal, turn_number, turn_count,
+        max_turns, last_response (the engine sets them; test_mode, turn_number,
+        turn_count and last_response are filled in when missing).
         """
         ref = _ref(use, "agents", allow_params=False)
-        defaults = {"test_mode": "simulator", "turn_number": turn}
+        defaults = {
+            "test_mode": "simulator",
+            "turn_number": turn,
+            "turn_count": turn,
+            "last_response": last_response_of(history),
+        }
         metadata = {**{k: v for k, v in defaults.items() if k not in metadata}, **metadata}
         if ref.kind == "scripts":
             started = time.monotonic()
@@ -127,7 +134,10 @@ class RoleSession:
                 return read_simulator_reply(content)
             except ReplyParseError as exc:
                 raise parse_failure("simulator", str(ref), exc, self.log[-1]) from exc
-        request = simulator_request(history, metadata, session_id, case_id, turn)
+        entry = self.pool.config.agents.get(ref.id)
+        # (An unknown agent fails in the call, with the message every role gets.)
+        mode = entry.messages if entry is not None else "transcript"
+        request = simulator_request(history, metadata, session_id, case_id, turn, mode)
         request.params = params or {}
         reply = await self.call(ref.id, request)
         try:
@@ -218,6 +228,8 @@ class RoleSession:
             reason=verdict.reason or ("passed" if verdict.passed else "failed"),
             score=verdict.score,
             suggestions=verdict.suggestions,
+            plan=verdict.plan,
+            thinking=verdict.thinking,
         )
 
     async def run_script_assertion(

@@ -28,6 +28,8 @@ class ResponseMapping(_Strict):
     awaiting_input: str = "$.awaiting_input"
     input_hint: str = "$.input_hint"
     state: str = "$.state"
+    # Why the reply stopped; `length` or `max_tokens` (cut off) awaits no input.
+    finish_reason: str = "$.finish_reason"
     content_delta: str = "$.delta"
     final: str | None = None
 
@@ -35,10 +37,16 @@ class ResponseMapping(_Strict):
 class HistoryMapping(_Strict):
     """Where a chat history keeps its events, and how each says who it came from.
 
-    Events whose role is `input_role` are the inputs the history is split at; events
-    with `tool_calls` are tool calls (Chat Completions items or {name, args}); events
-    whose role is `tool_role` are tool results, named by `tool_name` or by the call
-    whose id their `tool_call_id` answers.
+    By role (the default): events whose role is `input_role` are the inputs the history
+    is split at; events with `tool_calls` are tool calls (Chat Completions items or
+    {name, args}); events whose role is `tool_role` are tool results, named by
+    `tool_name` or by the call whose id their `tool_call_id` answers.
+
+    By key (tdx's history, `{"data": [{"input"}, {"content"}, {"tool": {...}}]}`): when
+    `input` or `tool` is set, events carry no role and are told apart by which of these
+    paths finds something in them: `input` marks an input, `tool` a tool event (a call
+    and its result: `tool_name`, `tool_args`, `tool_content`), and any other event with
+    `content` (or `tool_calls`) is the agent's.
     """
 
     events: str = "$.messages"
@@ -50,6 +58,15 @@ class HistoryMapping(_Strict):
     input_role: str = "user"
     assistant_role: str = "assistant"
     tool_role: str = "tool"
+    input: str | None = None
+    tool: str | None = None
+    # A tool event's arguments and result (None: no arguments; the result at `content`).
+    tool_args: str | None = None
+    tool_content: str | None = None
+
+    @property
+    def by_key(self) -> bool:
+        return self.input is not None or self.tool is not None
 
 
 class HistoryConfig(_Strict):

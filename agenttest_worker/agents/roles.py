@@ -1,11 +1,15 @@
 """Calls to the helper roles, exactly as the spec's interfaces describe them.
 
-- simulator: the conversation history as it is (user/assistant) after a system prompt,
-  `metadata` with test_mode "simulator", persona, goal, turn_number, max_turns;
-  returns {input, goal_achieved, reasoning}.
+- simulator: the spec's example prompt (persona, goal, the conversation, the agent's last
+  response) and `metadata` with test_mode "simulator", persona, goal, turn_number,
+  turn_count, max_turns, last_response; returns {input, goal_achieved, reasoning}. The
+  conversation goes as the simulator's agent entry says (`messages`): `transcript` (one
+  user message holding it as text), `as_is` (the messages as they are: the target's words
+  as the assistant's) or `swapped` (roles swapped: the simulated user is the assistant).
 - validator: [user: original input, assistant: response] (or the conversation so far)
   after a system prompt, `metadata` with test_mode "validator" and the criteria;
-  returns {passed, score, reason, suggestions}.
+  returns {passed, score, reason, suggestions} (tdx's evaluator: {pass, reason, plan,
+  thinking}; plan and thinking are kept).
 - generator: `metadata` with test_mode "generator", target_agent, count, focus and the
   other query parameters; returns {cases: [...]}.
 
@@ -23,24 +27,39 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from agenttest_worker.agents.config import SimulatorMessages
 from agenttest_worker.agents.http.transport import snippet
 from agenttest_worker.agents.interface import AgentError, AgentRequest, text_of
 from agenttest_worker.results import AgentCallRecord
 
-SIMULATOR_PROMPT = """You are simulating a user talking to an AI agent that is being tested.
+SIMULATOR_PROMPT = """You are simulating a user with the following characteristics:
 
 Persona: {persona}
 Goal: {goal}
 Turn: {turn_number} of at most {max_turns}
 
-Read the conversation so far and write the user's next message, moving toward the goal.
+{conversation}
+
+Generate the next user message to continue toward the goal.
 If the goal has been achieved, set goal_achieved to true.
 
-Respond in JSON only:
-{{"input": "your next message as the user", "goal_achieved": true or false,
+Respond in JSON format:
+{{"input": "your response as the user", "goal_achieved": true/false,
  "reasoning": "brief explanation"}}
 
 Test metadata: {metadata}"""
+
+# Where the simulator's prompt says the conversation is, by `messages` mode.
+_JUST_RESPONDED = 'The agent just responded:\n"{last_response}"'
+SIMULATOR_CONVERSATION = {
+    "transcript": "The current conversation, and the agent's last response, are in the "
+    "next message.",
+    "as_is": "The current conversation follows: the user's messages are yours, the "
+    "assistant's are the agent's.\n\n" + _JUST_RESPONDED,
+    "swapped": "The current conversation follows, seen from your side: your messages are "
+    "the assistant's, the agent's are the user's.\n\n" + _JUST_RESPONDED,
+}
+SIMULATOR_TRANSCRIPT = "Current conversation:\n{transcript}\n\n" + _JUST_RESPONDED
 
 VALIDATOR_PROMPT = """You are a strict evaluator of an AI agent's responses.
 
@@ -169,23 +188,57 @@ class SimulatorTurn:
     reasoning: str | None
 
 
+def transcript_of(messages: list[dict[str, Any]]) -> str:
+    """The conversation as text, one paragraph a message: "User: ..." and "Agent: ..."
+    (tool calls and their results folded into the agent's, as `conversation_for_role`)."""
+    names = {"user": "User", "assistant": "Agent"}
+    folded = conversation_for_role(messages)
+    return "\n\n".join(f"{names[m['role']]}: {m['content']}" for m in folded)
+
+
+def _swapped(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    swap = {"user": "assistant", "assistant": "user"}
+    return [{**m, "role": swap[m["role"]]} for m in messages]
+
+
+def last_response_of(messages: list[dict[str, Any]]) -> str:
+    """The text of the conversation's last assistant message ("" when there is none)."""
+    for message in reversed(conversation_for_role(messages)):
+        if message["role"] == "assistant":
+            return str(message["content"])
+    return ""
+
+
 def simulator_request(
     history: list[dict[str, Any]],
     metadata: dict[str, Any],
     session_id: str | None,
     case_id: str,
     turn: int,
+    messages: SimulatorMessages = "transcript",
 ) -> AgentRequest:
+    last = metadata.get("last_response")
+    last_response = last if isinstance(last, str) else last_response_of(history)
     system = SIMULATOR_PROMPT.format(
         persona=metadata.get("persona", "a typical user"),
         goal=metadata.get("goal", "get the agent to complete the task"),
         turn_number=metadata.get("turn_number"),
         max_turns=metadata.get("max_turns"),
+        conversation=SIMULATOR_CONVERSATION[messages].format(last_response=last_response),
         metadata=_meta_text(metadata),
     )
+    if messages == "transcript":
+        text = SIMULATOR_TRANSCRIPT.format(
+            transcript=transcript_of(history), last_response=last_response
+        )
+        conversation = [{"role": "user", "content": text}]
+    elif messages == "swapped":
+        conversation = _swapped(conversation_for_role(history))
+    else:
+        conversation = conversation_for_role(history)
     return AgentRequest(
         role="simulator",
-        messages=[{"role": "system", "content": system}, *conversation_for_role(history)],
+        messages=[{"role": "system", "content": system}, *conversation],
         metadata=metadata,
         session_id=session_id,
         case_id=case_id,
@@ -233,6 +286,9 @@ class Verdict:
     reason: str
     score: float | None
     suggestions: list[str] | None
+    # tdx's evaluator returns its plan and its thinking beside its verdict and reason.
+    plan: str | None = None
+    thinking: str | None = None
 
 
 def read_validator_reply(content: str | None) -> Verdict:
@@ -260,7 +316,17 @@ def read_validator_reply(content: str | None) -> Verdict:
         reason=str(reason),
         score=_number(score),
         suggestions=[str(s) for s in suggestions] if isinstance(suggestions, list) else None,
+        plan=_text(data.get("plan")),
+        thinking=_text(data.get("thinking")),
     )
+
+
+def _text(value: Any) -> str | None:
+    """A judge's free-text field as text (a list or object written as JSON); None when
+    it is absent or empty."""
+    if value is None or value == "" or value == [] or value == {}:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def _number(value: Any) -> float | None:

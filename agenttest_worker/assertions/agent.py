@@ -146,6 +146,8 @@ def decide(spec: AgentAssertion, asks: list[tuple[str, AssertionOutcome]]) -> As
         f"{said.reason} ({counted})",
         score=round(math.fsum(scores) / len(scores), _SCORE_DIGITS) if scores else None,
         suggestions=said.suggestions,
+        plan=said.plan,
+        thinking=said.thinking,
         votes=votes,
         agreement=len(agreeing) / n,
     )

@@ -9,16 +9,18 @@ Decisions where the specs are open (also in the README):
 - `input` and `turns` are exclusive: the spec's single-turn form is shorthand for
   `turns: [{input, assertions}]`, and a case with both would be ambiguous.
 - `type` defaults to `single_turn` for the `input` form without a simulator and to
-  `multi_turn` otherwise. It describes the case and does not change how it runs:
-  awaiting-input detection decides what follows the static turns in every case, so
-  the spec's T002 (one `input`, an agent asking for a PO number) is skipped under the
-  JSONL default, as the spec's console output shows. A `single_turn` case with more
-  than one static turn is an error.
+  `multi_turn` otherwise. It gives the case its default `on_missing_input`
+  (engine/next_input.py): a single-turn case ends after its turn, a multi-turn one (the
+  spec's T002) is skipped when its agent awaits input with nothing to answer it. A
+  `single_turn` case with more than one static turn is an error.
 - A `max_turns` below the number of static turns is not an error in the file: the
   case plays that many turns and fails with `max turns (N) exceeded`, as a case whose
   simulator needs a turn past it does.
-- A case with no input at all (or an empty first one) loads, and fails when run with
-  "no initial input" (the spec's test-level error table).
+- A case with no input at all, or a blank first one (empty or whitespace only), loads,
+  and fails when run with "no initial input" (the spec's test-level error table; for a
+  blank one the error says so: "no initial input: the first input is blank ..."). It is
+  not an input error that stops the run: the other cases run, as the spec's table is
+  about one test's outcome. A later blank turn is sent as written.
 - YAML tests (`yaml_model.py`) become a Case too: their `criteria` an `agent`
   assertion on the default judge, over the conversation so far.
 """

@@ -2,6 +2,8 @@
 
 Everything here is deterministic: the response id is a hash of the request, `created` is
 0 and token usage is a word count, so two identical requests get byte-identical answers.
+A request's `max_completion_tokens` (or the older `max_tokens`) cuts a longer reply to
+that many words with finish_reason "length", as a model that runs out of tokens does.
 """
 
 from __future__ import annotations
@@ -158,6 +160,14 @@ def _usage(request: Mapping[str, Any], content: str | None, calls: list[JSONObje
     }
 
 
+def _token_limit(request: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = request.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def completion(
     model: str,
     request: Mapping[str, Any],
@@ -168,6 +178,11 @@ def completion(
 ) -> JSONObject:
     """A full chat.completion body; `extra` adds top-level fields (e.g. `state`)."""
     calls = tool_calls or []
+    finish_reason = "tool_calls" if calls else "stop"
+    limit = _token_limit(request)
+    if content is not None and limit is not None and word_count(content) > limit:
+        content = " ".join(content.split()[:limit])
+        finish_reason = "length"
     message: JSONObject = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
@@ -180,7 +195,7 @@ def completion(
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": "tool_calls" if calls else "stop",
+                "finish_reason": finish_reason,
             }
         ],
         "usage": _usage(request, content, calls),

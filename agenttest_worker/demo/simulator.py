@@ -1,9 +1,10 @@
 """Model "user-sim": a user simulator that answers the expense assistant's questions.
 
-Called as the spec's simulator: the conversation history (user/assistant roles as in the
-conversation) plus a system prompt, and `metadata` with test_mode "simulator", persona,
-goal, turn_number, max_turns. Only the last `assistant` message's text matters (none, or a
-tool call without text, reads as ""); persona, goal and turn counts are ignored.
+Called as the spec's simulator: a system prompt, the conversation (a transcript, or the
+messages), and `metadata` with test_mode "simulator", persona, goal, turn_number,
+max_turns, last_response. Only the agent's last response matters: metadata's
+`last_response`, else the last `assistant` message's text (none, or a tool call without
+text, reads as ""); persona, goal and turn counts are ignored.
 
 The reply content is the JSON object {"input": str, "goal_achieved": bool,
 "reasoning": str}. Rules on the last assistant text, case-insensitive, first match wins:
@@ -65,10 +66,14 @@ _FALLBACK = _Rule("", "Please continue", False, "The agent asked nothing specifi
 
 def respond(request_body: dict[str, Any]) -> dict[str, Any]:
     """Answer one simulator call (see the module docstring for the rules)."""
-    if is_true(metadata_of(request_body).get("junk")):
+    metadata = metadata_of(request_body)
+    if is_true(metadata.get("junk")):
         return completion(MODEL, request_body, JUNK)
-    last = last_with_role(messages_of(request_body), "assistant")
-    rule = _choose_rule(message_text(last) if last is not None else "")
+    last_response = metadata.get("last_response")
+    if not isinstance(last_response, str):
+        last = last_with_role(messages_of(request_body), "assistant")
+        last_response = message_text(last) if last is not None else ""
+    rule = _choose_rule(last_response)
     content = json.dumps(
         {"input": rule.input, "goal_achieved": rule.goal_achieved, "reasoning": rule.reasoning}
     )

@@ -48,6 +48,8 @@ async def run_assertions(
                     "error": outcome.error,
                     "votes": outcome.votes,
                     "agreement": outcome.agreement,
+                    "plan": outcome.plan,
+                    "thinking": outcome.thinking,
                 }
             )
         )

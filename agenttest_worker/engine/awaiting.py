@@ -3,6 +3,9 @@
 In priority:
 1. the agent's explicit `awaiting_input` (true or false: an agent that declares its
    state is believed);
+   then the reply's finish reason (the spec's strategy 2): a reply cut off by its length
+   (`length`, Anthropic's `max_tokens`) awaits nothing, whatever it ends with: its last
+   sentence is where the tokens ran out, not a question;
 2. a tool call named in the awaiting tools (request_confirmation, ask_user,
    get_user_input by default; `awaiting_tools` in agenttest.yaml);
 3. content heuristics, per sentence: a sentence ending in "?", or starting with
@@ -24,6 +27,9 @@ AGENT_DECLARED_DONE = "agent_declared_complete"
 TOOL_REQUIRES_INPUT = "tool_requires_confirmation"
 CONTENT_IS_QUESTION = "content_is_question"
 COMPLETED = "completed"
+RESPONSE_TRUNCATED = "response_truncated"
+# How providers say a reply was cut off at its token limit (Chat Completions, Messages).
+TRUNCATED_FINISH_REASONS = frozenset({"length", "max_tokens"})
 
 # A sentence ends at . ! ? (and closing quotes, brackets or markdown emphasis right after
 # them, as in "**Is this correct?** Reply yes.") followed by whitespace, at a CJK full
@@ -112,9 +118,12 @@ def detect_awaiting(
     tool_calls: Iterable[ToolCall],
     declared: bool | None,
     awaiting_tools: Iterable[str],
+    finish_reason: str | None = None,
 ) -> Awaiting:
     if declared is not None:
         return Awaiting(declared, AGENT_DECLARED if declared else AGENT_DECLARED_DONE)
+    if finish_reason is not None and finish_reason.lower() in TRUNCATED_FINISH_REASONS:
+        return Awaiting(False, RESPONSE_TRUNCATED)
     calls = list(tool_calls)
     wanted = set(awaiting_tools)
     if any(call.name in wanted for call in calls):

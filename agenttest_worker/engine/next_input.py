@@ -29,8 +29,17 @@ def wants_human(case: Case, options: RunOptions) -> bool:
     return bool(case.interactive and case.interactive.enabled)
 
 
-def _on_missing(case: Case, options: RunOptions) -> OnMissingInput:
-    return options.on_missing_input or case.on_missing_input or "skip"
+def missing_input_policy(
+    case: Case, options: RunOptions, project_default: OnMissingInput | None
+) -> OnMissingInput:
+    """What an agent awaiting input with nothing to answer it leads to (DESIGN.md
+    decision 3): the run's `--on-missing-input`, else the case's own, else agenttest.yaml's
+    `defaults.on_missing_input`, else the case's form: a single-turn case is over after
+    its turn (`end`), a multi-turn one is missing its next input (`skip`)."""
+    chosen = options.on_missing_input or case.on_missing_input or project_default
+    if chosen is not None:
+        return chosen
+    return "end" if case.type == "single_turn" else "skip"
 
 
 async def choose_next(
@@ -80,7 +89,10 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
         "test_id": case.id,
         **case.simulator.effective_metadata(),
         "turn_number": state.turns_run + 1,
+        # The spec's context names the same number turn_count.
+        "turn_count": state.turns_run + 1,
         "max_turns": limit,
+        "last_response": state.turns[-1].output or "",
         "session_id": state.session_id,
         "tool_results": state.tool_results,
     }
@@ -170,7 +182,7 @@ async def apply_missing_input(
     reason: str | None = None,
 ) -> None:
     why = reason or NO_NEXT_TURN
-    policy = _on_missing(case, options)
+    policy = missing_input_policy(case, options, pool.config.defaults.on_missing_input)
     if policy == "end":
         await finish(case, state, pool)
         return

@@ -23,7 +23,11 @@ from agenttest_worker.results import (
 # A target that keeps calling mocked tools is stopped after this many calls in a turn.
 MAX_TOOL_ROUNDS = 8
 NO_NEXT_TURN = "Agent awaiting input, no next turn defined"
-MISSING_INPUT_HINT = "Add more turns, use --interactive, or configure simulator"
+NO_INITIAL_INPUT = "no initial input"
+BLANK_INITIAL_INPUT = f"{NO_INITIAL_INPUT}: the first input is blank (empty or whitespace only)"
+MISSING_INPUT_HINT = (
+    "Add more turns, use --interactive, configure simulator, or set on_missing_input: end"
+)
 
 Phase = Literal["ready", "awaiting_human", "done"]
 
@@ -161,10 +165,10 @@ _MESSAGES = {"messages"}
 
 def start_conversation(case: Case, session_id: str) -> ConversationState:
     state = ConversationState(case_id=case.id, session_id=session_id)
-    # An empty first input is none either (the spec's implementation reads a missing and
-    # an empty string alike); a later empty turn is sent as written.
-    if not case.turns or case.turns[0].input == "":
-        state.error = "no initial input"
+    # A blank first input (empty, or whitespace only) is none either: the spec's "no
+    # initial input", with why; a later blank turn is sent as written.
+    if not case.turns or not case.turns[0].input.strip():
+        state.error = NO_INITIAL_INPUT if not case.turns else BLANK_INITIAL_INPUT
         state.phase = "done"
         return state
     state.next_input = PendingInput(text=case.turns[0].input, source="static", static_index=0)

@@ -351,7 +351,10 @@ async def _turn_body(
         content, final_calls = turn.output, turn.tool_calls
     # Only the final reply's tool calls say whether the agent now waits: a mocked
     # request_confirmation earlier in the turn was answered by the mock.
-    awaiting = detect_awaiting(content, final_calls, reply.awaiting_input, options.awaiting_tools)
+    turn.finish_reason = reply.finish_reason
+    awaiting = detect_awaiting(
+        content, final_calls, reply.awaiting_input, options.awaiting_tools, reply.finish_reason
+    )
     turn.awaiting_input, turn.awaiting_reason = awaiting.awaiting, awaiting.reason
 
     metadata = dict(sent.metadata)

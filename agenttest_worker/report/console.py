@@ -17,6 +17,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from agenttest_worker.engine.state import MISSING_INPUT_HINT
 from agenttest_worker.report.common import (
     asked_question,
     describe_assertion,
@@ -39,7 +40,6 @@ _HEAVY_RULE = "═" * 63
 _LIGHT_RULE = "─" * 63
 _TURN_INDENT = 10  # details line up under the text after "├─ Turn N: "
 _FINAL_INDENT = 2  # final assertions sit just inside the closing "└─"
-_MISSING_INPUT_HINT = "Hint: Add more turns, use --interactive, or configure simulator"
 
 _GREEN, _RED, _YELLOW = "32", "31", "33"
 _STATUS_COLORS = {"passed": _GREEN, "failed": _RED, "skipped": _YELLOW}
@@ -343,7 +343,7 @@ class _CaseTree:
                 branch.details.append(f"Input hint: {one_line(previous.input_hint)}")
             # A simulator case that skips had a simulator failure: more turns are not the fix.
             if not self.simulated:
-                branch.details.append(_MISSING_INPUT_HINT)
+                branch.details.append(f"Hint: {MISSING_INPUT_HINT}")
         return branch
 
     def _ending_branches(self) -> list[_Branch]:

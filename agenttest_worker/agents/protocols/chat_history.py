@@ -6,16 +6,18 @@ as tdx's runner expects: it sends the input, waits for the reply to complete, th
 fetches the history. `history: {url, when, response}` in agenttest.yaml says where that
 history is and how its events are written.
 
-The history is split into rounds at each input event (role `input_role`); a round is
-everything the agent emitted after that input and before the next: several assistant
-messages, tool calls and tool results, kept in order as the history wrote them. Events
-before the first input (a greeting) belong to no round.
+The history is split into rounds at each input event; a round is everything the agent
+emitted after that input and before the next: several assistant messages, tool calls
+and tool results, kept in order as the history wrote them. Events before the first
+input (a greeting) belong to no round. An event says what it is by its role (a Chat
+Completions-like history) or, in tdx's history, by the key it carries (`input`,
+`content`, `tool`): the mapping says which (config.HistoryMapping).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from agenttest_worker.agents.config import AgentConfig
@@ -32,6 +34,17 @@ from agenttest_worker.agents.interface import (
 from agenttest_worker.agents.limits.retry import RetryPolicy
 from agenttest_worker.agents.reply_mappings import HistoryMapping
 from agenttest_worker.json_values import find, parse_json
+from agenttest_worker.results import ToolCall
+
+
+def _tool_args(args: Any) -> Any:
+    """A tool event's arguments: parsed when they are JSON text, {} when none."""
+    if args is None:
+        return {}
+    if isinstance(args, str):
+        is_json, value = parse_json(args)
+        return value if is_json else args
+    return args
 
 
 def history_url(template: str, request: AgentRequest) -> str:
@@ -91,6 +104,33 @@ def _first(path: str, data: Any) -> Any:
     return found[0] if found else None
 
 
+EventKind = Literal["input", "assistant", "tool"]
+
+
+def event_kind(event: Any, mapping: HistoryMapping) -> EventKind | None:
+    """What an event is: an input, the agent's, a tool's; None for anything else."""
+    if mapping.by_key:
+        if mapping.input is not None and _has(mapping.input, event):
+            return "input"
+        if mapping.tool is not None and _has(mapping.tool, event):
+            return "tool"
+        if _has(mapping.content, event) or _has(mapping.tool_calls, event):
+            return "assistant"
+        return None
+    role = _first(mapping.role, event)
+    if role == mapping.input_role:
+        return "input"
+    if role == mapping.assistant_role:
+        return "assistant"
+    if role == mapping.tool_role:
+        return "tool"
+    return None
+
+
+def _has(path: str, event: Any) -> bool:
+    return isinstance(event, dict | list) and bool(find(path, event))
+
+
 def split_rounds(data: Any, mapping: HistoryMapping, agent: str) -> list[HistoryRound]:
     events = _first(mapping.events, data)
     if events is None and isinstance(data, list):
@@ -101,7 +141,7 @@ def split_rounds(data: Any, mapping: HistoryMapping, agent: str) -> list[History
         )
     rounds: list[list[Any]] = []
     for event in events:
-        if _first(mapping.role, event) == mapping.input_role:
+        if event_kind(event, mapping) == "input":
             rounds.append([])
         elif rounds:
             rounds[-1].append(event)
@@ -114,22 +154,26 @@ def read_round(events: list[Any], mapping: HistoryMapping) -> HistoryRound:
     found = HistoryRound(events=events, content=None)
     names: dict[str, str] = {}
     for event in events:
-        role = _first(mapping.role, event)
+        kind = event_kind(event, mapping)
         raw_calls = _first(mapping.tool_calls, event)
         if raw_calls is not None:
             read = read_tool_calls(raw_calls)
             found.tool_calls.extend(read.calls)
             found.problems.extend(read.problems)
             names.update({call.id: call.name for call in read.calls if call.id})
-        if role == mapping.tool_role:
+        if kind == "tool":
             name = _first(mapping.tool_name, event)
             if not isinstance(name, str):
                 name = names.get(str(_first(mapping.tool_call_id, event)))
             if isinstance(name, str):
-                result = _first(mapping.content, event)
+                if mapping.by_key:
+                    # A tdx tool event is the call and its result in one.
+                    args = _first(mapping.tool_args, event) if mapping.tool_args else None
+                    found.tool_calls.append(ToolCall(name=name, args=_tool_args(args)))
+                result = _first(mapping.tool_content or mapping.content, event)
                 is_json, value = parse_json(result) if isinstance(result, str) else (False, None)
                 found.tool_results[name] = value if is_json else result
-        elif role == mapping.assistant_role:
+        elif kind == "assistant":
             text = text_of(_first(mapping.content, event))
             if text:
                 texts.append(text)

@@ -128,6 +128,7 @@ def parse_http_reply(data: Any, mapping: ResponseMapping) -> AgentReply:
     if content is not None and not isinstance(content, str):
         content = _content_text(content)
     hint = _first(mapping.input_hint, data)
+    finish = _first(mapping.finish_reason, data)
     calls = read_tool_calls(_first(mapping.tool_calls, data))
     return AgentReply(
         content=content,
@@ -136,7 +137,7 @@ def parse_http_reply(data: Any, mapping: ResponseMapping) -> AgentReply:
         awaiting_input=as_bool(_first(mapping.awaiting_input, data)),
         input_hint=hint if isinstance(hint, str) else None,
         state=_first(mapping.state, data),
-        finish_reason=None,
+        finish_reason=finish if isinstance(finish, str) else None,
         usage=usage_from(data.get("usage")) if isinstance(data, dict) else None,
     )
 
@@ -203,7 +204,9 @@ class EventAssembler:
         # The pieces are the content; a final event's own content counts when none came.
         if self.parts:
             reply.content = "".join(self.parts)
-        reply.finish_reason = "stop" if self.done else None
+        # The final event's own finish_reason, else "stop" for a stream that ended.
+        if reply.finish_reason is None and self.done:
+            reply.finish_reason = "stop"
         return reply
 
 

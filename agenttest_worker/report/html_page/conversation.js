@@ -5,7 +5,7 @@ const TURN_FIELDS = new Set([
   "turn", "input", "input_source", "output", "tool_calls", "tool_results", "awaiting_input",
   "awaiting_reason", "input_hint", "assertions", "status", "duration_ms", "error",
   "skip_reason", "simulator_reasoning", "usage", "calls", "assertion_errors", "problems",
-  "attachments",
+  "attachments", "finish_reason",
 ]);
 const CASE_FIELDS = new Set([
   "version", "id", "name", "status", "agent", "turns", "final_assertions", "total_turns",
@@ -100,6 +100,7 @@ const turnView = (turn, index, notes) => {
     box.appendChild(message("tool", `Tool ${name} (mocked result)`, pre("text", json(result))));
   }
   if (turn.awaiting_input) box.appendChild(el("div", "note", `Awaiting input${turn.awaiting_reason ? ` (${turn.awaiting_reason})` : ""}`));
+  if (turn.awaiting_reason === "response_truncated") box.appendChild(el("div", "note", `Cut off by its length (finish reason: ${turn.finish_reason})`));
   if (turn.input_hint) box.appendChild(el("div", "note", `Input hint: ${turn.input_hint}`));
   if (turn.simulator_reasoning) box.appendChild(el("div", "note", `Simulator: ${turn.simulator_reasoning}`));
   for (const problem of turn.problems || []) box.appendChild(pre("error", `Problem: ${problem}`));
@@ -122,6 +123,9 @@ const assertionList = (assertions, labels) =>
       if (a.agreement !== null && a.agreement !== undefined) item.appendChild(el("span", "dim", ` · agreement ${percent(a.agreement)}`));
       if (a.error) item.appendChild(pre("error", a.error));
       if ((a.suggestions || []).length) item.appendChild(el("ul", "suggestions", a.suggestions.map((s) => el("li", null, s))));
+      // A judge's plan and thinking (tdx's evaluator), folded: they are long.
+      if (a.plan) item.appendChild(el("details", "judge-plan", el("summary", null, "Judge's plan"), pre("text", a.plan)));
+      if (a.thinking) item.appendChild(el("details", "judge-thinking", el("summary", null, "Judge's thinking"), pre("text", a.thinking)));
       if ((a.votes || []).length) item.appendChild(votesTable(a.votes));
       return item;
     }),

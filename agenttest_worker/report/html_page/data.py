@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from agenttest_worker.engine.state import MISSING_INPUT_HINT
 from agenttest_worker.report.common import (
     asked_question,
     describe_assertion,
@@ -32,7 +33,6 @@ STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
 # As the console says them (report/console.py): how a dynamic case's turn got its input.
 MARKERS = {"static": "[Static]", "simulator": "[Simulated]", "interactive": "[Interactive]"}
 FIRST_STATIC = "[Initial]"
-MISSING_INPUT_HINT = "Hint: Add more turns, use --interactive, or configure simulator"
 
 
 def script_json(value: Any) -> str:
@@ -119,7 +119,7 @@ def _skip(
             found["hint"] = previous.input_hint
         # A simulator case that skips had a simulator failure: more turns are not the fix.
         if not simulated:
-            found["advice"] = MISSING_INPUT_HINT
+            found["advice"] = f"Hint: {MISSING_INPUT_HINT}"
     return found
 
 
