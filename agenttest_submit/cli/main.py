@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from agenttest_submit.cli.arg_types import (
+    Once,
     Parser,
     duration_arg,
     formats,
@@ -83,16 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SOURCE",
         help="case file or folder, a message, agents:ID?k=v or scripts:ID?k=v (repeatable)",
     )
-    p.add_argument("-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)")
+    p.add_argument(
+        "-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)", action=Once
+    )
     p.add_argument(
         "-o",
         "--output",
+        action=Once,
         metavar="FILE",
         help="write results (or, with --dry-run, the normalized cases) to FILE",
     )
     p.add_argument(
         "-c",
         "--connector",
+        action=Once,
         metavar="AGENT",
         help="call this registry agent instead of the target's own entry",
     )
@@ -113,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--simulator",
+        action=Once,
         metavar="REF",
         nargs="?",
         const=DEFAULT_SIMULATOR,
@@ -121,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
+        action=Once,
         type=duration_arg,
         default=300.0,
         metavar="DURATION",
@@ -128,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--parallel",
+        action=Once,
         type=positive_int,
         default=None,
         metavar="N",
@@ -136,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
     p.add_argument(
         "--repeat",
+        action=Once,
         type=positive_int,
         default=None,
         metavar="K",
@@ -143,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pass-rule",
+        action=Once,
         type=pass_rule,
         default="all",
         metavar="RULE",
@@ -151,12 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--suite",
+        action=Once,
         default=None,
         metavar="NAME",
         help="the series of runs this run belongs to (default: from the inputs and the target)",
     )
     p.add_argument(
         "--baseline",
+        action=Once,
         default=None,
         metavar="RUN",
         help="after the report, the diff against RUN: a run id, last, or suite (the suite's "
@@ -164,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fail-on",
+        action=Once,
         choices=("any", "regressions"),
         default="any",
         help="exit 1 on any failed case (default), or only on regressions against the "
@@ -171,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pass-k",
+        action=Once,
         type=positive_int,
         default=None,
         metavar="k",
@@ -181,14 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load, generate and check cases, print them, call no target",
     )
-    p.add_argument("--config", metavar="FILE", help="agenttest.yaml (default: ./agenttest.yaml)")
+    p.add_argument(
+        "--config", metavar="FILE", help="agenttest.yaml (default: ./agenttest.yaml)", action=Once
+    )
     p.add_argument(
         "--on-missing-input",
+        action=Once,
         choices=("skip", "fail", "end"),
         help="override every case's on_missing_input",
     )
     p.add_argument(
         "--format",
+        action=Once,
         choices=formats(),
         default=None,
         help="report format on stdout or -o (default: console on stdout, jsonl in -o)",
@@ -217,15 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reeval",
+        action=Once,
         nargs="?",
         const="last",
         default=None,
         metavar="RUN",
         help="re-run assertions on stored conversations without calling the target",
     )
-    p.add_argument("--reporter", metavar="REF", help="send the results to a reporter agent")
+    p.add_argument(
+        "--reporter", metavar="REF", help="send the results to a reporter agent", action=Once
+    )
     p.add_argument(
         "--turn-timeout",
+        action=Once,
         type=duration_arg,
         default=None,
         metavar="DURATION",
@@ -233,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--deadline",
+        action=Once,
         type=duration_arg,
         default=None,
         metavar="DURATION",
@@ -240,12 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-tokens",
+        action=Once,
         type=positive_int,
         default=None,
         help="start no new turn once the run's agent calls used this many tokens",
     )
     p.add_argument(
         "--max-cost",
+        action=Once,
         type=positive_float,
         default=None,
         metavar="AMOUNT",
