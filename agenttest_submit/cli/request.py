@@ -26,6 +26,8 @@ class RunRequest:
 
     # -i: case files or folders, direct messages, agents:/scripts: generators, as given.
     inputs: tuple[str, ...] = ()
+    # -m: messages sent as they are, each a single-turn case (no path guessing).
+    messages: tuple[str, ...] = ()
     # -n: the target agent (None: agenttest.yaml's defaults.agent).
     agent: str | None = None
     # -c: a registry agent called instead of the target's own entry.

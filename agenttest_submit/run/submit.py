@@ -42,15 +42,18 @@ def submit(request: RunRequest) -> int:
         raise InputError("--interactive and --skip-interactive contradict each other")
     config = load_config(request.config_file)
     bad_output = output_problem(request.output)
-    if request.reeval is not None and not request.inputs:
+    if request.reeval is not None and not request.inputs and not request.messages:
         if bad_output:
             raise InputError(bad_output)
         from agenttest_submit.run.reeval import reeval_run  # the store: see the note at the top
 
         return reeval_run(request, config)
-    if not request.inputs:
-        raise InputError('no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR')
-    sources, problems = parse_inputs(request.inputs)
+    if not request.inputs and not request.messages:
+        raise InputError(
+            'no input: give -i FILE, -m "a message", -i - (cases on standard input) '
+            "or -i agents:/scripts:GENERATOR"
+        )
+    sources, problems = parse_inputs(request.inputs, request.messages)
     target = request.agent or config.defaults.agent
     if bad_output:
         problems.append(bad_output)
@@ -75,7 +78,10 @@ def submit(request: RunRequest) -> int:
         raise InputError(problems)
     if any(isinstance(s, MessageInput) for s in sources) and target is None:
         raise InputError(
-            InputProblem("a direct message needs a target agent: add -n NAME", field="-i")
+            InputProblem(
+                "a direct message needs a target agent: add -n NAME",
+                field="-i" if not request.messages else "-m",
+            )
         )
     stream = CaseStream(
         sources,
