@@ -75,3 +75,145 @@ def test_the_same_value_twice_is_one(project: Path, capsys: pytest.CaptureFixtur
         capsys, "-i", "cases", "-n", "assistants.chat", "-n", "assistants.chat", "--dry-run"
     )
     assert code == 0 and json.loads(out)["id"] == "T001"
+
+
+# -- -i values that look like paths, -m, -i - ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arg", "problem"),
+    [
+        ("cases/expense.jsnl", "-i: case file or folder not found: cases/expense.jsnl"),
+        (
+            "nosuchdir",
+            "-i: no case file or folder named 'nosuchdir'; to send it to the agent as a "
+            "message: -m 'nosuchdir'",
+        ),
+        ("./missing.yaml", "-i: case file not found: ./missing.yaml"),
+        ("missing.yaml", "-i: case file not found: missing.yaml"),
+        (
+            "notes.txt",
+            "-i: no case file or folder named 'notes.txt'; to send it to the agent "
+            "as a message: -m 'notes.txt'",
+        ),
+        ("/no/such/place", "-i: case file or folder not found: /no/such/place"),
+    ],
+)
+def test_a_value_that_looks_like_a_path_is_an_input_error(
+    project: Path, capsys: pytest.CaptureFixture[str], arg: str, problem: str
+) -> None:
+    code, out, err = run(capsys, "-i", arg, "-n", "assistants.chat")
+    assert (code, out) == (2, "")
+    assert err == f"agenttest-submit: 1 input problem; nothing was run:\n  {problem}\n"
+
+
+def test_a_message_that_does_not_look_like_a_path_still_is_one(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        capsys, "-i", "Hello", "-i", "Hello, how are you?", "-n", "assistants.chat", "--dry-run"
+    )
+    assert code == 0
+    assert [json.loads(line)["turns"][0]["input"] for line in out.splitlines()] == [
+        "Hello",
+        "Hello, how are you?",
+    ]
+
+
+def test_m_sends_any_text_as_a_message(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "-m",
+        "cases/expense.jsnl",
+        "--message",
+        "nosuchdir",
+        "-n",
+        "assistants.chat",
+        "--dry-run",
+    )
+    assert code == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [(r["id"], r["turns"][0]["input"]) for r in records] == [
+        ("message", "cases/expense.jsnl"),
+        ("message-2", "nosuchdir"),
+    ]
+    code, _, err = run(capsys, "-m", "hi")
+    assert code == 2 and "-m: a direct message needs a target agent: add -n NAME" in err
+
+
+def submit_process(
+    args: list[str], stdin: str, env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agenttest_submit.cli", *args],
+        input=stdin,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def embedded_env(tmp_path: Path, demo_url: str) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTTEST_")}
+    env.update(AGENTTEST_HOME=str(tmp_path / ".agenttest"), AGENTTEST_DEMO_URL=demo_url)
+    return env
+
+
+def test_cases_from_standard_input_run_embedded(tmp_path: Path, demo_url: str) -> None:
+    """`-i -` plays what `-i FILE` plays: the same cases, the same verdicts."""
+    lines = Path(SUITE_CASES).read_text(encoding="utf-8")
+    env = embedded_env(tmp_path, demo_url)
+    common = ["-n", "assistants.expense", "--config", SUITE_CONFIG, "--format", "jsonl"]
+    piped = submit_process(["-i", "-", *common], lines, env, tmp_path)
+    from_file = submit_process(["-i", SUITE_CASES, *common], "", env, tmp_path)
+    assert piped.returncode == from_file.returncode, piped.stderr
+    assert "Traceback" not in piped.stderr and "internal error" not in piped.stderr
+
+    def verdicts(out: str) -> list[tuple[str, str]]:
+        return [(r["id"], r["status"]) for r in map(json.loads, out.splitlines())]
+
+    assert verdicts(piped.stdout) == verdicts(from_file.stdout)
+    assert [i for i, _ in verdicts(piped.stdout)] == [
+        json.loads(line)["id"] for line in lines.splitlines()
+    ]
+
+
+def test_bad_cases_on_standard_input_are_located_at_their_line(
+    tmp_path: Path, demo_url: str
+) -> None:
+    done = submit_process(
+        ["-i", "-", "-n", "assistants.expense", "--config", SUITE_CONFIG],
+        '{"id": "a", "input": "x"}\n{"id": "b", "input": "x"\n',
+        embedded_env(tmp_path, demo_url),
+        tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "<stdin>:2" in done.stderr and "Traceback" not in done.stderr
+    empty = submit_process(
+        ["-i", "-", "-n", "assistants.expense", "--config", SUITE_CONFIG],
+        "",
+        embedded_env(tmp_path, demo_url),
+        tmp_path,
+    )
+    assert empty.returncode == 2
+    assert "<stdin>: no test cases in this input (it is empty)" in empty.stderr
+
+
+# -- --no-wait: the run id alone on stdout -----------------------------------------------------
+
+
+def test_no_wait_prints_the_run_id_alone_on_stdout_embedded(tmp_path: Path, demo_url: str) -> None:
+    env = embedded_env(tmp_path, demo_url)
+    args = ["-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG]
+    done = submit_process([*args, "--no-wait"], "", env, tmp_path)
+    assert done.returncode in (0, 1), done.stderr
+    run_id = done.stdout.strip()
+    assert done.stdout == f"{run_id}\n" and " " not in run_id
+    assert "warning: --no-wait" in done.stderr and "Summary" in done.stderr  # the report
+    status = submit_process(["status", run_id], "", env, tmp_path)
+    assert status.returncode == 0 and f"run       {run_id}" in status.stdout
+    assert "status    done" in status.stdout

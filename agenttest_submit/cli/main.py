@@ -82,7 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SOURCE",
-        help="case file or folder, a message, agents:ID?k=v or scripts:ID?k=v (repeatable)",
+        help="case file or folder, - (JSONL cases on standard input), a message, "
+        "agents:ID?k=v or scripts:ID?k=v (repeatable); a missing path is an error, not a message",
+    )
+    p.add_argument(
+        "-m",
+        "--message",
+        action="append",
+        default=[],
+        dest="messages",
+        metavar="TEXT",
+        help="send TEXT to the target as a single-turn case, whatever it looks like (repeatable)",
     )
     p.add_argument(
         "-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)", action=Once
@@ -283,6 +293,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
     """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
     return RunRequest(
         inputs=tuple(args.input),
+        messages=tuple(args.messages),
         agent=args.name,
         connector=args.connector,
         config_file=args.config,
@@ -392,6 +403,15 @@ def warn_about_flags(request: RunRequest) -> None:
         print(
             "warning: --interactive: stdin is not a terminal, so nobody can be asked; "
             "each case's on_missing_input decides when an agent awaits input",
+            file=sys.stderr,
+        )
+    from agenttest_worker.settings import get_settings  # after heap.starting()
+
+    if not request.wait and not request.dry_run and not get_settings().distributed:
+        print(
+            "warning: --no-wait: without AGENTTEST_BROKER_URL this process plays the run, "
+            "so it returns when the run has ended; the run id is on stdout, the report on "
+            "stderr (or -o)",
             file=sys.stderr,
         )
 

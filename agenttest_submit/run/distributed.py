@@ -123,6 +123,9 @@ def run_distributed(
     """Watch a run whose conversations were started as it was stored (unless --no-wait)."""
     print(f"run {run_id}: {total} case(s) enqueued", file=sys.stderr, flush=True)
     if not request.wait:
+        # The run id alone on stdout, everything else on stderr: RUN=$(agenttest-submit
+        # ... --no-wait) is the id.
+        print(run_id, flush=True)
         print(
             f"follow it with: agenttest-submit status {run_id}; "
             f"report with: agenttest-submit report {run_id}",

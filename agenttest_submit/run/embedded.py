@@ -10,7 +10,9 @@ conversations to their end (also for `resume` and the new cases of a re-evaluati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import sys
 import time
 from collections.abc import Callable, Collection, Coroutine
 from datetime import UTC, datetime
@@ -107,7 +109,16 @@ def run_embedded(
     # The store: see the note at the top.
     from agenttest_worker.report import aggregate
 
-    return emit_report(url, run.run_id, request, aggregate(url, run.run_id))
+    built = aggregate(url, run.run_id)
+    if request.wait:
+        return emit_report(url, run.run_id, request, built)
+    # --no-wait: this process plays the run, so it returns when the run has ended; as
+    # on a fleet, stdout has the run id alone (RUN=$(agenttest-submit ... --no-wait)),
+    # and the report goes to stderr (or -o).
+    with contextlib.redirect_stdout(sys.stderr):
+        code = emit_report(url, run.run_id, request, built)
+    print(run.run_id, flush=True)
+    return code
 
 
 async def drive(
