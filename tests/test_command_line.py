@@ -217,3 +217,26 @@ def test_no_wait_prints_the_run_id_alone_on_stdout_embedded(tmp_path: Path, demo
     status = submit_process(["status", run_id], "", env, tmp_path)
     assert status.returncode == 0 and f"run       {run_id}" in status.stdout
     assert "status    done" in status.stdout
+
+
+# -- view on a port in use -------------------------------------------------------------------
+
+
+def test_view_on_a_port_in_use_says_so(tmp_path: Path, demo_url: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = embedded_env(tmp_path, demo_url)
+        for command in (["view"], ["metrics", "--host", "127.0.0.1"]):
+            done = submit_process([*command, "--port", str(port)], "", env, tmp_path)
+            assert done.returncode == 2, done.stderr
+            assert done.stderr == (
+                "agenttest-submit: 1 input problem:\n"
+                f"  --port: port {port} on 127.0.0.1 is in use (another viewer, or another "
+                "program): give another --port, or --port 0 for any free one\n"
+            )
+    done = submit_process(["view", "--port", "70000"], "", env, tmp_path)
+    assert done.returncode == 2 and "a port is 0 (any free one) to 65535" in done.stderr

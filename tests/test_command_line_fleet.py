@@ -81,3 +81,18 @@ def test_no_wait_prints_the_run_id_alone_on_a_fleet(fleet: Fleet) -> None:
     assert run is not None
     ids = [json.loads(line)["id"] for line in Path(SUITE_CASES).read_text().splitlines()]
     assert run.total_cases == len(ids) and run.input_label == "<stdin>"
+
+
+@pytest.mark.fleet
+def test_view_on_a_port_in_use_on_a_fleet_says_so(fleet: Fleet) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = fleet.submit(["view", "--port", str(port)])
+    assert done.returncode == 2, done.stderr
+    assert f"--port: port {port} on 127.0.0.1 is in use" in done.stderr
+    assert "--port 0 for any free one" in done.stderr
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr

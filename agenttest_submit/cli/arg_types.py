@@ -78,6 +78,16 @@ def pass_rule(text: str) -> str:
     return text
 
 
+def port_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("a port is 0 (any free one) to 65535")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from agenttest_submit.cli.arg_types import Parser, formats, positive_int
+from agenttest_submit.cli.arg_types import Parser, formats, port_arg, positive_int
 from agenttest_submit.cli.request import (
     SCHEMA_KINDS,
     DbRequest,
@@ -74,13 +74,15 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     metrics = sub.add_parser(
         "metrics", help="serve the fleet's run progress and queue lengths to Prometheus"
     )
-    metrics.add_argument("--port", type=positive_int, default=9809, help="port (default: 9809)")
+    metrics.add_argument(
+        "--port", type=port_arg, default=9809, help="port (default: 9809; 0: any free one)"
+    )
     metrics.add_argument("--host", default="0.0.0.0", help="address (default: every address)")
     _history_parsers(sub)
     view = sub.add_parser("view", help="a local read-only web viewer of the stored runs")
     view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
     view.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
-    view.add_argument("--port", type=int, default=8750, help="port (default: 8750; 0: any)")
+    view.add_argument("--port", type=port_arg, default=8750, help="port (default: 8750; 0: any)")
     view.add_argument(
         "--token", default=None, help="required on a non-loopback --host (or AGENTTEST_VIEW_TOKEN)"
     )

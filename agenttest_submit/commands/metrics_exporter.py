@@ -184,7 +184,13 @@ def run_metrics_exporter(request: MetricsRequest) -> int:
         FleetCollector(settings.effective_database_url(), settings.broker_url, settings.queue)
     )
     logging.basicConfig(level=logging.INFO, format="agenttest-submit metrics: %(message)s")
-    server, _thread = start_http_server(request.port, addr=request.host, registry=registry)
+    try:
+        server, _thread = start_http_server(request.port, addr=request.host, registry=registry)
+    except OSError as exc:
+        from agenttest_submit.commands.viewer.serve import binding_problem
+        from agenttest_worker.errors import InputError
+
+        raise InputError(binding_problem(request.host, request.port, exc)) from None
     port = server.server_address[1]
     print(
         f"serving fleet metrics on http://{request.host}:{port}/metrics (Ctrl-C stops)",
