@@ -114,6 +114,13 @@ class ResumeRequest(NamedTuple):
     parallel: int = 10
 
 
+class CancelRequest(NamedTuple):
+    """`agenttest-submit cancel RUN [--reason TEXT]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    reason: str | None = None  # None: "cancelled by USER@HOST"
+
+
 class DbRequest(NamedTuple):
     """`agenttest-submit db upgrade`."""
 
@@ -176,4 +183,6 @@ class MetricsRequest(NamedTuple):
 
 
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
-SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest
+SubcommandRequest = (
+    StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest | CancelRequest
+)

@@ -10,6 +10,7 @@ from typing import Any
 from agenttest_submit.cli.arg_types import Parser, formats, port_arg, positive_int
 from agenttest_submit.cli.request import (
     SCHEMA_KINDS,
+    CancelRequest,
     DbRequest,
     DiffRequest,
     HistoryCommandRequest,
@@ -36,6 +37,7 @@ SUBCOMMANDS = (
     "runs",
     "view",
     "metrics",
+    "cancel",
 )
 
 
@@ -58,6 +60,13 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="re-run the unfinished conversations of a run")
     resume.add_argument("run", metavar="RUN")
     resume.add_argument("--parallel", type=positive_int, default=10, metavar="N")
+    cancel = sub.add_parser(
+        "cancel", help="stop a run under way: its unfinished conversations end skipped"
+    )
+    cancel.add_argument("run", metavar="RUN", help="a run id, or last")
+    cancel.add_argument(
+        "--reason", metavar="TEXT", help="why, shown in its report (default: who cancelled it)"
+    )
     db = sub.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=("upgrade",))
     schema = sub.add_parser(
@@ -126,6 +135,8 @@ def subcommand_request(
             verbose=args.verbose,
             only_failures=args.only_failures,
         )
+    if args.command == "cancel":
+        return CancelRequest(run=args.run, reason=args.reason)
     if args.command == "resume":
         return ResumeRequest(run=args.run, parallel=args.parallel)
     if args.command == "schema":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import cast
 
 from agenttest_submit.cli.request import (
+    CancelRequest,
     DbRequest,
     ReportRequest,
     ResumeRequest,
@@ -71,6 +72,10 @@ def run_subcommand(request: SubcommandRequest) -> int:
             )
             return max(code, 1)
         return code
+    if isinstance(request, CancelRequest):
+        from agenttest_submit.commands.cancel import cancel_run  # its imports: only here
+
+        return cancel_run(url, run, request.reason)
     assert isinstance(request, ResumeRequest)
     return resume_run(url, run, request.parallel)
 
