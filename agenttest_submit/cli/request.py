@@ -121,6 +121,15 @@ class CancelRequest(NamedTuple):
     reason: str | None = None  # None: "cancelled by USER@HOST"
 
 
+class PruneRequest(NamedTuple):
+    """`agenttest-submit prune --older-than D [--suite S] [--keep-last N] [--dry-run]`."""
+
+    older_than: float  # seconds: runs created longer ago than this
+    suite: str | None = None  # None: every suite
+    keep_last: int | None = None  # the newest N runs of each suite stay, however old
+    dry_run: bool = False  # list what would be removed, remove nothing
+
+
 class DbRequest(NamedTuple):
     """`agenttest-submit db upgrade`."""
 
@@ -184,5 +193,11 @@ class MetricsRequest(NamedTuple):
 
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
 SubcommandRequest = (
-    StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest | CancelRequest
+    StatusRequest
+    | ReportRequest
+    | ResumeRequest
+    | DbRequest
+    | SchemaRequest
+    | CancelRequest
+    | PruneRequest
 )

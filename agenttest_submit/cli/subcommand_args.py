@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from agenttest_submit.cli.arg_types import Parser, formats, port_arg, positive_int
+from agenttest_submit.cli.arg_types import Parser, duration_arg, formats, port_arg, positive_int
 from agenttest_submit.cli.request import (
     SCHEMA_KINDS,
     CancelRequest,
@@ -16,6 +16,7 @@ from agenttest_submit.cli.request import (
     HistoryCommandRequest,
     HistoryRequest,
     MetricsRequest,
+    PruneRequest,
     ReportRequest,
     ResumeRequest,
     RunsRequest,
@@ -38,6 +39,7 @@ SUBCOMMANDS = (
     "view",
     "metrics",
     "cancel",
+    "prune",
 )
 
 
@@ -66,6 +68,26 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     cancel.add_argument("run", metavar="RUN", help="a run id, or last")
     cancel.add_argument(
         "--reason", metavar="TEXT", help="why, shown in its report (default: who cancelled it)"
+    )
+    prune = sub.add_parser(
+        "prune", help="remove old runs that have ended, with all their rows (batched)"
+    )
+    prune.add_argument(
+        "--older-than",
+        type=duration_arg,
+        required=True,
+        metavar="DURATION",
+        help="runs created longer ago than this: 30d, 12h, ...",
+    )
+    prune.add_argument("--suite", metavar="NAME", help="only this suite's runs")
+    prune.add_argument(
+        "--keep-last",
+        type=positive_int,
+        metavar="N",
+        help="keep the newest N runs of each suite, however old",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="list the runs it would remove; remove nothing"
     )
     db = sub.add_parser("db", help="database maintenance")
     db.add_argument("action", choices=("upgrade",))
@@ -134,6 +156,13 @@ def subcommand_request(
             format=args.format,
             verbose=args.verbose,
             only_failures=args.only_failures,
+        )
+    if args.command == "prune":
+        return PruneRequest(
+            older_than=args.older_than,
+            suite=args.suite,
+            keep_last=args.keep_last,
+            dry_run=args.dry_run,
         )
     if args.command == "cancel":
         return CancelRequest(run=args.run, reason=args.reason)

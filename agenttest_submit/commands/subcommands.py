@@ -15,6 +15,7 @@ from typing import cast
 from agenttest_submit.cli.request import (
     CancelRequest,
     DbRequest,
+    PruneRequest,
     ReportRequest,
     ResumeRequest,
     SchemaRequest,
@@ -55,6 +56,10 @@ def run_subcommand(request: SubcommandRequest) -> int:
     if isinstance(request, ReportRequest) and (problem := output_problem(request.output)):
         raise InputError(problem)
     url = _url()
+    if isinstance(request, PruneRequest):
+        from agenttest_submit.commands.prune import prune  # its imports: only here
+
+        return prune(url, request)
     run = resolve_run(url, request.run)
     if isinstance(request, StatusRequest):
         played = results.count_played_turns(url, run.id)
