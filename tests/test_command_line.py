@@ -240,3 +240,95 @@ def test_view_on_a_port_in_use_says_so(tmp_path: Path, demo_url: str) -> None:
             )
     done = submit_process(["view", "--port", "70000"], "", env, tmp_path)
     assert done.returncode == 2 and "a port is 0 (any free one) to 65535" in done.stderr
+
+
+# -- every subcommand: its help, and the options pasted from a run -----------------------------
+
+SUBCOMMAND_NAMES = [
+    "runs",
+    "diff",
+    "history",
+    "metrics",
+    "view",
+    "status",
+    "report",
+    "resume",
+    "db",
+    "schema",
+    "cancel",
+    "prune",
+]
+
+
+def entries_without_help(help_text: str) -> list[str]:
+    """The arguments in an argparse --help text with no description beside or under them."""
+    lines = help_text.splitlines()
+    missing = []
+    in_section = False
+    for number, line in enumerate(lines):
+        if line.endswith(":") and not line.startswith(" "):
+            in_section = line in ("options:", "positional arguments:")
+            continue
+        if not in_section or not line.startswith("  ") or line.startswith("   "):
+            continue
+        entry, _, beside = line.strip().partition("  ")
+        below = lines[number + 1] if number + 1 < len(lines) else ""
+        if not beside.strip() and not below.startswith(" " * 8):
+            missing.append(entry)
+    return missing
+
+
+def help_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main([*argv, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_every_subcommand_and_every_option_says_what_it_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = help_of(capsys)
+    listed = text.split("subcommands (", 1)[1].split("examples:", 1)[0]
+    for name in SUBCOMMAND_NAMES:
+        assert f"\n  {name}" in listed, name
+    assert "examples:\n  agenttest-submit -i " in text
+    assert entries_without_help(text) == []
+    for name in SUBCOMMAND_NAMES:
+        sub = help_of(capsys, name)
+        assert sub.startswith(f"usage: agenttest-submit {name}")
+        assert entries_without_help(sub) == [], name
+
+
+def test_the_checker_of_help_lines_finds_a_bare_option() -> None:
+    bare = "usage: x\n\noptions:\n  -h, --help  show help\n  --bare\n  --ok N      fine\n"
+    assert entries_without_help(bare) == ["--bare"]
+
+
+def test_options_pasted_from_a_run_are_used_or_refused_with_the_reason(
+    demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG]
+    assert main([*args, "--no-wait"]) in (0, 1)
+    run_id = capsys.readouterr().out.strip()
+    # Used where they mean something.
+    assert main(["report", run_id, "--format", "junit", "-o", "junit.xml"]) in (0, 1)
+    assert (demo / "junit.xml").read_text(encoding="utf-8").startswith("<?xml")
+    assert main(["runs", "--format", "json", "-o", "runs.json"]) == 0
+    assert json.loads((demo / "runs.json").read_text(encoding="utf-8"))[0]["run_id"] == run_id
+    assert main(["schema", "config", "-o", "config.schema.json"]) == 0
+    assert "properties" in json.loads((demo / "config.schema.json").read_text(encoding="utf-8"))
+    capsys.readouterr()
+    # Refused, with the reason, where they do not.
+    for argv, field, why in [
+        (["status", run_id, "--config", SUITE_CONFIG], "--config", "status reads the store"),
+        (["report", run_id, "--config", SUITE_CONFIG], "--config", "report reads the store"),
+        (["status", run_id, "--format", "json"], "--format", "report RUN --format F"),
+        (["status", run_id, "-o", "x.txt"], "-o/--output", "redirect it (> FILE)"),
+        (["resume", run_id, "--format", "json"], "--format", "report RUN --format F"),
+        (["cancel", run_id, "-o", "x"], "-o/--output", "cancel prints only what it did"),
+        (["view", "--format", "html"], "--format", "report RUN --format html -o FILE"),
+        (["schema", "--format", "json"], "--format", "a JSON Schema document"),
+        (["prune", "--older-than", "1d", "--config", "x"], "--config", "not agenttest.yaml"),
+    ]:
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), argv
+        assert f"  {field}: not used by {argv[0]}: " in err and why in err, err

@@ -96,3 +96,18 @@ def test_view_on_a_port_in_use_on_a_fleet_says_so(fleet: Fleet) -> None:
     assert f"--port: port {port} on 127.0.0.1 is in use" in done.stderr
     assert "--port 0 for any free one" in done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+@pytest.mark.fleet
+def test_options_pasted_from_a_run_on_a_fleet(fleet: Fleet) -> None:
+    fleet.start("w", concurrency=2)
+    run_id = fleet.submit_no_wait(["-i", SUITE_CASES, *ARGS])
+    fleet.wait_done(run_id)
+    junit = fleet.workdir / "junit.xml"
+    done = fleet.submit(["report", run_id, "--format", "junit", "-o", str(junit)])
+    assert done.returncode in (0, 1), done.stderr
+    assert junit.read_text(encoding="utf-8").startswith("<?xml")
+    refused = fleet.submit(["status", run_id, "--config", SUITE_CONFIG, "--format", "json"])
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "  --config: not used by status: status reads the store" in refused.stderr
+    assert "  --format: not used by status: " in refused.stderr  # every problem at once

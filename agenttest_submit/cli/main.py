@@ -48,7 +48,7 @@ from agenttest_submit.cli.stopping import (
     interrupted_word,
     sigterm_as_interrupt,
 )
-from agenttest_submit.cli.subcommand_args import SUBCOMMANDS, parse_subcommand
+from agenttest_submit.cli.subcommand_args import SUBCOMMAND_HELP, SUBCOMMANDS, parse_subcommand
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import starting
 
@@ -68,13 +68,39 @@ def _version() -> str:
         return "unknown"
 
 
+EXAMPLES = """\
+examples:
+  agenttest-submit -i ./tests/expense.jsonl -n assistants.expense
+  agenttest-submit -i ./tests/ -n assistants.expense -o results.jsonl --format jsonl
+  agenttest-submit -m "Help me file an expense" -n assistants.expense -v
+  generate-cases | agenttest-submit -i - -n assistants.expense
+  RUN=$(agenttest-submit -i ./tests/ -n assistants.expense --no-wait)   # on a fleet
+  agenttest-submit status $RUN; agenttest-submit report $RUN --format junit -o junit.xml
+  agenttest-submit cancel $RUN --reason "wrong build"
+  agenttest-submit prune --older-than 30d --keep-last 10 --dry-run
+"""
+
+
+def subcommands_epilog() -> str:
+    """Every subcommand with what it does, then examples: the end of `--help`."""
+    width = 36  # a longer usage has its line to itself, the description under it
+    lines = ["subcommands (agenttest-submit COMMAND --help for each; RUN is a run id or last):"]
+    for usage, what in SUBCOMMAND_HELP.values():
+        if len(usage) > width:
+            lines += [f"  {usage}", f"  {'':<{width}}  {what}"]
+        else:
+            lines.append(f"  {usage:<{width}}  {what}")
+    return "\n".join(lines) + "\n\n" + EXAMPLES
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of a run: `agenttest-submit -i ... [options]`."""
     p = Parser(
         prog="agenttest-submit",
-        description="Run scripted and simulated conversations against agents and check every turn.",
-        epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, "
-        "db upgrade, schema [cases|yaml|config], view [RUN].",
+        description="Run scripted and simulated conversations against agents and check every "
+        "turn; or, with a subcommand, read and manage the runs stored.",
+        epilog=subcommands_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "-i",
@@ -276,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         action=Once,
         type=positive_int,
         default=None,
+        metavar="N",
         help="start no new turn once the run's agent calls used this many tokens",
     )
     p.add_argument(

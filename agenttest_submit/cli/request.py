@@ -146,6 +146,7 @@ class SchemaRequest(NamedTuple):
     """`agenttest-submit schema [cases|yaml|config]`: print a JSON Schema for editors."""
 
     kind: SchemaKind = "cases"
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class DiffRequest(NamedTuple):
@@ -155,6 +156,7 @@ class DiffRequest(NamedTuple):
     base: str | None = None  # a run id, "last" or "suite"; None: NEW's suite's previous run
     window: int = 10  # the suite's runs over which a case's verdict changing is flaky
     format: str = "console"  # console, json, markdown, junit
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class HistoryRequest(NamedTuple):
@@ -164,6 +166,7 @@ class HistoryRequest(NamedTuple):
     suite: str | None = None  # None: every suite
     last: int = 20
     format: str = "console"  # console, json
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class RunsRequest(NamedTuple):
@@ -172,6 +175,7 @@ class RunsRequest(NamedTuple):
     suite: str | None = None
     last: int = 20
     format: str = "console"
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class ViewRequest(NamedTuple):

@@ -26,7 +26,7 @@ from agenttest_submit.cli.services import safe_url
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.commands.resume import resume_run
 from agenttest_submit.commands.schema import schema_text
-from agenttest_submit.run.output import output_problem
+from agenttest_submit.run.output import output_problem, written_to
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import USAGE_ROLE, tokens_cost
@@ -46,7 +46,10 @@ def _url() -> str:
 def run_subcommand(request: SubcommandRequest) -> int:
     if isinstance(request, SchemaRequest):
         # For editors on any machine: no database, broker or agenttest.yaml involved.
-        sys.stdout.write(schema_text(request.kind))
+        if problem := output_problem(request.output):
+            raise InputError(problem)
+        with written_to(request.output):
+            sys.stdout.write(schema_text(request.kind))
         return 0
     if isinstance(request, DbRequest):
         url = get_settings().effective_database_url()

@@ -7,8 +7,10 @@ code; `output_problem` checks that -o can be written before anything runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
@@ -35,6 +37,21 @@ def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
     else:
         return None
     return InputProblem(f"cannot write {output}: {why}", field=flag)
+
+
+@contextlib.contextmanager
+def written_to(output: str | None) -> Iterator[None]:
+    """While inside, what is printed on stdout goes to `output` (-o of a subcommand),
+    said on stderr once written; None: stdout as it is."""
+    if not output:
+        yield
+        return
+    with (
+        Path(output).expanduser().open("w", encoding="utf-8") as handle,
+        contextlib.redirect_stdout(handle),
+    ):
+        yield
+    print(f"written to {output}", file=sys.stderr)
 
 
 def _rendered(fmt: str, report: RunReport) -> str:
