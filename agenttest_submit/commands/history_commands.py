@@ -14,13 +14,13 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from agenttest_submit.cli.output_file import output_problem, written_to
 from agenttest_submit.cli.request import (
     DiffRequest,
     HistoryCommandRequest,
     HistoryRequest,
     RunsRequest,
 )
-from agenttest_submit.run.output import output_problem, written_to
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import (

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import cast
 
+from agenttest_submit.cli.output_file import output_problem, written_to
 from agenttest_submit.cli.request import (
     CancelRequest,
     DbRequest,
@@ -26,7 +27,6 @@ from agenttest_submit.cli.services import safe_url
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.commands.resume import resume_run
 from agenttest_submit.commands.schema import schema_text
-from agenttest_submit.run.output import output_problem, written_to
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import USAGE_ROLE, tokens_cost

@@ -2,15 +2,12 @@
 
 `emit_report` renders the run's report in the `--format` chosen (console on stdout by
 default, jsonl in -o), writes it, sends it to the `--reporter` agent, and says the exit
-code; `output_problem` checks that -o can be written before anything runs.
+code; whether -o can be written is checked before anything runs (cli/output_file.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
@@ -18,40 +15,7 @@ from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig
-from agenttest_worker.errors import InputProblem
 from agenttest_worker.report import RunReport, printable, render
-
-
-def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
-    """Why `output` cannot be written, found before anything runs (not after an hour)."""
-    if not output:
-        return None
-    path = Path(output).expanduser()
-    folder = path.parent
-    if path.is_dir():
-        why = "it is a folder; give a file name"
-    elif not folder.is_dir():
-        why = f"folder {folder} does not exist"
-    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        why = "permission denied"
-    else:
-        return None
-    return InputProblem(f"cannot write {output}: {why}", field=flag)
-
-
-@contextlib.contextmanager
-def written_to(output: str | None) -> Iterator[None]:
-    """While inside, what is printed on stdout goes to `output` (-o of a subcommand),
-    said on stderr once written; None: stdout as it is."""
-    if not output:
-        yield
-        return
-    with (
-        Path(output).expanduser().open("w", encoding="utf-8") as handle,
-        contextlib.redirect_stdout(handle),
-    ):
-        yield
-    print(f"written to {output}", file=sys.stderr)
 
 
 def _rendered(fmt: str, report: RunReport) -> str:

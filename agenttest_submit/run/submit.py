@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 from agenttest_submit.cli.exits import EXIT_OK
+from agenttest_submit.cli.output_file import output_problem
 from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RunRequest
 from agenttest_submit.inputs.expand import CaseStream, Selection, Spool, print_warnings
 from agenttest_submit.inputs.generate import forget_generation_usage
 from agenttest_submit.inputs.sources import InputSource, MessageInput, parse_inputs
 from agenttest_submit.run.embedded import run_embedded
-from agenttest_submit.run.output import output_problem
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import input_label, run_options, run_suite, store_records
 from agenttest_worker.agents import ProjectConfig, load_config
