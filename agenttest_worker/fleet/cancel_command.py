@@ -21,7 +21,7 @@ from agenttest_worker.fleet.celery_app import app
 CANCEL_COMMAND = "agenttest_cancel_run"
 
 
-@control_command(args=[("run_id", str)], signature="<run_id>")  # type: ignore[untyped-decorator]
+@control_command(args=[("run_id", str)], signature="<run_id>")
 def agenttest_cancel_run(state: Any, run_id: str) -> dict[str, str]:
     """Cut this worker's turns in flight of `run_id` (its name is CANCEL_COMMAND)."""
     cut = RUN_CANCELS.cancel(run_id)
