@@ -3,9 +3,12 @@
     agenttest-submit -i ./tests/expense.jsonl -n assistants.expense
     agenttest-submit -i "Help me file an expense" -n assistants.expense -v
     agenttest-submit -i "agents:workers.test.generator?count=10" -n assistants.expense --dry-run
-    agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | db upgrade
+    agenttest-submit -m "any text at all" -n assistants.expense
+    agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | cancel RUN | db upgrade
+    agenttest-submit prune --older-than 30d [--suite S] [--keep-last N] [--dry-run]
     agenttest-submit schema [cases|yaml|config]     (JSON Schemas for editors)
     agenttest-submit view [RUN] [--host H --port P --token T]   (read-only web viewer)
+    (every subcommand: subcommand_args.SUBCOMMAND_HELP, listed by --help)
 
 Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem
 listed with file, line and field), 3 the database or the broker out of reach, or an

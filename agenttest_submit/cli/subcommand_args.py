@@ -1,5 +1,8 @@
-"""The parser of `agenttest-submit status|report|resume|db|schema ...` and the requests
-it builds (request.py); the run's own parser is in main.py."""
+"""The parser of every subcommand (`SUBCOMMAND_HELP`: status, report, resume, cancel,
+runs, diff, history, view, metrics, prune, db, schema) and the requests it builds
+(request.py); the run's own parser is in main.py. Options a user pastes from a run
+(`--config`, `--format`, `-o`) are taken where they mean something and refused with the
+reason elsewhere (`PASTED_REASONS`)."""
 
 from __future__ import annotations
 

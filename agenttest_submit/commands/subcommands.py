@@ -1,4 +1,5 @@
-"""Subcommands: `status RUN`, `report RUN`, `resume RUN`, `db upgrade`, `schema [KIND]`.
+"""Subcommands: `status RUN`, `report RUN`, `resume RUN`, `cancel RUN` (cancel.py),
+`prune` (prune.py), `db upgrade`, `schema [KIND]`.
 
 RUN is a run id as printed when the run started, or `last` for the newest run.
 `run_subcommand` carries out the request the command line was parsed into. `status`
