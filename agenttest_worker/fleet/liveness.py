@@ -29,7 +29,6 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutdown
 
 from agenttest_worker.agents.limits.waiting import WAITING
-from agenttest_worker.fleet import worker_presence
 from agenttest_worker.fleet.celery_app import REDIS_BROKER, app
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.sql import recovery
@@ -91,18 +90,11 @@ class Heartbeat(threading.Thread):
             self._marked.update(dict.fromkeys(due, now))
 
     def run(self) -> None:
-        gone_seconds = get_settings().worker_gone_seconds
         while not self.stopping.wait(self.tick):
             try:
                 self.beat()
             except Exception as exc:  # the database or the broker is away: next tick
                 log.warning("could not mark waiting turns alive; retrying: %s", exc)
-            # This worker is alive, and holds these messages (worker_presence.py).
-            if (presence := worker_presence.current()) is not None:
-                try:
-                    presence.beat(gone_seconds)
-                except Exception as exc:  # the broker is away: next tick
-                    log.warning("could not mark this worker present; retrying: %s", exc)
 
 
 _heartbeat: Heartbeat | None = None

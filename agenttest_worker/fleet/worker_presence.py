@@ -10,9 +10,10 @@ its conversations for an hour.
 Instead every worker process that consumes (its Celery main process) says it is alive
 in Redis, and which messages it holds:
 
-- `agenttest:worker:<id>`: set every tick of its heartbeat thread (liveness.py), and
-  expiring after AGENTTEST_WORKER_GONE_SECONDS; `<id>` is the worker's name and process
-  id with a random part, so that a restarted worker is never taken for the dead one;
+- `agenttest:worker:<id>`: set every second by a thread of its own
+  (`agenttest-presence`), and expiring after AGENTTEST_WORKER_GONE_SECONDS; `<id>` is
+  the worker's name and process id with a random part, so that a restarted worker is
+  never taken for the dead one;
 - `agenttest:worker-held:<id>`: the delivery tags of the messages it has received and
   not yet acknowledged (Celery's `task_received`; the tags kombu has since removed
   from its unacked hash, acknowledged, are dropped at the next tick);
@@ -129,7 +130,30 @@ def restore_gone_workers(own_id: str | None = None) -> dict[str, int]:
     return restored
 
 
+# How often a worker marks itself present and writes what it holds.
+BEAT_SECONDS = 1.0
+
+
+class PresenceBeat(threading.Thread):
+    """The worker's thread marking it present: apart from the marks of waiting turns
+    (liveness.py), so that neither delays the other."""
+
+    def __init__(self, presence: Presence, gone_seconds: float) -> None:
+        super().__init__(name="agenttest-presence", daemon=True)
+        self.presence = presence
+        self.gone_seconds = gone_seconds
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(min(BEAT_SECONDS, self.gone_seconds / 3)):
+            try:
+                self.presence.beat(self.gone_seconds)
+            except Exception as exc:  # the broker is away: next beat
+                log.warning("could not mark this worker present; retrying: %s", exc)
+
+
 _presence: Presence | None = None
+_beat: PresenceBeat | None = None
 
 
 def current() -> Presence | None:
@@ -139,10 +163,13 @@ def current() -> Presence | None:
 
 @worker_ready.connect
 def _arrive(sender: Any = None, **_: Any) -> None:
-    global _presence
-    if not get_settings().distributed or not REDIS_BROKER or _presence is not None:
+    global _presence, _beat
+    settings = get_settings()
+    if not settings.distributed or not REDIS_BROKER or _presence is not None:
         return
     _presence = Presence(str(getattr(sender, "hostname", None) or socket.gethostname()))
+    _beat = PresenceBeat(_presence, settings.worker_gone_seconds)
+    _beat.start()
 
 
 @task_received.connect
@@ -155,6 +182,9 @@ def _received(request: Any = None, **_: Any) -> None:
 
 @worker_shutdown.connect
 def _leave(**_: Any) -> None:
+    if _beat is not None:
+        _beat.stopping.set()
+        _beat.join(timeout=5)  # (so that no beat marks it present again after it left)
     if _presence is not None:
         try:
             _presence.leave()
