@@ -23,8 +23,11 @@ from fleet import (
     write_cases,
     write_project,
 )
+from sqlalchemy import select
 
 from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql.db import session_scope
+from agenttest_worker.store.sql.models import CaseRow
 
 
 @pytest.fixture
@@ -122,3 +125,46 @@ def test_one_ctrl_c_leaves_the_fleet_run_going(fleet: Fleet, demo_url: str, tmp_
         fleet.wait_done(run_id, timeout=30)
     run = runs.get_run(fleet.database_url, run_id)
     assert run is not None and not run.cancelled and run.passed == 2
+
+
+@pytest.mark.fleet
+def test_cancel_ends_conversations_parked_for_a_person(fleet: Fleet, tmp_path: Path) -> None:
+    """Parked for a person's answer with nobody watching (--interactive --no-wait), a
+    conversation would wait for ever: the cancel ends it skipped too."""
+    from scripted_agent import ScriptedAgent
+    from test_interactive import asker, case, terminal_session
+
+    with ScriptedAgent() as agent:
+        agent.script("asker", asker)
+        config = tmp_path / "parked.yaml"
+        config.write_text(
+            "agents:\n  shop.assistant:\n"
+            f"    base_url: {agent.base_url}\n    model: asker\n    max_retries: 0\n",
+            encoding="utf-8",
+        )
+        cases = tmp_path / "parked.jsonl"
+        cases.write_text(
+            "".join(json.dumps(case(f"P{i}")) + "\n" for i in range(2)), encoding="utf-8"
+        )
+        fleet.start("w", concurrency=4)
+        # At a terminal (else nobody could be asked and nothing parks), returning at once.
+        args = ["-i", str(cases), "-n", "shop.assistant", "--config", str(config)]
+        session = terminal_session(fleet, [*args, "--interactive", "--no-wait"], answers={})
+        assert session.code == 0, session.text
+        run_id = session.text.split("agenttest-submit status ")[1].split(";")[0].strip()
+
+        def parked() -> bool:
+            with session_scope(fleet.database_url) as session:
+                phases = session.scalars(
+                    select(CaseRow.phase).where(CaseRow.run_id == run_id)
+                ).all()
+            return list(phases) == ["awaiting_human"] * 2
+
+        wait_until(parked, 30, "both conversations parked for a person")
+        done = fleet.submit(["cancel", run_id, "--reason", "nobody will answer"])
+        assert done.returncode == 0, done.stderr
+        fleet.wait_done(run_id, timeout=20)
+    shown = records(fleet, run_id)
+    assert {(r["id"], r["status"], r.get("skip_reason")) for r in shown} == {
+        (f"P{i}", "skipped", "nobody will answer") for i in range(2)
+    }

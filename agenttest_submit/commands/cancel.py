@@ -38,9 +38,13 @@ def cancel_everywhere(url: str, run_id: str, reason: str) -> bool:
     was cancelled already (by someone else, --fail-fast or a budget)."""
     marked = runs.cancel_run(url, run_id, reason)
     if get_settings().distributed:
-        from agenttest_worker.fleet import broadcast_cancel, enqueue_starts  # Celery: only here
+        # Celery: only here.
+        from agenttest_worker.fleet import broadcast_cancel, enqueue_starts, enqueue_turns
 
         broadcast_cancel(run_id)
+        # Conversations parked for a person would wait for an answer for ever.
+        if parked := runs.release_parked(url, run_id):
+            enqueue_turns(run_id, parked)
         # A run capped by --parallel: the rest are claimed at once (the run is
         # cancelled), each to end skipped at its first step.
         starts = runs.claim_starts(url, run_id)
