@@ -1,11 +1,13 @@
-"""Durations as users write them: "5m", "30s", "1h30m", "250ms", or a number of seconds."""
+"""Durations as users write them: "5m", "30s", "1h30m", "250ms", "30d", or a number of
+seconds."""
 
 from __future__ import annotations
 
 import re
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# Days for what is measured in them: how old a run is before `prune` removes it.
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(value: str | float | int) -> float:

@@ -68,6 +68,13 @@ class Settings(BaseModel):
         description="Seconds before Redis redelivers an unacknowledged task; keep it above "
         "the longest turn (a turn redelivered while still running is discarded, not doubled)",
     )
+    worker_gone_seconds: float = Field(
+        default=15,
+        gt=0,
+        description="Redis broker: a worker whose presence mark is this old is gone (killed, "
+        "its host lost), and the messages it held are given back at once, not after "
+        "AGENTTEST_VISIBILITY_TIMEOUT; keep it above the longest pause of a live worker",
+    )
     restore_interval: int = Field(
         default=10, ge=1, description="Seconds between workers' sweeps for abandoned tasks"
     )

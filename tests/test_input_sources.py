@@ -80,8 +80,8 @@ def test_direct_message(project: Path, text: str) -> None:
 
 
 def test_message_describe_is_short(project: Path) -> None:
-    long = "x" * 100
-    assert parse_input(long).describe() == repr("x" * 59 + "…")
+    long = "Hello " * 20
+    assert parse_input(long).describe() == repr(long.strip()[:59] + "…")
     assert parse_input("Hi there").describe() == "'Hi there'"
 
 
@@ -262,7 +262,8 @@ def test_no_input_at_all(project: Path, capsys: pytest.CaptureFixture[str]) -> N
     code, _, err = run(capsys, "-n", "assistants.expense", "--dry-run")
     assert code == 2
     assert err.endswith(
-        '  no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR\n'
+        '  no input: give -i FILE, -m "a message", -i - (cases on standard input) or -i '
+        "agents:/scripts:GENERATOR\n"
     )
 
 

@@ -7,6 +7,7 @@ every conversation would be played twice at once, calling its agents twice.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -68,6 +69,14 @@ def test_resume_refuses_a_run_the_fleet_is_still_moving(
         assert resumed.returncode == 0, resumed.stderr
         assert f"run {run_id} is still moving" in resumed.stderr, resumed.stderr
         assert "nothing resumed" in resumed.stderr
+        # When it will accept: the stall period after the last move, at the latest.
+        when = re.search(
+            r"It accepts once nothing has moved for that long: at "
+            r"\d\d:\d\d:\d\d UTC \(in (\d+) s\)",
+            resumed.stderr,
+        )
+        assert when is not None and int(when.group(1)) <= 30, resumed.stderr
+        assert "within 15 s on Redis (AGENTTEST_WORKER_GONE_SECONDS)" in resumed.stderr
         fleet.wait_done(run_id, timeout=60)
         calls = Counter((s.case, s.turn) for s in agent.seen())
     assert calls == ONCE_EACH, calls

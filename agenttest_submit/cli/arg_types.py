@@ -9,6 +9,7 @@ from typing import Any
 
 from agenttest_submit.cli.exits import EXIT_INPUT
 from agenttest_worker.durations import parse_duration
+from agenttest_worker.errors import InputError, InputProblem
 
 
 class Parser(argparse.ArgumentParser):
@@ -16,6 +17,32 @@ class Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_INPUT)
+
+
+class Once(argparse.Action):
+    """An option that takes one value: given twice with different values, an input error
+    naming both (argparse's own `store` silently keeps the last, so `-n A -n B` ran
+    against B without a word). The same value twice is what the user meant: kept."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        before = getattr(namespace, self.dest, None)
+        given = f"{self.dest}_given_once"
+        if getattr(namespace, given, False) and before != values:
+            flags = "/".join(self.option_strings)
+            raise InputError(
+                InputProblem(
+                    f"given twice, {before!r} and {values!r}: give it once",
+                    field=flags,
+                )
+            )
+        setattr(namespace, given, True)
+        setattr(namespace, self.dest, values)
 
 
 def formats() -> list[str]:
@@ -49,6 +76,16 @@ def pass_rule(text: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def port_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("a port is 0 (any free one) to 65535")
+    return value
 
 
 def positive_int(text: str) -> int:

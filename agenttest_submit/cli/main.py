@@ -3,9 +3,12 @@
     agenttest-submit -i ./tests/expense.jsonl -n assistants.expense
     agenttest-submit -i "Help me file an expense" -n assistants.expense -v
     agenttest-submit -i "agents:workers.test.generator?count=10" -n assistants.expense --dry-run
-    agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | db upgrade
+    agenttest-submit -m "any text at all" -n assistants.expense
+    agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | cancel RUN | db upgrade
+    agenttest-submit prune --older-than 30d [--suite S] [--keep-last N] [--dry-run]
     agenttest-submit schema [cases|yaml|config]     (JSON Schemas for editors)
     agenttest-submit view [RUN] [--host H --port P --token T]   (read-only web viewer)
+    (every subcommand: subcommand_args.SUBCOMMAND_HELP, listed by --help)
 
 Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem
 listed with file, line and field), 3 the database or the broker out of reach, or an
@@ -25,6 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from agenttest_submit.cli.arg_types import (
+    Once,
     Parser,
     duration_arg,
     formats,
@@ -47,7 +51,7 @@ from agenttest_submit.cli.stopping import (
     interrupted_word,
     sigterm_as_interrupt,
 )
-from agenttest_submit.cli.subcommand_args import SUBCOMMANDS, parse_subcommand
+from agenttest_submit.cli.subcommand_args import SUBCOMMAND_HELP, SUBCOMMANDS, parse_subcommand
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import starting
 
@@ -67,13 +71,39 @@ def _version() -> str:
         return "unknown"
 
 
+EXAMPLES = """\
+examples:
+  agenttest-submit -i ./tests/expense.jsonl -n assistants.expense
+  agenttest-submit -i ./tests/ -n assistants.expense -o results.jsonl --format jsonl
+  agenttest-submit -m "Help me file an expense" -n assistants.expense -v
+  generate-cases | agenttest-submit -i - -n assistants.expense
+  RUN=$(agenttest-submit -i ./tests/ -n assistants.expense --no-wait)   # on a fleet
+  agenttest-submit status $RUN; agenttest-submit report $RUN --format junit -o junit.xml
+  agenttest-submit cancel $RUN --reason "wrong build"
+  agenttest-submit prune --older-than 30d --keep-last 10 --dry-run
+"""
+
+
+def subcommands_epilog() -> str:
+    """Every subcommand with what it does, then examples: the end of `--help`."""
+    width = 36  # a longer usage has its line to itself, the description under it
+    lines = ["subcommands (agenttest-submit COMMAND --help for each; RUN is a run id or last):"]
+    for usage, what in SUBCOMMAND_HELP.values():
+        if len(usage) > width:
+            lines += [f"  {usage}", f"  {'':<{width}}  {what}"]
+        else:
+            lines.append(f"  {usage:<{width}}  {what}")
+    return "\n".join(lines) + "\n\n" + EXAMPLES
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of a run: `agenttest-submit -i ... [options]`."""
     p = Parser(
         prog="agenttest-submit",
-        description="Run scripted and simulated conversations against agents and check every turn.",
-        epilog="Subcommands: status RUN, report RUN [-o FILE] [--format F], resume RUN, "
-        "db upgrade, schema [cases|yaml|config], view [RUN].",
+        description="Run scripted and simulated conversations against agents and check every "
+        "turn; or, with a subcommand, read and manage the runs stored.",
+        epilog=subcommands_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "-i",
@@ -81,18 +111,32 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SOURCE",
-        help="case file or folder, a message, agents:ID?k=v or scripts:ID?k=v (repeatable)",
+        help="case file or folder, - (JSONL cases on standard input), a message, "
+        "agents:ID?k=v or scripts:ID?k=v (repeatable); a missing path is an error, not a message",
     )
-    p.add_argument("-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)")
+    p.add_argument(
+        "-m",
+        "--message",
+        action="append",
+        default=[],
+        dest="messages",
+        metavar="TEXT",
+        help="send TEXT to the target as a single-turn case, whatever it looks like (repeatable)",
+    )
+    p.add_argument(
+        "-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)", action=Once
+    )
     p.add_argument(
         "-o",
         "--output",
+        action=Once,
         metavar="FILE",
         help="write results (or, with --dry-run, the normalized cases) to FILE",
     )
     p.add_argument(
         "-c",
         "--connector",
+        action=Once,
         metavar="AGENT",
         help="call this registry agent instead of the target's own entry",
     )
@@ -113,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--simulator",
+        action=Once,
         metavar="REF",
         nargs="?",
         const=DEFAULT_SIMULATOR,
@@ -121,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
+        action=Once,
         type=duration_arg,
         default=300.0,
         metavar="DURATION",
@@ -128,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--parallel",
+        action=Once,
         type=positive_int,
         default=None,
         metavar="N",
@@ -136,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
     p.add_argument(
         "--repeat",
+        action=Once,
         type=positive_int,
         default=None,
         metavar="K",
@@ -143,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pass-rule",
+        action=Once,
         type=pass_rule,
         default="all",
         metavar="RULE",
@@ -151,12 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--suite",
+        action=Once,
         default=None,
         metavar="NAME",
         help="the series of runs this run belongs to (default: from the inputs and the target)",
     )
     p.add_argument(
         "--baseline",
+        action=Once,
         default=None,
         metavar="RUN",
         help="after the report, the diff against RUN: a run id, last, or suite (the suite's "
@@ -164,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fail-on",
+        action=Once,
         choices=("any", "regressions"),
         default="any",
         help="exit 1 on any failed case (default), or only on regressions against the "
@@ -171,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pass-k",
+        action=Once,
         type=positive_int,
         default=None,
         metavar="k",
@@ -181,14 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load, generate and check cases, print them, call no target",
     )
-    p.add_argument("--config", metavar="FILE", help="agenttest.yaml (default: ./agenttest.yaml)")
+    p.add_argument(
+        "--config", metavar="FILE", help="agenttest.yaml (default: ./agenttest.yaml)", action=Once
+    )
     p.add_argument(
         "--on-missing-input",
+        action=Once,
         choices=("skip", "fail", "end"),
         help="override every case's on_missing_input",
     )
     p.add_argument(
         "--format",
+        action=Once,
         choices=formats(),
         default=None,
         help="report format on stdout or -o (default: console on stdout, jsonl in -o)",
@@ -217,15 +274,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--reeval",
+        action=Once,
         nargs="?",
         const="last",
         default=None,
         metavar="RUN",
         help="re-run assertions on stored conversations without calling the target",
     )
-    p.add_argument("--reporter", metavar="REF", help="send the results to a reporter agent")
+    p.add_argument(
+        "--reporter", metavar="REF", help="send the results to a reporter agent", action=Once
+    )
     p.add_argument(
         "--turn-timeout",
+        action=Once,
         type=duration_arg,
         default=None,
         metavar="DURATION",
@@ -233,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--deadline",
+        action=Once,
         type=duration_arg,
         default=None,
         metavar="DURATION",
@@ -240,12 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-tokens",
+        action=Once,
         type=positive_int,
         default=None,
+        metavar="N",
         help="start no new turn once the run's agent calls used this many tokens",
     )
     p.add_argument(
         "--max-cost",
+        action=Once,
         type=positive_float,
         default=None,
         metavar="AMOUNT",
@@ -258,6 +323,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
     """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
     return RunRequest(
         inputs=tuple(args.input),
+        messages=tuple(args.messages),
         agent=args.name,
         connector=args.connector,
         config_file=args.config,
@@ -367,6 +433,15 @@ def warn_about_flags(request: RunRequest) -> None:
         print(
             "warning: --interactive: stdin is not a terminal, so nobody can be asked; "
             "each case's on_missing_input decides when an agent awaits input",
+            file=sys.stderr,
+        )
+    from agenttest_worker.settings import get_settings  # after heap.starting()
+
+    if not request.wait and not request.dry_run and not get_settings().distributed:
+        print(
+            "warning: --no-wait: without AGENTTEST_BROKER_URL this process plays the run, "
+            "so it returns when the run has ended; the run id is on stdout, the report on "
+            "stderr (or -o)",
             file=sys.stderr,
         )
 

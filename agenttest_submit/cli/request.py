@@ -26,6 +26,8 @@ class RunRequest:
 
     # -i: case files or folders, direct messages, agents:/scripts: generators, as given.
     inputs: tuple[str, ...] = ()
+    # -m: messages sent as they are, each a single-turn case (no path guessing).
+    messages: tuple[str, ...] = ()
     # -n: the target agent (None: agenttest.yaml's defaults.agent).
     agent: str | None = None
     # -c: a registry agent called instead of the target's own entry.
@@ -112,6 +114,22 @@ class ResumeRequest(NamedTuple):
     parallel: int = 10
 
 
+class CancelRequest(NamedTuple):
+    """`agenttest-submit cancel RUN [--reason TEXT]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    reason: str | None = None  # None: "cancelled by USER@HOST"
+
+
+class PruneRequest(NamedTuple):
+    """`agenttest-submit prune --older-than D [--suite S] [--keep-last N] [--dry-run]`."""
+
+    older_than: float  # seconds: runs created longer ago than this
+    suite: str | None = None  # None: every suite
+    keep_last: int | None = None  # the newest N runs of each suite stay, however old
+    dry_run: bool = False  # list what would be removed, remove nothing
+
+
 class DbRequest(NamedTuple):
     """`agenttest-submit db upgrade`."""
 
@@ -128,6 +146,7 @@ class SchemaRequest(NamedTuple):
     """`agenttest-submit schema [cases|yaml|config]`: print a JSON Schema for editors."""
 
     kind: SchemaKind = "cases"
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class DiffRequest(NamedTuple):
@@ -137,6 +156,7 @@ class DiffRequest(NamedTuple):
     base: str | None = None  # a run id, "last" or "suite"; None: NEW's suite's previous run
     window: int = 10  # the suite's runs over which a case's verdict changing is flaky
     format: str = "console"  # console, json, markdown, junit
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class HistoryRequest(NamedTuple):
@@ -146,6 +166,7 @@ class HistoryRequest(NamedTuple):
     suite: str | None = None  # None: every suite
     last: int = 20
     format: str = "console"  # console, json
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class RunsRequest(NamedTuple):
@@ -154,6 +175,7 @@ class RunsRequest(NamedTuple):
     suite: str | None = None
     last: int = 20
     format: str = "console"
+    output: str | None = None  # -o: written to this file (None: stdout)
 
 
 class ViewRequest(NamedTuple):
@@ -175,4 +197,12 @@ class MetricsRequest(NamedTuple):
 
 
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
-SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest
+SubcommandRequest = (
+    StatusRequest
+    | ReportRequest
+    | ResumeRequest
+    | DbRequest
+    | SchemaRequest
+    | CancelRequest
+    | PruneRequest
+)

@@ -1,20 +1,24 @@
-"""The parser of `agenttest-submit status|report|resume|db|schema ...` and the requests
-it builds (request.py); the run's own parser is in main.py."""
+"""The parser of every subcommand (`SUBCOMMAND_HELP`: status, report, resume, cancel,
+runs, diff, history, view, metrics, prune, db, schema) and the requests it builds
+(request.py); the run's own parser is in main.py. Options a user pastes from a run
+(`--config`, `--format`, `-o`) are taken where they mean something and refused with the
+reason elsewhere (`PASTED_REASONS`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from agenttest_submit.cli.arg_types import Parser, formats, positive_int
+from agenttest_submit.cli.arg_types import Parser, duration_arg, formats, port_arg, positive_int
 from agenttest_submit.cli.request import (
     SCHEMA_KINDS,
+    CancelRequest,
     DbRequest,
     DiffRequest,
     HistoryCommandRequest,
     HistoryRequest,
     MetricsRequest,
+    PruneRequest,
     ReportRequest,
     ResumeRequest,
     RunsRequest,
@@ -25,44 +29,187 @@ from agenttest_submit.cli.request import (
 )
 from agenttest_worker.errors import InputError, InputProblem
 
-SUBCOMMANDS = (
-    "status",
-    "report",
-    "resume",
-    "db",
-    "schema",
-    "diff",
-    "history",
-    "runs",
-    "view",
-    "metrics",
+# Every subcommand: its usage and what it does, for its own parser and for the list in
+# `agenttest-submit --help` (main.py), so that the two never disagree.
+SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
+    "status": ("status RUN", "counts and state of a run, and what its calls used so far"),
+    "report": ("report RUN [-o FILE] [--format F]", "print or write a run's report"),
+    "resume": ("resume RUN", "finish a run whose conversations stopped (an outage)"),
+    "cancel": (
+        "cancel RUN [--reason TEXT]",
+        "stop a run under way: its unfinished conversations end skipped",
+    ),
+    "runs": ("runs [--suite S] [--last N]", "runs, newest first, with their counts"),
+    "diff": ("diff [BASE] [NEW] [--format F]", "what changed between two runs, case by case"),
+    "history": ("history CASE_ID [--suite S]", "a case's verdict run after run"),
+    "view": ("view [RUN] [--port P]", "a local read-only web viewer of the stored runs"),
+    "metrics": (
+        "metrics [--port P] [--host H] [--token T]",
+        "serve the fleet's progress and queues to Prometheus",
+    ),
+    "prune": (
+        "prune --older-than D [--suite S] [--keep-last N] [--dry-run]",
+        "remove old runs that have ended, with all their rows",
+    ),
+    "db": ("db upgrade", "bring the database to the current schema"),
+    "schema": (
+        "schema [cases|yaml|config] [-o FILE]",
+        "JSON Schema of case files or agenttest.yaml, for editors",
+    ),
+}
+SUBCOMMANDS = tuple(SUBCOMMAND_HELP)
+
+RUN_HELP = "a run id as printed when it started, or last (the newest run)"
+
+# Options a user pastes from a run's command line into a subcommand that has no use for
+# them: accepted by the parser, then refused with the reason (`refused_pasted`).
+_CONFIG_READ_FROM_STORE = (
+    "{command} reads the store (AGENTTEST_DATABASE_URL, else AGENTTEST_HOME), not "
+    "agenttest.yaml: a run's agents and prices are those stored with it when it started"
 )
+_PRINTS_WHAT_IT_DID = "{command} prints only what it did: redirect it (> FILE)"
+PASTED_REASONS: dict[str, dict[str, str]] = {
+    "status": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": "status prints a summary for people; report RUN --format F renders the "
+        "run in any format",
+        "-o": "status prints to stdout: redirect it (> FILE), or report RUN -o FILE",
+    },
+    "report": {"--config": _CONFIG_READ_FROM_STORE},
+    "resume": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": "resume prints the console report once the run is done; report RUN "
+        "--format F renders it in another",
+        "-o": "resume prints the console report once the run is done; report RUN -o FILE writes it",
+    },
+    "cancel": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": _PRINTS_WHAT_IT_DID,
+        "-o": _PRINTS_WHAT_IT_DID,
+    },
+    "runs": {"--config": _CONFIG_READ_FROM_STORE},
+    "diff": {"--config": _CONFIG_READ_FROM_STORE},
+    "history": {"--config": _CONFIG_READ_FROM_STORE},
+    "view": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": "view serves pages; report RUN --format html -o FILE writes one",
+        "-o": "view serves pages over HTTP; report RUN -o FILE writes a report",
+    },
+    "metrics": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": "metrics serves Prometheus' text format, the one format it has",
+        "-o": "metrics serves over HTTP; nothing to write",
+    },
+    "prune": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": _PRINTS_WHAT_IT_DID,
+        "-o": _PRINTS_WHAT_IT_DID,
+    },
+    "db": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": _PRINTS_WHAT_IT_DID,
+        "-o": _PRINTS_WHAT_IT_DID,
+    },
+    "schema": {
+        "--config": "the schemas are the same for every project (schema config describes "
+        "agenttest.yaml itself)",
+        "--format": "a schema is a JSON Schema document, the one format it has",
+    },
+}
+_PASTED_FLAGS = {"--config": ("--config",), "--format": ("--format",), "-o": ("-o", "--output")}
+
+
+def _pasted(command: str, parser: argparse.ArgumentParser) -> None:
+    """The options of a run this subcommand has no use for: accepted, refused later."""
+    for flag, reason in PASTED_REASONS.get(command, {}).items():
+        parser.add_argument(
+            *_PASTED_FLAGS[flag],
+            dest=f"pasted_{flag.strip('-')}",
+            metavar="X",
+            default=None,
+            help=f"not used: {reason.format(command=command)}",
+        )
+
+
+def refused_pasted(args: argparse.Namespace) -> list[InputProblem]:
+    """A problem for each option given that the subcommand has no use for, with why."""
+    command = args.command
+    return [
+        InputProblem(
+            f"not used by {command}: {reason.format(command=command)}",
+            field="/".join(_PASTED_FLAGS[flag]),
+        )
+        for flag, reason in PASTED_REASONS.get(command, {}).items()
+        if getattr(args, f"pasted_{flag.strip('-')}", None) is not None
+    ]
 
 
 def build_subcommand_parser() -> argparse.ArgumentParser:
-    """The parser of `agenttest-submit status|report|resume|db|schema|diff|history|runs`."""
+    """The parser of every subcommand (SUBCOMMAND_HELP)."""
     parser = Parser(prog="agenttest-submit")
     sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="counts and state of a run")
-    status.add_argument("run", metavar="RUN")
-    report = sub.add_parser("report", help="print or write a run's report")
-    report.add_argument("run", metavar="RUN")
-    report.add_argument("-o", "--output", metavar="FILE")
-    report.add_argument("--format", choices=formats(), default=None)
-    report.add_argument("-v", "--verbose", action="store_true")
+
+    made: dict[str, argparse.ArgumentParser] = {}
+
+    def add(command: str) -> argparse.ArgumentParser:
+        what = SUBCOMMAND_HELP[command][1]
+        made[command] = sub.add_parser(command, help=what, description=what)
+        return made[command]
+
+    status = add("status")
+    status.add_argument("run", metavar="RUN", help=RUN_HELP)
+    report = add("report")
+    report.add_argument("run", metavar="RUN", help=RUN_HELP)
+    report.add_argument(
+        "-o", "--output", metavar="FILE", help="write the report to FILE (jsonl unless --format)"
+    )
+    report.add_argument(
+        "--format",
+        choices=formats(),
+        default=None,
+        help="report format (default: console on stdout, jsonl in -o)",
+    )
+    report.add_argument("-v", "--verbose", action="store_true", help="show every turn")
     report.add_argument(
         "--only-failures",
         action="store_true",
         help="console report: show only failed and skipped cases (the summary counts all)",
     )
-    resume = sub.add_parser("resume", help="re-run the unfinished conversations of a run")
-    resume.add_argument("run", metavar="RUN")
-    resume.add_argument("--parallel", type=positive_int, default=10, metavar="N")
-    db = sub.add_parser("db", help="database maintenance")
-    db.add_argument("action", choices=("upgrade",))
-    schema = sub.add_parser(
-        "schema", help="print the JSON Schema of case files or agenttest.yaml, for editors"
+    resume = add("resume")
+    resume.add_argument("run", metavar="RUN", help=RUN_HELP)
+    resume.add_argument(
+        "--parallel",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="embedded: conversations at a time (default: 10)",
     )
+    cancel = add("cancel")
+    cancel.add_argument("run", metavar="RUN", help=RUN_HELP)
+    cancel.add_argument(
+        "--reason", metavar="TEXT", help="why, shown in its report (default: who cancelled it)"
+    )
+    prune = add("prune")
+    prune.add_argument(
+        "--older-than",
+        type=duration_arg,
+        required=True,
+        metavar="DURATION",
+        help="runs created longer ago than this: 30d, 12h, ...",
+    )
+    prune.add_argument("--suite", metavar="NAME", help="only this suite's runs")
+    prune.add_argument(
+        "--keep-last",
+        type=positive_int,
+        metavar="N",
+        help="keep the newest N runs of each suite, however old",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="list the runs it would remove; remove nothing"
+    )
+    db = add("db")
+    db.add_argument("action", choices=("upgrade",), help="upgrade: apply every migration")
+    schema = add("schema")
     schema.add_argument(
         "kind",
         nargs="?",
@@ -71,10 +218,11 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         help="cases: a JSON case file or a JSONL line (default); yaml: a tdx YAML case "
         "file; config: agenttest.yaml",
     )
-    metrics = sub.add_parser(
-        "metrics", help="serve the fleet's run progress and queue lengths to Prometheus"
+    schema.add_argument("-o", "--output", metavar="FILE", help="write the schema to FILE")
+    metrics = add("metrics")
+    metrics.add_argument(
+        "--port", type=port_arg, default=9809, help="port (default: 9809; 0: any free one)"
     )
-    metrics.add_argument("--port", type=positive_int, default=9809, help="port (default: 9809)")
     metrics.add_argument(
         "--host",
         default="127.0.0.1",
@@ -86,14 +234,16 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         help="every scrape must carry it (Bearer, or Basic auth's password); required on a "
         "non-loopback --host (or AGENTTEST_METRICS_TOKEN)",
     )
-    _history_parsers(sub)
-    view = sub.add_parser("view", help="a local read-only web viewer of the stored runs")
+    _history_parsers(add)
+    view = add("view")
     view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
     view.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
-    view.add_argument("--port", type=int, default=8750, help="port (default: 8750; 0: any)")
+    view.add_argument("--port", type=port_arg, default=8750, help="port (default: 8750; 0: any)")
     view.add_argument(
         "--token", default=None, help="required on a non-loopback --host (or AGENTTEST_VIEW_TOKEN)"
     )
+    for command, command_parser in made.items():
+        _pasted(command, command_parser)
     return parser
 
 
@@ -104,26 +254,51 @@ def _diff_formats() -> tuple[str, ...]:
     return DIFF_FORMATS
 
 
-def _history_parsers(sub: Any) -> None:
-    diff = sub.add_parser("diff", help="what changed between two runs, case by case")
+def _history_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
+    output_help = "write what it prints to FILE"
+    diff = add("diff")
     diff.add_argument("runs", nargs="*", metavar="RUN", help="[BASE] [NEW] (NEW: last)")
-    diff.add_argument("--window", type=positive_int, default=10, metavar="N")
-    diff.add_argument("--format", choices=_diff_formats(), default="console")
-    history = sub.add_parser("history", help="a case's verdict run after run")
-    history.add_argument("case_id", metavar="CASE_ID")
-    history.add_argument("--suite", default=None)
-    history.add_argument("--last", type=positive_int, default=20, metavar="N")
-    history.add_argument("--format", choices=("console", "json"), default="console")
-    runs = sub.add_parser("runs", help="runs, newest first, with their counts")
-    runs.add_argument("--suite", default=None)
-    runs.add_argument("--last", type=positive_int, default=20, metavar="N")
-    runs.add_argument("--format", choices=("console", "json"), default="console")
+    diff.add_argument(
+        "--window",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="a case whose verdict changed within the suite's last N runs is flaky (default: 10)",
+    )
+    diff.add_argument(
+        "--format",
+        choices=_diff_formats(),
+        default="console",
+        help="console (default), json, markdown (a PR comment) or junit (a CI gate)",
+    )
+    diff.add_argument("-o", "--output", metavar="FILE", help=output_help)
+    history = add("history")
+    history.add_argument("case_id", metavar="CASE_ID", help="the case's id")
+    history.add_argument("--suite", default=None, help="only this suite's runs (default: all)")
+    history.add_argument(
+        "--last", type=positive_int, default=20, metavar="N", help="the N newest runs (default: 20)"
+    )
+    history.add_argument(
+        "--format", choices=("console", "json"), default="console", help="console or json"
+    )
+    history.add_argument("-o", "--output", metavar="FILE", help=output_help)
+    runs = add("runs")
+    runs.add_argument("--suite", default=None, help="only this suite's runs (default: all)")
+    runs.add_argument(
+        "--last", type=positive_int, default=20, metavar="N", help="the N newest runs (default: 20)"
+    )
+    runs.add_argument(
+        "--format", choices=("console", "json"), default="console", help="console or json"
+    )
+    runs.add_argument("-o", "--output", metavar="FILE", help=output_help)
 
 
 def subcommand_request(
     args: argparse.Namespace,
 ) -> SubcommandRequest | HistoryCommandRequest | ViewRequest | MetricsRequest:
     """The subcommand `build_subcommand_parser` parsed `args` into."""
+    if refused := refused_pasted(args):
+        raise InputError(refused)
     if args.command == "status":
         return StatusRequest(run=args.run)
     if args.command == "report":
@@ -134,10 +309,19 @@ def subcommand_request(
             verbose=args.verbose,
             only_failures=args.only_failures,
         )
+    if args.command == "prune":
+        return PruneRequest(
+            older_than=args.older_than,
+            suite=args.suite,
+            keep_last=args.keep_last,
+            dry_run=args.dry_run,
+        )
+    if args.command == "cancel":
+        return CancelRequest(run=args.run, reason=args.reason)
     if args.command == "resume":
         return ResumeRequest(run=args.run, parallel=args.parallel)
     if args.command == "schema":
-        return SchemaRequest(kind=args.kind)
+        return SchemaRequest(kind=args.kind, output=args.output)
     if args.command == "metrics":
         return MetricsRequest(port=args.port, host=args.host, token=args.token)
     if args.command == "diff":
@@ -146,14 +330,22 @@ def subcommand_request(
         runs = list(args.runs)
         new = runs.pop() if runs else "last"
         return DiffRequest(
-            new=new, base=runs[0] if runs else None, window=args.window, format=args.format
+            new=new,
+            base=runs[0] if runs else None,
+            window=args.window,
+            format=args.format,
+            output=args.output,
         )
     if args.command == "history":
         return HistoryRequest(
-            case_id=args.case_id, suite=args.suite, last=args.last, format=args.format
+            case_id=args.case_id,
+            suite=args.suite,
+            last=args.last,
+            format=args.format,
+            output=args.output,
         )
     if args.command == "runs":
-        return RunsRequest(suite=args.suite, last=args.last, format=args.format)
+        return RunsRequest(suite=args.suite, last=args.last, format=args.format, output=args.output)
     if args.command == "view":
         return ViewRequest(run=args.run, host=args.host, port=args.port, token=args.token)
     return DbRequest(action=args.action)

@@ -14,6 +14,7 @@ import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from agenttest_submit.cli.output_file import output_problem, written_to
 from agenttest_submit.cli.request import (
     DiffRequest,
     HistoryCommandRequest,
@@ -154,13 +155,16 @@ def _records(url: str, run_id: str, ids: dict[str, Any]) -> dict[str, list[CaseR
 
 def run_history_command(request: HistoryCommandRequest) -> int:
     """`diff`, `history` or `runs`, against the store this environment points at."""
+    if problem := output_problem(request.output):
+        raise InputError(problem)
     url = get_settings().effective_database_url()
     upgrade(url)
-    if isinstance(request, DiffRequest):
-        return run_diff(url, request)
-    if isinstance(request, HistoryRequest):
-        return run_history(url, request)
-    return run_list(url, request)
+    with written_to(request.output):
+        if isinstance(request, DiffRequest):
+            return run_diff(url, request)
+        if isinstance(request, HistoryRequest):
+            return run_history(url, request)
+        return run_list(url, request)
 
 
 def run_diff(url: str, request: DiffRequest) -> int:

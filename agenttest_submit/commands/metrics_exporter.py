@@ -193,7 +193,12 @@ def run_metrics_exporter(request: MetricsRequest) -> int:
         FleetCollector(settings.effective_database_url(), settings.broker_url, settings.queue)
     )
     logging.basicConfig(level=logging.INFO, format="agenttest-submit metrics: %(message)s")
-    server = serve_metrics(registry, endpoint)
+    try:
+        server = serve_metrics(registry, endpoint)
+    except OSError as exc:
+        from agenttest_submit.commands.viewer.serve import binding_problem
+
+        raise InputError(binding_problem(request.host, request.port, exc)) from None
     where = f"http://{request.host}:{server.port}/metrics"
     auth = " (token required)" if token else ""
     print(

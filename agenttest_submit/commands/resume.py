@@ -14,6 +14,7 @@ says why and exits 0, as for a run still being stored.
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime, timedelta
 
 from agenttest_submit.cli.stopping import run_async
 from agenttest_submit.cli.terminal import color_wanted
@@ -52,14 +53,30 @@ def still_moving(url: str, run_id: str) -> str | None:
     pid = driven_by(run_id)
     if pid is not None:
         return f"process {pid if pid > 0 else '?'} on this machine is running it"
-    stall = get_settings().stall_seconds
-    if get_settings().distributed and recovery.moved_within(url, run_id, stall):
+    settings = get_settings()
+    stall = settings.stall_seconds
+    if settings.distributed and recovery.moved_within(url, run_id, stall):
         return (
             f"a conversation moved in the last {stall:g} s (AGENTTEST_STALL_SECONDS), so "
-            "workers are running it; once nothing has moved for that long, workers' "
-            "sweepers re-enqueue what is left, or resume it then"
+            f"workers are running it. {_when_resumable(url, run_id, stall)} The turns of a "
+            "worker that died come back by themselves: at once on RabbitMQ, within "
+            f"{settings.worker_gone_seconds:g} s on Redis (AGENTTEST_WORKER_GONE_SECONDS)"
         )
     return None
+
+
+def _when_resumable(url: str, run_id: str, stall: float) -> str:
+    """When `resume` will accept the run if nothing moves meanwhile, said for the user."""
+    moved = recovery.last_moved(url, run_id)
+    if moved is None:
+        return ""
+    at = moved + timedelta(seconds=stall)
+    wait = max((at - datetime.now(UTC)).total_seconds(), 0)
+    return (
+        f"It accepts once nothing has moved for that long: at {at:%H:%M:%S} UTC (in "
+        f"{wait:.0f} s) if nothing moves meanwhile, when the workers' sweepers also "
+        "re-enqueue what is left."
+    )
 
 
 def resume_run(url: str, run: RunRow, parallel: int) -> int:

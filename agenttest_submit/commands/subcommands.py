@@ -1,4 +1,5 @@
-"""Subcommands: `status RUN`, `report RUN`, `resume RUN`, `db upgrade`, `schema [KIND]`.
+"""Subcommands: `status RUN`, `report RUN`, `resume RUN`, `cancel RUN` (cancel.py),
+`prune` (prune.py), `db upgrade`, `schema [KIND]`.
 
 RUN is a run id as printed when the run started, or `last` for the newest run.
 `run_subcommand` carries out the request the command line was parsed into. `status`
@@ -12,8 +13,11 @@ import sys
 from pathlib import Path
 from typing import cast
 
+from agenttest_submit.cli.output_file import output_problem, written_to
 from agenttest_submit.cli.request import (
+    CancelRequest,
     DbRequest,
+    PruneRequest,
     ReportRequest,
     ResumeRequest,
     SchemaRequest,
@@ -24,7 +28,6 @@ from agenttest_submit.cli.services import safe_url
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.commands.resume import resume_run
 from agenttest_submit.commands.schema import schema_text
-from agenttest_submit.run.output import output_problem
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import USAGE_ROLE, tokens_cost
@@ -44,7 +47,10 @@ def _url() -> str:
 def run_subcommand(request: SubcommandRequest) -> int:
     if isinstance(request, SchemaRequest):
         # For editors on any machine: no database, broker or agenttest.yaml involved.
-        sys.stdout.write(schema_text(request.kind))
+        if problem := output_problem(request.output):
+            raise InputError(problem)
+        with written_to(request.output):
+            sys.stdout.write(schema_text(request.kind))
         return 0
     if isinstance(request, DbRequest):
         url = get_settings().effective_database_url()
@@ -54,6 +60,10 @@ def run_subcommand(request: SubcommandRequest) -> int:
     if isinstance(request, ReportRequest) and (problem := output_problem(request.output)):
         raise InputError(problem)
     url = _url()
+    if isinstance(request, PruneRequest):
+        from agenttest_submit.commands.prune import prune  # its imports: only here
+
+        return prune(url, request)
     run = resolve_run(url, request.run)
     if isinstance(request, StatusRequest):
         played = results.count_played_turns(url, run.id)
@@ -71,6 +81,10 @@ def run_subcommand(request: SubcommandRequest) -> int:
             )
             return max(code, 1)
         return code
+    if isinstance(request, CancelRequest):
+        from agenttest_submit.commands.cancel import cancel_run  # its imports: only here
+
+        return cancel_run(url, run, request.reason)
     assert isinstance(request, ResumeRequest)
     return resume_run(url, run, request.parallel)
 

@@ -11,10 +11,17 @@ from pathlib import Path
 
 from agenttest_submit.inputs.case_checks import CaseChecker, Selection
 from agenttest_submit.inputs.generate import generate_cases
-from agenttest_submit.inputs.sources import FileInput, GeneratorInput, InputSource, MessageInput
+from agenttest_submit.inputs.sources import (
+    STDIN_NAME,
+    FileInput,
+    GeneratorInput,
+    InputSource,
+    MessageInput,
+    StdinInput,
+)
 from agenttest_submit.inputs.spool_lines import SpoolShape, SpoolWriter, spooled_records
 from agenttest_worker.agents import ProjectConfig
-from agenttest_worker.cases import Case, case_files_in, iter_cases
+from agenttest_worker.cases import Case, case_files_in, iter_cases, iter_stream_cases
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import printable
 from agenttest_worker.store import CaseRecord, StoredCase
@@ -47,6 +54,8 @@ def iter_source(
         yield message_case(source.text, source.number)
     elif isinstance(source, GeneratorInput):
         yield from generate_cases(source, config, target)
+    elif isinstance(source, StdinInput):
+        yield from iter_stream_cases(sys.stdin.buffer, STDIN_NAME)
 
 
 # How many files `CaseStream._place` numbers within an int.

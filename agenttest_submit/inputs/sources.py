@@ -1,15 +1,22 @@
 """The `-i` argument, parsed exactly as the spec's "Input Sources" section.
 
 ./tests.jsonl | ./tests/           a case file (by extension) or a folder of them
+-                                  JSONL cases read from standard input
 "Hello, how are you?"              a direct message (not an existing path; needs -n)
 agents:ID?count=10&focus=x         cases from a generator agent
 scripts:ID?scenario=y              cases from a generator script
+
+A value that names nothing but looks like a path (it has a `/`, a file extension, or
+is one lower-case word such as `nosuchdir`) is an input error naming it: run as a
+message it would be a one-case suite with no assertions that passes. `-m TEXT` sends
+a message with no guessing at all (`message_sources`).
 
 `parse_inputs` classifies every -i value of a run, with the problems of all of them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,10 +53,23 @@ class GeneratorInput:
         return f"{self.ref}?{query}" if query else str(self.ref)
 
 
-InputSource = FileInput | MessageInput | GeneratorInput
+@dataclass(frozen=True)
+class StdinInput:
+    """`-i -`: JSONL cases read from standard input (once, before anything runs)."""
 
-_PATH_PREFIXES = ("./", "../", "~/", ".\\", "..\\")
+    def describe(self) -> str:
+        return STDIN_NAME
+
+
+STDIN_NAME = "<stdin>"
+
+InputSource = FileInput | MessageInput | GeneratorInput | StdinInput
+
+_PATH_PREFIXES = ("./", "../", "~/", ".\\", "..\\", "/", "~")
 _PATH_SUFFIXES = ("/", "\\")
+# One word as file and folder names are written (lower case, digits, `_`, `-`, `.`),
+# or anything ending in a short extension: a name, not a sentence for an agent.
+_FILE_NAME = re.compile(r"[a-z0-9_][a-z0-9_.\-]*|\S+\.[A-Za-z0-9]{1,5}")
 
 
 def parse_input(arg: str) -> InputSource:
@@ -57,6 +77,8 @@ def parse_input(arg: str) -> InputSource:
     text = arg.strip()
     if not text:
         raise InputError(InputProblem("-i is empty: give a file, a message or agents:/scripts:ID"))
+    if text == "-":
+        return StdinInput()
     head = text.split(":", 1)[0]
     if ":" in text and head in ("agents", "scripts"):
         try:
@@ -71,27 +93,53 @@ def parse_input(arg: str) -> InputSource:
     # A single word ending in a case-file extension is a mistyped path, not a message
     # anybody means to send to an agent; so is one written as a relative path or a folder
     # (`./tests/`), which would otherwise run as a message with no assertions and pass.
-    if not any(c.isspace() for c in text):
-        if path.suffix.lower() in CASE_SUFFIXES:
-            raise InputError(InputProblem(f"case file not found: {text}", field="-i"))
-        if text.startswith(_PATH_PREFIXES) or text.endswith(_PATH_SUFFIXES):
+    one_word = not any(c.isspace() for c in text)
+    if one_word and path.suffix.lower() in CASE_SUFFIXES:
+        raise InputError(InputProblem(f"case file not found: {text}", field="-i"))
+    if text.startswith(_PATH_PREFIXES):
+        raise InputError(InputProblem(f"case file or folder not found: {text}", field="-i"))
+    if one_word:
+        if "/" in text or "\\" in text:
             raise InputError(InputProblem(f"case file or folder not found: {text}", field="-i"))
+        if _FILE_NAME.fullmatch(text):
+            raise InputError(
+                InputProblem(
+                    f"no case file or folder named {text!r}; to send it to the agent as a "
+                    f"message: -m {text!r}",
+                    field="-i",
+                )
+            )
     return MessageInput(text)
 
 
-def parse_inputs(values: Iterable[str]) -> tuple[list[InputSource], list[InputProblem]]:
-    """Every -i value classified, with the problems of all of them (not just the first)."""
+def parse_inputs(
+    values: Iterable[str], messages: Iterable[str] = ()
+) -> tuple[list[InputSource], list[InputProblem]]:
+    """Every -i value classified, then every -m message as it is, with the problems of
+    all of them (not just the first)."""
     sources: list[InputSource] = []
     problems: list[InputProblem] = []
-    messages = 0
     for value in values:
         try:
             source = parse_input(value)
         except InputError as exc:
             problems.extend(exc.problems)
             continue
-        if isinstance(source, MessageInput):
-            messages += 1
-            source = replace(source, number=messages)
+        if isinstance(source, StdinInput) and source in sources:
+            problems.append(
+                InputProblem("standard input (-i -) can be read once: give it once", field="-i")
+            )
+            continue
         sources.append(source)
-    return sources, problems
+    for text in messages:
+        if not text.strip():
+            problems.append(InputProblem("is empty: give the message to send", field="-m"))
+        else:
+            sources.append(MessageInput(text))
+    numbered, count = [], 0
+    for source in sources:
+        if isinstance(source, MessageInput):
+            count += 1
+            source = replace(source, number=count)
+        numbered.append(source)
+    return numbered, problems

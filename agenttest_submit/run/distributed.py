@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 
 from agenttest_submit.cli.request import RunRequest
-from agenttest_submit.cli.stopping import interrupted_exit_code, interrupted_word
+from agenttest_submit.cli.stopping import Terminated, interrupted_exit_code, interrupted_word
 from agenttest_submit.run.output import emit_report
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import RunOptions
@@ -123,6 +124,9 @@ def run_distributed(
     """Watch a run whose conversations were started as it was stored (unless --no-wait)."""
     print(f"run {run_id}: {total} case(s) enqueued", file=sys.stderr, flush=True)
     if not request.wait:
+        # The run id alone on stdout, everything else on stderr: RUN=$(agenttest-submit
+        # ... --no-wait) is the id.
+        print(run_id, flush=True)
         print(
             f"follow it with: agenttest-submit status {run_id}; "
             f"report with: agenttest-submit report {run_id}",
@@ -148,6 +152,36 @@ def run_distributed(
             f"\n{interrupted_word(exc)}: stopped watching; run {run_id} goes on on the "
             f"workers (agenttest-submit status {run_id})",
             file=sys.stderr,
+            flush=True,
         )
+        if not isinstance(exc, Terminated):
+            offer_cancel(url, run_id)
         return interrupted_exit_code(exc)
     return emit_report(url, run_id, request)
+
+
+# How long a second Ctrl-C after the first cancels the run rather than doing nothing.
+SECOND_CTRL_C_SECONDS = 5.0
+
+
+def offer_cancel(url: str, run_id: str) -> None:
+    """After a first Ctrl-C: a second one within SECOND_CTRL_C_SECONDS cancels the run on
+    the fleet, as `agenttest-submit cancel RUN` does; else the run goes on."""
+    print(
+        f"press Ctrl-C again within {SECOND_CTRL_C_SECONDS:g} s to cancel run {run_id} "
+        f"(later: agenttest-submit cancel {run_id})",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        time.sleep(SECOND_CTRL_C_SECONDS)
+        return
+    except KeyboardInterrupt as again:
+        if isinstance(again, Terminated):
+            return
+    from agenttest_submit.commands.cancel import cancel_everywhere  # the store: only here
+    from agenttest_worker.store import runs  # the store: only here
+
+    reason = f"cancelled by {runs.submitted_by()} (Ctrl-C twice)"
+    cancel_everywhere(url, run_id, reason)
+    print(f"run {run_id}: cancelled ({reason})", file=sys.stderr, flush=True)

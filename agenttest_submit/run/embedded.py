@@ -10,7 +10,9 @@ conversations to their end (also for `resume` and the new cases of a re-evaluati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import sys
 import time
 from collections.abc import Callable, Collection, Coroutine
 from datetime import UTC, datetime
@@ -25,6 +27,7 @@ from agenttest_submit.run.runner import new_run, run_suite
 from agenttest_submit.run.storing import write_run
 from agenttest_worker.agents import ProjectConfig, close_session, configure_pool, connections_for
 from agenttest_worker.driver import (
+    RUN_CANCELS,
     Advance,
     PoolCache,
     TurnAddress,
@@ -107,7 +110,16 @@ def run_embedded(
     # The store: see the note at the top.
     from agenttest_worker.report import aggregate
 
-    return emit_report(url, run.run_id, request, aggregate(url, run.run_id))
+    built = aggregate(url, run.run_id)
+    if request.wait:
+        return emit_report(url, run.run_id, request, built)
+    # --no-wait: this process plays the run, so it returns when the run has ended; as
+    # on a fleet, stdout has the run id alone (RUN=$(agenttest-submit ... --no-wait)),
+    # and the report goes to stderr (or -o).
+    with contextlib.redirect_stdout(sys.stderr):
+        code = emit_report(url, run.run_id, request, built)
+    print(run.run_id, flush=True)
+    return code
 
 
 async def drive(
@@ -230,6 +242,7 @@ async def _drive(
     # Written when due even while no conversation moves (a slow agent): killed
     # outright, the run loses at most its last half second of turns.
     timer = asyncio.create_task(store.flush_on_timer(write))
+    watch = asyncio.create_task(_cancelled_elsewhere(url, run_id, store))
     try:
         work = await _started_one_by_one(lane, lanes)
         if deadline_at is None:
@@ -243,12 +256,35 @@ async def _drive(
                 await past_deadline(deadline_at)
     finally:
         timer.cancel()
+        watch.cancel()
         try:
             write(now=True)
         finally:
             await close_session()
     if timer.done() and not timer.cancelled() and (failed := timer.exception()) is not None:
         raise failed  # a write on the timer failed as a conversation's would have
+
+
+# How often the process driving a run reads whether `agenttest-submit cancel` marked it.
+CANCEL_POLL_SECONDS = 1.0
+
+
+async def _cancelled_elsewhere(url: str, run_id: str, store: BufferedStore) -> None:
+    """`agenttest-submit cancel RUN` from another process marks the run in the database:
+    seen here, the run is cancelled in this process's store too (each conversation's
+    next step ends it skipped) and its turns in flight are cut (run_cancels.py)."""
+    from agenttest_worker.store import runs  # the store: see the note at the top
+
+    while not store.run.cancelled:
+        await asyncio.sleep(CANCEL_POLL_SECONDS)
+        try:
+            row = await asyncio.to_thread(runs.get_run, url, run_id)
+        except Exception:  # the store's own writes say what is wrong with it
+            continue
+        if row is not None and row.cancelled and not store.run.cancelled:
+            store.cancel_run(run_id, row.cancel_reason or "cancelled")
+            RUN_CANCELS.cancel(run_id)
+            return
 
 
 async def _started_one_by_one(

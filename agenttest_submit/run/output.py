@@ -2,12 +2,11 @@
 
 `emit_report` renders the run's report in the `--format` chosen (console on stdout by
 default, jsonl in -o), writes it, sends it to the `--reporter` agent, and says the exit
-code; `output_problem` checks that -o can be written before anything runs.
+code; whether -o can be written is checked before anything runs (cli/output_file.py).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,25 +15,7 @@ from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig
-from agenttest_worker.errors import InputProblem
 from agenttest_worker.report import RunReport, printable, render
-
-
-def output_problem(output: str | None, flag: str = "-o") -> InputProblem | None:
-    """Why `output` cannot be written, found before anything runs (not after an hour)."""
-    if not output:
-        return None
-    path = Path(output).expanduser()
-    folder = path.parent
-    if path.is_dir():
-        why = "it is a folder; give a file name"
-    elif not folder.is_dir():
-        why = f"folder {folder} does not exist"
-    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        why = "permission denied"
-    else:
-        return None
-    return InputProblem(f"cannot write {output}: {why}", field=flag)
 
 
 def _rendered(fmt: str, report: RunReport) -> str:

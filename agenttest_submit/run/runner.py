@@ -72,7 +72,8 @@ def run_suite(request: RunRequest, target: str | None) -> str:
     the same suite."""
     if request.suite:
         return request.suite
-    name = f"{target or '(case agents)'}: {' '.join(request.inputs)}"
+    given = [*request.inputs, *(f"-m {text}" for text in request.messages)]
+    name = f"{target or '(case agents)'}: {' '.join(given)}"
     if len(name) <= SUITE_MAX:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:12]

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 from agenttest_submit.cli.exits import EXIT_OK
+from agenttest_submit.cli.output_file import output_problem
 from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RunRequest
 from agenttest_submit.inputs.expand import CaseStream, Selection, Spool, print_warnings
 from agenttest_submit.inputs.generate import forget_generation_usage
 from agenttest_submit.inputs.sources import InputSource, MessageInput, parse_inputs
 from agenttest_submit.run.embedded import run_embedded
-from agenttest_submit.run.output import output_problem
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import input_label, run_options, run_suite, store_records
 from agenttest_worker.agents import ProjectConfig, load_config, warn_unverified_agents
@@ -44,15 +44,18 @@ def submit(request: RunRequest) -> int:
     # Said once, before anything runs (the run's own calls do not say it again).
     warn_unverified_agents(config.agents)
     bad_output = output_problem(request.output)
-    if request.reeval is not None and not request.inputs:
+    if request.reeval is not None and not request.inputs and not request.messages:
         if bad_output:
             raise InputError(bad_output)
         from agenttest_submit.run.reeval import reeval_run  # the store: see the note at the top
 
         return reeval_run(request, config)
-    if not request.inputs:
-        raise InputError('no input: give -i FILE, -i "a message" or -i agents:/scripts:GENERATOR')
-    sources, problems = parse_inputs(request.inputs)
+    if not request.inputs and not request.messages:
+        raise InputError(
+            'no input: give -i FILE, -m "a message", -i - (cases on standard input) '
+            "or -i agents:/scripts:GENERATOR"
+        )
+    sources, problems = parse_inputs(request.inputs, request.messages)
     target = request.agent or config.defaults.agent
     if bad_output:
         problems.append(bad_output)
@@ -77,7 +80,10 @@ def submit(request: RunRequest) -> int:
         raise InputError(problems)
     if any(isinstance(s, MessageInput) for s in sources) and target is None:
         raise InputError(
-            InputProblem("a direct message needs a target agent: add -n NAME", field="-i")
+            InputProblem(
+                "a direct message needs a target agent: add -n NAME",
+                field="-i" if not request.messages else "-m",
+            )
         )
     stream = CaseStream(
         sources,

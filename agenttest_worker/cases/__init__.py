@@ -26,7 +26,13 @@ from agenttest_worker.cases.case_model import (
     repetition_key,
 )
 from agenttest_worker.cases.checks import check_case_refs, check_ref
-from agenttest_worker.cases.files import CASE_SUFFIXES, case_files_in, iter_cases, load_cases
+from agenttest_worker.cases.files import (
+    CASE_SUFFIXES,
+    case_files_in,
+    iter_cases,
+    iter_stream_cases,
+    load_cases,
+)
 from agenttest_worker.cases.validation import Located, validate_case
 
 if TYPE_CHECKING:
@@ -61,6 +67,7 @@ __all__ = [
     "check_ref",
     "inline_attachments",
     "iter_cases",
+    "iter_stream_cases",
     "load_cases",
     "repetition_key",
     "validate_case",

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from agenttest_worker.cases.case_model import Case
-from agenttest_worker.cases.json_reader import read_json, read_jsonl
+from agenttest_worker.cases.json_reader import read_json, read_jsonl, read_jsonl_stream
 from agenttest_worker.cases.validation import Located, validate_case
 from agenttest_worker.errors import InputError, InputProblem
 
@@ -37,6 +38,7 @@ __all__ = [
     "case_files_in",
     "is_case_file",
     "iter_cases",
+    "iter_stream_cases",
     "load_cases",
     "validate_case",
 ]
@@ -87,6 +89,20 @@ def iter_cases(path: Path) -> Iterator[Case | InputProblem]:
     if not found:
         empty = " (it is empty)" if _is_blank(path) else ""
         yield InputProblem(f"no test cases in this file{empty}", file=str(path))
+
+
+def iter_stream_cases(handle: BinaryIO, name: str) -> Iterator[Case | InputProblem]:
+    """Every case of JSONL read from an open stream (`-i -`: standard input), located
+    at its line of `name`; no case at all is a problem, as for a file."""
+    found = False
+    for item in read_jsonl_stream(handle, name):
+        found = True
+        if isinstance(item, InputProblem):
+            yield item
+        else:
+            yield from validate_case(item)
+    if not found:
+        yield InputProblem("no test cases in this input (it is empty)", file=name)
 
 
 def _read_cases(path: Path) -> Iterator[Case | InputProblem]:

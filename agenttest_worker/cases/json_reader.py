@@ -88,41 +88,47 @@ def _iter_json_lines(path: Path) -> Iterator[Located | InputProblem]:
         yield InputProblem(f"cannot read: {exc.strerror}", file=name)
         return
     with handle:
-        for number, raw in enumerate(_bounded_lines(handle), start=1):
-            if isinstance(raw, InputProblem):
-                yield InputProblem(raw.message, file=name, line=number)
-                continue
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]  # a UTF-8 byte order mark, as some editors write
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield InputProblem(
-                    f"not valid UTF-8 (byte {exc.start + 1}): save the file as UTF-8",
-                    file=name,
-                    line=number,
-                )
-                continue
-            if not text.strip():
-                continue
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield InputProblem(
-                    f"invalid JSON: {exc.msg} (column {exc.colno})", file=name, line=number
-                )
-                continue
-            except RecursionError:
-                yield InputProblem(
-                    f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number
-                )
-                continue
-            if _may_be_deep(raw) and _depth(data) > MAX_DEPTH:
-                yield InputProblem(
-                    f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number
-                )
-                continue
-            yield Located(data, name, number)
+        yield from read_jsonl_stream(handle, name)
+
+
+def read_jsonl_stream(handle: Any, name: str) -> Iterator[Located | InputProblem]:
+    """JSONL from an open binary stream (`-i -`: standard input), one case per line,
+    each located at its line of `name`."""
+    for number, raw in enumerate(_bounded_lines(handle), start=1):
+        if isinstance(raw, InputProblem):
+            yield InputProblem(raw.message, file=name, line=number)
+            continue
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]  # a UTF-8 byte order mark, as some editors write
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield InputProblem(
+                f"not valid UTF-8 (byte {exc.start + 1}): save the file as UTF-8",
+                file=name,
+                line=number,
+            )
+            continue
+        if not text.strip():
+            continue
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            yield InputProblem(
+                f"invalid JSON: {exc.msg} (column {exc.colno})", file=name, line=number
+            )
+            continue
+        except RecursionError:
+            yield InputProblem(
+                f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number
+            )
+            continue
+        if _may_be_deep(raw) and _depth(data) > MAX_DEPTH:
+            yield InputProblem(
+                f"JSON nested deeper than {MAX_DEPTH} levels", file=name, line=number
+            )
+            continue
+        yield Located(data, name, number)
 
 
 def _bounded_lines(handle: Any) -> Iterator[bytes | InputProblem]:

@@ -11,6 +11,7 @@ Importing it imports no SQLAlchemy: the store it is handed brings its own.
 from agenttest_worker.driver.budget_counting import budget_spent
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.rejudge import reevaluate
+from agenttest_worker.driver.run_cancels import RUN_CANCELS
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
@@ -20,6 +21,7 @@ from agenttest_worker.driver.step import (
 )
 
 __all__ = [
+    "RUN_CANCELS",
     "Advance",
     "PoolCache",
     "TurnAddress",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agenttest_worker.driver import budget_counting as budget
+from agenttest_worker.driver.run_cancels import RUN_CANCELS
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
@@ -60,13 +61,17 @@ async def run_step(
     turn: TurnAddress,
     offload: Offload,
     then: Callable[[Advance], None] | None = None,
+    *,
+    cut: bool = True,
 ) -> Advance:
     """Load the conversation, play turn `turn` of it and save it; say what comes next.
 
     The agent calls are awaited on the loop, beside every other conversation in flight;
     the store's calls go through `offload`. `then(advance)` runs on the store's side
     right after the save (the fleet publishes what comes next there: one hand-off, not
-    two)."""
+    two). A turn whose run is cancelled meanwhile (run_cancels.py) is cut short and the
+    step taken again from the store, which ends the conversation skipped (`cut`: False
+    for that second time)."""
     prepared = await offload(
         prepare,
         store,
@@ -86,7 +91,13 @@ async def run_step(
     ):
         state = end_without_running(prepared, "skip", spent)
     if state is None:
-        state = await play(pools, prepared)
+        if not cut:
+            state = await play(pools, prepared)
+        else:
+            played = await RUN_CANCELS.unless_cancelled(turn.run_id, play(pools, prepared))
+            if played is None:
+                return await run_step(store, pools, turn, offload, then, cut=False)
+            state = played
     return await offload(_save, store, prepared, state, then)
 
 

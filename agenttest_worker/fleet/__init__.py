@@ -13,6 +13,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agenttest_worker.fleet.cancel_command import broadcast_cancel
     from agenttest_worker.fleet.celery_app import app, sweep_interval
     from agenttest_worker.fleet.enqueue import (
         enqueue_aggregate,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from agenttest_worker.fleet.sweeper import recover
 
 _EXPORTS = {
+    "broadcast_cancel": "agenttest_worker.fleet.cancel_command",
     "app": "agenttest_worker.fleet.celery_app",
     "sweep_interval": "agenttest_worker.fleet.celery_app",
     "enqueue_aggregate": "agenttest_worker.fleet.enqueue",
@@ -38,6 +40,7 @@ _EXPORTS = {
 
 __all__ = [
     "app",
+    "broadcast_cancel",
     "enqueue_aggregate",
     "enqueue_start",
     "enqueue_starts",

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutdown
 from sqlalchemy.exc import DBAPIError
 
-from agenttest_worker.fleet.celery_app import app, sweep_interval
+from agenttest_worker.fleet import worker_presence
+from agenttest_worker.fleet.celery_app import REDIS_BROKER, app, sweep_interval
 from agenttest_worker.fleet.enqueue import enqueue_starts, enqueue_turn
 from agenttest_worker.fleet.tasks import database_url
 from agenttest_worker.observe import metrics
@@ -75,11 +77,37 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
     return len(stalled), aggregated
 
 
+def restore_gone_workers() -> int:
+    """Give back the messages of workers that are gone (worker_presence.py); how many."""
+    if not REDIS_BROKER:
+        return 0  # RabbitMQ gives them back itself when the worker's connection closes
+    presence = worker_presence.current()
+    restored = worker_presence.restore_gone_workers(presence.id if presence else None)
+    for worker, count in restored.items():
+        metrics.recovered("turn", count)
+        log.warning(
+            "worker %s is gone (no presence mark for %ss): gave its %d message(s) back",
+            worker,
+            get_settings().worker_gone_seconds,
+            count,
+        )
+    return sum(restored.values())
+
+
 @app.task(name="agenttest.sweep")
 def sweep() -> str:
     """One `recover` pass over every running run (what Celery beat schedules)."""
+    gone = restore_gone_workers()
     requeued, aggregated = recover(database_url(), get_settings().stall_seconds)
-    return f"re-enqueued {requeued} conversation(s), aggregated {aggregated} run(s)"
+    return (
+        f"gave back {gone} message(s) of gone workers, re-enqueued {requeued} "
+        f"conversation(s), aggregated {aggregated} run(s)"
+    )
+
+
+# How often the sweeper looks for workers that are gone: their turns come back within
+# this of their presence mark expiring.
+GONE_CHECK_SECONDS = 1.0
 
 
 class Sweeper(threading.Thread):
@@ -91,7 +119,18 @@ class Sweeper(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        while not self.stopping.wait(sweep_interval(self.stall_seconds)):
+        every = sweep_interval(self.stall_seconds)
+        tick = min(GONE_CHECK_SECONDS, every) if REDIS_BROKER else every
+        next_sweep = time.monotonic() + every
+        while not self.stopping.wait(tick):
+            if REDIS_BROKER:
+                try:
+                    restore_gone_workers()
+                except Exception:  # the broker is down: try again next tick
+                    log.warning("looking for workers that are gone failed; retrying", exc_info=True)
+            if time.monotonic() < next_sweep:
+                continue
+            next_sweep = time.monotonic() + every
             try:
                 recover(database_url(), self.stall_seconds)
             except DBAPIError as exc:

@@ -25,6 +25,9 @@ from agenttest_worker.driver.event_loops import shutdown
 from agenttest_worker.driver.loop_step import TurnAddress, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 
+# Registers the remote-control command that cuts a cancelled run's turns in flight.
+from agenttest_worker.fleet import cancel_command as _cancel  # noqa: F401
+
 # Connects the signals that serve a worker's metrics when AGENTTEST_METRICS_PORT is
 # set. Here rather than in celery_app.py: a worker imports this module (the app's `include`)
 # before it sends `celeryd_init`, and a process that only publishes never needs it.

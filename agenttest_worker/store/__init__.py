@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agenttest_worker.store.conversation_store import ConversationStore, SqlStore
     from agenttest_worker.store.memory.buffered import BufferedStore
-    from agenttest_worker.store.sql import recovery, run_history, runs, usage
+    from agenttest_worker.store.sql import pruning, recovery, run_history, runs, usage
     from agenttest_worker.store.sql import run_results as results
     from agenttest_worker.store.sql.db import (
         error_reason,
@@ -97,6 +97,7 @@ _EXPORTS = {
 }
 # Subjects exported whole, as namespaces (`store.runs.get_run(...)`), by module.
 _SUBJECTS = {
+    "pruning": "pruning",
     "recovery": "recovery",
     "results": "run_results",
     "run_history": "run_history",
@@ -133,6 +134,7 @@ __all__ = [
     "is_sqlite",
     "new_run_id",
     "open_store",
+    "pruning",
     "recovery",
     "results",
     "run_history",

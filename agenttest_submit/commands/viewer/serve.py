@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import sys
 
@@ -44,6 +45,22 @@ def url_of(host: str, port: int, path: str = "/") -> str:
     return f"http://{shown}:{port}{path}"
 
 
+def binding_problem(host: str, port: int, exc: OSError) -> InputProblem:
+    """Why the viewer cannot listen at host:port, said for the user (exit 2)."""
+    if exc.errno == errno.EADDRINUSE:
+        why = (
+            f"port {port} on {host} is in use (another viewer, or another program): "
+            "give another --port, or --port 0 for any free one"
+        )
+    elif exc.errno == errno.EACCES:
+        why = f"no permission to listen on port {port}: use a port above 1023, or --port 0"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = f"{host} is not an address of this machine: leave out --host for 127.0.0.1"
+    else:
+        why = f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return InputProblem(why, field="--port" if exc.errno != errno.EADDRNOTAVAIL else "--host")
+
+
 def run_view(request: ViewRequest) -> int:
     """`agenttest-submit view [RUN]`: the store this invocation's settings name."""
     token = chosen_token(request.token)
@@ -75,7 +92,10 @@ async def _serve(database_url: str, host: str, port: int, token: str | None, pat
     await runner.setup()
     try:
         site = web.TCPSite(runner, host.strip("[]"), port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise InputError(binding_problem(host, port, exc)) from None
         # (With --port 0 the system chose the port: say the one it is on.)
         listening = runner.addresses[0][1] if runner.addresses else port
         auth = " (token required)" if token else ""

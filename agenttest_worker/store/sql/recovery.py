@@ -11,6 +11,7 @@ batch of first turns starts only the conversations that have not started yet
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
@@ -238,6 +239,17 @@ def mark_alive(url: str, turns: list[tuple[str, str, int]]) -> None:
             )
             .values(updated_at=func.now())
         )
+
+
+def last_moved(url: str, run_id: str) -> datetime | None:
+    """When a conversation of the run was last stored or moved (None: it has none)."""
+    with session_scope(url) as session:
+        latest = session.scalar(
+            select(func.max(CaseRow.updated_at)).where(CaseRow.run_id == run_id)
+        )
+    if latest is not None and latest.tzinfo is None:
+        latest = latest.replace(tzinfo=UTC)  # SQLite's, written in UTC
+    return latest
 
 
 def moved_within(url: str, run_id: str, seconds: float) -> bool:

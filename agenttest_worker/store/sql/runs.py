@@ -184,6 +184,24 @@ def cancel_run(url: str, run_id: str, reason: str) -> bool:
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
+def release_parked(url: str, run_id: str) -> list[tuple[str, int]]:
+    """(case_id, next_turn) of a cancelled run's conversations parked for a person, now
+    ready again: their next step ends them skipped with the run's reason, as any other
+    (a person's reply saved meanwhile finds them moved and is dropped). Nothing for a
+    run that is not cancelled."""
+    with session_scope(url) as session:
+        cancelled = session.scalar(select(RunRow.cancelled).where(RunRow.id == run_id))
+        if not cancelled:
+            return []
+        released = session.execute(
+            update(CaseRow)
+            .where(CaseRow.run_id == run_id, CaseRow.phase == "awaiting_human")
+            .values(phase="ready")
+            .returning(CaseRow.case_id, CaseRow.next_turn)
+        )
+        return [(case_id, int(turn)) for case_id, turn in released]
+
+
 def delete_run(url: str, run_id: str) -> None:
     """Remove a run that never started (its cases failed to store, or its submitter was
     stopped while storing them).
