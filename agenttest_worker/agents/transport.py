@@ -24,8 +24,9 @@ from agenttest_worker.agents.exchange import (
     HttpFailure,
     describe,
 )
+from agenttest_worker.agents.provider_limits import read_provider_limits
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
-from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status
 from agenttest_worker.agents.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
 from agenttest_worker.agents.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
@@ -97,7 +98,10 @@ async def post_json(
     """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent.
 
     With `limits`, every attempt first waits for a slot of the agent's rate limits, and
-    a 429 pauses every caller of the agent (fleet-wide when distributed). The error never
+    a 429 pauses every caller of the agent (fleet-wide when distributed): for its
+    Retry-After, or without one PAUSE_AFTER_429 under configured limits (learned ones
+    halve instead: ratelimit.py). A reply saying one of the provider's limits is spent
+    (provider_limits.py) pauses them until it resets. The error never
     shows the secrets of `url` (its password, its key-like query values) nor `hidden`.
 
     With `stream`, a 2xx body is read as a stream of events, and `timeout` bounds each
@@ -165,6 +169,11 @@ async def post_json(
                 await breaker().reached(key)
                 status, response_headers, raw = reply.status, reply.headers, reply.body
                 attempt.status = status
+                said = read_provider_limits(response_headers)
+                if said.exhausted_for and limits is not None:
+                    # Spent until the reset: the calls after this one wait for it instead
+                    # of being sent to fail.
+                    await limiter().pause(agent, min(said.exhausted_for, policy.max_retry_after))
                 text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
                 record = _record(role, agent, started, attempts, status)
                 if 200 <= status < 300:
@@ -189,9 +198,11 @@ async def post_json(
                     record.error = failure.message
                     failure.call = record
                     raise failure
-                retry_after = parse_retry_after(response_headers)
-                if status == 429 and limits is not None:
-                    await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
+                retry_after = said.retry_after
+                if status == 429:
+                    metrics.answered_429(agent)
+                    if limits is not None and (retry_after is not None or not limits.adaptive):
+                        await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
                 if retry_after is not None and retry_after > policy.max_retry_after:
                     failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
                     record.error = failure.message
