@@ -11,8 +11,11 @@ Read on every reply, 2xx or not (agents/transport.py):
   with `-reset`, an RFC 3339 time.
 
 A limit whose remaining count is 0 is spent: `exhausted_for` is the longest wait until
-one of the spent limits resets. A header that cannot be read counts as absent: a reply
-is never failed over how its rate-limit headers are written.
+one of the spent limits resets. The requests still allowed (the fewest the provider's
+request limits report) and when they are all back are kept too: the calls already on
+their way may spend what remains before they arrive (agents/transport.py). A header that
+cannot be read counts as absent: a reply is never failed over how its rate-limit headers
+are written.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class ProviderLimits:
 
     retry_after: float | None = None
     exhausted_for: float | None = None
+    # The requests the provider still allows now, and the seconds until all are back.
+    requests_remaining: int | None = None
+    requests_reset: float | None = None
 
 
 NOTHING = ProviderLimits()
@@ -101,24 +107,34 @@ def read_provider_limits(headers: Mapping[str, str], now: float | None = None) -
         retry_after = millis / 1000 if millis is not None else None
     if retry_after is None and "retry-after" in found:
         retry_after = parse_retry_after({"retry-after": found["retry-after"]}, now)
-    waits: list[float] = []
+    # (kind, remaining, seconds until reset) of every limit the reply reports readably.
+    limits: list[tuple[str, float, float]] = []
     for kind in _OPENAI_KINDS:
-        if _spent(found.get(f"x-ratelimit-remaining-{kind}")):
-            reset = parse_duration(found.get(f"x-ratelimit-reset-{kind}", ""))
-            if reset is not None:
-                waits.append(reset)
+        remaining = _count(found.get(f"x-ratelimit-remaining-{kind}"))
+        reset = parse_duration(found.get(f"x-ratelimit-reset-{kind}", ""))
+        if remaining is not None and reset is not None:
+            limits.append((kind, remaining, reset))
     for kind in _ANTHROPIC_KINDS:
-        if _spent(found.get(f"anthropic-ratelimit-{kind}-remaining")):
-            reset = seconds_until(found.get(f"anthropic-ratelimit-{kind}-reset", ""), now)
-            if reset is not None:
-                waits.append(reset)
-    return ProviderLimits(retry_after, max(waits) if waits else None)
+        remaining = _count(found.get(f"anthropic-ratelimit-{kind}-remaining"))
+        reset = seconds_until(found.get(f"anthropic-ratelimit-{kind}-reset", ""), now)
+        if remaining is not None and reset is not None:
+            limits.append((kind, remaining, reset))
+    spent = [reset for _, remaining, reset in limits if remaining <= 0]
+    requests = [(remaining, reset) for kind, remaining, reset in limits if kind == "requests"]
+    fewest = min(requests) if requests else None
+    return ProviderLimits(
+        retry_after,
+        max(spent) if spent else None,
+        int(fewest[0]) if fewest is not None else None,
+        fewest[1] if fewest is not None else None,
+    )
 
 
-def _spent(remaining: str | None) -> bool:
+def _count(remaining: str | None) -> float | None:
     if remaining is None:
-        return False
+        return None
     try:
-        return float(remaining.strip()) <= 0
+        count = float(remaining.strip())
     except ValueError:
-        return False
+        return None
+    return count if math.isfinite(count) else None

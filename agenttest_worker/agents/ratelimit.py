@@ -219,7 +219,12 @@ class Lease(Protocol):
 class Limiter(Protocol):
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease: ...
 
-    async def pause(self, agent: str, seconds: float) -> None: ...
+    async def pause(self, agent: str, seconds: float, probe: bool = True) -> None: ...
+
+    def calls_ahead(self, agent: str) -> int:
+        """Calls to `agent` that may be on their way besides the caller's own: what the
+        provider's count of requests remaining may not have seen yet."""
+        ...
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None: ...
 
@@ -373,10 +378,17 @@ class LocalLimiter:
             state.probe = lease
         return lease
 
-    async def pause(self, agent: str, seconds: float) -> None:
+    async def pause(self, agent: str, seconds: float, probe: bool = True) -> None:
+        """Every call waits `seconds`; then, with `probe` (after a 429: the agent may still
+        be overloaded), one call goes first and the others wait for its answer."""
         state = self._states.setdefault(agent, _LocalState())
         state.paused_until = max(state.paused_until, time.monotonic() + seconds)
-        state.probe = "open"
+        if probe:
+            state.probe = "open"
+
+    def calls_ahead(self, agent: str) -> int:
+        state = self._states.get(agent)
+        return max(0, state.active - 1) if state is not None else 0
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None:
         if tokens and limits.tokens:
@@ -435,6 +447,7 @@ class _RedisLease:
         self.limits = limits
         self.probe = probe
         self.epoch = epoch
+        limiter.held[agent] = limiter.held.get(agent, 0) + 1
 
     async def release(self, tokens: int, status: int | None = None) -> None:
         try:
@@ -445,6 +458,7 @@ class _RedisLease:
                 "rate limit: could not release a slot of %s (Redis unreachable)", self.agent
             )
         finally:
+            self.limiter.held[self.agent] -= 1
             line = self.limiter.lines.get(self.agent)
             if line is not None:
                 line.wake.set()
@@ -497,6 +511,7 @@ class RedisLimiter:
         # the calls to the others it has in flight, taking none.
         self.engaged: set[str] = set()
         self.loose: dict[str, int] = {}
+        self.held: dict[str, int] = {}  # the slots this process holds, by agent
         self.lines: dict[str, _Line] = {}
         self._learned: dict[str, int] = {}
 
@@ -606,7 +621,12 @@ class RedisLimiter:
         value = await self.client.hget(self.keys(agent)[5], "limit")
         return int(value) if value is not None else 0
 
-    async def pause(self, agent: str, seconds: float) -> None:
+    def calls_ahead(self, agent: str) -> int:
+        # This process's calls, or the fleet's as many as the learned limit lets through.
+        mine = self.loose.get(agent, 0) + self.held.get(agent, 0)
+        return max(0, mine - 1, self._learned.get(agent, 0) - 1)
+
+    async def pause(self, agent: str, seconds: float, probe: bool = True) -> None:
         self.engaged.add(agent)
         try:
             now = await self.now()
@@ -616,8 +636,8 @@ class RedisLimiter:
             current = await self.client.get(keys[3])
             if current is None or float(current) < until:
                 await self.client.set(keys[3], repr(until), ex=int(seconds) + 5)
-            # When it ends, one call goes first.
-            await self.client.set(keys[4], "open", ex=int(seconds + LEASE_MARGIN) + 5)
+            if probe:  # when it ends, one call goes first
+                await self.client.set(keys[4], "open", ex=int(seconds + LEASE_MARGIN) + 5)
         except self.outage:
             log.warning("rate limit: could not share a pause for %s (Redis unreachable)", agent)
 

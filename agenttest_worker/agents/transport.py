@@ -24,7 +24,7 @@ from agenttest_worker.agents.exchange import (
     HttpFailure,
     describe,
 )
-from agenttest_worker.agents.provider_limits import read_provider_limits
+from agenttest_worker.agents.provider_limits import NOTHING, ProviderLimits, read_provider_limits
 from agenttest_worker.agents.ratelimit import PAUSE_AFTER_429, Limits, limiter
 from agenttest_worker.agents.retry import RetryPolicy, is_retryable_status
 from agenttest_worker.agents.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
@@ -170,10 +170,8 @@ async def post_json(
                 status, response_headers, raw = reply.status, reply.headers, reply.body
                 attempt.status = status
                 said = read_provider_limits(response_headers)
-                if said.exhausted_for and limits is not None:
-                    # Spent until the reset: the calls after this one wait for it instead
-                    # of being sent to fail.
-                    await limiter().pause(agent, min(said.exhausted_for, policy.max_retry_after))
+                if limits is not None and said is not NOTHING:
+                    await _spent_until_reset(agent, said, policy)
                 text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
                 record = _record(role, agent, started, attempts, status)
                 if 200 <= status < 300:
@@ -226,6 +224,21 @@ async def post_json(
                 await asyncio.sleep(policy.delay(attempts, retry_after))
     except AgentError as error:
         raise masked(error, [*url_secrets(url), *hidden]) from None
+
+
+async def _spent_until_reset(agent: str, said: ProviderLimits, policy: RetryPolicy) -> None:
+    """A limit the reply says is spent (or that the calls already on their way will spend,
+    the requests remaining being no more than they): every call to the agent waits for
+    its reset instead of being sent to fail. No probe after it: the provider said when
+    it has room again. (A reset is when the limit is whole again, so that waiting for it
+    loses none of the provider's allowance: it only refills meanwhile.)"""
+    wait = said.exhausted_for
+    remaining, reset = said.requests_remaining, said.requests_reset
+    known = remaining is not None and reset is not None
+    if not wait and known and remaining is not None and remaining <= limiter().calls_ahead(agent):
+        wait = reset
+    if wait:
+        await limiter().pause(agent, min(wait, policy.max_retry_after), probe=False)
 
 
 def _started(assembler: Assembler | None) -> bool:
