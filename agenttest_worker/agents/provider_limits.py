@@ -6,7 +6,10 @@ Read on every reply, 2xx or not (agents/transport.py):
 - `retry-after-ms` (milliseconds, as OpenAI sends) or else `retry-after` (seconds or
   an HTTP date): how long to wait before calling again;
 - OpenAI's `x-ratelimit-remaining-requests` / `-tokens` with `x-ratelimit-reset-requests`
-  / `-tokens`, durations written as Go writes them (`1s`, `6m0s`, `20ms`, `1h2m3.5s`);
+  / `-tokens`, durations written as Go writes them (`1s`, `6m0s`, `20ms`, `1h2m3.5s`),
+  counted from when the request was sent: the provider takes its count as a request
+  arrives, and a reply that took seconds to write would otherwise make the wait seconds
+  too long;
 - Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining`
   with `-reset`, an RFC 3339 time.
 
@@ -15,7 +18,8 @@ one of the spent limits resets. The requests still allowed (the fewest the provi
 request limits report) and when they are all back are kept too: the calls already on
 their way may spend what remains before they arrive (agents/transport.py). A header that
 cannot be read counts as absent: a reply is never failed over how its rate-limit headers
-are written.
+are written. `x-ratelimit-limit-requests` / `anthropic-ratelimit-requests-limit` (how
+many requests the limit allows at most) bounds how far a learned limit grows.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class ProviderLimits:
     # The requests the provider still allows now, and the seconds until all are back.
     requests_remaining: int | None = None
     requests_reset: float | None = None
+    # The most requests the provider's request limit allows.
+    requests_limit: int | None = None
 
 
 NOTHING = ProviderLimits()
@@ -92,8 +98,11 @@ def seconds_until(text: str, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time() if now is None else now))
 
 
-def read_provider_limits(headers: Mapping[str, str], now: float | None = None) -> ProviderLimits:
-    """The rate-limit headers of one reply (any capitalisation)."""
+def read_provider_limits(
+    headers: Mapping[str, str], now: float | None = None, sent_ago: float = 0.0
+) -> ProviderLimits:
+    """The rate-limit headers of one reply (any capitalisation), to a request sent
+    `sent_ago` seconds ago."""
     found: dict[str, str] = {}
     for name, value in headers.items():
         lower = name.lower()
@@ -113,7 +122,7 @@ def read_provider_limits(headers: Mapping[str, str], now: float | None = None) -
         remaining = _count(found.get(f"x-ratelimit-remaining-{kind}"))
         reset = parse_duration(found.get(f"x-ratelimit-reset-{kind}", ""))
         if remaining is not None and reset is not None:
-            limits.append((kind, remaining, reset))
+            limits.append((kind, remaining, max(0.0, reset - sent_ago)))
     for kind in _ANTHROPIC_KINDS:
         remaining = _count(found.get(f"anthropic-ratelimit-{kind}-remaining"))
         reset = seconds_until(found.get(f"anthropic-ratelimit-{kind}-reset", ""), now)
@@ -122,11 +131,17 @@ def read_provider_limits(headers: Mapping[str, str], now: float | None = None) -
     spent = [reset for _, remaining, reset in limits if remaining <= 0]
     requests = [(remaining, reset) for kind, remaining, reset in limits if kind == "requests"]
     fewest = min(requests) if requests else None
+    most = [
+        _count(found.get(name))
+        for name in ("x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit")
+    ]
+    stated = [int(count) for count in most if count is not None and count >= 1]
     return ProviderLimits(
         retry_after,
         max(spent) if spent else None,
         int(fewest[0]) if fewest is not None else None,
         fewest[1] if fewest is not None else None,
+        min(stated) if stated else None,
     )
 
 

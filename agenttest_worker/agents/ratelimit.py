@@ -145,13 +145,15 @@ return 0
 # What a call's answer does to the learned limit. KEYS: learned hash, concurrency zset.
 # ARGV: outcome ('429' or 'ok'), the lease's epoch (-1: a call made before this process
 # took slots, which may set a first limit but never halve one), the calls this process
-# had in flight, now. Returns the limit (0: none learned).
+# had in flight, now, the key's time to live, the provider's request limit (0: unknown).
+# Returns the limit (0: none learned).
 _ADAPT = """
 local learned = redis.call('HMGET', KEYS[1], 'limit', 'epoch')
 local limit = tonumber(learned[1] or '0')
 local epoch = tonumber(learned[2] or '0')
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])
 local active = redis.call('ZCARD', KEYS[2])
+local cap = tonumber(ARGV[6])
 if ARGV[1] == '429' then
   local lease_epoch = tonumber(ARGV[2])
   if lease_epoch < 0 and limit > 0 then return limit end
@@ -159,11 +161,12 @@ if ARGV[1] == '429' then
   local base = limit
   if base == 0 then base = math.max(active, tonumber(ARGV[3])) end
   limit = math.max(1, math.floor(base / 2))
+  if cap > 0 then limit = math.min(limit, cap) end
   redis.call('HSET', KEYS[1], 'limit', limit, 'epoch', epoch + 1, 'successes', 0)
 elseif limit > 0 then
   local successes = redis.call('HINCRBY', KEYS[1], 'successes', 1)
   if successes >= limit then
-    if active >= limit then
+    if active >= limit and (cap == 0 or limit < cap) then
       limit = limit + 1
       redis.call('HSET', KEYS[1], 'limit', limit)
     end
@@ -226,6 +229,11 @@ class Limiter(Protocol):
         provider's count of requests remaining may not have seen yet."""
         ...
 
+    def provider_allows(self, agent: str, requests: int) -> None:
+        """The provider says its request limit allows at most `requests` at once (a
+        learned limit grows no further: more calls at once would be refused anyway)."""
+        ...
+
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None: ...
 
 
@@ -266,6 +274,7 @@ class _LocalState:
         self.learned = 0
         self.epoch = 0
         self.successes = 0
+        self.cap = 0  # the provider's request limit, when it states one
 
     def answered(self, agent: str, epoch: int, status: int | None) -> None:
         """AIMD on a learned limit, from one answer (`active` still counts its call)."""
@@ -274,6 +283,8 @@ class _LocalState:
                 return  # sent before the last halving: that window has halved already
             before = self.learned
             self.learned = max(1, (self.learned or self.active) // 2)
+            if self.cap:
+                self.learned = min(self.learned, self.cap)
             self.epoch += 1
             self.successes = 0
             _learned(agent, self.learned, before)
@@ -281,7 +292,8 @@ class _LocalState:
             self.successes += 1
             if self.successes >= self.learned:
                 self.successes = 0
-                if self.active >= self.learned:  # the window was in use: try one more
+                room = not self.cap or self.learned < self.cap
+                if room and self.active >= self.learned:  # the window was in use: one more
                     self.learned += 1
                     metrics.learned_concurrency(agent, self.learned)
 
@@ -389,6 +401,9 @@ class LocalLimiter:
     def calls_ahead(self, agent: str) -> int:
         state = self._states.get(agent)
         return max(0, state.active - 1) if state is not None else 0
+
+    def provider_allows(self, agent: str, requests: int) -> None:
+        self._states.setdefault(agent, _LocalState()).cap = requests
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None:
         if tokens and limits.tokens:
@@ -512,6 +527,7 @@ class RedisLimiter:
         self.engaged: set[str] = set()
         self.loose: dict[str, int] = {}
         self.held: dict[str, int] = {}  # the slots this process holds, by agent
+        self.caps: dict[str, int] = {}  # the providers' request limits, when stated
         self.lines: dict[str, _Line] = {}
         self._learned: dict[str, int] = {}
 
@@ -605,7 +621,14 @@ class RedisLimiter:
             limit = int(
                 await self._adapt(
                     keys=[self.keys(agent)[5], self.keys(agent)[2]],
-                    args=[outcome, epoch, self.loose.get(agent, 0), repr(now), LEARNED_TTL],
+                    args=[
+                        outcome,
+                        epoch,
+                        self.loose.get(agent, 0),
+                        repr(now),
+                        LEARNED_TTL,
+                        self.caps.get(agent, 0),
+                    ],
                 )
             )
         except self.outage:
@@ -625,6 +648,9 @@ class RedisLimiter:
         # This process's calls, or the fleet's as many as the learned limit lets through.
         mine = self.loose.get(agent, 0) + self.held.get(agent, 0)
         return max(0, mine - 1, self._learned.get(agent, 0) - 1)
+
+    def provider_allows(self, agent: str, requests: int) -> None:
+        self.caps[agent] = requests
 
     async def pause(self, agent: str, seconds: float, probe: bool = True) -> None:
         self.engaged.add(agent)

@@ -141,6 +141,7 @@ async def post_json(
             retry_after: float | None = None
             attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden)
             lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
+            sent = time.monotonic()
             try:
                 reply = await attempt.exchange()
             except StreamFailure as exc:
@@ -169,8 +170,10 @@ async def post_json(
                 await breaker().reached(key)
                 status, response_headers, raw = reply.status, reply.headers, reply.body
                 attempt.status = status
-                said = read_provider_limits(response_headers)
+                said = read_provider_limits(response_headers, sent_ago=time.monotonic() - sent)
                 if limits is not None and said is not NOTHING:
+                    if said.requests_limit and limits.adaptive:
+                        limiter().provider_allows(agent, said.requests_limit)
                     await _spent_until_reset(agent, said, policy)
                 text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
                 record = _record(role, agent, started, attempts, status)
