@@ -228,6 +228,26 @@ def test_provider_headers_are_read(headers: dict[str, str], said: ProviderLimits
     assert read_provider_limits(headers, now=now) == (said or ProviderLimits())
 
 
+def test_openai_resets_count_from_the_request_and_the_stated_limit_is_kept() -> None:
+    """OpenAI's relative reset was measured when the request arrived: a reply that took
+    0.4 s leaves 0.6 s of a 1 s reset. Anthropic's are absolute times, unchanged."""
+    now = datetime(2027, 1, 15, 8, 0, 0, tzinfo=UTC).timestamp()
+    openai_headers = {
+        "x-ratelimit-limit-requests": "40",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1s",
+    }
+    said = read_provider_limits(openai_headers, now=now, sent_ago=0.4)
+    assert said == ProviderLimits(None, pytest.approx(0.6), 0, pytest.approx(0.6), 40)
+    anthropic_headers = {
+        "anthropic-ratelimit-requests-limit": "50",
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": "2027-01-15T08:00:01Z",
+    }
+    said = read_provider_limits(anthropic_headers, now=now, sent_ago=0.4)
+    assert said == ProviderLimits(None, 1.0, 0, 1.0, 50)
+
+
 # -- the stand-in speaks the providers' formats ----------------------------------------------
 
 
@@ -335,6 +355,40 @@ def test_a_spent_anthropic_limit_holds_the_next_call_until_its_reset(
     assert server.gaps(MESSAGES)[0] >= 0.75
 
 
+def test_requests_remaining_no_more_than_the_calls_on_their_way_hold_the_next(
+    server: AgentServer,
+) -> None:
+    """One request left and one other call already on its way: it will take that one,
+    so the calls after wait for the reset. One left and nothing else on its way: no wait."""
+    left = {"x-ratelimit-remaining-requests": "1", "x-ratelimit-reset-requests": "700ms"}
+    client = _openai(server)
+    request = AgentRequest(role="target", messages=[])
+
+    async def two_then_one() -> None:
+        first = asyncio.ensure_future(client.complete(request))
+        second = asyncio.ensure_future(client.complete(request))
+        await asyncio.wait([first, second], return_when=asyncio.FIRST_COMPLETED)
+        await client.complete(request)
+        await asyncio.gather(first, second)
+
+    server.script(CHAT, Reply(body=completion("one"), headers=left))
+    server.always(CHAT, Reply(body=completion("slow"), delay=1.0))
+    run(two_then_one())
+    arrivals = [r.at for r in server.requests(CHAT)]
+    assert len(arrivals) == 3 and arrivals[2] - arrivals[0] >= 0.65, arrivals
+
+    with AgentServer() as alone:
+        alone.always(CHAT, Reply(body=completion("ok"), headers=left))
+        client = _openai(alone)
+
+        async def twice() -> None:
+            for _ in range(2):
+                await client.complete(request)
+
+        run(twice())
+        assert alone.gaps(CHAT)[0] < 0.5
+
+
 def test_a_configured_rate_limit_is_not_adapted(server: AgentServer) -> None:
     server.always(CHAT, Reply(body=completion("ok")))
     client = _openai(server, rate_limit={"concurrency": 3})
@@ -390,6 +444,26 @@ def test_the_learned_limit_halves_once_per_window_and_grows_back() -> None:
         return seen
 
     assert asyncio.run(scenario()) == [4, 0, 2, 3, 3, 1]
+
+
+def test_the_learned_limit_grows_no_further_than_the_provider_allows() -> None:
+    async def scenario() -> list[int]:
+        limiter = LocalLimiter()
+        limiter.provider_allows("a", 3)
+        window = [await limiter.acquire("a", LEARNED, 5) for _ in range(10)]
+        await window[0].release(0, 429)  # half of 10 is 5: the provider allows 3
+        for lease in window[1:]:
+            await lease.release(0, 500)
+        learned = [limiter.learned("a")]
+        kept = [await limiter.acquire("a", LEARNED, 5) for _ in range(2)]
+        for _ in range(20):  # the window full, success after success
+            lease = await limiter.acquire("a", LEARNED, 5)
+            await lease.release(0, 200)
+        for lease in kept:
+            await lease.release(0, 200)
+        return [*learned, limiter.learned("a")]
+
+    assert asyncio.run(scenario()) == [3, 3]
 
 
 def test_the_learned_limit_is_shared_through_redis(redis_db: str) -> None:
