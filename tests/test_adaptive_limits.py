@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import secrets
 import threading
 import time
 from collections import Counter
@@ -65,14 +66,17 @@ def rfc3339(when: float) -> str:
 
 class Bucket:
     """A provider's request limit: a token bucket of `per_second` tokens a second holding
-    at most one second's worth, full at the start. Every request is counted by what it
+    at most one second's worth, full at the start (or, `spent`, empty: someone else used
+    it up just before). Every request is counted by what it
     got, and every answered one by its message (to see none is answered twice)."""
 
-    def __init__(self, per_second: int, style: str = "openai", latency: float = 0.1) -> None:
+    def __init__(
+        self, per_second: int, style: str = "openai", latency: float = 0.1, spent: bool = False
+    ) -> None:
         self.per_second = per_second
         self.style = style
         self.latency = latency
-        self.tokens = float(per_second)
+        self.tokens = 0.0 if spent else float(per_second)
         self.stamp = self.began = time.monotonic()
         self.statuses: Counter[int] = Counter()
         self.answered: Counter[str] = Counter()
@@ -329,7 +333,7 @@ def test_a_spent_openai_limit_holds_the_next_call_until_its_reset(server: AgentS
         return [(await client.complete(request)).content or "" for _ in range(2)]
 
     assert run(twice()) == ["one", "two"]
-    assert server.gaps(CHAT)[0] >= 0.6
+    assert server.gaps(CHAT)[0] >= 0.55  # (the reset counts from the first request)
 
 
 def test_a_spent_anthropic_limit_holds_the_next_call_until_its_reset(
@@ -468,11 +472,12 @@ def test_the_learned_limit_grows_no_further_than_the_provider_allows() -> None:
 
 def test_the_learned_limit_is_shared_through_redis(redis_db: str) -> None:
     async def scenario() -> tuple[int, int, list[float]]:
-        one, two = RedisLimiter(redis_db), RedisLimiter(redis_db)
-        await one.client.flushdb()
+        # A prefix of this test's own (never FLUSHDB: it would drop the database's claim).
+        prefix = f"t:learned:{secrets.token_hex(4)}"
+        one, two = RedisLimiter(redis_db, prefix=prefix), RedisLimiter(redis_db, prefix=prefix)
         # Before any 429 a process takes no slot in Redis at all.
         loose = [await one.acquire("a", LEARNED, 5) for _ in range(6)]
-        assert await one.learned("a") == 0 and not await one.client.keys("*")
+        assert await one.learned("a") == 0 and not await one.client.keys(f"{prefix}*")
         await loose[0].release(0, 429)  # the first 429: half of the 6 in flight
         await loose[1].release(0, 429)  # (the same window: no second halving)
         for lease in loose[2:]:
@@ -538,12 +543,10 @@ PER_SECOND = 10
 CASES = 60
 
 
-def _check_calls(bucket: Bucket) -> None:
+def _check_calls(bucket: Bucket, refusals: int) -> None:
     # Every case answered exactly once: none lost, none played twice.
     assert bucket.answered == Counter({f"hello {i}": 1 for i in range(CASES)})
-    # A first burst of up to 20 against a bucket of 10 may be refused in part; after
-    # that the learned limit and the provider's headers keep the refusals to a few.
-    assert bucket.statuses[429] <= CASES // 6, (bucket.statuses, str(bucket.timeline))
+    assert bucket.statuses[429] <= refusals, (bucket.statuses, str(bucket.timeline))
 
 
 def test_an_embedded_run_learns_the_providers_limit(
@@ -558,7 +561,9 @@ def test_an_embedded_run_learns_the_providers_limit(
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"Passed:  {CASES}" in out, out
-    _check_calls(bucket)
+    # The first burst, up to 20 calls against a bucket of 10, may be refused in part;
+    # after that the learned limit and the provider's headers keep the refusals to a few.
+    _check_calls(bucket, refusals=20 - PER_SECOND + CASES // 10)
     # Near the provider's pace (60 calls at 10 a second, the first 10 at once), not held
     # up by pauses longer than the provider asked for.
     assert elapsed < (CASES - PER_SECOND) / PER_SECOND * 3, (elapsed, str(bucket.timeline))
@@ -573,7 +578,9 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
 def test_a_fleet_learns_the_providers_limit_together(
     fleet: Fleet, server: AgentServer, tmp_path: Path
 ) -> None:
-    bucket = Bucket(PER_SECOND)
+    # Spent at the start, so that the first calls are refused however slowly the workers
+    # start them (on a busy machine they may never outrun a full bucket).
+    bucket = Bucket(PER_SECOND, spent=True)
     server.respond(CHAT, bucket)
     cases, config = _cases(tmp_path, CASES), _config(tmp_path, server.url("/v1"))
     ports = [free_port(), free_port()]
@@ -586,7 +593,10 @@ def test_a_fleet_learns_the_providers_limit_together(
     done = fleet.submit(["-i", str(cases), "-n", "provider", "--config", str(config)])
     assert done.returncode == 0, done.stderr + fleet.logs()
     assert f"Passed:  {CASES}" in done.stdout, done.stdout
-    _check_calls(bucket)
+    # The calls already on their way when the first 429 came (up to both workers' 20),
+    # and a few more.
+    _check_calls(bucket, refusals=20 + CASES // 10)
+    assert bucket.statuses[429] >= 1
     # Each worker shows the 429s it got and the limit it acts on.
     scraped = [samples(scrape(port)) for port in ports]
     counted = sum(total(found, "agenttest_agent_429_total", agent="provider") for found in scraped)

@@ -44,11 +44,12 @@ import logging
 import secrets
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agenttest_worker.agents.config import RateLimit
+from agenttest_worker.agents.limit_scripts import ACQUIRE, ADAPT, CLEAR_PROBE
+from agenttest_worker.agents.local_limits import Line, LocalLease, LocalState, learned_changed
 from agenttest_worker.agents.waiting import Waits
 from agenttest_worker.observe import metrics
 from agenttest_worker.settings import get_settings, redis_py_url
@@ -65,117 +66,6 @@ LEARNED_TTL = 3600
 # limiter's clock and the agent's arrival times cannot squeeze one call too many into
 # what the agent sees as one window.
 WINDOW_SLACK = 0.01
-
-# KEYS: requests zset, tokens zset, concurrency zset, pause key, probe key, learned hash
-# ARGV: now, request_limit, request_window, token_limit, token_window, concurrency_limit,
-#       lease_id, lease_expiry, probe_wait, adaptive (1: the learned limit applies)
-# Returns {0, wait_seconds}, {1, '0', epoch} or {1, 'probe', epoch} (this call goes first
-# after a pause); epoch: the learned limit's halvings so far.
-_ACQUIRE = """
-local now = tonumber(ARGV[1])
-local adaptive = ARGV[10] == '1'
-local epoch = 0
-local pause = tonumber(redis.call('GET', KEYS[4]) or '0')
-if pause > now then return {0, tostring(pause - now)} end
-local probe = redis.call('GET', KEYS[5])
-local probing = false
-if probe then
-  if probe ~= 'open' then return {0, ARGV[9]} end
-  probing = true
-end
-local wait = 0
-local req_limit = tonumber(ARGV[2])
-if req_limit > 0 then
-  local window = tonumber(ARGV[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-  if redis.call('ZCARD', KEYS[1]) >= req_limit then
-    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    wait = math.max(wait, tonumber(oldest[2]) + window - now)
-  end
-end
-local tok_limit = tonumber(ARGV[4])
-if tok_limit > 0 then
-  local window = tonumber(ARGV[5])
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
-  local used = 0
-  local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  for i = 1, #entries, 2 do
-    used = used + tonumber(string.match(entries[i], ':(%d+)$'))
-  end
-  if used >= tok_limit and #entries > 0 then
-    wait = math.max(wait, tonumber(entries[2]) + window - now)
-  end
-end
-local conc_limit = tonumber(ARGV[6])
-if adaptive then
-  local learned = redis.call('HMGET', KEYS[6], 'limit', 'epoch')
-  conc_limit = tonumber(learned[1] or '0')
-  epoch = tonumber(learned[2] or '0')
-end
-if conc_limit > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= conc_limit then
-    wait = math.max(wait, 0.02)
-  end
-end
-if wait > 0 then return {0, tostring(wait)} end
-if probing then
-  redis.call('SET', KEYS[5], ARGV[7], 'PX', math.ceil((tonumber(ARGV[8]) - now) * 1000))
-end
-if req_limit > 0 then
-  redis.call('ZADD', KEYS[1], now, ARGV[7])
-  redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 5)
-end
-if conc_limit > 0 or adaptive then
-  redis.call('ZADD', KEYS[3], ARGV[8], ARGV[7])
-  redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[8]) - now) + 5)
-end
-if probing then return {1, 'probe', epoch} end
-return {1, '0', epoch}
-"""
-
-# The probe's answer was not a 429: let everyone through again (only if this lease is
-# still the probe). KEYS: probe key; ARGV: lease_id.
-_CLEAR_PROBE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
-# What a call's answer does to the learned limit. KEYS: learned hash, concurrency zset.
-# ARGV: outcome ('429' or 'ok'), the lease's epoch (-1: a call made before this process
-# took slots, which may set a first limit but never halve one), the calls this process
-# had in flight, now, the key's time to live, the provider's request limit (0: unknown).
-# Returns the limit (0: none learned).
-_ADAPT = """
-local learned = redis.call('HMGET', KEYS[1], 'limit', 'epoch')
-local limit = tonumber(learned[1] or '0')
-local epoch = tonumber(learned[2] or '0')
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])
-local active = redis.call('ZCARD', KEYS[2])
-local cap = tonumber(ARGV[6])
-if ARGV[1] == '429' then
-  local lease_epoch = tonumber(ARGV[2])
-  if lease_epoch < 0 and limit > 0 then return limit end
-  if lease_epoch >= 0 and lease_epoch ~= epoch then return limit end
-  local base = limit
-  if base == 0 then base = math.max(active, tonumber(ARGV[3])) end
-  limit = math.max(1, math.floor(base / 2))
-  if cap > 0 then limit = math.min(limit, cap) end
-  redis.call('HSET', KEYS[1], 'limit', limit, 'epoch', epoch + 1, 'successes', 0)
-elseif limit > 0 then
-  local successes = redis.call('HINCRBY', KEYS[1], 'successes', 1)
-  if successes >= limit then
-    if active >= limit and (cap == 0 or limit < cap) then
-      limit = limit + 1
-      redis.call('HSET', KEYS[1], 'limit', limit)
-    end
-    redis.call('HSET', KEYS[1], 'successes', 0)
-  end
-end
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-return limit
-"""
 
 
 @dataclass(frozen=True)
@@ -237,113 +127,24 @@ class Limiter(Protocol):
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None: ...
 
 
-class _Line:
-    """The calls of one process waiting for an agent's slot: one at a time asks (the
-    others wait their turn, in order, without polling), and a slot freed in this process
-    wakes it at once."""
-
-    __slots__ = ("lock", "wake")
-
-    def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        self.wake = asyncio.Event()
-
-
-def _learned(agent: str, limit: int, before: int) -> None:
-    """The learned limit of `agent` is now `limit` (was `before`; 0: none)."""
-    metrics.learned_concurrency(agent, limit)
-    if before == 0 or limit < before:  # (each step up is not worth a line)
-        log.info("rate limit: %s answered 429; calls in flight now at most %d", agent, limit)
-
-
-# -- in process --------------------------------------------------------------------------
-
-
-class _LocalState:
-    def __init__(self) -> None:
-        # After a pause: "open" until a probe goes, then the probe's lease until it answers.
-        self.probe: object | None = None
-        # One [stamp] cell per admitted call, restamped when its response arrives.
-        self.starts: list[list[float]] = []
-        self.tokens: deque[tuple[float, int]] = deque()
-        self.active = 0
-        self.paused_until = 0.0
-        self.line = _Line()
-        # The learned limit (adaptive limits only): 0 until the first 429; its halvings
-        # so far; the successes counted towards the next step up.
-        self.learned = 0
-        self.epoch = 0
-        self.successes = 0
-        self.cap = 0  # the provider's request limit, when it states one
-
-    def answered(self, agent: str, epoch: int, status: int | None) -> None:
-        """AIMD on a learned limit, from one answer (`active` still counts its call)."""
-        if status == 429:
-            if epoch != self.epoch:
-                return  # sent before the last halving: that window has halved already
-            before = self.learned
-            self.learned = max(1, (self.learned or self.active) // 2)
-            if self.cap:
-                self.learned = min(self.learned, self.cap)
-            self.epoch += 1
-            self.successes = 0
-            _learned(agent, self.learned, before)
-        elif self.learned and status is not None and 200 <= status < 300:
-            self.successes += 1
-            if self.successes >= self.learned:
-                self.successes = 0
-                room = not self.cap or self.learned < self.cap
-                if room and self.active >= self.learned:  # the window was in use: one more
-                    self.learned += 1
-                    metrics.learned_concurrency(agent, self.learned)
-
-
-class _LocalLease:
-    def __init__(
-        self,
-        state: _LocalState,
-        counted: bool,
-        start: list[float] | None,
-        agent: str = "",
-        adaptive: bool = False,
-    ) -> None:
-        self.state = state
-        self.counted = counted
-        self.start = start
-        self.agent = agent
-        self.adaptive = adaptive
-        self.epoch = state.epoch
-
-    async def release(self, tokens: int, status: int | None = None) -> None:
-        state = self.state
-        if state.probe is self and status != 429:
-            state.probe = None
-        if self.adaptive:
-            state.answered(self.agent, self.epoch, status)
-        if self.start is not None:
-            self.start[0] = time.monotonic()
-        if self.counted:
-            state.active -= 1
-            state.line.wake.set()
-        if tokens:
-            state.tokens.append((time.monotonic(), tokens))
+# -- in process (its state per agent: local_limits.py) -------------------------------------
 
 
 class LocalLimiter:
     """The same rules for one process (one event loop)."""
 
     def __init__(self) -> None:
-        self._states: dict[str, _LocalState] = {}
+        self._states: dict[str, LocalState] = {}
 
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
         state = self._states.get(agent)
         if state is None:
-            state = self._states[agent] = _LocalState()
+            state = self._states[agent] = LocalState()
         quiet = not state.learned and state.probe is None
         if limits.adaptive and quiet and state.paused_until <= time.monotonic():
             # Nothing learned yet and no pause: no wait, only counted.
             state.active += 1
-            return _LocalLease(state, True, None, agent, True)
+            return LocalLease(state, True, None, agent, True)
         waits = Waits()
         started = time.monotonic()
         try:
@@ -358,7 +159,7 @@ class LocalLimiter:
             waits.done()
             metrics.rate_limit_waited(agent, time.monotonic() - started)
 
-    def _admit(self, state: _LocalState, limits: Limits, agent: str) -> Lease | float:
+    def _admit(self, state: LocalState, limits: Limits, agent: str) -> Lease | float:
         """A lease, or the seconds to wait before asking again."""
         now = time.monotonic()
         wait = max(0.0, state.paused_until - now)
@@ -385,7 +186,7 @@ class LocalLimiter:
         counted = bool(limits.concurrency) or limits.adaptive
         if counted:
             state.active += 1
-        lease = _LocalLease(state, counted, start, agent, limits.adaptive)
+        lease = LocalLease(state, counted, start, agent, limits.adaptive)
         if state.probe == "open":
             state.probe = lease
         return lease
@@ -393,7 +194,7 @@ class LocalLimiter:
     async def pause(self, agent: str, seconds: float, probe: bool = True) -> None:
         """Every call waits `seconds`; then, with `probe` (after a 429: the agent may still
         be overloaded), one call goes first and the others wait for its answer."""
-        state = self._states.setdefault(agent, _LocalState())
+        state = self._states.setdefault(agent, LocalState())
         state.paused_until = max(state.paused_until, time.monotonic() + seconds)
         if probe:
             state.probe = "open"
@@ -403,11 +204,11 @@ class LocalLimiter:
         return max(0, state.active - 1) if state is not None else 0
 
     def provider_allows(self, agent: str, requests: int) -> None:
-        self._states.setdefault(agent, _LocalState()).cap = requests
+        self._states.setdefault(agent, LocalState()).cap = requests
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None:
         if tokens and limits.tokens:
-            self._states.setdefault(agent, _LocalState()).tokens.append((time.monotonic(), tokens))
+            self._states.setdefault(agent, LocalState()).tokens.append((time.monotonic(), tokens))
 
     def learned(self, agent: str) -> int:
         """The limit learned for `agent` (0: none)."""
@@ -415,7 +216,7 @@ class LocalLimiter:
         return state.learned if state is not None else 0
 
 
-# -- across the fleet (Redis) -------------------------------------------------------------
+# -- across the fleet (Redis; the scripts: limit_scripts.py) -------------------------------
 
 
 class _NoLease:
@@ -519,16 +320,16 @@ class RedisLimiter:
         self.client: Any = aioredis.Redis.from_url(redis_py_url(url))
         self.prefix = prefix
         self.outage_grace = outage_grace
-        self._script: Any = self.client.register_script(_ACQUIRE)
-        self._clear_probe: Any = self.client.register_script(_CLEAR_PROBE)
-        self._adapt: Any = self.client.register_script(_ADAPT)
+        self._script: Any = self.client.register_script(ACQUIRE)
+        self._clear_probe: Any = self.client.register_script(CLEAR_PROBE)
+        self._adapt: Any = self.client.register_script(ADAPT)
         # Adaptive agents whose slots this process takes (it has seen a 429 or a pause);
         # the calls to the others it has in flight, taking none.
         self.engaged: set[str] = set()
         self.loose: dict[str, int] = {}
         self.held: dict[str, int] = {}  # the slots this process holds, by agent
         self.caps: dict[str, int] = {}  # the providers' request limits, when stated
-        self.lines: dict[str, _Line] = {}
+        self.lines: dict[str, Line] = {}
         self._learned: dict[str, int] = {}
 
     def keys(self, agent: str) -> list[str]:
@@ -563,7 +364,7 @@ class RedisLimiter:
     ) -> Lease:
         lease_id = secrets.token_hex(8)
         outage_since: float | None = None
-        line: _Line | None = None
+        line: Line | None = None
         try:
             while True:
                 try:
@@ -600,7 +401,7 @@ class RedisLimiter:
                 if line is None:
                     # One waiter of this process at a time asks Redis; the rest wait their
                     # turn here, in order, instead of each polling it.
-                    line = self.lines.setdefault(agent, _Line())
+                    line = self.lines.setdefault(agent, Line())
                     await line.lock.acquire()
                     continue  # (a slot may have freed while this call waited its turn)
                 await waits.sleep(max(float(wait), 0.005), line.wake)
@@ -609,7 +410,7 @@ class RedisLimiter:
                 line.lock.release()
 
     async def answered(self, agent: str, epoch: int, status: int | None) -> None:
-        """AIMD on the agent's learned limit (_ADAPT), from one answer."""
+        """AIMD on the agent's learned limit (limit_scripts.ADAPT), from one answer."""
         if status == 429:
             outcome = "429"
         elif status is not None and 200 <= status < 300:
@@ -637,7 +438,7 @@ class RedisLimiter:
         before = self._learned.get(agent, 0)
         if limit != before:
             self._learned[agent] = limit
-            _learned(agent, limit, before)
+            learned_changed(agent, limit, before)
 
     async def learned(self, agent: str) -> int:
         """The limit learned for `agent` across the fleet (0: none)."""
