@@ -90,9 +90,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])
 local active = redis.call('ZCARD', KEYS[2])
 local cap = tonumber(ARGV[6])
 if ARGV[1] == '429' then
-  local lease_epoch = tonumber(ARGV[2])
-  if lease_epoch < 0 and limit > 0 then return limit end
-  if lease_epoch >= 0 and lease_epoch ~= epoch then return limit end
+  -- (Nothing learned, or forgotten: any 429 sets a first limit.)
+  if limit > 0 and tonumber(ARGV[2]) ~= epoch then return limit end
   local base = limit
   if base == 0 then base = math.max(active, tonumber(ARGV[3])) end
   limit = math.max(1, math.floor(base / 2))

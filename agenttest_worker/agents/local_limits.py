@@ -31,7 +31,7 @@ class Line:
 def learned_changed(agent: str, limit: int, before: int) -> None:
     """The learned limit of `agent` is now `limit` (was `before`; 0: none)."""
     metrics.learned_concurrency(agent, limit)
-    if before == 0 or limit < before:  # (each step up is not worth a line)
+    if limit and (before == 0 or limit < before):  # (each step up is not worth a line)
         log.info("rate limit: %s answered 429; calls in flight now at most %d", agent, limit)
 
 
@@ -55,7 +55,7 @@ class LocalState:
     def answered(self, agent: str, epoch: int, status: int | None) -> None:
         """AIMD on a learned limit, from one answer (`active` still counts its call)."""
         if status == 429:
-            if epoch != self.epoch:
+            if self.learned and epoch != self.epoch:
                 return  # sent before the last halving: that window has halved already
             before = self.learned
             self.learned = max(1, (self.learned or self.active) // 2)
