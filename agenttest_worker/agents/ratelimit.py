@@ -151,6 +151,7 @@ class LocalLimiter:
             lease = self._admit(state, limits, agent)
             if isinstance(lease, float):
                 # One waiter at a time asks; the rest wait their turn in line.
+                waits.begin()
                 async with state.line.lock:
                     while isinstance(lease := self._admit(state, limits, agent), float):
                         await waits.sleep(lease, state.line.wake)
@@ -402,6 +403,7 @@ class RedisLimiter:
                     # One waiter of this process at a time asks Redis; the rest wait their
                     # turn here, in order, instead of each polling it.
                     line = self.lines.setdefault(agent, Line())
+                    waits.begin()
                     await line.lock.acquire()
                     continue  # (a slot may have freed while this call waited its turn)
                 await waits.sleep(max(float(wait), 0.005), line.wake)

@@ -114,11 +114,15 @@ class Waits:
     def __init__(self) -> None:
         self.turn: object | None = None
 
-    async def sleep(self, seconds: float, wake: asyncio.Event | None = None) -> None:
-        """Sleep `seconds`, or until `wake` is set (a slot freed in this process)."""
+    def begin(self) -> None:
+        """From now on the wait is listed (a call about to wait its turn in line)."""
         if self.turn is None and (turn := _current_turn.get()) is not None:
             self.turn = turn
             WAITING.begin(turn)
+
+    async def sleep(self, seconds: float, wake: asyncio.Event | None = None) -> None:
+        """Sleep `seconds`, or until `wake` is set (a slot freed in this process)."""
+        self.begin()
         if wake is None:
             await asyncio.sleep(seconds)
             return
