@@ -137,7 +137,8 @@ def make_app(
     async def complete(request: web.Request) -> web.Response:
         nonlocal calls, refused
         calls += 1
-        first[:] = first or [time.monotonic()]
+        if not first:
+            first.append(time.monotonic())
         raw = await request.read()
         model = str(json.loads(raw).get("model")) if raw else ""
         if forward is None:
