@@ -211,6 +211,14 @@ class AgentUrl(str):
         """The calls it answered 2xx so far, by the request's model."""
         return {model: int(n) for model, n in self._counts()["answered"].items()}
 
+    def refused(self) -> int:
+        """The 429s it answered itself so far (a rate-limited agent's)."""
+        return int(self._counts()["refused"])
+
+    def refused_at(self) -> list[float]:
+        """When it answered each of those, in seconds from its first call."""
+        return [float(t) for t in self._counts()["refused_at"]]
+
     def _counts(self) -> Any:
         with urllib.request.urlopen(self + "/calls", timeout=30) as response:
             return json.load(response)
@@ -247,6 +255,12 @@ def _https_agent(*options: str) -> Iterator[AgentUrl]:
 def fixed_agent(latency_ms: float, reply_chars: int = 0) -> AbstractContextManager[AgentUrl]:
     """benchmarks/fixed_agent.py over https, answering after `latency_ms`."""
     return _https_agent("--latency-ms", str(latency_ms), "--reply-chars", str(reply_chars))
+
+
+def rate_limited_agent(latency_ms: float, per_second: float) -> AbstractContextManager[AgentUrl]:
+    """benchmarks/fixed_agent.py over https, answering after `latency_ms` at most
+    `per_second` requests a second (a token bucket; 429 with retry-after beyond)."""
+    return _https_agent("--latency-ms", str(latency_ms), "--requests-per-second", str(per_second))
 
 
 def forwarding_agent(upstream: str) -> AbstractContextManager[AgentUrl]:

@@ -11,7 +11,9 @@
   makes (`RoleSession`: target, simulator, judge, script assertions, generator).
 - `roles`: the helper roles' requests and how their replies are read.
 - `transport`, `retry`, `ratelimit`: HTTP calls with bounded bodies, backoff, and
-  fleet-wide rate limits.
+  fleet-wide rate limits (`local_limits`: one process's; `limit_scripts`: the Lua
+  scripts a fleet's run in Redis), learned from the provider's 429s where none are
+  configured; `provider_limits`: what a reply's rate-limit headers say.
 - `script_loader`: Python callables from the scripts folder, and only from there.
 """
 

@@ -59,7 +59,9 @@ class RateLimit(_Strict):
     """Fleet-wide limits for one agent (enforced through Redis when distributed).
 
     Any `rate_limit` section, even an empty one, also makes the fleet back off
-    together when the agent answers 429.
+    together when the agent answers 429 (for its Retry-After, or 5 s without one), and
+    keeps the agent's calls in flight from being learned from its 429s
+    (agents/limits/ratelimit.py): the limits are what it says.
     """
 
     requests_per_second: int | None = Field(default=None, ge=1)

@@ -15,7 +15,7 @@ Turns, conversations, calls, latency, tokens and cost are counted from the steps
 worker recorded (fleet/metered.py), once per turn however often its message was
 delivered, so that they add up to what the run stored. Retries, rate-limit waits and
 breaker refusals are counted where they happen (agents/http/transport.py, ratelimit.py,
-breaker.py).
+breaker.py), as are 429s and the limits learned from them.
 """
 
 from __future__ import annotations
@@ -119,6 +119,21 @@ class WorkerMetrics:
             ["agent"],
             buckets=WAIT_BUCKETS,
             registry=registry,
+        )
+        self.rate_limited = Counter(
+            "agenttest_agent_429",
+            "Replies 429 (too many requests) from the agent, retried or not",
+            ["agent"],
+            registry=registry,
+        )
+        # livemin: on a fleet every process reads the same learned limit from Redis; the
+        # lowest is the one a process has acted on since its last 429.
+        self.learned_concurrency = Gauge(
+            "agenttest_agent_learned_concurrency",
+            "Calls in flight to an agent with no rate_limit that its 429s allow (0: none learned)",
+            ["agent"],
+            registry=registry,
+            multiprocess_mode="livemin",
         )
         # livemax: open in any process of the worker is open for the worker.
         self.breaker_open = Gauge(
@@ -264,6 +279,20 @@ def rate_limit_waited(agent: str, seconds: float) -> None:
     on = _on
     if on is not None:
         on.rate_limit_wait.labels(agent).observe(seconds)
+
+
+def answered_429(agent: str) -> None:
+    """The agent answered 429 (agents/http/transport.py)."""
+    on = _on
+    if on is not None:
+        on.rate_limited.labels(agent).inc()
+
+
+def learned_concurrency(agent: str, limit: int) -> None:
+    """The agent's learned limit of calls in flight is now `limit` (agents/limits/ratelimit.py)."""
+    on = _on
+    if on is not None:
+        on.learned_concurrency.labels(agent).set(limit)
 
 
 def breaker_seen(key: str, open_: bool) -> None:

@@ -27,8 +27,13 @@ from agenttest_worker.agents.http.exchange import (
 from agenttest_worker.agents.http.streaming import Assembler, StreamFailure, StreamSpec, elapsed_ms
 from agenttest_worker.agents.interface import AgentError
 from agenttest_worker.agents.limits.breaker import breaker, endpoint_key
+from agenttest_worker.agents.limits.provider_limits import (
+    NOTHING,
+    ProviderLimits,
+    read_provider_limits,
+)
 from agenttest_worker.agents.limits.ratelimit import PAUSE_AFTER_429, Limits, limiter
-from agenttest_worker.agents.limits.retry import RetryPolicy, is_retryable_status, parse_retry_after
+from agenttest_worker.agents.limits.retry import RetryPolicy, is_retryable_status
 from agenttest_worker.agents.limits.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
 from agenttest_worker.observe import metrics
@@ -100,7 +105,10 @@ async def post_json(
     """Send `body` as JSON, retrying per `policy`; raise AgentError once retries are spent.
 
     With `limits`, every attempt first waits for a slot of the agent's rate limits, and
-    a 429 pauses every caller of the agent (fleet-wide when distributed). The error never
+    a 429 pauses every caller of the agent (fleet-wide when distributed): for its
+    Retry-After, or without one PAUSE_AFTER_429 under configured limits (learned ones
+    halve instead: ratelimit.py). A reply saying one of the provider's limits is spent
+    (provider_limits.py) pauses them until it resets. The error never
     shows the secrets of `url` (its password, its key-like query values) nor `hidden`.
 
     With `stream`, a 2xx body is read as a stream of events, and `timeout` bounds each
@@ -143,6 +151,7 @@ async def post_json(
             retry_after: float | None = None
             attempt = Attempt(method, url, body, all_headers, timeout, stream, hidden, route)
             lease = await limiter().acquire(agent, limits, timeout) if limits is not None else None
+            sent = time.monotonic()
             try:
                 reply = await attempt.exchange()
             except StreamFailure as exc:
@@ -171,6 +180,11 @@ async def post_json(
                 await breaker().reached(key)
                 status, response_headers, raw = reply.status, reply.headers, reply.body
                 attempt.status = status
+                said = read_provider_limits(response_headers, sent_ago=time.monotonic() - sent)
+                if limits is not None and said is not NOTHING:
+                    if said.requests_limit and limits.adaptive:
+                        limiter().provider_allows(agent, said.requests_limit)
+                    await _spent_until_reset(agent, said, policy)
                 text = raw[:MAX_BODY_BYTES].decode("utf-8", errors="replace")
                 record = _record(role, agent, started, attempts, status)
                 if 200 <= status < 300:
@@ -195,9 +209,11 @@ async def post_json(
                     record.error = failure.message
                     failure.call = record
                     raise failure
-                retry_after = parse_retry_after(response_headers)
-                if status == 429 and limits is not None:
-                    await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
+                retry_after = said.retry_after
+                if status == 429:
+                    metrics.answered_429(agent)
+                    if limits is not None and (retry_after is not None or not limits.adaptive):
+                        await limiter().pause(agent, retry_after or PAUSE_AFTER_429)
                 if retry_after is not None and retry_after > policy.max_retry_after:
                     failure.message += f" (Retry-After {retry_after:g}s is longer than we wait)"
                     record.error = failure.message
@@ -221,6 +237,21 @@ async def post_json(
                 await asyncio.sleep(policy.delay(attempts, retry_after))
     except AgentError as error:
         raise masked(error, [*url_secrets(url), *hidden]) from None
+
+
+async def _spent_until_reset(agent: str, said: ProviderLimits, policy: RetryPolicy) -> None:
+    """A limit the reply says is spent (or that the calls already on their way will spend,
+    the requests remaining being no more than they): every call to the agent waits for
+    its reset instead of being sent to fail. No probe after it: the provider said when
+    it has room again. (A reset is when the limit is whole again, so that waiting for it
+    loses none of the provider's allowance: it only refills meanwhile.)"""
+    wait = said.exhausted_for
+    remaining, reset = said.requests_remaining, said.requests_reset
+    known = remaining is not None and reset is not None
+    if not wait and known and remaining is not None and remaining <= limiter().calls_ahead(agent):
+        wait = reset
+    if wait:
+        await limiter().pause(agent, min(wait, policy.max_retry_after), probe=False)
 
 
 def _started(assembler: Assembler | None) -> bool:

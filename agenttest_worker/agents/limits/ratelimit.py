@@ -20,6 +20,10 @@ names, never a busy loop; a worker thread waiting on a slot is idle.
   agent, so the whole fleet backs off together instead of each worker hammering it.
   When the pause ends, one call goes first (a probe); the others wait for its answer,
   so an agent still overloaded gets one request, not the whole backlog at once.
+- learned concurrency (an agent with no `rate_limit`): AIMD on the calls in flight, unset
+  until the first 429, halved once per window, one more after a window's worth of
+  successes, never below 1; on a fleet kept in Redis beside the agent's other limits
+  (docs/DESIGN.md has the choices).
 - Redis unreachable (the broker restarting): limiter calls wait for it, and after
   OUTAGE_GRACE seconds calls go ahead unlimited rather than failing their turns.
 - Waiting is not being lost: a turn waiting for a slot, or out a 429's back-off, is
@@ -35,11 +39,17 @@ import logging
 import secrets
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agenttest_worker.agents.config import RateLimit
+from agenttest_worker.agents.limits.limit_scripts import ACQUIRE, ADAPT, CLEAR_PROBE
+from agenttest_worker.agents.limits.local_limits import (
+    Line,
+    LocalLease,
+    LocalState,
+    learned_changed,
+)
 from agenttest_worker.agents.limits.waiting import Waits
 from agenttest_worker.observe import metrics
 from agenttest_worker.settings import get_settings, redis_py_url
@@ -50,77 +60,12 @@ PAUSE_AFTER_429 = 5.0
 LEASE_MARGIN = 30.0
 OUTAGE_GRACE = 60.0
 PROBE_WAIT = 0.05
+# A learned limit not touched for this long is forgotten: the next run starts afresh.
+LEARNED_TTL = 3600
 # Windows are kept this much longer than nominal, so that network jitter between the
 # limiter's clock and the agent's arrival times cannot squeeze one call too many into
 # what the agent sees as one window.
 WINDOW_SLACK = 0.01
-
-# KEYS: requests zset, tokens zset, concurrency zset, pause key, probe key
-# ARGV: now, request_limit, request_window, token_limit, token_window, concurrency_limit,
-#       lease_id, lease_expiry, probe_wait
-# Returns {0, wait_seconds}, {1, 0} or {1, 'probe'} (this call goes first after a pause).
-_ACQUIRE = """
-local now = tonumber(ARGV[1])
-local pause = tonumber(redis.call('GET', KEYS[4]) or '0')
-if pause > now then return {0, tostring(pause - now)} end
-local probe = redis.call('GET', KEYS[5])
-local probing = false
-if probe then
-  if probe ~= 'open' then return {0, ARGV[9]} end
-  probing = true
-end
-local wait = 0
-local req_limit = tonumber(ARGV[2])
-if req_limit > 0 then
-  local window = tonumber(ARGV[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-  if redis.call('ZCARD', KEYS[1]) >= req_limit then
-    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    wait = math.max(wait, tonumber(oldest[2]) + window - now)
-  end
-end
-local tok_limit = tonumber(ARGV[4])
-if tok_limit > 0 then
-  local window = tonumber(ARGV[5])
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
-  local used = 0
-  local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  for i = 1, #entries, 2 do
-    used = used + tonumber(string.match(entries[i], ':(%d+)$'))
-  end
-  if used >= tok_limit and #entries > 0 then
-    wait = math.max(wait, tonumber(entries[2]) + window - now)
-  end
-end
-local conc_limit = tonumber(ARGV[6])
-if conc_limit > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= conc_limit then
-    wait = math.max(wait, 0.05)
-  end
-end
-if wait > 0 then return {0, tostring(wait)} end
-if probing then
-  redis.call('SET', KEYS[5], ARGV[7], 'PX', math.ceil((tonumber(ARGV[8]) - now) * 1000))
-end
-if req_limit > 0 then
-  redis.call('ZADD', KEYS[1], now, ARGV[7])
-  redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])) + 5)
-end
-if conc_limit > 0 then
-  redis.call('ZADD', KEYS[3], ARGV[8], ARGV[7])
-  redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[8]) - now) + 5)
-end
-if probing then return {1, 'probe'} end
-return {1, '0'}
-"""
-
-# The probe's answer was not a 429: let everyone through again (only if this lease is
-# still the probe). KEYS: probe key; ARGV: lease_id.
-_CLEAR_PROBE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 @dataclass(frozen=True)
@@ -130,6 +75,9 @@ class Limits:
     tokens: int = 0
     token_window: float = 60.0
     concurrency: int = 0
+    # No `rate_limit` configured: the calls in flight are limited by what the agent's
+    # 429s teach (LEARNED), not by a number in agenttest.yaml.
+    adaptive: bool = False
 
     @classmethod
     def from_config(cls, limit: RateLimit | None) -> Limits | None:
@@ -148,6 +96,14 @@ class Limits:
             concurrency=limit.concurrency or 0,
         )
 
+    @classmethod
+    def for_agent(cls, limit: RateLimit | None) -> Limits:
+        """The configured limits, or the learned ones when none are configured."""
+        return cls.from_config(limit) or LEARNED
+
+
+LEARNED = Limits(adaptive=True)
+
 
 class Lease(Protocol):
     async def release(self, tokens: int, status: int | None = None) -> None: ...
@@ -156,99 +112,112 @@ class Lease(Protocol):
 class Limiter(Protocol):
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease: ...
 
-    async def pause(self, agent: str, seconds: float) -> None: ...
+    async def pause(self, agent: str, seconds: float, probe: bool = True) -> None: ...
+
+    def calls_ahead(self, agent: str) -> int:
+        """Calls to `agent` that may be on their way besides the caller's own: what the
+        provider's count of requests remaining may not have seen yet."""
+        ...
+
+    def provider_allows(self, agent: str, requests: int) -> None:
+        """The provider says its request limit allows at most `requests` at once (a
+        learned limit grows no further: more calls at once would be refused anyway)."""
+        ...
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None: ...
 
 
-# -- in process --------------------------------------------------------------------------
-
-
-class _LocalState:
-    def __init__(self) -> None:
-        # After a pause: "open" until a probe goes, then the probe's lease until it answers.
-        self.probe: object | None = None
-        # One [stamp] cell per admitted call, restamped when its response arrives.
-        self.starts: list[list[float]] = []
-        self.tokens: deque[tuple[float, int]] = deque()
-        self.active = 0
-        self.paused_until = 0.0
-
-
-class _LocalLease:
-    def __init__(self, state: _LocalState, counted: bool, start: list[float] | None) -> None:
-        self.state = state
-        self.counted = counted
-        self.start = start
-
-    async def release(self, tokens: int, status: int | None = None) -> None:
-        if self.state.probe is self and status != 429:
-            self.state.probe = None
-        if self.start is not None:
-            self.start[0] = time.monotonic()
-        if self.counted:
-            self.state.active -= 1
-        if tokens:
-            self.state.tokens.append((time.monotonic(), tokens))
+# -- in process (its state per agent: local_limits.py) -------------------------------------
 
 
 class LocalLimiter:
     """The same rules for one process (one event loop)."""
 
     def __init__(self) -> None:
-        self._states: dict[str, _LocalState] = {}
+        self._states: dict[str, LocalState] = {}
 
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
-        state = self._states.setdefault(agent, _LocalState())
+        state = self._states.get(agent)
+        if state is None:
+            state = self._states[agent] = LocalState()
+        quiet = not state.learned and state.probe is None
+        if limits.adaptive and quiet and state.paused_until <= time.monotonic():
+            # Nothing learned yet and no pause: no wait, only counted.
+            state.active += 1
+            return LocalLease(state, True, None, agent, True)
         waits = Waits()
         started = time.monotonic()
         try:
-            return await self._acquire(state, limits, waits)
+            lease = self._admit(state, limits, agent)
+            if isinstance(lease, float):
+                # One waiter at a time asks; the rest wait their turn in line.
+                waits.begin()
+                async with state.line.lock:
+                    while isinstance(lease := self._admit(state, limits, agent), float):
+                        await waits.sleep(lease, state.line.wake)
+            return lease
         finally:
             waits.done()
             metrics.rate_limit_waited(agent, time.monotonic() - started)
 
-    async def _acquire(self, state: _LocalState, limits: Limits, waits: Waits) -> Lease:
-        while True:
-            now = time.monotonic()
-            wait = max(0.0, state.paused_until - now)
-            if wait == 0 and state.probe is not None and state.probe != "open":
-                wait = PROBE_WAIT  # the probe after a pause has not answered yet
-            if limits.requests:
-                state.starts = [s for s in state.starts if s[0] > now - limits.request_window]
-                if len(state.starts) >= limits.requests:
-                    oldest = min(s[0] for s in state.starts)
-                    wait = max(wait, oldest + limits.request_window - now)
-            if limits.tokens:
-                while state.tokens and state.tokens[0][0] <= now - limits.token_window:
-                    state.tokens.popleft()
-                if state.tokens and sum(t for _, t in state.tokens) >= limits.tokens:
-                    wait = max(wait, state.tokens[0][0] + limits.token_window - now)
-            if limits.concurrency and state.active >= limits.concurrency:
-                wait = max(wait, 0.02)
-            if wait <= 0:
-                start = [now] if limits.requests else None
-                if start is not None:
-                    state.starts.append(start)
-                if limits.concurrency:
-                    state.active += 1
-                lease = _LocalLease(state, bool(limits.concurrency), start)
-                if state.probe == "open":
-                    state.probe = lease
-                return lease
-            await waits.sleep(wait)
+    def _admit(self, state: LocalState, limits: Limits, agent: str) -> Lease | float:
+        """A lease, or the seconds to wait before asking again."""
+        now = time.monotonic()
+        wait = max(0.0, state.paused_until - now)
+        if wait == 0 and state.probe is not None and state.probe != "open":
+            wait = PROBE_WAIT  # the probe after a pause has not answered yet
+        if limits.requests:
+            state.starts = [s for s in state.starts if s[0] > now - limits.request_window]
+            if len(state.starts) >= limits.requests:
+                oldest = min(s[0] for s in state.starts)
+                wait = max(wait, oldest + limits.request_window - now)
+        if limits.tokens:
+            while state.tokens and state.tokens[0][0] <= now - limits.token_window:
+                state.tokens.popleft()
+            if state.tokens and sum(t for _, t in state.tokens) >= limits.tokens:
+                wait = max(wait, state.tokens[0][0] + limits.token_window - now)
+        concurrency = state.learned if limits.adaptive else limits.concurrency
+        if concurrency and state.active >= concurrency:
+            wait = max(wait, 0.05)  # (or sooner: a call ending here wakes the line)
+        if wait > 0:
+            return wait
+        start = [now] if limits.requests else None
+        if start is not None:
+            state.starts.append(start)
+        counted = bool(limits.concurrency) or limits.adaptive
+        if counted:
+            state.active += 1
+        lease = LocalLease(state, counted, start, agent, limits.adaptive)
+        if state.probe == "open":
+            state.probe = lease
+        return lease
 
-    async def pause(self, agent: str, seconds: float) -> None:
-        state = self._states.setdefault(agent, _LocalState())
+    async def pause(self, agent: str, seconds: float, probe: bool = True) -> None:
+        """Every call waits `seconds`; then, with `probe` (after a 429: the agent may still
+        be overloaded), one call goes first and the others wait for its answer."""
+        state = self._states.setdefault(agent, LocalState())
         state.paused_until = max(state.paused_until, time.monotonic() + seconds)
-        state.probe = "open"
+        if probe:
+            state.probe = "open"
+
+    def calls_ahead(self, agent: str) -> int:
+        state = self._states.get(agent)
+        return max(0, state.active - 1) if state is not None else 0
+
+    def provider_allows(self, agent: str, requests: int) -> None:
+        self._states.setdefault(agent, LocalState()).cap = requests
 
     async def add_tokens(self, agent: str, limits: Limits, tokens: int) -> None:
         if tokens and limits.tokens:
-            self._states.setdefault(agent, _LocalState()).tokens.append((time.monotonic(), tokens))
+            self._states.setdefault(agent, LocalState()).tokens.append((time.monotonic(), tokens))
+
+    def learned(self, agent: str) -> int:
+        """The limit learned for `agent` (0: none)."""
+        state = self._states.get(agent)
+        return state.learned if state is not None else 0
 
 
-# -- across the fleet (Redis) -------------------------------------------------------------
+# -- across the fleet (Redis; the scripts: limit_scripts.py) -------------------------------
 
 
 class _NoLease:
@@ -258,15 +227,44 @@ class _NoLease:
         return None
 
 
+class _LooseLease:
+    """A call to an adaptive agent from a process that has seen no 429 from it: not in
+    Redis, only counted here (what its first 429 halves, if it is the first)."""
+
+    __slots__ = ("agent", "limiter")
+
+    def __init__(self, limiter: RedisLimiter, agent: str) -> None:
+        self.limiter = limiter
+        self.agent = agent
+        limiter.loose[agent] = limiter.loose.get(agent, 0) + 1
+
+    async def release(self, tokens: int, status: int | None = None) -> None:
+        limiter = self.limiter
+        try:
+            if status == 429:
+                limiter.engaged.add(self.agent)
+                await limiter.answered(self.agent, -1, status)
+        finally:
+            limiter.loose[self.agent] -= 1
+
+
 class _RedisLease:
     def __init__(
-        self, limiter: RedisLimiter, agent: str, lease_id: str, limits: Limits, probe: bool
+        self,
+        limiter: RedisLimiter,
+        agent: str,
+        lease_id: str,
+        limits: Limits,
+        probe: bool,
+        epoch: int = 0,
     ) -> None:
         self.limiter = limiter
         self.agent = agent
         self.lease_id = lease_id
         self.limits = limits
         self.probe = probe
+        self.epoch = epoch
+        limiter.held[agent] = limiter.held.get(agent, 0) + 1
 
     async def release(self, tokens: int, status: int | None = None) -> None:
         try:
@@ -276,17 +274,24 @@ class _RedisLease:
             log.warning(
                 "rate limit: could not release a slot of %s (Redis unreachable)", self.agent
             )
+        finally:
+            self.limiter.held[self.agent] -= 1
+            line = self.limiter.lines.get(self.agent)
+            if line is not None:
+                line.wake.set()
 
     async def _release(self, tokens: int, status: int | None) -> None:
         client = self.limiter.client
         keys = self.limiter.keys(self.agent)
         if self.probe and status != 429:
             await self.limiter._clear_probe(keys=[keys[4]], args=[self.lease_id])
+        if self.limits.adaptive:
+            await self.limiter.answered(self.agent, self.epoch, status)
         now = await self.limiter.now()
         pipe = client.pipeline(transaction=False)
         if self.limits.requests:
             pipe.zadd(keys[0], {self.lease_id: now}, xx=True)
-        if self.limits.concurrency:
+        if self.limits.concurrency or self.limits.adaptive:
             pipe.zrem(keys[2], self.lease_id)
         if tokens and self.limits.tokens:
             pipe.zadd(keys[1], {f"{self.lease_id}:{tokens}": now})
@@ -315,8 +320,17 @@ class RedisLimiter:
         self.client: Any = aioredis.Redis.from_url(redis_py_url(url))
         self.prefix = prefix
         self.outage_grace = outage_grace
-        self._script: Any = self.client.register_script(_ACQUIRE)
-        self._clear_probe: Any = self.client.register_script(_CLEAR_PROBE)
+        self._script: Any = self.client.register_script(ACQUIRE)
+        self._clear_probe: Any = self.client.register_script(CLEAR_PROBE)
+        self._adapt: Any = self.client.register_script(ADAPT)
+        # Adaptive agents whose slots this process takes (it has seen a 429 or a pause);
+        # the calls to the others it has in flight, taking none.
+        self.engaged: set[str] = set()
+        self.loose: dict[str, int] = {}
+        self.held: dict[str, int] = {}  # the slots this process holds, by agent
+        self.caps: dict[str, int] = {}  # the providers' request limits, when stated
+        self.lines: dict[str, Line] = {}
+        self._learned: dict[str, int] = {}
 
     def keys(self, agent: str) -> list[str]:
         base = f"{self.prefix}:{agent}"
@@ -326,6 +340,7 @@ class RedisLimiter:
             f"{base}:active",
             f"{base}:pause",
             f"{base}:probe",
+            f"{base}:learned",
         ]
 
     async def now(self) -> float:
@@ -334,6 +349,8 @@ class RedisLimiter:
         return float(seconds) + float(micros) / 1_000_000
 
     async def acquire(self, agent: str, limits: Limits, lease_seconds: float) -> Lease:
+        if limits.adaptive and agent not in self.engaged:
+            return _LooseLease(self, agent)
         waits = Waits()
         started = time.monotonic()
         try:
@@ -347,37 +364,98 @@ class RedisLimiter:
     ) -> Lease:
         lease_id = secrets.token_hex(8)
         outage_since: float | None = None
-        while True:
-            try:
-                now = await self.now()
-                ok, wait = await self._script(
-                    keys=self.keys(agent),
+        line: Line | None = None
+        try:
+            while True:
+                try:
+                    now = await self.now()
+                    admitted = await self._script(
+                        keys=self.keys(agent),
+                        args=[
+                            repr(now),
+                            limits.requests,
+                            limits.request_window,
+                            limits.tokens,
+                            limits.token_window,
+                            limits.concurrency,
+                            lease_id,
+                            repr(now + lease_seconds + LEASE_MARGIN),
+                            repr(PROBE_WAIT),
+                            1 if limits.adaptive else 0,
+                        ],
+                    )
+                except self.outage:
+                    # The broker is restarting: wait for it, but never fail a turn over it.
+                    outage_since = outage_since or time.monotonic()
+                    if time.monotonic() - outage_since > self.outage_grace:
+                        log.warning(
+                            "rate limit: Redis unreachable; calling %s without limits", agent
+                        )
+                        return _NoLease()
+                    await waits.sleep(1.0)
+                    continue
+                ok, wait = admitted[0], admitted[1]
+                if int(ok) == 1:
+                    probe = wait in (b"probe", "probe")
+                    return _RedisLease(self, agent, lease_id, limits, probe, int(admitted[2]))
+                if line is None:
+                    # One waiter of this process at a time asks Redis; the rest wait their
+                    # turn here, in order, instead of each polling it.
+                    line = self.lines.setdefault(agent, Line())
+                    waits.begin()
+                    await line.lock.acquire()
+                    continue  # (a slot may have freed while this call waited its turn)
+                await waits.sleep(max(float(wait), 0.005), line.wake)
+        finally:
+            if line is not None:
+                line.lock.release()
+
+    async def answered(self, agent: str, epoch: int, status: int | None) -> None:
+        """AIMD on the agent's learned limit (limit_scripts.ADAPT), from one answer."""
+        if status == 429:
+            outcome = "429"
+        elif status is not None and 200 <= status < 300:
+            outcome = "ok"
+        else:
+            return
+        try:
+            now = await self.now()
+            limit = int(
+                await self._adapt(
+                    keys=[self.keys(agent)[5], self.keys(agent)[2]],
                     args=[
+                        outcome,
+                        epoch,
+                        self.loose.get(agent, 0),
                         repr(now),
-                        limits.requests,
-                        limits.request_window,
-                        limits.tokens,
-                        limits.token_window,
-                        limits.concurrency,
-                        lease_id,
-                        repr(now + lease_seconds + LEASE_MARGIN),
-                        repr(PROBE_WAIT),
+                        LEARNED_TTL,
+                        self.caps.get(agent, 0),
                     ],
                 )
-            except self.outage:
-                # The broker is restarting: wait for it, but never fail a turn over it.
-                outage_since = outage_since or time.monotonic()
-                if time.monotonic() - outage_since > self.outage_grace:
-                    log.warning("rate limit: Redis unreachable; calling %s without limits", agent)
-                    return _NoLease()
-                await waits.sleep(1.0)
-                continue
-            if int(ok) == 1:
-                probe = wait in (b"probe", "probe")
-                return _RedisLease(self, agent, lease_id, limits, probe)
-            await waits.sleep(max(float(wait), 0.005))
+            )
+        except self.outage:
+            log.warning("rate limit: could not adapt the limit of %s (Redis unreachable)", agent)
+            return
+        before = self._learned.get(agent, 0)
+        if limit != before:
+            self._learned[agent] = limit
+            learned_changed(agent, limit, before)
 
-    async def pause(self, agent: str, seconds: float) -> None:
+    async def learned(self, agent: str) -> int:
+        """The limit learned for `agent` across the fleet (0: none)."""
+        value = await self.client.hget(self.keys(agent)[5], "limit")
+        return int(value) if value is not None else 0
+
+    def calls_ahead(self, agent: str) -> int:
+        # This process's calls, or the fleet's as many as the learned limit lets through.
+        mine = self.loose.get(agent, 0) + self.held.get(agent, 0)
+        return max(0, mine - 1, self._learned.get(agent, 0) - 1)
+
+    def provider_allows(self, agent: str, requests: int) -> None:
+        self.caps[agent] = requests
+
+    async def pause(self, agent: str, seconds: float, probe: bool = True) -> None:
+        self.engaged.add(agent)
         try:
             now = await self.now()
             keys = self.keys(agent)
@@ -386,8 +464,8 @@ class RedisLimiter:
             current = await self.client.get(keys[3])
             if current is None or float(current) < until:
                 await self.client.set(keys[3], repr(until), ex=int(seconds) + 5)
-            # When it ends, one call goes first.
-            await self.client.set(keys[4], "open", ex=int(seconds + LEASE_MARGIN) + 5)
+            if probe:  # when it ends, one call goes first
+                await self.client.set(keys[4], "open", ex=int(seconds + LEASE_MARGIN) + 5)
         except self.outage:
             log.warning("rate limit: could not share a pause for %s (Redis unreachable)", agent)
 

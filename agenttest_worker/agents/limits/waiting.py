@@ -12,6 +12,7 @@ the agents layer never looks inside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -113,11 +114,22 @@ class Waits:
     def __init__(self) -> None:
         self.turn: object | None = None
 
-    async def sleep(self, seconds: float) -> None:
+    def begin(self) -> None:
+        """From now on the wait is listed (a call about to wait its turn in line)."""
         if self.turn is None and (turn := _current_turn.get()) is not None:
             self.turn = turn
             WAITING.begin(turn)
-        await asyncio.sleep(seconds)
+
+    async def sleep(self, seconds: float, wake: asyncio.Event | None = None) -> None:
+        """Sleep `seconds`, or until `wake` is set (a slot freed in this process)."""
+        self.begin()
+        if wake is None:
+            await asyncio.sleep(seconds)
+            return
+        wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await wake.wait()
 
     def done(self) -> None:
         if self.turn is not None:

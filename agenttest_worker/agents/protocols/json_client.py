@@ -30,7 +30,7 @@ class JsonAgentClient:
         self.name = name
         self.config = config
         self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
-        self.limits = Limits.from_config(config.rate_limit)
+        self.limits = Limits.for_agent(config.rate_limit)
         self.url = self.endpoint()
         # What no error may show of the URL: its password and key-like query values, and
         # the query values agenttest.yaml takes from ${VAR} (known from the file as written);
@@ -126,7 +126,7 @@ class JsonAgentClient:
                 raise error from exc
             result.record.usage = reply.usage
             reply.call = result.record
-            if self.limits is not None and reply.usage is not None:
+            if self.limits.tokens and reply.usage is not None:
                 await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
             return reply
         except AgentError as error:
