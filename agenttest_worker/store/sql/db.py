@@ -129,6 +129,10 @@ def unstorable_reason(exc: BaseException) -> str | None:
     if isinstance(exc, OverflowError) and "SQLite" in str(exc):
         # A batch of rows (executemany) gets the driver's error itself, unwrapped.
         return error_reason(exc)
+    if not isinstance(exc, StatementError) and isinstance(exc, ValueError | RecursionError):
+        # The step could not even be written as JSON (pydantic's serializer refuses a
+        # value nested past its limit): the same each time it would be played again.
+        return error_reason(exc)
     return None
 
 
@@ -158,6 +162,41 @@ def connection_lost(error: BaseException | None) -> bool:
         return False
     state = error.sqlstate
     return state is None or state.startswith("08") or state in _GONE_STATES
+
+
+# SQLSTATE classes and codes of a write the server refused for now, not for what it
+# writes: transaction rollback (40: serialization failure, deadlock), insufficient
+# resources (53: disk full, out of memory, too many connections), a statement cancelled
+# (57014: statement_timeout), a lock not available (55P03: lock_timeout).
+_TRANSIENT_CLASSES = ("40", "53")
+_TRANSIENT_STATES = ("57014", "55P03")
+# SQLite's primary result codes of the same kind: busy, locked, disk I/O, disk full.
+_SQLITE_TRANSIENT = {5: "busy", 6: "locked", 10: "disk I/O error", 13: "disk full"}
+
+
+def is_transient(exc: DBAPIError) -> bool:
+    """Whether `exc` may pass if the same statement is sent again later: the connection
+    lost, or the server refusing the write for now (a statement timeout, a serialization
+    failure, a deadlock, the disk full), rather than refusing what it holds."""
+    return is_connection_lost(exc) or transient_refusal(exc.orig) is not None
+
+
+def transient_refusal(error: BaseException | None) -> str | None:
+    """What kind of passing refusal the driver's `error` is (see `is_transient`), said
+    for a person ("disk full", "statement timeout"), or None."""
+    state = getattr(error, "sqlstate", None)
+    if isinstance(state, str):
+        if state == "57014":
+            return "statement timeout"
+        if state == "53100":
+            return "disk full"
+        if state.startswith(_TRANSIENT_CLASSES) or state in _TRANSIENT_STATES:
+            return type(error).__name__
+        return None
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return _SQLITE_TRANSIENT.get(code & 0xFF)
+    return None
 
 
 def reconnecting(fn: F) -> F:
