@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import time
 from collections.abc import Callable, Collection, Coroutine
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from agenttest_worker.driver import (
 )
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
+from agenttest_worker.report import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import BufferedStore, CaseRecord
 
@@ -155,14 +157,20 @@ async def _drive(
     asker = TerminalAsker(progress)
     queue = iter(conversations)
     ended_refused: set[str] = set()
+    said_refusing: list[str | None] = [None]
 
     def write(now: bool = False) -> None:
         """The store's buffer to the database (`now`, or when it is due); then each
         conversation with a step the database refused ends failed, as a worker ends it."""
+
+        def say() -> None:
+            _say_refusing(store, progress, said_refusing)
+
         if now:
-            store.flush()
+            store.flush(told=say)
         else:
             store.maybe_flush()
+            say()
         while refused := store.take_refused():
             for found in refused:
                 if found.case_id in ended_refused:
@@ -249,6 +257,25 @@ async def _drive(
             await close_session()
     if timer.done() and not timer.cancelled() and (failed := timer.exception()) is not None:
         raise failed  # a write on the timer failed as a conversation's would have
+
+
+def _say_refusing(store: BufferedStore, progress: Progress, said: list[str | None]) -> None:
+    """Say once when the database starts refusing the run's writes for now (the disk
+    full, a statement timeout), and once when it takes them again: the turns played
+    meanwhile are kept, not played again (BufferedStore.flush)."""
+    kind = None if store.refusing is None else store.refusing.split(" (", 1)[0]
+    if kind == said[0]:
+        return
+    with progress.held():
+        if kind is not None:
+            message = (
+                f"the store refuses writes: {store.refusing}; the turns played are kept "
+                "and written once it takes them"
+            )
+        else:
+            message = "the store takes writes again"
+        print(printable(message), file=sys.stderr, flush=True)
+    said[0] = kind
 
 
 async def _started_one_by_one(

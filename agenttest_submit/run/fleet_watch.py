@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
@@ -55,7 +56,7 @@ def wait_for_run(
 ) -> None:
     """Progress from the database until the run's reports exist."""
     # Celery: see the note at the top.
-    from agenttest_worker.fleet import recover, sweep_interval
+    from agenttest_worker.fleet import recover, store_refusal, sweep_interval
 
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)
@@ -65,6 +66,7 @@ def wait_for_run(
     asker = TerminalAsker(progress)
     pool = AgentPool(config)
     unreachable = False
+    refusals = RefusalWatch(run_id, progress, store_refusal)
     try:
         while True:
             # The database may restart while we wait (the workers ride it out too):
@@ -94,6 +96,7 @@ def wait_for_run(
             progress.set(run.passed, run.failed, run.skipped)
             if run.status == "done":
                 return
+            refusals.check()
             if time.monotonic() >= next_sweep:
                 try:
                     recover(url, stall, run_id)
@@ -106,6 +109,41 @@ def wait_for_run(
             time.sleep(POLL_SECONDS)
     finally:
         progress.close()
+
+
+# Seconds between two looks at whether the workers' writes are refused.
+REFUSALS_EVERY = 2.0
+
+
+class RefusalWatch:
+    """Says on stderr why the run does not move while the store refuses the workers'
+    writes (the disk full, statement timeouts: fleet/store_refusals.py), and when it
+    takes them again."""
+
+    def __init__(self, run_id: str, progress: Progress, ask: Callable[[], str | None]) -> None:
+        self.run_id, self.progress, self.ask = run_id, progress, ask
+        self.said: str | None = None
+        self.next_look = 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self.next_look:
+            return
+        self.next_look = now + REFUSALS_EVERY
+        try:
+            reason = self.ask()
+        except Exception:  # Redis out of reach: nothing to say of the store
+            return
+        kind = None if reason is None else reason.split(" (", 1)[0]
+        if kind == (None if self.said is None else self.said.split(" (", 1)[0]):
+            return
+        if reason is not None:
+            message = f"the store refuses writes: {reason}; run {self.run_id} waits for it"
+        else:
+            message = "the store takes writes again"
+        self.progress.pause()
+        print(printable(message), file=sys.stderr, flush=True)
+        self.said = reason
 
 
 # How long the submitter waits before it looks for a worker consuming the queue, and

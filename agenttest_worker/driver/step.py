@@ -300,9 +300,37 @@ def commit_or_fail(
     the database's reason. Raised, the task would fail the same way each time the turn
     is played again, and the run would never finish."""
     loaded = prepared.loaded
-    return _saved_or_refused(
-        store, loaded.run_id, loaded.case_id, prepared.turn, lambda: commit(store, prepared, state)
-    )
+    try:
+        return _saved_or_refused(
+            store,
+            loaded.run_id,
+            loaded.case_id,
+            prepared.turn,
+            lambda: commit(store, prepared, state),
+        )
+    except Exception as exc:
+        if _still_refused(exc):
+            # The store refused the step for longer than its patience (db.reconnecting):
+            # the turn will be played again, but these calls were made and paid for.
+            _count_unsaved(store, prepared, state)
+        raise
+
+
+def _still_refused(exc: Exception) -> bool:
+    """Whether `exc` is the database refusing a write for now (db.is_transient)."""
+    # Imported here: see _saved_or_refused.
+    from sqlalchemy.exc import DBAPIError
+
+    from agenttest_worker.store.sql.db import is_transient
+
+    return isinstance(exc, DBAPIError) and is_transient(exc)
+
+
+def _count_unsaved(store: ConversationStore, prepared: Prepared, state: ConversationState) -> None:
+    calls = (call for t in state.turns if t.turn >= prepared.turn for call in t.calls or ())
+    unsaved = usage_by_role(calls, pricing_config(prepared.loaded))
+    if unsaved:
+        store.add_unrecorded_usage(prepared.loaded.run_id, unsaved)
 
 
 def _saved_or_refused(

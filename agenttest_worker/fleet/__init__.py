@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         enqueue_turns,
         follow_up,
     )
+    from agenttest_worker.fleet.store_refusals import store_refusal
     from agenttest_worker.fleet.sweeper import recover
 
 _EXPORTS = {
@@ -34,6 +35,7 @@ _EXPORTS = {
     "enqueue_turns": "agenttest_worker.fleet.enqueue",
     "follow_up": "agenttest_worker.fleet.enqueue",
     "recover": "agenttest_worker.fleet.sweeper",
+    "store_refusal": "agenttest_worker.fleet.store_refusals",
 }
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "enqueue_turns",
     "follow_up",
     "recover",
+    "store_refusal",
     "sweep_interval",
 ]
 
