@@ -43,7 +43,7 @@ from agenttest_worker.store.memory.flush_writes import write_flush
 from agenttest_worker.store.sql import runs
 from agenttest_worker.store.sql.db import get_engine, on_refusal, upgrade
 from agenttest_worker.store.sql.models import AgentCallRow
-from agenttest_worker.store.sql.usage import stored_usage
+from agenttest_worker.store.sql.usage import calls_unsaved, stored_usage
 
 
 @contextmanager
@@ -234,6 +234,7 @@ def test_calls_of_a_step_the_store_kept_refusing_are_counted_in_the_runs_usage(
     assert run is not None
     usage = stored_usage(run.usage)
     assert usage["target"].calls == 1 and usage["target"].total_tokens == 15
+    assert calls_unsaved(run.usage) == 1, "counted as a call whose turn is not recorded"
     assert run.total_tokens == 15
     assert _agent_calls(pg_database, run_id) == 0, "the step itself was not stored"
 
