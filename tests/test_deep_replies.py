@@ -27,10 +27,13 @@ from agenttest_submit.cli.main import main
 from agenttest_submit.run.runner import store_run
 from agenttest_worker.agents.config import load_config
 from agenttest_worker.cases.case_model import Case
+from agenttest_worker.driver.step import PoolCache, run_step_sync
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.fleet.sweeper import recover
 from agenttest_worker.json_values import MAX_REPLY_DEPTH, nested_deeper_than
+from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
+from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.sql import run_results as results
 from agenttest_worker.store.sql import runs
 from agenttest_worker.store.sql.db import get_engine, upgrade
@@ -223,3 +226,52 @@ def test_a_run_whose_aggregation_fails_does_not_block_the_sweep_of_the_others(
     stuck = runs.get_run(pg_database, unreadable)
     assert stuck is not None and stuck.status == "aggregating"
     assert f"run {unreadable}: its reports could not be built" in caplog.text
+
+
+def test_a_conversation_stored_too_deep_ends_failed_without_calling_its_agent_again(
+    pg_database: str, tmp_path: Path
+) -> None:
+    """A state stored nested past the parser's limit (by a version that did not bound
+    replies) failed its turn each time it was played: the conversation now ends failed
+    with the reason, and the run is aggregated."""
+    upgrade(pg_database)
+    with ScriptedAgent() as agent:
+        agent.script("target", _reply)
+        entry = {"protocol": "openai", "base_url": agent.base_url, "model": "target"}
+        config = load_config(str(write_config(tmp_path, {"scripted": entry})))
+        turns = [{"input": "OK then"}, {"input": "and then"}]
+        run_id, total = store_run(
+            pg_database,
+            [Case.model_validate({"id": "C", "type": "multi_turn", "turns": turns})],
+            options=RunOptions(target="scripted", interactive=False),
+            config=config,
+            target="scripted",
+            label="stored-deep",
+        )
+        runs.start_run(pg_database, run_id, total)
+        store, pools = SqlStore(pg_database), PoolCache()
+        first = run_step_sync(store, pools, run_id, "C", 1, max_deliveries=3)
+        assert first.saved and first.next_turn == 2
+        with get_engine(pg_database).begin() as connection:
+            stored = connection.execute(
+                text("SELECT state FROM cases WHERE run_id = :run"), {"run": run_id}
+            ).scalar_one()
+            state = stored if isinstance(stored, dict) else json.loads(stored)
+            state["agent_state"] = nested(230)
+            # Another token: as written by another worker, so this process reads it.
+            connection.execute(
+                text(
+                    "UPDATE cases SET state = CAST(:s AS json), step_token = 'elsewhere' "
+                    "WHERE run_id = :run"
+                ),
+                {"s": json.dumps(state), "run": run_id},
+            )
+        second = run_step_sync(store, pools, run_id, "C", 2, max_deliveries=3)
+        calls = len(agent.requests("target"))
+    assert second.saved and second.case_done and second.status == "failed"
+    assert second.run_finished
+    assert calls == 1, "the agent was not called for the turn that could not be played"
+    (record,) = results.iter_results(pg_database, run_id)
+    assert record.error is not None
+    assert record.error.startswith("turn 2 could not be played: its stored conversation cannot")
+    assert aggregate(pg_database, run_id) is not None

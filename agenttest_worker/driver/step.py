@@ -76,6 +76,8 @@ class Prepared:
     counted: bool = False
     # How many of the state's first turns are stored as turn records (state_cache.py).
     archived: int | None = None
+    # Why the stored conversation cannot be read (then `state` is a new one, to end it).
+    unreadable: str | None = None
 
 
 def _spend(
@@ -128,10 +130,33 @@ def prepare(
 def _prepared(
     store: ConversationStore, loaded: steps.LoadedCase, turn: int, counted: bool = False
 ) -> Prepared | None:
-    """Turn `turn` of `loaded` with its state (state_cache.load), or None: moved on."""
-    if (found := state_cache.load(store, loaded)) is None:
+    """Turn `turn` of `loaded` with its state (state_cache.load), or None: moved on.
+
+    A stored state that cannot be read (nested past the parser's limit by a reply stored
+    before replies were bounded, json_values.MAX_REPLY_DEPTH) would fail the turn the
+    same way each time it is played: the conversation is handed over with a new state
+    and `unreadable` saying why, for `_stopped` to end it failed."""
+    try:
+        found = state_cache.load(store, loaded)
+    except (ValueError, RecursionError) as exc:
+        state_cache.forget(loaded)
+        fresh = state_cache.stored(dataclasses.replace(loaded, state=None))
+        reason = f"its stored conversation cannot be read: {_first_line(exc)}"
+        return dataclasses.replace(_prepared_from(loaded, fresh, turn, counted), unreadable=reason)
+    if found is None:
         return None
     loaded, stored = found
+    return _prepared_from(loaded, stored, turn, counted)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _prepared_from(
+    loaded: steps.LoadedCase, stored: state_cache.Stored, turn: int, counted: bool
+) -> Prepared:
     case, options = case_of(loaded), options_of(loaded)
     if loaded.deadline_at is None:
         # Parsed: a turn waiting on its agent need not hold the state's text as well, nor
@@ -426,6 +451,9 @@ async def answer_human(
 
 
 def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationState | None:
+    if prepared.unreadable is not None:
+        message = f"turn {prepared.turn} could not be played: {prepared.unreadable}"
+        return end_without_running(prepared, "fail", message)
     if prepared.state.phase == "done":
         # Ended before its first turn ("no initial input"): its own reason stands, not a
         # cancellation's or a deadline's on top of it.
