@@ -30,6 +30,7 @@ from agenttest_worker.store import (
     ConversationStore,
     error_reason,
     is_connection_lost,
+    is_transient,
     open_store,
     results,
     runs,
@@ -76,11 +77,12 @@ def wait_for_run(
                 if run is not None and run.status != "done" and options.interactive is not False:
                     _answer_waiting(url, run_id, pool, asker, human_timeouts)
             except DBAPIError as exc:
-                if not is_connection_lost(exc):
+                if not is_transient(exc):
                     raise
                 if not unreachable:
+                    trouble = "is unreachable" if is_connection_lost(exc) else "refuses to answer"
                     print(
-                        f"the database is unreachable ({printable(error_reason(exc))}); "
+                        f"the database {trouble} ({printable(error_reason(exc))}); "
                         f"still waiting for run {run_id}",
                         file=sys.stderr,
                         flush=True,

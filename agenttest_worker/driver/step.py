@@ -31,6 +31,7 @@ from agenttest_worker.driver.run_cache import (
     run_config,
 )
 from agenttest_worker.driver.state_cache import session_id as session_id
+from agenttest_worker.driver.unrecorded_calls import count_unrecorded, refused_for_now
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
     ConversationState,
@@ -39,7 +40,6 @@ from agenttest_worker.engine import (
     give_human_input,
     run_turn,
 )
-from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
@@ -132,10 +132,9 @@ def _prepared(
 ) -> Prepared | None:
     """Turn `turn` of `loaded` with its state (state_cache.load), or None: moved on.
 
-    A stored state that cannot be read (nested past the parser's limit by a reply stored
-    before replies were bounded, json_values.MAX_REPLY_DEPTH) would fail the turn the
-    same way each time it is played: the conversation is handed over with a new state
-    and `unreadable` saying why, for `_stopped` to end it failed."""
+    A stored state that cannot be read (nested past the parser's limit, stored before
+    replies were bounded) would fail each time the turn is played: it comes with a new
+    state and `unreadable` saying why, and `_stopped` ends it failed."""
     try:
         found = state_cache.load(store, loaded)
     except (ValueError, RecursionError) as exc:
@@ -293,11 +292,7 @@ def commit(
     )
     saved = state_cache.save(store, loaded, prepared.archived, state, step)
     if not saved.saved:
-        # Played but not recorded: its calls count in the run's usage all the same.
-        calls = (call for t in new_turns for call in t.calls or ())
-        unrecorded = usage_by_role(calls, pricing_config(loaded))
-        if unrecorded:
-            store.add_unrecorded_usage(loaded.run_id, unrecorded)
+        count_unrecorded(store, loaded, new_turns)
         return Advance(saved=False)
     return Advance(
         saved=True,
@@ -334,28 +329,11 @@ def commit_or_fail(
             lambda: commit(store, prepared, state),
         )
     except Exception as exc:
-        if _still_refused(exc):
-            # The store refused the step for longer than its patience (db.reconnecting):
-            # the turn will be played again, but these calls were made and paid for.
-            _count_unsaved(store, prepared, state)
+        if refused_for_now(exc):
+            # Refused for longer than the store's patience (db.reconnecting): the turn
+            # will be played again, and these calls were made and paid for.
+            count_unrecorded(store, loaded, (t for t in state.turns if t.turn >= prepared.turn))
         raise
-
-
-def _still_refused(exc: Exception) -> bool:
-    """Whether `exc` is the database refusing a write for now (db.is_transient)."""
-    # Imported here: see _saved_or_refused.
-    from sqlalchemy.exc import DBAPIError
-
-    from agenttest_worker.store.sql.db import is_transient
-
-    return isinstance(exc, DBAPIError) and is_transient(exc)
-
-
-def _count_unsaved(store: ConversationStore, prepared: Prepared, state: ConversationState) -> None:
-    calls = (call for t in state.turns if t.turn >= prepared.turn for call in t.calls or ())
-    unsaved = usage_by_role(calls, pricing_config(prepared.loaded))
-    if unsaved:
-        store.add_unrecorded_usage(prepared.loaded.run_id, unsaved)
 
 
 def _saved_or_refused(
