@@ -81,7 +81,7 @@ def parse_json(text: str | None) -> tuple[bool, Any]:
         return False, None
     try:
         return True, json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the parser's own limit)
         return False, None
 
 

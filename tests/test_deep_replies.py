@@ -65,6 +65,8 @@ DEEP_REPLIES: dict[str, Reply] = {
     "ARGS70": Reply(content="noted", tool_calls=[{"name": "lookup", "args": nested(70)}]),
     # Within the bound: kept, stored and read back.
     "ARGS40": Reply(content="noted", tool_calls=[{"name": "lookup", "args": nested(40)}]),
+    # Text, past Python's own parser's limit where an assertion reads it as JSON.
+    "TEXT5000": Reply(content="[" * 5000 + "]" * 5000),
 }
 REASONS = {
     "ARGS300": "tool arguments nested deeper than 64 levels",
@@ -83,8 +85,11 @@ def _reply(body: dict[str, Any]) -> Reply:
 
 def _cases(directory: Path) -> Path:
     def turns(first: str) -> list[dict[str, Any]]:
+        said = {"type": "contains", "value": "noted"}
+        if first.startswith("TEXT"):
+            said = {"type": "equals", "value": {"a": 1}}  # reads the reply as JSON
         return [
-            {"input": first, "assertions": [{"type": "contains", "value": "noted"}]},
+            {"input": first, "assertions": [said]},
             {"input": "and then", "assertions": [{"type": "contains", "value": "noted"}]},
         ]
 
@@ -111,6 +116,12 @@ def _check_records(records: dict[str, dict[str, Any]]) -> None:
     assert records["OK"]["status"] == "passed"
     assert records["ARGS40"]["status"] == "passed"
     assert records["ARGS40"]["turns"][0]["tool_calls"][0]["args"] == nested(40)
+    text = records["TEXT5000"]
+    assert text["status"] == "failed" and [t["status"] for t in text["turns"]] == [
+        "failed",
+        "passed",
+    ]
+    assert "reply is not JSON" in text["turns"][0]["assertions"][0]["reason"]
     for name, reason in REASONS.items():
         record = records[name]
         assert record["status"] == "failed", record
@@ -120,7 +131,7 @@ def _check_records(records: dict[str, dict[str, Any]]) -> None:
 
 
 # Each deep case was called once (its conversation ended), the others twice (two turns).
-EXPECTED_CALLS = {**dict.fromkeys(REASONS, 1), "ARGS40": 2, "OK": 2}
+EXPECTED_CALLS = {**dict.fromkeys(REASONS, 1), "ARGS40": 2, "TEXT5000": 2, "OK": 2}
 
 
 def test_an_embedded_run_fails_only_the_turns_nested_too_deep(
@@ -147,7 +158,7 @@ def test_an_embedded_run_fails_only_the_turns_nested_too_deep(
     capsys.readouterr()
     assert main(["report", run.id, "--format", "json"]) in (0, 1)
     document = json.loads(capsys.readouterr().out)
-    assert len(document["results"]) == 5
+    assert len(document["results"]) == 6
 
 
 @pytest.mark.fleet

@@ -31,7 +31,7 @@ from agenttest_worker.agents.interface import (
 )
 from agenttest_worker.agents.limits.retry import RetryPolicy
 from agenttest_worker.agents.reply_mappings import HistoryMapping
-from agenttest_worker.json_values import find, parse_json
+from agenttest_worker.json_values import find, nested_deeper_than, parse_json
 
 
 def history_url(template: str, request: AgentRequest) -> str:
@@ -128,6 +128,8 @@ def read_round(events: list[Any], mapping: HistoryMapping) -> HistoryRound:
             if isinstance(name, str):
                 result = _first(mapping.content, event)
                 is_json, value = parse_json(result) if isinstance(result, str) else (False, None)
+                # Kept as its text when nested deeper than a state holds (json_values.py).
+                is_json = is_json and not nested_deeper_than(value)
                 found.tool_results[name] = value if is_json else result
         elif role == mapping.assistant_role:
             text = text_of(_first(mapping.content, event))
