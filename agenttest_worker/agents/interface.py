@@ -166,9 +166,10 @@ def parse_arguments(arguments: Any) -> Any:
             raise _too_deep("tool arguments") from None
         except ValueError:
             return arguments
+        text: str | None = arguments
     else:
-        parsed = arguments if arguments is not None else {}
-    if nested_deeper_than(parsed):
+        parsed, text = (arguments if arguments is not None else {}), None
+    if nested_deeper_than(parsed, text=text):
         raise _too_deep("tool arguments")
     return parsed
 

@@ -99,7 +99,7 @@ def json_data(event: StreamEvent, agent: str) -> Any:
             raw=event.data[:4096],
         ) from None
     else:
-        too_deep = nested_deeper_than(data)
+        too_deep = nested_deeper_than(data, text=event.data)
     if too_deep:
         # Deeper than the project stores (json_values.MAX_REPLY_DEPTH): the turn fails.
         raise StreamFailure(

@@ -64,7 +64,7 @@ class HttpResult:
                 raw=self.text[:4096],
             ) from None
         else:
-            too_deep = nested_deeper_than(data)
+            too_deep = nested_deeper_than(data, text=self.text)
         if too_deep:
             raise AgentError(
                 "parse",
