@@ -140,17 +140,13 @@ def _prepared(
     except (ValueError, RecursionError) as exc:
         state_cache.forget(loaded)
         fresh = state_cache.stored(dataclasses.replace(loaded, state=None))
-        reason = f"its stored conversation cannot be read: {_first_line(exc)}"
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = f"its stored conversation cannot be read: {first_line}"
         return dataclasses.replace(_prepared_from(loaded, fresh, turn, counted), unreadable=reason)
     if found is None:
         return None
     loaded, stored = found
     return _prepared_from(loaded, stored, turn, counted)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _prepared_from(
@@ -394,6 +390,8 @@ async def answer_human(
     )
     if parked is None:
         return Advance(saved=False)
+    if (unreadable := _stopped(parked, None)) is not None and parked.unreadable is not None:
+        return commit(store, parked, unreadable, "awaiting_human")  # as its turn would end
     loaded, case, options = parked.loaded, parked.case, parked.options
     new_state = await give_human_input(case, parked.state, text, pool, options, reason)
     result = None
