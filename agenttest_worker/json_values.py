@@ -36,6 +36,42 @@ def body_bytes(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode() if written is None else written
 
 
+# How deep an agent's reply may nest its JSON (objects and arrays in one another). What
+# a reply holds goes into the conversation's state and records, a few levels further
+# down; pydantic refuses to write a value nested past 255 levels and its parser to read
+# one past 200, so a deeper reply would make its step unsavable, or its records
+# unreadable by every report. A reply nested deeper fails its turn (docs/DESIGN.md).
+MAX_REPLY_DEPTH = 64
+
+
+def nested_deeper_than(value: Any, limit: int = MAX_REPLY_DEPTH, text: str | None = None) -> bool:
+    """Whether `value` nests objects and arrays more than `limit` levels deep (a scalar
+    is level 0, `{}` and `[1]` level 1). Only containers are visited, and the walk stops
+    at the first one past the limit. `text`, the JSON `value` was parsed from, spares
+    the walk when it opens no more than `limit` objects and arrays in all (most replies):
+    counting its brackets costs a fraction of walking what they open."""
+    if text is not None and text.count("{") + text.count("[") <= limit:
+        return False
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner: list[Any] = []
+        for container in level:
+            items = container.values() if isinstance(container, dict) else container
+            inner.extend(item for item in items if isinstance(item, dict | list))
+        level = inner
+    return False
+
+
+def too_deep_message(what: str, limit: int = MAX_REPLY_DEPTH) -> str:
+    """The reason a turn fails when `what` (its agent's reply, a tool call's arguments,
+    the state it reported) nests past `limit` levels."""
+    return f"{what} nested deeper than {limit} levels"
+
+
 def parse_json(text: str | None) -> tuple[bool, Any]:
     """(True, value) when `text` is a JSON object or array, else (False, None).
 
@@ -49,7 +85,7 @@ def parse_json(text: str | None) -> tuple[bool, Any]:
         return False, None
     try:
         return True, json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the parser's own limit)
         return False, None
 
 

@@ -89,6 +89,13 @@ class Settings(BaseModel):
         description="Deaths of the worker running a turn alone (a redelivered turn runs "
         "alone, fleet/isolation.py) before its case fails",
     )
+    store_retry_seconds: float = Field(
+        default=300,
+        ge=0,
+        description="How long a write the database refuses for now (a statement timeout, a "
+        "serialization failure, a deadlock, the disk full) is tried again before its step "
+        "gives up; keep it below the stall threshold",
+    )
     stall_seconds: float = Field(
         default=600,
         gt=0,

@@ -38,6 +38,7 @@ from agenttest_worker.driver import (
 )
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
+from agenttest_worker.report import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import BufferedStore, CaseRecord
 
@@ -167,14 +168,20 @@ async def _drive(
     asker = TerminalAsker(progress)
     queue = iter(conversations)
     ended_refused: set[str] = set()
+    said_refusing: list[str | None] = [None]
 
     def write(now: bool = False) -> None:
         """The store's buffer to the database (`now`, or when it is due); then each
         conversation with a step the database refused ends failed, as a worker ends it."""
+
+        def say() -> None:
+            _say_refusing(store, progress, said_refusing)
+
         if now:
-            store.flush()
+            store.flush(told=say)
         else:
             store.maybe_flush()
+            say()
         while refused := store.take_refused():
             for found in refused:
                 if found.case_id in ended_refused:
@@ -285,6 +292,25 @@ async def _cancelled_elsewhere(url: str, run_id: str, store: BufferedStore) -> N
             store.cancel_run(run_id, row.cancel_reason or "cancelled")
             RUN_CANCELS.cancel(run_id)
             return
+
+
+def _say_refusing(store: BufferedStore, progress: Progress, said: list[str | None]) -> None:
+    """Say once when the database starts refusing the run's writes for now (the disk
+    full, a statement timeout), and once when it takes them again: the turns played
+    meanwhile are kept, not played again (BufferedStore.flush)."""
+    kind = None if store.refusing is None else store.refusing.split(" (", 1)[0]
+    if kind == said[0]:
+        return
+    with progress.held():
+        if kind is not None:
+            message = (
+                f"the store refuses writes: {store.refusing}; the turns played are kept "
+                "and written once it takes them"
+            )
+        else:
+            message = "the store takes writes again"
+        print(printable(message), file=sys.stderr, flush=True)
+    said[0] = kind
 
 
 async def _started_one_by_one(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy.exc import DBAPIError
 
@@ -29,6 +30,7 @@ from agenttest_worker.store import (
     ConversationStore,
     error_reason,
     is_connection_lost,
+    is_transient,
     open_store,
     results,
     runs,
@@ -55,7 +57,7 @@ def wait_for_run(
 ) -> None:
     """Progress from the database until the run's reports exist."""
     # Celery: see the note at the top.
-    from agenttest_worker.fleet import recover, sweep_interval
+    from agenttest_worker.fleet import recover, store_refusal, sweep_interval
 
     stall = get_settings().stall_seconds
     next_sweep = time.monotonic() + sweep_interval(stall)
@@ -65,6 +67,7 @@ def wait_for_run(
     asker = TerminalAsker(progress)
     pool = AgentPool(config)
     unreachable = False
+    refusals = RefusalWatch(run_id, progress, store_refusal)
     try:
         while True:
             # The database may restart while we wait (the workers ride it out too):
@@ -74,11 +77,12 @@ def wait_for_run(
                 if run is not None and run.status != "done" and options.interactive is not False:
                     _answer_waiting(url, run_id, pool, asker, human_timeouts)
             except DBAPIError as exc:
-                if not is_connection_lost(exc):
+                if not is_transient(exc):
                     raise
                 if not unreachable:
+                    trouble = "is unreachable" if is_connection_lost(exc) else "refuses to answer"
                     print(
-                        f"the database is unreachable ({printable(error_reason(exc))}); "
+                        f"the database {trouble} ({printable(error_reason(exc))}); "
                         f"still waiting for run {run_id}",
                         file=sys.stderr,
                         flush=True,
@@ -94,6 +98,7 @@ def wait_for_run(
             progress.set(run.passed, run.failed, run.skipped)
             if run.status == "done":
                 return
+            refusals.check()
             if time.monotonic() >= next_sweep:
                 try:
                     recover(url, stall, run_id)
@@ -106,6 +111,41 @@ def wait_for_run(
             time.sleep(POLL_SECONDS)
     finally:
         progress.close()
+
+
+# Seconds between two looks at whether the workers' writes are refused.
+REFUSALS_EVERY = 2.0
+
+
+class RefusalWatch:
+    """Says on stderr why the run does not move while the store refuses the workers'
+    writes (the disk full, statement timeouts: fleet/store_refusals.py), and when it
+    takes them again."""
+
+    def __init__(self, run_id: str, progress: Progress, ask: Callable[[], str | None]) -> None:
+        self.run_id, self.progress, self.ask = run_id, progress, ask
+        self.said: str | None = None
+        self.next_look = 0.0
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self.next_look:
+            return
+        self.next_look = now + REFUSALS_EVERY
+        try:
+            reason = self.ask()
+        except Exception:  # Redis out of reach: nothing to say of the store
+            return
+        kind = None if reason is None else reason.split(" (", 1)[0]
+        if kind == (None if self.said is None else self.said.split(" (", 1)[0]):
+            return
+        if reason is not None:
+            message = f"the store refuses writes: {reason}; run {self.run_id} waits for it"
+        else:
+            message = "the store takes writes again"
+        self.progress.pause()
+        print(printable(message), file=sys.stderr, flush=True)
+        self.said = reason
 
 
 # How long the submitter waits before it looks for a worker consuming the queue, and

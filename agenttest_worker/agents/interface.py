@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
+from agenttest_worker.json_values import nested_deeper_than, too_deep_message
 from agenttest_worker.results import AgentCallRecord, AgentRole, ToolCall, Usage
 
 
@@ -154,13 +155,27 @@ def history_source(client: AgentClient) -> HistorySource | None:
 
 
 def parse_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as data: JSON strings are parsed; unparseable text is kept as is."""
+    """Tool-call arguments as data: JSON strings are parsed; unparseable text is kept as is.
+
+    Arguments nested deeper than the project stores (json_values.MAX_REPLY_DEPTH) raise
+    an AgentError: the reply cannot be kept, and its turn fails saying why."""
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments) if arguments.strip() else {}
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except RecursionError:  # nested past the parser's own limit
+            raise _too_deep("tool arguments") from None
         except ValueError:
             return arguments
-    return arguments if arguments is not None else {}
+        text: str | None = arguments
+    else:
+        parsed, text = (arguments if arguments is not None else {}), None
+    if nested_deeper_than(parsed, text=text):
+        raise _too_deep("tool arguments")
+    return parsed
+
+
+def _too_deep(what: str) -> AgentError:
+    return AgentError("parse", f"agent error: {too_deep_message(what)}")
 
 
 # A problem quotes the agent's raw text up to this many characters (as a call's `reply`).

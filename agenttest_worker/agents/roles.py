@@ -123,7 +123,7 @@ def _find_json(text: str, openers: str, pick: Callable[[Any, bool], T | None]) -
             continue
         try:
             value = json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested past the parser's own limit)
             continue
         if (found := pick(value, False)) is not None:
             return found
@@ -131,7 +131,7 @@ def _find_json(text: str, openers: str, pick: Callable[[Any, bool], T | None]) -
     for match in re.finditer(f"[{re.escape(openers)}]", text):
         try:
             value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if (found := pick(value, True)) is not None:
             return found

@@ -125,7 +125,7 @@ def check_equals(spec: EqualsAssertion, ctx: AssertionContext) -> AssertionOutco
     else:
         try:
             parsed: Any = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # (nested past the parser's own limit)
             return AssertionOutcome(
                 False, f"expected JSON equal to {json.dumps(spec.value)}; reply is not JSON"
             )

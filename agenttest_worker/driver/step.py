@@ -31,6 +31,7 @@ from agenttest_worker.driver.run_cache import (
     run_config,
 )
 from agenttest_worker.driver.state_cache import session_id as session_id
+from agenttest_worker.driver.unrecorded_calls import count_unrecorded, refused_for_now
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
     ConversationState,
@@ -39,7 +40,6 @@ from agenttest_worker.engine import (
     give_human_input,
     run_turn,
 )
-from agenttest_worker.engine.outcome import usage_by_role
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.results import TurnResult
 from agenttest_worker.store import steps
@@ -76,6 +76,8 @@ class Prepared:
     counted: bool = False
     # How many of the state's first turns are stored as turn records (state_cache.py).
     archived: int | None = None
+    # Why the stored conversation cannot be read (then `state` is a new one, to end it).
+    unreadable: str | None = None
 
 
 def _spend(
@@ -128,10 +130,28 @@ def prepare(
 def _prepared(
     store: ConversationStore, loaded: steps.LoadedCase, turn: int, counted: bool = False
 ) -> Prepared | None:
-    """Turn `turn` of `loaded` with its state (state_cache.load), or None: moved on."""
-    if (found := state_cache.load(store, loaded)) is None:
+    """Turn `turn` of `loaded` with its state (state_cache.load), or None: moved on.
+
+    A stored state that cannot be read (nested past the parser's limit, stored before
+    replies were bounded) would fail each time the turn is played: it comes with a new
+    state and `unreadable` saying why, and `_stopped` ends it failed."""
+    try:
+        found = state_cache.load(store, loaded)
+    except (ValueError, RecursionError) as exc:
+        state_cache.forget(loaded)
+        fresh = state_cache.stored(dataclasses.replace(loaded, state=None))
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        reason = f"its stored conversation cannot be read: {first_line}"
+        return dataclasses.replace(_prepared_from(loaded, fresh, turn, counted), unreadable=reason)
+    if found is None:
         return None
     loaded, stored = found
+    return _prepared_from(loaded, stored, turn, counted)
+
+
+def _prepared_from(
+    loaded: steps.LoadedCase, stored: state_cache.Stored, turn: int, counted: bool
+) -> Prepared:
     case, options = case_of(loaded), options_of(loaded)
     if loaded.deadline_at is None:
         # Parsed: a turn waiting on its agent need not hold the state's text as well, nor
@@ -268,11 +288,7 @@ def commit(
     )
     saved = state_cache.save(store, loaded, prepared.archived, state, step)
     if not saved.saved:
-        # Played but not recorded: its calls count in the run's usage all the same.
-        calls = (call for t in new_turns for call in t.calls or ())
-        unrecorded = usage_by_role(calls, pricing_config(loaded))
-        if unrecorded:
-            store.add_unrecorded_usage(loaded.run_id, unrecorded)
+        count_unrecorded(store, loaded, new_turns)
         return Advance(saved=False)
     return Advance(
         saved=True,
@@ -300,9 +316,20 @@ def commit_or_fail(
     the database's reason. Raised, the task would fail the same way each time the turn
     is played again, and the run would never finish."""
     loaded = prepared.loaded
-    return _saved_or_refused(
-        store, loaded.run_id, loaded.case_id, prepared.turn, lambda: commit(store, prepared, state)
-    )
+    try:
+        return _saved_or_refused(
+            store,
+            loaded.run_id,
+            loaded.case_id,
+            prepared.turn,
+            lambda: commit(store, prepared, state),
+        )
+    except Exception as exc:
+        if refused_for_now(exc):
+            # Refused for longer than the store's patience (db.reconnecting): the turn
+            # will be played again, and these calls were made and paid for.
+            count_unrecorded(store, loaded, (t for t in state.turns if t.turn >= prepared.turn))
+        raise
 
 
 def _saved_or_refused(
@@ -363,6 +390,8 @@ async def answer_human(
     )
     if parked is None:
         return Advance(saved=False)
+    if (unreadable := _stopped(parked, None)) is not None and parked.unreadable is not None:
+        return commit(store, parked, unreadable, "awaiting_human")  # as its turn would end
     loaded, case, options = parked.loaded, parked.case, parked.options
     new_state = await give_human_input(case, parked.state, text, pool, options, reason)
     result = None
@@ -398,6 +427,9 @@ async def answer_human(
 
 
 def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationState | None:
+    if prepared.unreadable is not None:
+        message = f"turn {prepared.turn} could not be played: {prepared.unreadable}"
+        return end_without_running(prepared, "fail", message)
     if prepared.state.phase == "done":
         # Ended before its first turn ("no initial input"): its own reason stands, not a
         # cancellation's or a deadline's on top of it.

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         enqueue_turns,
         follow_up,
     )
+    from agenttest_worker.fleet.store_refusals import store_refusal
     from agenttest_worker.fleet.sweeper import recover
 
 _EXPORTS = {
@@ -36,6 +37,7 @@ _EXPORTS = {
     "enqueue_turns": "agenttest_worker.fleet.enqueue",
     "follow_up": "agenttest_worker.fleet.enqueue",
     "recover": "agenttest_worker.fleet.sweeper",
+    "store_refusal": "agenttest_worker.fleet.store_refusals",
 }
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "enqueue_turns",
     "follow_up",
     "recover",
+    "store_refusal",
     "sweep_interval",
 ]
 

@@ -34,7 +34,7 @@ from agenttest_worker.observe import metrics
 from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.sql import recovery
-from agenttest_worker.store.sql.db import error_reason, is_connection_lost
+from agenttest_worker.store.sql.db import error_reason, is_connection_lost, is_transient
 
 log = logging.getLogger("agenttest.tasks")  # the name deployments filter on
 
@@ -70,7 +70,7 @@ def recover(url: str, stall_seconds: float, run_id: str | None = None) -> tuple[
         log.warning("run %s: started conversations %d-%d left unstarted", capped_run, first, last)
     aggregated = 0
     for lost in recovery.unaggregated_runs(url, stall_seconds, run_id):
-        if aggregate(url, lost) is not None:
+        if _aggregated(url, lost):
             aggregated += 1
             metrics.recovered("aggregation")
             log.warning("run %s: reports built by the sweeper (its aggregation was lost)", lost)
@@ -92,6 +92,28 @@ def restore_gone_workers() -> int:
             count,
         )
     return sum(restored.values())
+
+
+def _aggregated(url: str, run_id: str) -> bool:
+    """Whether this pass built the run's reports. A run whose aggregation fails is said
+    in the log and left for the next pass once its claim's lease has run out (the claim
+    marks it `aggregating` meanwhile): the sweep goes on with the other runs, which one
+    such run used to keep waiting for ever. A lost database still ends the pass."""
+    try:
+        return aggregate(url, run_id) is not None
+    except DBAPIError as exc:
+        if is_transient(exc):
+            raise
+        failed: Exception = exc
+    except Exception as exc:
+        failed = exc
+    log.error(
+        "run %s: its reports could not be built (%s); the sweep goes on with the other runs",
+        run_id,
+        error_reason(failed),
+        exc_info=failed,
+    )
+    return False
 
 
 @app.task(name="agenttest.sweep")

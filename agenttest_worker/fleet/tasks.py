@@ -32,6 +32,7 @@ from agenttest_worker.fleet import cancel_command as _cancel  # noqa: F401
 # set. Here rather than in celery_app.py: a worker imports this module (the app's `include`)
 # before it sends `celeryd_init`, and a process that only publishes never needs it.
 from agenttest_worker.fleet import metrics_server as _metrics  # noqa: F401
+from agenttest_worker.fleet import store_refusals
 from agenttest_worker.fleet.celery_app import app
 from agenttest_worker.fleet.enqueue import (
     AGGREGATE,
@@ -71,6 +72,7 @@ def _store() -> SqlStore:
     store = _stores.get(url)
     if store is None:
         store = _stores[url] = metered(url)
+        store_refusals.listen()  # a waiting submitter hears when the store refuses writes
     return store
 
 

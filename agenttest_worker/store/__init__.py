@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         error_reason,
         is_connection_lost,
         is_sqlite,
+        is_transient,
         session_scope,
         upgrade,
     )
@@ -78,6 +79,7 @@ _EXPORTS = {
     "BufferedStore": "agenttest_worker.store.memory.buffered",
     "error_reason": f"{_SQL}.db",
     "is_connection_lost": f"{_SQL}.db",
+    "is_transient": f"{_SQL}.db",
     "is_sqlite": f"{_SQL}.db",
     "session_scope": f"{_SQL}.db",
     "upgrade": f"{_SQL}.db",
@@ -132,6 +134,7 @@ __all__ = [
     "error_reason",
     "is_connection_lost",
     "is_sqlite",
+    "is_transient",
     "new_run_id",
     "open_store",
     "pruning",

@@ -117,7 +117,7 @@ class SqlStore:
         from agenttest_worker.store.sql.usage import add_run_usage
 
         try:
-            add_run_usage(self.url, run_id, usage, spent=True)
+            add_run_usage(self.url, run_id, usage, spent=True, unsaved=True)
         except Exception as exc:
             # The step itself is recorded (by the other copy): failing the task now
             # would report a failure where only the count of its extra calls is lost.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from agenttest_worker.agents.interface import AgentReply
+from agenttest_worker.json_values import nested_deeper_than, too_deep_message
 
 Framing = Literal["sse", "ndjson"]
 
@@ -86,7 +87,10 @@ def mark_content(assembler: Assembler) -> None:
 def json_data(event: StreamEvent, agent: str) -> Any:
     """An event's data as JSON; anything else is garbage that fails the stream."""
     try:
-        return json.loads(event.data)
+        data = json.loads(event.data)
+    except RecursionError:  # nested past the parser's own limit
+        data = None
+        too_deep = True
     except ValueError:
         shown = event.data if len(event.data) <= 200 else event.data[:200] + "…"
         raise StreamFailure(
@@ -94,6 +98,15 @@ def json_data(event: StreamEvent, agent: str) -> Any:
             f"{json.dumps(shown, ensure_ascii=False)}",
             raw=event.data[:4096],
         ) from None
+    else:
+        too_deep = nested_deeper_than(data, text=event.data)
+    if too_deep:
+        # Deeper than the project stores (json_values.MAX_REPLY_DEPTH): the turn fails.
+        raise StreamFailure(
+            f"agent error: {agent} sent a stream event {too_deep_message('with JSON')}",
+            raw=event.data[:4096],
+        )
+    return data
 
 
 async def _lines(content: Any) -> AsyncGenerator[str, None]:

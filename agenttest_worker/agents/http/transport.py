@@ -36,6 +36,7 @@ from agenttest_worker.agents.limits.ratelimit import PAUSE_AFTER_429, Limits, li
 from agenttest_worker.agents.limits.retry import RetryPolicy, is_retryable_status
 from agenttest_worker.agents.limits.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
+from agenttest_worker.json_values import nested_deeper_than, too_deep_message
 from agenttest_worker.observe import metrics
 from agenttest_worker.results import AgentCallRecord, AgentRole
 
@@ -52,9 +53,13 @@ class HttpResult:
     stream: Assembler | None = None
 
     def json(self, agent: str) -> Any:
-        """The body as JSON; anything else is a parse error naming what came back."""
+        """The body as JSON; anything else is a parse error naming what came back. A body
+        nested deeper than the project stores (json_values.MAX_REPLY_DEPTH) is one too."""
         try:
-            return json.loads(self.text)
+            data = json.loads(self.text)
+        except RecursionError:  # nested past the parser's own limit
+            data = None
+            too_deep = True
         except ValueError:
             kind = self.headers.get("Content-Type", "unknown content type").split(";")[0]
             raise AgentError(
@@ -63,6 +68,16 @@ class HttpResult:
                 call=self.record,
                 raw=self.text[:4096],
             ) from None
+        else:
+            too_deep = nested_deeper_than(data, text=self.text)
+        if too_deep:
+            raise AgentError(
+                "parse",
+                f"agent error: {agent}'s reply is {too_deep_message('JSON')}",
+                call=self.record,
+                raw=self.text[:4096],
+            )
+        return data
 
 
 def snippet(text: str) -> str:

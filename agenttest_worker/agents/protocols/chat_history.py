@@ -33,7 +33,7 @@ from agenttest_worker.agents.interface import (
 )
 from agenttest_worker.agents.limits.retry import RetryPolicy
 from agenttest_worker.agents.reply_mappings import HistoryMapping
-from agenttest_worker.json_values import find, parse_json
+from agenttest_worker.json_values import find, nested_deeper_than, parse_json
 from agenttest_worker.results import ToolCall
 
 
@@ -172,6 +172,8 @@ def read_round(events: list[Any], mapping: HistoryMapping) -> HistoryRound:
                     found.tool_calls.append(ToolCall(name=name, args=_tool_args(args)))
                 result = _first(mapping.tool_content or mapping.content, event)
                 is_json, value = parse_json(result) if isinstance(result, str) else (False, None)
+                # Kept as its text when nested deeper than a state holds (json_values.py).
+                is_json = is_json and not nested_deeper_than(value)
                 found.tool_results[name] = value if is_json else result
         elif kind == "assistant":
             text = text_of(_first(mapping.content, event))

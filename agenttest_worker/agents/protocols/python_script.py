@@ -15,6 +15,7 @@ from agenttest_worker.agents.interface import AgentError, AgentReply, AgentReque
 from agenttest_worker.agents.protocols.http import parse_http_reply
 from agenttest_worker.agents.reply_mappings import ResponseMapping
 from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
+from agenttest_worker.json_values import nested_deeper_than, too_deep_message
 from agenttest_worker.results import AgentCallRecord
 
 
@@ -57,6 +58,10 @@ class ScriptAgentClient:
                 f"agent error: script {self.script_id} returned {type(result).__name__}, "
                 'expected text or {"content", "tool_calls", "awaiting_input", ...}'
             )
+            raise AgentError("script", message, call=record(message))
+        if nested_deeper_than(result):
+            # What it holds goes into the state and the records (json_values.py).
+            message = f"agent error: script {self.script_id}'s reply is {too_deep_message('JSON')}"
             raise AgentError("script", message, call=record(message))
         try:
             reply = parse_http_reply(result, ResponseMapping())

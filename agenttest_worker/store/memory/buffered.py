@@ -41,6 +41,8 @@ from agenttest_worker.store.memory.flush_batch import (
 )
 
 _TIMER_TICK = 0.05  # seconds: the shortest wait of flush_on_timer
+# Seconds between two tries of a write the database refused for now, waited for.
+_REFUSED_PAUSE = 0.5
 
 
 @dataclass
@@ -76,6 +78,10 @@ class _Sent:
     reply: Future[list[StepRefused]]
 
 
+# Writes one flush to the database at a URL; says which steps it refused (flush_writes).
+FlushWriter = Callable[[str, FlushBatch], list[StepRefused]]
+
+
 @dataclass(frozen=True)
 class Refused:
     """A conversation whose step `turn` the database refused (see BufferedStore.flush)."""
@@ -99,8 +105,11 @@ class BufferedStore(reservations.MemoryReservations):
         *,
         flush_every: float = 0.5,
         setup: Callable[[], object] | None = None,
+        writes: FlushWriter | None = None,
     ) -> None:
         self.url = url
+        # What writes a flush (a test passes one that fails the way it needs).
+        self._writes: FlushWriter = writes or _write_flush
         # The store's work, in order: see the module's docstring.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agenttest-store")
         self._setup = self._thread.submit(setup) if setup is not None else None
@@ -114,6 +123,11 @@ class BufferedStore(reservations.MemoryReservations):
         # The write handed to the store's thread whose outcome is not yet taken.
         self._sent: _Sent | None = None
         self._refused: list[Refused] = []
+        # Why the database refuses this store's writes for now (a statement timeout, the
+        # disk full: db.transient_refusal), and since when (time.monotonic); None while
+        # it takes them. Its steps are kept meanwhile, and written once it takes them.
+        self.refusing: str | None = None
+        self._refusing_since = 0.0
 
     @classmethod
     def fresh(
@@ -150,8 +164,10 @@ class BufferedStore(reservations.MemoryReservations):
         return cls(url, run_id, run, conversations, setup=setup)
 
     @classmethod
-    def from_database(cls, url: str, run_id: str) -> BufferedStore:
-        """A stored run as it is now (a run being resumed)."""
+    def from_database(
+        cls, url: str, run_id: str, writes: FlushWriter | None = None
+    ) -> BufferedStore:
+        """A stored run as it is now (a run being resumed). `writes`: see __init__."""
         # The store's SQLAlchemy modules only once it is used: see the module docstring.
         from sqlalchemy import select
 
@@ -194,7 +210,7 @@ class BufferedStore(reservations.MemoryReservations):
                     ).where(CASES.c.run_id == run_id)
                 )
             }
-        return cls(url, run_id, run, conversations)
+        return cls(url, run_id, run, conversations, writes=writes)
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
@@ -297,9 +313,15 @@ class BufferedStore(reservations.MemoryReservations):
             await asyncio.sleep(max(due, _TIMER_TICK))
             write()
 
-    def flush(self, wait: bool = True) -> None:
+    def flush(self, wait: bool = True, told: Callable[[], None] | None = None) -> None:
         """Write everything saved since the last flush, in one transaction (once the
         run's setup, if any, is done: waits for it, and raises what it raised).
+
+        A write the database refuses for now (`refusing`: a statement timeout, the disk
+        full) is kept and written again by the next flush, without raising, for up to
+        AGENTTEST_STORE_RETRY_SECONDS: the turns played are not lost, nor played (their
+        agents called) again. With `wait`, this tries again until it is written, calling
+        `told()` after each try (the caller says why it waits).
 
         Without `wait`, the write is handed to the store's thread and this returns at
         once (it runs while the conversations go on); its outcome is taken at the next
@@ -313,6 +335,16 @@ class BufferedStore(reservations.MemoryReservations):
         caller to end (a worker ends such a case in `driver.step.commit_or_fail`; this
         store only learns of the refusal here, after the step was played).
         """
+        self._flush_once(wait)
+        while wait and self.refusing is not None:
+            if told is not None:
+                told()
+            time.sleep(_REFUSED_PAUSE)
+            self._flush_once(wait)
+        if wait and told is not None:
+            told()
+
+    def _flush_once(self, wait: bool) -> None:
         if self._setup is not None:
             self._setup.result()
             self._setup = None
@@ -323,7 +355,7 @@ class BufferedStore(reservations.MemoryReservations):
         if not unwritten and not changes:
             return
         try:
-            reply = self._thread.submit(_write_flush, self.url, self._batch(unwritten, changes))
+            reply = self._thread.submit(self._writes, self.url, self._batch(unwritten, changes))
         except BaseException:
             self._put_back(unwritten, changes)
             raise
@@ -338,19 +370,41 @@ class BufferedStore(reservations.MemoryReservations):
             return
         try:
             refused = sent.reply.result()
-        except BaseException:
+        except BaseException as exc:
             if sent.reply.done() and sent.reply.exception() is not None:
                 self._sent = None
                 self._put_back(sent.unwritten, sent.changes)
+                if self._refused_for_now(exc):
+                    return
             # Else the wait was interrupted (Ctrl-C, SIGTERM) while the thread writes:
             # the next flush (the run's cleanup) takes its outcome.
             raise
         self._sent = None
+        self.refusing = None
         for found in refused:
             pending = sent.unwritten[found.case_id]
             self._refused.append(
                 self._take_back(found.case_id, pending, found.position, found.reason)
             )
+
+    def _refused_for_now(self, exc: BaseException) -> bool:
+        """Whether the write failed with the database refusing it for now, not for
+        longer than AGENTTEST_STORE_RETRY_SECONDS (then it is kept, and `refusing` says
+        why)."""
+        # The store's SQLAlchemy modules only once it is used: see the module docstring.
+        from sqlalchemy.exc import DBAPIError
+
+        from agenttest_worker.settings import get_settings
+        from agenttest_worker.store.sql.db import error_reason, transient_refusal
+
+        refusal = transient_refusal(exc.orig) if isinstance(exc, DBAPIError) else None
+        if refusal is None:
+            return False
+        now = time.monotonic()
+        if self.refusing is None:
+            self._refusing_since = now
+        self.refusing = f"{refusal} ({error_reason(exc)})"
+        return now - self._refusing_since < get_settings().store_retry_seconds
 
     def _put_back(self, unwritten: dict[str, _Unwritten], changes: RunChanges) -> None:
         """A write that failed (rolled back) is kept for the next flush, before what was

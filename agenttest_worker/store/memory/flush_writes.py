@@ -128,7 +128,8 @@ def _write_run(connection: Connection, batch: FlushBatch, run: RunTotals) -> Non
     if changes.cancel is not None:
         values.update(cancelled=True, cancel_reason=changes.cancel)
     connection.execute(update(RUNS).where(RUNS.c.id == batch.run_id).values(**values))
-    add_run_usage_on(connection, batch.run_id, changes.usage)
+    # Only calls of steps played but not saved are added here (buffered_run.RunChanges).
+    add_run_usage_on(connection, batch.run_id, changes.usage, unsaved=True)
 
 
 def _json_value(document: steps.JsonDocument | None, sqlite: bool) -> Any:

@@ -129,6 +129,10 @@ def unstorable_reason(exc: BaseException) -> str | None:
     if isinstance(exc, OverflowError) and "SQLite" in str(exc):
         # A batch of rows (executemany) gets the driver's error itself, unwrapped.
         return error_reason(exc)
+    if not isinstance(exc, StatementError) and isinstance(exc, ValueError | RecursionError):
+        # The step could not even be written as JSON (pydantic's serializer refuses a
+        # value nested past its limit): the same each time it would be played again.
+        return error_reason(exc)
     return None
 
 
@@ -160,28 +164,127 @@ def connection_lost(error: BaseException | None) -> bool:
     return state is None or state.startswith("08") or state in _GONE_STATES
 
 
+# SQLSTATEs of a statement the server refused for now, not for what it writes, as a
+# person reads them: a statement cancelled (statement_timeout), a lock not had in time
+# (lock_timeout), transaction rollbacks (class 40), insufficient resources (class 53).
+_REFUSALS = {
+    "57014": "statement timeout",
+    "55P03": "lock timeout",
+    "40001": "serialization failure",
+    "40P01": "deadlock",
+    "53100": "disk full",
+    "53200": "out of memory",
+    "53300": "too many connections",
+}
+_REFUSAL_CLASSES = {"40": "transaction rolled back", "53": "insufficient resources"}
+# SQLite's primary result codes of the same kind.
+_SQLITE_REFUSALS = {5: "database busy", 6: "database locked", 10: "disk I/O error", 13: "disk full"}
+
+
+def is_transient(exc: DBAPIError) -> bool:
+    """Whether `exc` may pass if the same statement is sent again later: the connection
+    lost, or the server refusing the statement for now (a statement timeout, a
+    serialization failure, a deadlock, the disk full), rather than refusing what it
+    holds."""
+    return is_connection_lost(exc) or transient_refusal(exc.orig) is not None
+
+
+def transient_refusal(error: BaseException | None) -> str | None:
+    """What passing refusal the driver's `error` is ("disk full", "statement timeout"),
+    or None: psycopg's errors by SQLSTATE, SQLite's by result code."""
+    state = getattr(error, "sqlstate", None)
+    if isinstance(state, str):
+        return _REFUSALS.get(state) or _REFUSAL_CLASSES.get(state[:2])
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return _SQLITE_REFUSALS.get(code & 0xFF)
+    return None
+
+
+# Told of every statement the server refuses for now (`reconnecting`), with the reason:
+# a worker says so where a waiting submitter reads it (fleet/store_refusals.py).
+RefusalListener = Callable[[str], None]
+_refusal_listeners: list[RefusalListener] = []
+
+
+def on_refusal(listener: RefusalListener) -> None:
+    """Call `listener(reason)` whenever `reconnecting` retries a refused statement."""
+    if listener not in _refusal_listeners:
+        _refusal_listeners.append(listener)
+
+
+def _tell_refusal(reason: str) -> None:
+    for listener in list(_refusal_listeners):
+        try:
+            listener(reason)
+        except Exception:  # saying so must never stop the retry
+            continue
+
+
+def _retry_delay(exc: DBAPIError, tries: _Tries) -> float | None:
+    """How long to wait before trying `exc`'s statement again, or None: give up."""
+    refusal = None if is_connection_lost(exc) else transient_refusal(exc.orig)
+    if refusal is None:
+        if not is_connection_lost(exc) or tries.lost >= len(RECONNECT_DELAYS):
+            return None
+        tries.lost += 1
+        return RECONNECT_DELAYS[tries.lost - 1]
+    now = time.monotonic()
+    if tries.refused_until is None:
+        tries.refused_until = now + _refusal_patience()
+    if now >= tries.refused_until:
+        return None
+    _tell_refusal(f"{refusal} ({error_reason(exc)})")
+    delay = RECONNECT_DELAYS[min(tries.refused, len(RECONNECT_DELAYS) - 1)]
+    tries.refused += 1
+    return min(delay, tries.refused_until - now)
+
+
+class _Tries:
+    """A `reconnecting` call's retries so far."""
+
+    __slots__ = ("lost", "refused", "refused_until")
+
+    def __init__(self) -> None:
+        self.lost = 0
+        self.refused = 0
+        self.refused_until: float | None = None
+
+
+def _refusal_patience() -> float:
+    # Here: settings are read only once a statement was refused.
+    from agenttest_worker.settings import get_settings
+
+    return get_settings().store_retry_seconds
+
+
 def reconnecting(fn: F) -> F:
-    """Retry `fn` when the database connection was lost (a restart, a failover).
+    """Retry `fn` when the database connection was lost (a restart, a failover), or the
+    server refused its statement for now (`is_transient`: a statement timeout, a
+    serialization failure, a deadlock, the disk full).
 
     Only for functions safe to run again: the hot path's reads, and writes guarded so
-    that a second attempt of a write that did land changes nothing. Gives up (and
-    raises) after about 16 s of trying; past that, the stall sweeper brings the
-    conversation back (fleet/sweeper.py).
+    that a second attempt of a write that did land changes nothing. A lost connection is
+    given up on (raised) after about 16 s of trying; past that, the stall sweeper brings
+    the conversation back (fleet/sweeper.py). A refused statement is tried again for
+    AGENTTEST_STORE_RETRY_SECONDS: a step played is saved once the store takes it,
+    without its agents being called again.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         outer = getattr(_attempts, "retry", False)
+        tries = _Tries()
         try:
-            for delay in (*RECONNECT_DELAYS, None):
+            while True:
                 try:
                     return fn(*args, **kwargs)
                 except DBAPIError as exc:
-                    if delay is None or not is_connection_lost(exc):
+                    delay = _retry_delay(exc, tries)
+                    if delay is None:
                         raise
                     time.sleep(delay)
                     _attempts.retry = True
-            raise AssertionError("unreachable")
         finally:
             _attempts.retry = outer
 

@@ -61,20 +61,39 @@ def stored_usage(value: Mapping[str, Any] | None) -> dict[UsageRole, RoleUsage]:
     }
 
 
+# The key of `runs.usage` beside the roles: how many of the calls it counts were made by
+# turns whose records the store does not hold (played but not recorded: a copy of the
+# turn recorded it first, its conversation ended meanwhile, or the store refused the
+# step), so that the run's calls add up although `agent_calls` lacks their rows.
+CALLS_UNSAVED = "calls_unsaved"
+
+
+def calls_unsaved(value: Mapping[str, Any] | None) -> int:
+    """`runs.usage`'s count of calls whose turns are not recorded (CALLS_UNSAVED)."""
+    found = (value or {}).get(CALLS_UNSAVED)
+    return found if isinstance(found, int) else 0
+
+
 def usage_document(usage: Mapping[UsageRole, RoleUsage]) -> dict[str, Any] | None:
     """What `runs.usage` holds for `usage` (None for no calls)."""
     return {role: found.model_dump(mode="json") for role, found in usage.items()} or None
 
 
 def add_run_usage(
-    url: str, run_id: str, usage: Mapping[UsageRole, RoleUsage], *, spent: bool = False
+    url: str,
+    run_id: str,
+    usage: Mapping[UsageRole, RoleUsage],
+    *,
+    spent: bool = False,
+    unsaved: bool = False,
 ) -> None:
     """Add `usage` to what the run used outside its conversations' records; `spent`:
-    to the run's totals (`total_tokens`, `total_cost`, what its budget counts) as well."""
+    to the run's totals (`total_tokens`, `total_cost`, what its budget counts) as well;
+    `unsaved`: its calls were made by turns whose records are not stored (CALLS_UNSAVED)."""
     if not usage:
         return
     with session_scope(url) as session:
-        add_run_usage_on(session.connection(), run_id, usage, spent=spent)
+        add_run_usage_on(session.connection(), run_id, usage, spent=spent, unsaved=unsaved)
 
 
 def add_run_usage_on(
@@ -83,6 +102,7 @@ def add_run_usage_on(
     usage: Mapping[UsageRole, RoleUsage],
     *,
     spent: bool = False,
+    unsaved: bool = False,
 ) -> None:
     """`add_run_usage` in `connection`'s transaction."""
     if not usage:
@@ -91,7 +111,11 @@ def add_run_usage_on(
     stored = connection.execute(
         select(RUNS.c.usage).where(RUNS.c.id == run_id).with_for_update()
     ).scalar_one_or_none()
-    values: dict[str, Any] = {"usage": usage_document(add_usage(stored_usage(stored), usage))}
+    document = usage_document(add_usage(stored_usage(stored), usage)) or {}
+    not_recorded = calls_unsaved(stored) + (sum(u.calls for u in usage.values()) if unsaved else 0)
+    if not_recorded:
+        document[CALLS_UNSAVED] = not_recorded
+    values: dict[str, Any] = {"usage": document or None}
     if spent:
         tokens, cost = usage_spend(usage)
         values |= {
