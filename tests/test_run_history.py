@@ -271,3 +271,28 @@ def test_history_commands_refuse_what_they_cannot_find(
     assert main(["runs"]) == 0
     assert "no runs yet" in capsys.readouterr().out
     assert main(["diff", "a", "b", "c"]) == 2
+
+
+def test_the_derived_suite_is_one_however_the_path_is_spelled(
+    nights: Nights, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The submitter's working directory holds agenttest.yaml (found there, no --config).
+    fleet = nights.place.fleet
+    base = fleet.workdir if fleet is not None else nights.tmp_path
+    monkeypatch.chdir(base)
+    (base / "agenttest.yaml").write_text(nights.config.read_text(), encoding="utf-8")
+    (base / "t").mkdir()
+    cases = base / "t" / "x.jsonl"
+    cases.write_text(json.dumps(_case("steady")) + "\n", encoding="utf-8")
+    nights.agent.script("bot", by_last_user({"question steady": "right answer"}))
+    config = ["-n", "bot"]
+    # The first run has no baseline: --fail-on regressions says so, and its code stands.
+    code, _, err = nights.place.submit(["-i", "t/x.jsonl", *config, "--fail-on", "regressions"])
+    assert code == 0
+    assert "--fail-on regressions: no baseline to compare with" in err
+    for spelled in ("./t/x.jsonl", str(cases)):
+        code, out, err = nights.place.submit(["-i", spelled, *config, "--fail-on", "regressions"])
+        assert code == 0 and "Diff of run" in out, err
+        assert "no baseline" not in err
+    runs = json.loads(nights.command("runs", "--last", "3", "--format", "json")[1])
+    assert {r["suite"] for r in runs} == {"bot: t/x.jsonl"}

@@ -188,7 +188,13 @@ def print_baseline_diff(url: str, run_id: str, ref: str, fail_on: str, code: int
     try:
         base = resolve_baseline(url, ref, new)
     except InputError as exc:
-        print(f"warning: --baseline {ref}: {printable(str(exc.problems[0]))}", file=sys.stderr)
+        why = printable(str(exc.problems[0]))
+        flag = "--fail-on regressions" if fail_on == "regressions" else f"--baseline {ref}"
+        print(
+            f"warning: {flag}: no baseline to compare with ({why}); the run's own exit "
+            "code stands",
+            file=sys.stderr,
+        )
         return code
     found = build_diff(url, base, new)
     sys.stdout.write("\n" + render_diff(found, "console"))
