@@ -296,3 +296,47 @@ def test_the_derived_suite_is_one_however_the_path_is_spelled(
         assert "no baseline" not in err
     runs = json.loads(nights.command("runs", "--last", "3", "--format", "json")[1])
     assert {r["suite"] for r in runs} == {"bot: t/x.jsonl"}
+
+
+def test_a_case_whose_definition_changed_is_changed_not_a_regression(nights: Nights) -> None:
+    nights.run({"steady", "edited"}, ["steady", "edited"])
+    # "edited" gains an assertion before its old one, and fails it: a new definition.
+    edited = _case("edited")
+    edited["assertions"] = [{"type": "contains", "value": "zzz"}, *edited["assertions"]]
+    lines = [json.dumps(_case("steady")), json.dumps(edited)]
+    nights.cases.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    nights.agent.script(
+        "bot", by_last_user({"question steady": "right", "question edited": "right"})
+    )
+    code, out, _ = nights.place.submit(nights.args())
+    assert code == 1, out
+    code, out, _ = nights.command("diff", "--format", "json")
+    document = json.loads(out)
+    assert code == 0  # nothing that was the same case regressed
+    change = next(c for c in document["cases"] if c["id"] == "edited")
+    assert change["category"] == "changed"
+    assert change["changed_because"] == "its definition changed since the baseline"
+    # Matched by hash, not by position: the failing assertion is the new one.
+    assert change["difference"]["new_assertion"] is True
+    assert '"zzz"' in change["difference"]["assertion"]
+    _, console, _ = nights.command("diff")
+    assert "Changed (1)" in console and "is new or changed, and fails" in console
+    suite = nights.suite()
+    history = json.loads(
+        nights.command("history", "edited", "--suite", suite, "--format", "json")[1]
+    )
+    assert [r["changed"] for r in history["runs"]] == [True, False]
+    assert history["changes"] == 0 and history["flake_rate"] == 0.0
+
+
+def test_one_regression_is_not_flakiness(nights: Nights) -> None:
+    for right in ({"steady"}, {"steady"}, set()):
+        nights.run(right, ["steady"])
+    suite = nights.suite()
+    _, out, _ = nights.command("history", "steady", "--suite", suite, "--format", "json")
+    document = json.loads(out)
+    assert [r["status"] for r in document["runs"]] == ["failed", "passed", "passed"]
+    assert document["changes"] == 1 and document["flips"] == 0
+    assert document["flake_rate"] == 0.0
+    _, text, _ = nights.command("history", "steady", "--suite", suite)
+    assert "3 runs, flake rate 0% (0 flips in 1 window of three runs; 1 change)" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +25,12 @@ from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import (
     CaseChange,
+    Definitions,
     RunDiff,
     RunInfo,
     case_verdict,
     category,
+    counted,
     difference,
     format_ms,
     one_line,
@@ -87,27 +90,36 @@ def resolve_baseline(url: str, ref: str, new: RunRow) -> RunRow:
 def build_diff(url: str, base: RunRow, new: RunRow, window: int = DEFAULT_WINDOW) -> RunDiff:
     """What changed from `base` to `new`, case by case (report/diff.py)."""
     base_rule, rule = _rule(base), _rule(new)
-    before: dict[str, CaseStatus] = {
-        t.id: tally_verdict(t.played, t.passed, t.skipped, base_rule)
+    before: dict[str, tuple[CaseStatus, str | None]] = {
+        t.id: (tally_verdict(t.played, t.passed, t.skipped, base_rule), t.definition)
         for t in history.case_tallies(url, base.id)
     }
     found = RunDiff(_info(base), _info(new), window)
     disagreeing: dict[str, str] = {}
     for tally in history.case_tallies(url, new.id):
         now = tally_verdict(tally.played, tally.passed, tally.skipped, rule)
-        was = before.pop(tally.id, None)
-        found.changes.append(CaseChange(tally.id, category(was, now), was, now))
+        was, was_defined = before.pop(tally.id, (None, None))
+        change = CaseChange(tally.id, category(was, now), was, now)
+        change.base_definition, change.new_definition = was_defined, tally.definition
+        found.changes.append(change)
         if tally.played > 1 and tally.passed not in (0, tally.played):
             disagreeing[tally.id] = (
                 f"its repetitions disagree: {tally.passed}/{tally.played} passed"
             )
-    found.changes += [CaseChange(i, "removed", was, None) for i, was in before.items()]
+    for case_id, (was, was_defined) in before.items():
+        found.changes.append(CaseChange(case_id, "removed", was, None))
+        found.changes[-1].base_definition = was_defined
     runs = _window(url, new, window)
     changing = history.changing_cases(url, [r.id for r in runs], rule)
     for change in found.changes:
         if change.category in ("new", "removed"):
             continue
-        if change.id in changing:
+        if None not in (change.base_definition, change.new_definition) and (
+            change.base_definition != change.new_definition
+        ):
+            # Another case under the same id: its verdicts are not compared.
+            change.category = "changed"
+        elif change.id in changing:
             change.category = "flaky"
             change.flaky_because = (
                 f"its verdict changed at least twice in the last {len(runs)} runs"
@@ -115,7 +127,8 @@ def build_diff(url: str, base: RunRow, new: RunRow, window: int = DEFAULT_WINDOW
         elif change.id in disagreeing:
             change.category = "flaky"
             change.flaky_because = disagreeing[change.id]
-    _explain_regressions(url, base, new, found.regressions)
+    failing_changed = [c for c in found.of("changed") if c.new == "failed"]
+    _explain_regressions(url, base, new, found.regressions + failing_changed)
     return found
 
 
@@ -131,6 +144,8 @@ def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[Case
         chunk = {c.id: c for c in changes[start : start + history.CHUNK]}
         then = _records(url, base.id, chunk)
         now = _records(url, new.id, chunk)
+        defined_then = history.definitions_of(url, base.id, chunk)
+        defined_now = history.definitions_of(url, new.id, chunk)
         for case_id, change in chunk.items():
             earlier, later = then.get(case_id, []), now.get(case_id, [])
             if not later:
@@ -138,8 +153,10 @@ def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[Case
             change.name = later[0].name
             failing = next((r for r in later if r.status == "failed"), later[0])
             passing = next((r for r in earlier if r.status == "passed"), None)
+            defined, defining = defined_then.get(case_id), defined_now.get(case_id)
+            definitions = Definitions(defined, defining) if defined and defining else None
             if passing is not None:
-                change.difference = difference(passing, failing)
+                change.difference = difference(passing, failing, definitions)
 
 
 def _records(url: str, run_id: str, ids: dict[str, Any]) -> dict[str, list[CaseResult]]:
@@ -191,8 +208,7 @@ def print_baseline_diff(url: str, run_id: str, ref: str, fail_on: str, code: int
         why = printable(str(exc.problems[0]))
         flag = "--fail-on regressions" if fail_on == "regressions" else f"--baseline {ref}"
         print(
-            f"warning: {flag}: no baseline to compare with ({why}); the run's own exit "
-            "code stands",
+            f"warning: {flag}: no baseline to compare with ({why}); the run's own exit code stands",
             file=sys.stderr,
         )
         return code
@@ -212,40 +228,88 @@ def run_history(url: str, request: HistoryRequest) -> int:
         raise InputError(
             InputProblem(f"no finished run{where} played case {request.case_id!r}", field="CASE_ID")
         )
-    rows = [_history_row(run, texts) for run, texts in runs]
-    verdicts = [row["status"] for row in reversed(rows)]
-    changes = sum(1 for a, b in itertools.pairwise(verdicts) if a != b)
-    rate = changes / (len(verdicts) - 1) if len(verdicts) > 1 else 0.0
+    rows = [_history_row(found) for found in runs]
+    oldest_first = list(reversed(runs))
+    for older, newer, row in zip(oldest_first, oldest_first[1:], reversed(rows[:-1]), strict=False):
+        row["changed"] = _redefined(older.definition, newer.definition)
+    rows[-1]["changed"] = False
+    tally = flake_tally([(row["status"], row["changed"]) for row in reversed(rows)])
     if request.format == "json":
         document = {
             "case_id": request.case_id,
             "suite": suite,
             "runs": rows,
-            "changes": changes,
-            "flake_rate": round(rate, 4),
+            "changes": tally.changes,
+            "flips": tally.flips,
+            "flake_rate": round(tally.rate, 4),
         }
         sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
         return 0
     lines = [
         f"History of {printable(request.case_id)}"
         + (f" in suite {printable(suite)}" if suite else "")
-        + f": {len(rows)} runs, flake rate {rate:.0%} ({changes} changes in "
-        f"{max(len(rows) - 1, 0)} transitions)",
+        + f": {counted(len(rows), 'run')}, flake rate {tally.rate:.0%} "
+        f"({counted(tally.flips, 'flip')} in {counted(tally.windows, 'window')} of three runs; "
+        f"{counted(tally.changes, 'change')})",
         "",
         f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<8}  {'REPEATS':>7}  {'DURATION':>8}  REASON",
     ]
     for row in rows:
+        reason = one_line(row["reason"] or "")
+        if row["changed"]:
+            reason = f"(definition changed) {reason}".rstrip()
         lines.append(
             f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
             f"{row['status'].upper():<8}  {row['repeats']:>7}  "
-            f"{format_ms(row['duration_ms']):>8}  {one_line(row['reason'] or '')}"
+            f"{format_ms(row['duration_ms']):>8}  {reason}"
         )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 
-def _history_row(run: RunRow, texts: list[str]) -> dict[str, Any]:
-    records = [CaseResult.model_validate_json(t) for t in texts]
+def _redefined(older: str | None, newer: str | None) -> bool:
+    """Whether the case's definition changed between two runs (unknown: it did not)."""
+    return older is not None and newer is not None and older != newer
+
+
+@dataclass(frozen=True)
+class FlakeTally:
+    """How a case's verdict moved over its runs: `changes` from one run to the next
+    (under the same definition), and `flips` out of `windows`: runs whose verdict
+    differs from both neighbours', all three of one definition."""
+
+    changes: int
+    flips: int
+    windows: int
+
+    @property
+    def rate(self) -> float:
+        return self.flips / self.windows if self.windows else 0.0
+
+
+def flake_tally(verdicts: list[tuple[str, bool]]) -> FlakeTally:
+    """The tally of (verdict, definition changed since the run before) oldest first.
+
+    A flip is a verdict that went and came back (passed, failed, passed): one
+    regression (passed, passed, failed) is a change, not flakiness, and a case whose
+    definition changed starts a new history."""
+    changes = sum(
+        1 for (a, _), (b, changed) in itertools.pairwise(verdicts) if a != b and not changed
+    )
+    flips = windows = 0
+    for (before, _), (verdict, changed), (after, changed_after) in zip(
+        verdicts, verdicts[1:], verdicts[2:], strict=False
+    ):
+        if changed or changed_after:
+            continue
+        windows += 1
+        flips += before != verdict != after
+    return FlakeTally(changes, flips, windows)
+
+
+def _history_row(played: history.CaseInRun) -> dict[str, Any]:
+    run = played.run
+    records = [CaseResult.model_validate_json(t) for t in played.records]
     found = case_verdict(records, _rule(run))
     failing = next((r for r in records if r.status == "failed"), None)
     return {

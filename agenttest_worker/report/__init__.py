@@ -15,11 +15,18 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.report.common import asked_question, format_ms, one_line, printable
+from agenttest_worker.report.common import (
+    asked_question,
+    counted,
+    format_ms,
+    one_line,
+    printable,
+)
 from agenttest_worker.report.diff import (
     CATEGORIES,
     TITLES,
     CaseChange,
+    Definitions,
     RunDiff,
     RunInfo,
     category,
@@ -74,6 +81,7 @@ __all__ = [
     "TITLES",
     "CaseChange",
     "ChunkedReporter",
+    "Definitions",
     "Reporter",
     "RunData",
     "RunDiff",
@@ -87,6 +95,7 @@ __all__ = [
     "case_row",
     "case_verdict",
     "category",
+    "counted",
     "difference",
     "format_ms",
     "grouped",

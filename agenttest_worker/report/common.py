@@ -64,6 +64,11 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m"
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and its noun, in the singular for one: "1 case", "2 changes"."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def format_ms(duration_ms: int) -> str:
     return format_seconds(duration_ms / 1000)
 

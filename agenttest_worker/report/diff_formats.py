@@ -10,14 +10,28 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 
 from agenttest_worker.report.common import one_line, printable, quoted
-from agenttest_worker.report.diff import CATEGORIES, TITLES, CaseChange, RunDiff, RunInfo
+from agenttest_worker.report.diff import (
+    CATEGORIES,
+    CHANGED_BECAUSE,
+    TITLES,
+    CaseChange,
+    RunDiff,
+    RunInfo,
+)
 from agenttest_worker.report.junit import xml_text
 
 DIFF_FORMATS = ("console", "json", "markdown", "junit")
 # Cases listed per category in console and Markdown (all of them in json and junit);
 # still-passing cases are counted, not listed.
 LISTED = 50
-_MARKS = {"regression": "✗", "fixed": "✓", "flaky": "~", "new": "+", "removed": "-"}
+_MARKS = {
+    "regression": "✗",
+    "fixed": "✓",
+    "flaky": "~",
+    "changed": "*",
+    "new": "+",
+    "removed": "-",
+}
 
 
 def render_diff(diff: RunDiff, fmt: str) -> str:
@@ -66,13 +80,18 @@ def _details(
     """What a case's entry says under its line: why it is flaky, where a regression's
     conversations first differ; `text` and `said` escape the data for the format."""
     lines = [text(change.flaky_because)] if change.flaky_because else []
+    if change.category == "changed":
+        lines.append(text(CHANGED_BECAUSE))
     found = change.difference
     if found is None:
         return lines
     where = f"turn {found.turn}" if found.turn is not None else "final assertions"
-    lines.append(
-        f"{where}: {text(found.assertion)} passed then, fails now" if found.assertion else where
-    )
+    if not found.assertion:
+        lines.append(where)
+    elif found.new_assertion:
+        lines.append(f"{where}: {text(found.assertion)} is new or changed, and fails")
+    else:
+        lines.append(f"{where}: {text(found.assertion)} passed then, fails now")
     if found.reason:
         lines.append(f"now: {text(found.reason)}")
     if found.said_then is not None:

@@ -143,6 +143,11 @@ class CaseRow(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
+    # The case's definition as hashes (case_definitions.py, migration 0012): of its
+    # normalized record, and of each assertion ({turns: [[...]], final: [...]}), so that
+    # history tells a changed case from a regression. None: stored before.
+    definition_hash: Mapped[str | None] = mapped_column(String(40))
+    assertion_hashes: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
     __table_args__ = (
         Index("ix_cases_run_seq", "run_id", "seq"),

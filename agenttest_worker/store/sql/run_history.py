@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Text, and_, case, cast, func, literal, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from agenttest_worker.case_definitions import CaseDefinition, stored_definition
 from agenttest_worker.store.sql.db import session_scope
 from agenttest_worker.store.sql.models import CaseRow, RunRow
 
@@ -34,6 +35,8 @@ class CaseTally:
     passed: int
     failed: int
     skipped: int
+    # The hash of its definition (case_definitions.py); None: stored before there were.
+    definition: str | None = None
 
 
 def test_id() -> ColumnElement[str]:
@@ -78,19 +81,22 @@ def case_tallies(url: str, run_id: str) -> Iterator[CaseTally]:
             func.count().label("played"),
             *counts,
             func.min(CaseRow.seq).label("first"),
+            func.min(CaseRow.definition_hash),
         )
         .where(CaseRow.run_id == run_id, CaseRow.status.is_not(None))
         .group_by(tid)
         .order_by("first")
     )
     with session_scope(url) as session:
-        for tid_value, played, passed, failed, _ in session.execute(query).yield_per(10_000):
+        rows = session.execute(query).yield_per(10_000)
+        for tid_value, played, passed, failed, _, definition in rows:
             yield CaseTally(
                 str(tid_value),
                 int(played),
                 int(passed or 0),
                 int(failed or 0),
                 int(played) - int(passed or 0) - int(failed or 0),
+                definition,
             )
 
 
@@ -171,18 +177,47 @@ def results_of(url: str, run_id: str, ids: Iterable[str]) -> Iterator[tuple[str,
                 yield str(case_id), str(text)
 
 
-def case_runs(
-    url: str, case_id: str, suite: str | None, last: int
-) -> list[tuple[RunRow, list[str]]]:
+def definitions_of(url: str, run_id: str, ids: Iterable[str]) -> dict[str, CaseDefinition]:
+    """The definitions (case_definitions.py) of these cases in the run, by case id; a
+    case stored before definitions were is left out."""
+    wanted = list(dict.fromkeys(ids))
+    tid = test_id()
+    found: dict[str, CaseDefinition] = {}
+    for start in range(0, len(wanted), CHUNK):
+        chunk = wanted[start : start + CHUNK]
+        query = select(tid, CaseRow.definition_hash, CaseRow.assertion_hashes).where(
+            CaseRow.run_id == run_id,
+            or_(CaseRow.case_id.in_(chunk), CaseRow.test_id.in_(chunk)),
+        )
+        with session_scope(url) as session:
+            for case_id, case_hash, assertions in session.execute(query):
+                definition = stored_definition(case_hash, assertions)
+                if definition is not None:
+                    found.setdefault(str(case_id), definition)
+    return found
+
+
+@dataclass(frozen=True)
+class CaseInRun:
+    """A case's records in one run, and the hash of its definition there (None: stored
+    before there were)."""
+
+    run: RunRow
+    records: list[str]
+    definition: str | None
+
+
+def case_runs(url: str, case_id: str, suite: str | None, last: int) -> list[CaseInRun]:
     """The case's records in each of the suite's last `last` finished runs that played
     it (every suite's when `suite` is None), newest first."""
     runs = suite_runs(url, suite, finished=True, last=None if suite is None else last)
     by_id = {run.id: run for run in runs}
     found: dict[str, list[str]] = {}
+    definitions: dict[str, str | None] = {}
     for start in range(0, len(runs), CHUNK):
         chunk = [run.id for run in runs[start : start + CHUNK]]
         query = (
-            select(CaseRow.run_id, cast(CaseRow.result, Text))
+            select(CaseRow.run_id, cast(CaseRow.result, Text), CaseRow.definition_hash)
             .where(
                 CaseRow.run_id.in_(chunk),
                 CaseRow.result.is_not(None),
@@ -194,8 +229,9 @@ def case_runs(
             .order_by(CaseRow.run_id, CaseRow.seq)
         )
         with session_scope(url) as session:
-            for run_id, text in session.execute(query):
+            for run_id, text, definition in session.execute(query):
                 found.setdefault(str(run_id), []).append(str(text))
-    ordered = [(by_id[run_id], texts) for run_id, texts in found.items()]
-    ordered.sort(key=lambda pair: (pair[0].created_at, pair[0].id), reverse=True)
+                definitions.setdefault(str(run_id), definition)
+    ordered = [CaseInRun(by_id[i], texts, definitions.get(i)) for i, texts in found.items()]
+    ordered.sort(key=lambda found: (found.run.created_at, found.run.id), reverse=True)
     return ordered[:last]
