@@ -340,3 +340,37 @@ def test_one_regression_is_not_flakiness(nights: Nights) -> None:
     assert document["flake_rate"] == 0.0
     _, text, _ = nights.command("history", "steady", "--suite", suite)
     assert "3 runs, flake rate 0% (0 flips in 1 window of three runs; 1 change)" in text
+
+
+def test_fail_on_new_gates_new_failing_cases(nights: Nights) -> None:
+    nights.run({"steady"}, ["steady"])
+    ids = ["steady", "added"]
+    # Today's gate: regressions alone lets a new failing case through, and says so.
+    code, out, err = nights.run({"steady"}, ids, "--fail-on", "regressions")
+    assert code == 0, out
+    assert "note: 1 new or changed case fails and does not fail the job" in err
+    first = json.loads(nights.command("runs", "--format", "json")[1])[-1]["run_id"]
+    code, out, err = nights.run(
+        {"steady"}, ids, "--baseline", first, "--fail-on", "regressions,new"
+    )
+    assert code == 1, out
+    assert "New (1)" in out and "+ added" in out
+    code, _, err = nights.run({"steady"}, ["steady"], "--fail-on", "regressions,sometimes")
+    assert code == 2 and "give any, or one or more of regressions, new" in err
+
+
+def test_a_stopped_run_fails_the_gate(nights: Nights) -> None:
+    ids = ["broken", "steady"]
+    nights.run({"steady"}, ids)
+    # --fail-fast stops the run at "broken" (a known failure): "steady" is not run, and
+    # a run that did not test every case does not pass the gate.
+    code, out, err = nights.run(
+        {"steady"}, ids, "--fail-fast", "--parallel", "1", "--fail-on", "regressions,new"
+    )
+    assert code == 1, out
+    assert "the run stopped before every case was tested (1 not run: --fail-fast" in err
+    _, junit, _ = nights.command("report", "last", "--format", "junit")
+    cases = {t.get("name"): t for t in ET.fromstring(junit.encode()).iter("testcase")}
+    error = cases["[steady] The steady case"].find("error")
+    assert error is not None and error.get("type") == "not_run"
+    xmlschema.XMLSchema(str(XSD)).validate(junit)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from agenttest_submit.cli.arg_types import (
     Parser,
     duration_arg,
+    fail_on,
     formats,
     pass_rule,
     positive_float,
@@ -164,10 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fail-on",
-        choices=("any", "regressions"),
-        default="any",
-        help="exit 1 on any failed case (default), or only on regressions against the "
-        "baseline (--baseline, default suite)",
+        type=fail_on,
+        default=("any",),
+        metavar="WHAT",
+        help="exit 1 on any failed case (any, the default), or only on what the diff against "
+        "the baseline (--baseline, default suite) finds: regressions (cases that passed "
+        "there and fail now), new (new or changed cases that fail), or both: regressions,new",
     )
     p.add_argument(
         "--pass-k",
@@ -283,7 +286,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
         suite=args.suite,
-        baseline=args.baseline or ("suite" if args.fail_on == "regressions" else None),
+        baseline=args.baseline or (None if args.fail_on == ("any",) else "suite"),
         fail_on=args.fail_on,
         dry_run=args.dry_run,
         wait=args.wait,

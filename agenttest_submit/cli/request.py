@@ -75,10 +75,11 @@ class RunRequest:
     pass_k: int | None = None
     # --suite: the series of runs this one belongs to (None: derived, runner.run_suite);
     # --baseline: a run to compare this one with at its end (a run id, "last" or
-    # "suite"); --fail-on: what makes the exit code 1 ("any" failure, or "regressions").
+    # "suite"); --fail-on: what makes the exit code 1: ("any",) failure, or what the diff
+    # finds: "regressions", "new" (new or changed cases that fail), or both.
     suite: str | None = None
     baseline: str | None = None
-    fail_on: str = "any"
+    fail_on: tuple[str, ...] = ("any",)
     # --dry-run: load, generate and check the cases, print them, call no target.
     dry_run: bool = False
     # --wait / --no-wait (distributed): watch the run and report it, or return at once.

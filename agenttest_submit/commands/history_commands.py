@@ -197,26 +197,72 @@ def run_diff(url: str, request: DiffRequest) -> int:
     return 1 if found.regressions else 0
 
 
-def print_baseline_diff(url: str, run_id: str, ref: str, fail_on: str, code: int) -> int:
+@dataclass(frozen=True)
+class Gate:
+    """What a run's end compares and decides: `baseline` (--baseline), `fail_on`
+    (--fail-on: ("any",), or "regressions" and/or "new"), the run's own exit `code`, and
+    why the run stopped before every case was tested (None: it did not)."""
+
+    baseline: str
+    fail_on: tuple[str, ...]
+    code: int
+    stopped: str | None = None
+
+
+def gate_failures(found: RunDiff, fail_on: tuple[str, ...]) -> list[CaseChange]:
+    """The cases that fail the job under `fail_on`: regressions, and new cases (or
+    changed ones: a definition the baseline never played) that fail."""
+    failing: list[CaseChange] = []
+    if "regressions" in fail_on:
+        failing += found.regressions
+    if "new" in fail_on:
+        failing += [
+            c for c in found.changes if c.category in ("new", "changed") and c.new == "failed"
+        ]
+    return failing
+
+
+def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
     """After a run's report: its diff against the baseline, and the exit code
-    `--fail-on` asks for (`regressions`: 1 only for cases that passed in the baseline
-    and fail now; `any`: the run's own code)."""
+    `--fail-on` asks for (`regressions`: 1 for cases that passed in the baseline and
+    fail now; `new`: for new or changed cases that fail; `any`: the run's own code). A
+    run stopped before every case was tested exits 1 whatever the diff says."""
     new = resolve_run(url, run_id)
+    gating = gate.fail_on != ("any",)
+    if gate.stopped and gating:
+        print(
+            f"--fail-on {','.join(gate.fail_on)}: the run stopped before every case was "
+            f"tested ({printable(gate.stopped)}): exit 1",
+            file=sys.stderr,
+        )
     try:
-        base = resolve_baseline(url, ref, new)
+        base = resolve_baseline(url, gate.baseline, new)
     except InputError as exc:
         why = printable(str(exc.problems[0]))
-        flag = "--fail-on regressions" if fail_on == "regressions" else f"--baseline {ref}"
+        flag = f"--fail-on {','.join(gate.fail_on)}" if gating else f"--baseline {gate.baseline}"
         print(
             f"warning: {flag}: no baseline to compare with ({why}); the run's own exit code stands",
             file=sys.stderr,
         )
-        return code
+        return gate.code
     found = build_diff(url, base, new)
     sys.stdout.write("\n" + render_diff(found, "console"))
-    if fail_on == "regressions":
-        return 1 if found.regressions else 0
-    return code
+    if not gating:
+        return gate.code
+    if gate.stopped:
+        return 1
+    failing = gate_failures(found, gate.fail_on)
+    if "new" not in gate.fail_on:
+        unguarded = gate_failures(found, ("new",))
+        if unguarded:
+            print(
+                f"note: {counted(len(unguarded), 'new or changed case')} "
+                f"{'fails' if len(unguarded) == 1 else 'fail'} and "
+                f"{'does' if len(unguarded) == 1 else 'do'} not fail the job "
+                "(--fail-on regressions,new would)",
+                file=sys.stderr,
+            )
+    return 1 if failing else 0
 
 
 def run_history(url: str, request: HistoryRequest) -> int:

@@ -176,4 +176,4 @@ def _report(url: str, run_id: str, request: ReportRequest) -> int:
         print(f"report written to {request.output}", file=sys.stderr)
     else:
         sys.stdout.write(render(request.format or "console", report))
-    return 1 if report.summary().failed else 0
+    return 1 if report.summary().run_failed else 0

@@ -83,14 +83,17 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         print(f"results written to {request.output} (run {run_id})", file=sys.stderr)
     if request.reporter:
         _custom_report(url, run_id, request.reporter, report)
-    code = EXIT_FAILED if report.summary().failed else EXIT_OK
+    summary = report.summary()
+    code = EXIT_FAILED if summary.run_failed else EXIT_OK
     if request.baseline:
         # After the report: what changed since the baseline, and --fail-on's exit code.
         from agenttest_submit.commands.history_commands import (
+            Gate,
             print_baseline_diff,  # the store: see above
         )
 
-        code = print_baseline_diff(url, run_id, request.baseline, request.fail_on, code)
+        gate = Gate(request.baseline, request.fail_on, code, summary.stopped)
+        code = print_baseline_diff(url, run_id, gate)
     return code
 
 
