@@ -374,3 +374,46 @@ def test_a_stopped_run_fails_the_gate(nights: Nights) -> None:
     error = cases["[steady] The steady case"].find("error")
     assert error is not None and error.get("type") == "not_run"
     xmlschema.XMLSchema(str(XSD)).validate(junit)
+
+
+def _run_id(nights: Nights) -> str:
+    return str(
+        json.loads(nights.command("runs", "--last", "1", "--format", "json")[1])[0]["run_id"]
+    )
+
+
+def test_a_failing_run_is_never_the_baseline_of_its_retry(nights: Nights) -> None:
+    ids = ["steady", "regress"]
+    gate = ("--suite", "pr-checks", "--fail-on", "regressions,new")
+    code, out, _ = nights.run({"steady", "regress"}, ids, *gate)
+    assert code == 0, out
+    passed = _run_id(nights)
+    code, out, _ = nights.run({"steady"}, ids, *gate)
+    assert code == 1 and "Newly failing (1)" in out
+    # The job re-run: compared with the run that passed its gate, not with the failure.
+    code, out, _ = nights.run({"steady"}, ids, *gate)
+    assert code == 1, out
+    assert f"against {passed}" in out and "Newly failing (1)" in out
+
+
+def test_the_baseline_is_the_one_the_team_chose(nights: Nights) -> None:
+    ids = ["steady", "regress"]
+    nights.run({"steady", "regress"}, ids, "--suite", "main")
+    chosen = _run_id(nights)
+    code, out, _ = nights.command("promote", chosen)
+    assert code == 0 and f"run {chosen} is the baseline of suite main" in out
+    # A later run of main fails "regress"; the promoted run stays main's baseline.
+    nights.run({"steady"}, ids, "--suite", "main")
+    # Two pull requests at once, each in its suite, both compared with main's baseline.
+    other = ("--baseline", "suite:main", "--fail-on", "regressions,new")
+    code, out, _ = nights.run({"steady", "regress"}, ids, "--suite", "pr-b", *other)
+    assert code == 0 and f"against {chosen}" in out
+    code, out, _ = nights.run({"steady"}, ids, "--suite", "pr-a", *other)
+    assert code == 1 and f"against {chosen}" in out and "Newly failing (1)" in out
+    # `--baseline suite` prefers the promoted run too.
+    code, out, _ = nights.run({"steady"}, ids, "--suite", "main", "--fail-on", "regressions")
+    assert code == 1 and f"against {chosen}" in out
+    code, _, err = nights.command("promote", "no-such-run")
+    assert code == 2 and "no run 'no-such-run'" in err
+    code, _, err = nights.run({"steady"}, ids, "--baseline", "suite:nowhere", "--fail-on", "new")
+    assert "no baseline to compare with" in err and "suite 'nowhere' has no promoted run" in err

@@ -39,6 +39,7 @@ from agenttest_submit.cli.request import (
     DiffRequest,
     HistoryRequest,
     MetricsRequest,
+    PromoteRequest,
     RunRequest,
     RunsRequest,
     ViewRequest,
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                     from agenttest_submit.commands.metrics_exporter import run_metrics_exporter
 
                     return run_metrics_exporter(command)
-                if isinstance(command, DiffRequest | HistoryRequest | RunsRequest):
+                if isinstance(command, DiffRequest | HistoryRequest | RunsRequest | PromoteRequest):
                     # After heap.starting(): see the note at the top.
                     from agenttest_submit.commands.history_commands import run_history_command
 

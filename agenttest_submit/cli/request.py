@@ -135,7 +135,9 @@ class DiffRequest(NamedTuple):
     """`agenttest-submit diff [BASE] [NEW] [--window N] [--format F]`."""
 
     new: str = "last"  # a run id, or "last"
-    base: str | None = None  # a run id, "last" or "suite"; None: NEW's suite's previous run
+    # a run id, "last", "suite" or "suite:NAME" (resolve_baseline); None: NEW's suite's
+    # previous finished run
+    base: str | None = None
     window: int = 10  # the suite's runs over which a case's verdict changing is flaky
     format: str = "console"  # console, json, markdown, junit
 
@@ -157,6 +159,12 @@ class RunsRequest(NamedTuple):
     format: str = "console"
 
 
+class PromoteRequest(NamedTuple):
+    """`agenttest-submit promote RUN`: make a finished run its suite's baseline."""
+
+    run: str  # a run id, or "last" for the newest run
+
+
 class ViewRequest(NamedTuple):
     """`agenttest-submit view [RUN] [--host H] [--port P] [--token T]`: the read-only viewer."""
 
@@ -174,5 +182,5 @@ class MetricsRequest(NamedTuple):
     host: str = "0.0.0.0"  # scraped from other hosts; 127.0.0.1 to keep it local
 
 
-HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
+HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest | PromoteRequest
 SubcommandRequest = StatusRequest | ReportRequest | ResumeRequest | DbRequest | SchemaRequest

@@ -15,6 +15,7 @@ from agenttest_submit.cli.request import (
     HistoryCommandRequest,
     HistoryRequest,
     MetricsRequest,
+    PromoteRequest,
     ReportRequest,
     ResumeRequest,
     RunsRequest,
@@ -34,6 +35,7 @@ SUBCOMMANDS = (
     "diff",
     "history",
     "runs",
+    "promote",
     "view",
     "metrics",
 )
@@ -108,6 +110,10 @@ def _history_parsers(sub: Any) -> None:
     runs.add_argument("--suite", default=None)
     runs.add_argument("--last", type=positive_int, default=20, metavar="N")
     runs.add_argument("--format", choices=("console", "json"), default="console")
+    promote = sub.add_parser(
+        "promote", help="make a finished run its suite's baseline (--baseline suite)"
+    )
+    promote.add_argument("run", metavar="RUN", help="a run id, or last")
 
 
 def subcommand_request(
@@ -144,6 +150,8 @@ def subcommand_request(
         )
     if args.command == "runs":
         return RunsRequest(suite=args.suite, last=args.last, format=args.format)
+    if args.command == "promote":
+        return PromoteRequest(run=args.run)
     if args.command == "view":
         return ViewRequest(run=args.run, host=args.host, port=args.port, token=args.token)
     return DbRequest(action=args.action)

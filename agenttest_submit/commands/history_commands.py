@@ -19,6 +19,7 @@ from agenttest_submit.cli.request import (
     DiffRequest,
     HistoryCommandRequest,
     HistoryRequest,
+    PromoteRequest,
     RunsRequest,
 )
 from agenttest_submit.run.runner import resolve_run
@@ -41,6 +42,7 @@ from agenttest_worker.report import (
 from agenttest_worker.results import CaseResult, CaseStatus
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import run_history as history
+from agenttest_worker.store import runs as stored_runs
 from agenttest_worker.store import upgrade
 
 if TYPE_CHECKING:
@@ -66,15 +68,22 @@ def previous_run(url: str, run: RunRow) -> RunRow | None:
     return before[0] if before else None
 
 
+SUITE_PREFIX = "suite:"
+
+
 def resolve_baseline(url: str, ref: str, new: RunRow) -> RunRow:
-    """A baseline: a run id, `last` (the newest run before `new`), or `suite` (the
-    previous finished run of `new`'s suite)."""
-    if ref == "suite":
-        found = previous_run(url, new)
+    """A baseline: a run id, `last` (the newest run before `new`), `suite` (the
+    baseline of `new`'s suite: its promoted run, else its newest finished run before
+    `new` that did not fail its gate), or `suite:NAME` (the baseline of suite NAME, as
+    it was when `new` was created: e.g. the nightly run of the main branch)."""
+    if ref == "suite" or ref.startswith(SUITE_PREFIX):
+        suite = new.suite if ref == "suite" else ref.removeprefix(SUITE_PREFIX)
+        found = history.suite_baseline(url, suite, new.created_at) if suite else None
         if found is None:
             raise InputError(
                 InputProblem(
-                    f"suite {new.suite!r} has no finished run before {new.id}",
+                    f"suite {suite!r} has no promoted run and no finished run before "
+                    f"{new.id} that did not fail its gate",
                     field="--baseline",
                 )
             )
@@ -177,7 +186,28 @@ def run_history_command(request: HistoryCommandRequest) -> int:
         return run_diff(url, request)
     if isinstance(request, HistoryRequest):
         return run_history(url, request)
+    if isinstance(request, PromoteRequest):
+        return run_promote(url, request)
     return run_list(url, request)
+
+
+def run_promote(url: str, request: PromoteRequest) -> int:
+    """`promote RUN`: the run becomes its suite's baseline (`--baseline suite`,
+    `--baseline suite:NAME`) until another run of the suite is promoted."""
+    run = resolve_run(url, request.run)
+    if run.status != "done":
+        raise InputError(
+            InputProblem(
+                f"run {run.id} has not finished (status {run.status}): only a finished run "
+                "can be a baseline",
+                field="RUN",
+            )
+        )
+    if run.suite is None:
+        raise InputError(InputProblem(f"run {run.id} belongs to no suite", field="RUN"))
+    stored_runs.promote_run(url, run.id)
+    print(f"run {printable(run.id)} is the baseline of suite {printable(run.suite)}")
+    return 0
 
 
 def run_diff(url: str, request: DiffRequest) -> int:
@@ -244,13 +274,13 @@ def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
             f"warning: {flag}: no baseline to compare with ({why}); the run's own exit code stands",
             file=sys.stderr,
         )
-        return gate.code
+        return _gated(url, run_id, gating, gate.code)
     found = build_diff(url, base, new)
     sys.stdout.write("\n" + render_diff(found, "console"))
     if not gating:
         return gate.code
     if gate.stopped:
-        return 1
+        return _gated(url, run_id, gating, 1)
     failing = gate_failures(found, gate.fail_on)
     if "new" not in gate.fail_on:
         unguarded = gate_failures(found, ("new",))
@@ -262,7 +292,14 @@ def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
                 "(--fail-on regressions,new would)",
                 file=sys.stderr,
             )
-    return 1 if failing else 0
+    return _gated(url, run_id, gating, 1 if failing else 0)
+
+
+def _gated(url: str, run_id: str, gating: bool, code: int) -> int:
+    """`code`, kept with a gated run: one that failed is never a baseline."""
+    if gating:
+        stored_runs.record_gate(url, run_id, passed=code == 0)
+    return code
 
 
 def run_history(url: str, request: HistoryRequest) -> int:

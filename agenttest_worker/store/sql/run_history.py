@@ -69,6 +69,28 @@ def suite_runs(
         return found
 
 
+def suite_baseline(url: str, suite: str, before: datetime | None) -> RunRow | None:
+    """The run a new run of `suite` (created at `before`; None: now) is compared with:
+    its newest promoted finished run (`promote RUN`), else its newest finished run that
+    did not fail its gate (a failing run is never the baseline of its own retry)."""
+    query = select(RunRow).where(RunRow.suite == suite, RunRow.status.in_(FINISHED))
+    if before is not None:
+        query = query.where(RunRow.created_at < before)
+    promoted = query.where(RunRow.promoted_at.is_not(None)).order_by(
+        RunRow.promoted_at.desc(), RunRow.id.desc()
+    )
+    unfailed = query.where(or_(RunRow.gate.is_(None), RunRow.gate != "failed")).order_by(
+        RunRow.created_at.desc(), RunRow.id.desc()
+    )
+    with session_scope(url) as session:
+        found = session.scalars(promoted.limit(1)).first()
+        if found is None:
+            found = session.scalars(unfailed.limit(1)).first()
+        if found is not None:
+            session.expunge(found)
+        return found
+
+
 def case_tallies(url: str, run_id: str) -> Iterator[CaseTally]:
     """Every finished case of the run, one row each, in the run's order."""
     tid = test_id()

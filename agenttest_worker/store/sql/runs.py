@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.case_definitions import CaseDefinition, case_definition
@@ -186,6 +186,24 @@ def cancel_run(url: str, run_id: str, reason: str) -> bool:
             .values(cancelled=True, cancel_reason=reason)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def promote_run(url: str, run_id: str) -> bool:
+    """Make the run its suite's baseline (`--baseline suite` prefers it); whether the
+    run exists."""
+    with session_scope(url) as session:
+        result = session.execute(
+            update(RunRow).where(RunRow.id == run_id).values(promoted_at=func.now())
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def record_gate(url: str, run_id: str, passed: bool) -> None:
+    """Keep what the run's --fail-on decided: a run that failed its gate is never
+    taken as a baseline (run_history.suite_baseline)."""
+    with session_scope(url) as session:
+        gate = "passed" if passed else "failed"
+        session.execute(update(RunRow).where(RunRow.id == run_id).values(gate=gate))
 
 
 def delete_run(url: str, run_id: str) -> None:
