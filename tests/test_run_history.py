@@ -417,3 +417,31 @@ def test_the_baseline_is_the_one_the_team_chose(nights: Nights) -> None:
     assert code == 2 and "no run 'no-such-run'" in err
     code, _, err = nights.run({"steady"}, ids, "--baseline", "suite:nowhere", "--fail-on", "new")
     assert "no baseline to compare with" in err and "suite 'nowhere' has no promoted run" in err
+
+
+def test_diff_junit_counts_each_case_once_with_time_file_and_line(nights: Nights) -> None:
+    _two_nights(nights)
+    code, junit, _ = nights.command("diff", "--format", "junit")
+    assert code == 1
+    xmlschema.XMLSchema(str(XSD)).validate(junit)
+    suite = ET.fromstring(junit.encode()).find("testsuite")
+    assert suite is not None
+    cases = {t.get("name"): t for t in suite.iter("testcase")}
+    outcomes = {
+        name: next((child.tag for child in case if child.tag in ("failure", "skipped")), None)
+        for name, case in cases.items()
+    }
+    # regress fails; broken (known) and flaky are skipped; nothing counted twice.
+    assert outcomes == {
+        "steady": None,
+        "regress": "failure",
+        "fixed": None,
+        "broken": "skipped",
+        "flaky": "skipped",
+        "added": None,
+    }
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "1", "2")
+    for line, case_id in enumerate(["steady", "regress", "fixed", "broken", "flaky", "added"], 1):
+        case = cases[case_id]
+        assert case.get("file") == str(nights.cases) and case.get("line") == str(line)
+        assert float(case.get("time") or "-1") >= 0

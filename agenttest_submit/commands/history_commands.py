@@ -223,8 +223,23 @@ def run_diff(url: str, request: DiffRequest) -> int:
             )
         )
     found = build_diff(url, base, new, request.window)
+    if request.format == "junit":
+        place(url, new, found)
     sys.stdout.write(render_diff(found, request.format))
     return 1 if found.regressions else 0
+
+
+def place(url: str, new: RunRow, found: RunDiff) -> None:
+    """Each case's time in `new`, its file and line: what a JUnit testcase carries."""
+    places = history.case_places(url, new.id)
+    for change in found.changes:
+        where = places.get(change.id)
+        if where is not None:
+            change.duration_ms, change.file, change.line = (
+                where.duration_ms,
+                where.file,
+                where.line,
+            )
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,11 @@ class CaseChange:
     # or stored before there were).
     base_definition: str | None = None
     new_definition: str | None = None
+    # Its conversations' time in the new run, and where it is written (JUnit's `time`,
+    # `file` and `line`), when the diff was asked for them.
+    duration_ms: int | None = None
+    file: str | None = None
+    line: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = {

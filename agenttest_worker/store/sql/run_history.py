@@ -122,6 +122,38 @@ def case_tallies(url: str, run_id: str) -> Iterator[CaseTally]:
             )
 
 
+@dataclass(frozen=True)
+class CasePlace:
+    """Where a case is written and how long its conversations took in a run (what a
+    JUnit testcase carries)."""
+
+    duration_ms: int
+    file: str | None
+    line: int | None
+
+
+def case_places(url: str, run_id: str) -> dict[str, CasePlace]:
+    """Every finished case of the run: its repetitions' time, its file and line (read
+    from the stored documents by the database, one row per case)."""
+    tid = test_id()
+    duration = CaseRow.result["duration_ms"].as_integer()
+    query = (
+        select(
+            tid,
+            func.sum(duration),
+            func.min(CaseRow.case["source_file"].as_string()),
+            func.min(CaseRow.case["source_line"].as_integer()),
+        )
+        .where(CaseRow.run_id == run_id, CaseRow.status.is_not(None))
+        .group_by(tid)
+    )
+    with session_scope(url) as session:
+        return {
+            str(case_id): CasePlace(int(total or 0), file, None if line is None else int(line))
+            for case_id, total, file, line in session.execute(query).yield_per(10_000)
+        }
+
+
 def _verdict(rule: str, played: Any, passed: Any, skipped: Any) -> ColumnElement[str]:
     """The verdict under `rule` in SQL, as report/verdicts.py decides it in Python."""
     passes: ColumnElement[bool]
