@@ -445,3 +445,24 @@ def test_diff_junit_counts_each_case_once_with_time_file_and_line(nights: Nights
         case = cases[case_id]
         assert case.get("file") == str(nights.cases) and case.get("line") == str(line)
         assert float(case.get("time") or "-1") >= 0
+
+
+def test_repeated_runs_count_one_way_everywhere(nights: Nights) -> None:
+    from agenttest_submit.commands.viewer.queries import runs_page
+    from agenttest_worker.settings import get_settings
+
+    _, out, _ = nights.run({"steady", "other"}, ["steady", "other"], "--repeat", "2")
+    assert "ℹ Input: " in out and "(2 test cases × 2)" in out
+    _, table, _ = nights.command("runs", "--last", "1")
+    assert "    2×2  " in table.splitlines()[1]
+    _, status, _ = nights.command("status", "last")
+    assert "cases     2×2: 4/4 conversations finished: 4 passed, 0 failed, 0 skipped" in status
+    fleet = nights.place.fleet
+    url = fleet.database_url if fleet is not None else get_settings().effective_database_url()
+    newest = runs_page(url)["groups"][0]["runs"][0]
+    assert (newest["cases"], newest["unit"]) == ("2×2", "conversations")
+    # Once, and for one case: the singular.
+    _, out, _ = nights.run({"steady"}, ["steady"])
+    assert "(1 test case)" in out
+    _, table, _ = nights.command("runs", "--last", "1")
+    assert "      1  " in table.splitlines()[1]

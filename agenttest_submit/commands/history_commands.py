@@ -29,6 +29,7 @@ from agenttest_worker.report import (
     Definitions,
     RunDiff,
     RunInfo,
+    case_count,
     case_verdict,
     category,
     counted,
@@ -131,7 +132,7 @@ def build_diff(url: str, base: RunRow, new: RunRow, window: int = DEFAULT_WINDOW
         elif change.id in changing:
             change.category = "flaky"
             change.flaky_because = (
-                f"its verdict changed at least twice in the last {len(runs)} runs"
+                f"its verdict changed at least twice in the last {counted(len(runs), 'run')}"
             )
         elif change.id in disagreeing:
             change.category = "flaky"
@@ -463,9 +464,7 @@ def run_list(url: str, request: RunsRequest) -> int:
         f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<11}  {'CASES':>7}  PASSED  FAILED  SKIPPED  SUITE"
     ]
     for row in rows:
-        cases = str(row["cases"])
-        if row["conversations"] != row["cases"]:
-            cases = f"{row['cases']}×{row['conversations'] // max(row['cases'], 1)}"
+        cases = case_count(row["cases"], row["conversations"])
         lines.append(
             f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
             f"{row['status']:<11}  {cases:>7}  {row['passed']:>6}  {row['failed']:>6}  "

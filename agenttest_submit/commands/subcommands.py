@@ -29,7 +29,14 @@ from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import USAGE_ROLE, tokens_cost
 from agenttest_worker.errors import ConfigError, InputError
-from agenttest_worker.report import ROLE_ORDER, UsageTally, build_report, printable, render
+from agenttest_worker.report import (
+    ROLE_ORDER,
+    UsageTally,
+    build_report,
+    case_count,
+    printable,
+    render,
+)
 from agenttest_worker.results import AgentRole, RoleUsage, UsageRole
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import RunRow, results, upgrade, usage
@@ -65,7 +72,7 @@ def run_subcommand(request: SubcommandRequest) -> int:
             # A CI job that publishes the report too early must not pass quietly.
             print(
                 f"agenttest-submit: run {run.id} is {run.status} "
-                f"({run.finished_cases}/{_cases_total(run)} cases finished): "
+                f"({_finished(run)}): "
                 "the report covers only the finished ones",
                 file=sys.stderr,
             )
@@ -78,6 +85,16 @@ def run_subcommand(request: SubcommandRequest) -> int:
 def _cases_total(run: RunRow) -> str:
     # A run still being stored does not know its number of cases yet.
     return "?" if run.status == "pending" else str(run.total_cases)
+
+
+def _finished(run: RunRow) -> str:
+    """How far the run is, counted as every listing counts: "3/4 cases finished", or
+    for repeated cases "20×2: 30/40 conversations finished"."""
+    distinct = (run.options or {}).get("distinct_cases")
+    if distinct is None or run.status == "pending":
+        return f"{run.finished_cases}/{_cases_total(run)} cases finished"
+    cases = case_count(distinct, run.total_cases)
+    return f"{cases}: {run.finished_cases}/{run.total_cases} conversations finished"
 
 
 def status_text(run: RunRow, played: int | None = None, usage_rows: list[str] | None = None) -> str:
@@ -93,7 +110,7 @@ def status_text(run: RunRow, played: int | None = None, usage_rows: list[str] | 
         f"input     {printable(run.input_label or '-')}",
         f"suite     {printable(run.suite or '-')}",
         f"by        {printable(run.submitted_by or '-')} at {run.created_at:%Y-%m-%d %H:%M:%S}",
-        f"cases     {run.finished_cases}/{_cases_total(run)} finished: {run.passed} passed, "
+        f"cases     {_finished(run)}: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",
         f"turns     {run.total_turns}"
         + (

@@ -27,6 +27,7 @@ from agenttest_worker.agents import ProjectConfig, find_config
 from agenttest_worker.cases import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.report import counted
 from agenttest_worker.store import StoredCase, new_run_id
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def suite_input(value: str, base: Path) -> str:
 
 
 def input_label(sources: Iterable[InputSource], count: int) -> str:
-    return ", ".join(s.describe() for s in sources) or f"{count} cases"
+    return ", ".join(s.describe() for s in sources) or counted(count, "case")
 
 
 def store_run(

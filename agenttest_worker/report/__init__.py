@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.report.common import (
     asked_question,
+    case_count,
     counted,
+    counted_cases,
     format_ms,
     one_line,
     printable,
@@ -92,10 +94,12 @@ __all__ = [
     "aggregate",
     "asked_question",
     "build_report",
+    "case_count",
     "case_row",
     "case_verdict",
     "category",
     "counted",
+    "counted_cases",
     "difference",
     "format_ms",
     "grouped",

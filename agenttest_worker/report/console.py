@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from agenttest_worker.report.common import (
     asked_question,
     counted,
+    counted_cases,
     describe_assertion,
     describe_tool_call,
     executed_turns,
@@ -124,11 +125,8 @@ def _header(run: RunReport) -> list[str]:
     if run.agent:
         lines.append(f"ℹ Agent: {printable(run.agent)}")
     label = printable(run.input_label)
-    if run.distinct_cases is not None:
-        # Some case repeats: the run's conversations are its cases' repetitions.
-        cases = f"{counted(run.distinct_cases, 'test case')}, {run.total_cases} conversations"
-    else:
-        cases = counted(run.total_cases, "test case")
+    # Some case repeats: the run's conversations are its cases' repetitions.
+    cases = counted_cases(run.distinct_cases, run.total_cases, "test case")
     lines.append(f"ℹ Input: {label} ({cases})")
     if run.run_id:
         lines.append(f"ℹ Run: {printable(run.run_id)}")
