@@ -24,7 +24,7 @@ from agenttest_submit.cli.services import safe_url
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.commands.resume import resume_run
 from agenttest_submit.commands.schema import schema_text
-from agenttest_submit.run.output import output_problem
+from agenttest_submit.run.output import output_problem, reporter_section
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import USAGE_ROLE, tokens_cost
@@ -193,4 +193,9 @@ def _report(url: str, run_id: str, request: ReportRequest) -> int:
         print(f"report written to {request.output}", file=sys.stderr)
     else:
         sys.stdout.write(render(request.format or "console", report))
+        account = results.get_report(url, run_id, "reporter")
+        if account is not None and (request.format or "console") == "console":
+            # The run's --reporter agent's account, kept with it, after the report as
+            # the run printed it.
+            sys.stdout.write(reporter_section(account))
     return 1 if report.summary().run_failed else 0

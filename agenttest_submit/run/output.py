@@ -111,7 +111,13 @@ def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
         print(f"warning: reporter {use} failed: {printable(exc.message)}", file=sys.stderr)
         return
     results.store_report(url, run_id, "reporter", text)
+    sys.stdout.write(reporter_section(text, use))
+    sys.stdout.flush()
+
+
+def reporter_section(text: str, use: str | None = None) -> str:
+    """A reporter agent's account as printed after the report (`use`: which agent, when
+    known; `report RUN` reads only what it wrote)."""
     # The reporter agent's words are data: printed with their lines, escapes made visible.
     shown = printable(text.rstrip(), keep_lines=True)
-    sys.stdout.write(f"\n── Report by {use} ──\n{shown}\n")
-    sys.stdout.flush()
+    return f"\n── Report by {use or 'the reporter agent'} ──\n{shown}\n"
