@@ -32,6 +32,7 @@ from agenttest_worker.agents.interface import (
     protocol_names,
 )
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
+from agenttest_worker.agents.stored_credentials import keep_out, restore
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
@@ -291,16 +292,20 @@ class ProjectConfig(_Strict):
         return (self.base_dir / self.scripts_dir).resolve()
 
     def stored(self) -> dict[str, Any]:
-        """What a run keeps of its config: the uninterpolated file and where it was."""
+        """What a run keeps of its config: the uninterpolated file and where it was,
+        without the credentials written into it (stored_credentials.py)."""
         raw = self._raw if self._raw is not None else self.model_dump(mode="json", exclude={"path"})
-        return {"raw": raw, "path": str(Path(self.path).resolve()) if self.path else None}
+        path = str(Path(self.path).resolve()) if self.path else None
+        return {"raw": keep_out(raw), "path": path}
 
     @classmethod
     def from_stored(
         cls, stored: dict[str, Any], env: dict[str, str] | None = None
     ) -> ProjectConfig:
-        """Rebuild a run's config in this process, interpolating with this environment."""
-        config = config_from_data(stored.get("raw") or {}, stored.get("path"), env)
+        """Rebuild a run's config in this process, interpolating with this environment,
+        its credentials read again from the file it names (stored_credentials.py)."""
+        path = stored.get("path")
+        config = config_from_data(restore(stored.get("raw") or {}, path), path, env)
         config._from_store = True
         return config
 
