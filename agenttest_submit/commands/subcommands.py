@@ -87,12 +87,13 @@ def _cases_total(run: RunRow) -> str:
     return "?" if run.status == "pending" else str(run.total_cases)
 
 
-def _finished(run: RunRow) -> str:
-    """How far the run is, counted as every listing counts: "3/4 cases finished", or
-    for repeated cases "20×2: 30/40 conversations finished"."""
+def _finished(run: RunRow, unit: str = "cases ") -> str:
+    """How far the run is, counted as every listing counts: "3/4 cases finished" (`unit`
+    left out where the line says cases already), or for repeated cases "20×2: 30/40
+    conversations finished"."""
     distinct = (run.options or {}).get("distinct_cases")
     if distinct is None or run.status == "pending":
-        return f"{run.finished_cases}/{_cases_total(run)} cases finished"
+        return f"{run.finished_cases}/{_cases_total(run)} {unit}finished"
     cases = case_count(distinct, run.total_cases)
     return f"{cases}: {run.finished_cases}/{run.total_cases} conversations finished"
 
@@ -110,7 +111,7 @@ def status_text(run: RunRow, played: int | None = None, usage_rows: list[str] | 
         f"input     {printable(run.input_label or '-')}",
         f"suite     {printable(run.suite or '-')}",
         f"by        {printable(run.submitted_by or '-')} at {run.created_at:%Y-%m-%d %H:%M:%S}",
-        f"cases     {_finished(run)}: {run.passed} passed, "
+        f"cases     {_finished(run, unit='')}: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",
         f"turns     {run.total_turns}"
         + (
