@@ -59,7 +59,9 @@ class Nights:
         self.config = tmp_path / "agenttest.yaml"
         entry = agent.entry("bot", max_retries=0)
         self.config.write_text(json.dumps({"agents": {"bot": entry}}), encoding="utf-8")
-        self.cases = tmp_path / "nightly.jsonl"
+        # A derived suite names the file relative to agenttest.yaml's folder: a name of
+        # this test's own keeps its suite apart from other tests' in a shared database.
+        self.cases = tmp_path / f"nightly-{tmp_path.name}.jsonl"
 
     def args(self, *more: str) -> list[str]:
         return ["-i", str(self.cases), "-n", "bot", "--config", str(self.config), *more]
@@ -236,7 +238,7 @@ def test_the_derived_suite_is_stable_and_follows_the_target(
     nights.run({"steady"}, ["steady"])
     runs = json.loads(nights.command("runs", "--format", "json")[1])
     assert runs[0]["suite"] == runs[1]["suite"]
-    assert "bot" in runs[0]["suite"] and "nightly.jsonl" in runs[0]["suite"]
+    assert runs[0]["suite"] == f"bot: {nights.cases.name}"
     # Another target is another suite.
     entry = agent.entry("bot", max_retries=0)
     nights.config.write_text(
