@@ -13,7 +13,6 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -25,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from agenttest_worker.agents.http.auth_headers import authorization_clash
 from agenttest_worker.agents.http.urls import url_problem
 from agenttest_worker.agents.interface import (
     MetadataMode,
@@ -229,36 +229,13 @@ class AgentConfig(_Strict):
         problem = check(self) if check is not None else None
         if problem:
             raise ValueError(problem)
-        clash = self._authorization_clash()
+        bearer = self.api_key_env is not None and self.protocol != "anthropic"
+        history = (self.history.url, self.history_headers()) if self.history else (None, {})
+        sent = [(self.base_url, self.headers), (self.url, self.headers), history]
+        clash = authorization_clash(sent, bearer)
         if clash:
             raise ValueError(clash)
         return self
-
-    def _authorization_clash(self) -> str | None:
-        """Why every call would be refused before it is sent: credentials in the URL
-        become an Authorization header of their own (HTTP Basic), which aiohttp will
-        not combine with another one (the `headers` entry, or the Bearer header of
-        `api_key_env` on the protocols that send one)."""
-        bearer = self.api_key_env is not None and self.protocol != "anthropic"
-        credentialed = [
-            headers
-            for url, headers in (
-                (self.base_url, self.headers),
-                (self.url, self.headers),
-                (self.history.url if self.history else None, self.history_headers()),
-            )
-            if url is not None and _has_userinfo(url)
-        ]
-        for headers in credentialed:
-            named = next((h for h in headers if h.lower() == "authorization"), None)
-            if named or bearer:
-                given = f"an {named} header" if named else "api_key_env (sent as Authorization)"
-                return (
-                    f"its URL carries credentials (user:password@) and it has {given}: "
-                    "HTTP sends one Authorization header, so every call would be refused; "
-                    "keep one of them"
-                )
-        return None
 
     def history_headers(self) -> dict[str, str]:
         """The headers of a history read: the entry's, and the history's own."""
@@ -276,14 +253,6 @@ class AgentConfig(_Strict):
         if not self.api_key_env:
             return None
         return os.environ.get(self.api_key_env) or None
-
-
-def _has_userinfo(url: str) -> bool:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return False  # not a URL: url_problem says so
-    return parts.username is not None or parts.password is not None
 
 
 class Defaults(_Strict):
