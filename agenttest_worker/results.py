@@ -14,6 +14,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 RESULT_VERSION = 1
+# The error of a case its run's --deadline ended (driver/step.py): the reports tell a
+# run stopped by its deadline by it.
+DEADLINE_PASSED = "run deadline passed before this case finished"
 
 CaseStatus = Literal["passed", "failed", "skipped"]
 TurnStatus = Literal["passed", "failed", "skipped"]

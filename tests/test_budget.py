@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def test_max_tokens_stops_new_turns_and_says_why(
             str(out),
         ]
     )
-    assert code == 0  # nothing failed: the rest was not run
+    assert code == 1  # nothing failed, but the rest was not run: not every case was tested
     records = _records(out)
     assert [r["status"] for r in records] == ["passed"] + ["skipped"] * 5
     assert records[0]["usage"]["total_tokens"] > 1
@@ -74,6 +75,13 @@ def test_max_tokens_stops_new_turns_and_says_why(
         assert record["skip_reason"].startswith("not run: the run's token budget (1) was spent")
         assert record["total_turns"] == 0
     assert "token budget (1) was spent" in capsys.readouterr().out
+    # In JUnit the cases not run are errors: not tested, neither passed nor skipped.
+    assert main(["report", "last", "--format", "junit"]) == 1
+    suite = ET.fromstring(capsys.readouterr().out.encode()).find("testsuite")
+    assert suite is not None
+    assert (suite.get("errors"), suite.get("skipped")) == ("5", "0")
+    errors = [e for e in suite.iter("error") if e.get("type") == "not_run"]
+    assert len(errors) == 5
 
 
 def test_max_cost_uses_each_agents_pricing(
@@ -99,7 +107,7 @@ def test_max_cost_uses_each_agents_pricing(
             str(out),
         ]
     )
-    assert code == 0
+    assert code == 1  # stopped by its budget before every case was tested
     statuses = [r["status"] for r in _records(out)]
     assert statuses[0] == "passed"
     assert "skipped" in statuses

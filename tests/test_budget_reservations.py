@@ -83,7 +83,7 @@ def test_fleet_budget_overshoots_only_by_turns_in_flight(
     out = tmp_path / "results.jsonl"
     args = ["-i", str(cases), "-n", "target", "--config", str(config), "-o", str(out)]
     done = fleet.submit([*args, "--max-tokens", str(BUDGET)])
-    assert done.returncode == 0, done.stderr + fleet.logs()[-4000:]
+    assert done.returncode == 1, done.stderr + fleet.logs()[-4000:]  # stopped by its budget
     records = [json.loads(line) for line in out.read_text().splitlines()]
     summary = build_report(fleet.database_url, run_id_of(done.stderr)).summary().as_dict()
     _check(records, done.stdout, summary, len(agent.requests("target")))

@@ -100,6 +100,14 @@ def test_the_reporter_gets_the_results_and_its_reply_is_stored_and_printed(
     assert f"── Report by agents:team.reporter ──\n{DIGEST}\n" in out
     assert out.index("Summary") < out.index("Report by")
     assert results.get_report(store_url(), run_id, "reporter") == DIGEST
+    # `report RUN` shows it again, after the report; other formats are the report alone.
+    capsys.readouterr()
+    assert main(["report", run_id]) == 1
+    shown = capsys.readouterr().out
+    assert f"── Report by the reporter agent ──\n{DIGEST}\n" in shown
+    assert shown.index("Summary") < shown.index("Report by")
+    main(["report", run_id, "--format", "json"])
+    assert "Report by" not in capsys.readouterr().out
 
 
 def test_a_failing_reporter_only_warns(

@@ -59,7 +59,9 @@ class Nights:
         self.config = tmp_path / "agenttest.yaml"
         entry = agent.entry("bot", max_retries=0)
         self.config.write_text(json.dumps({"agents": {"bot": entry}}), encoding="utf-8")
-        self.cases = tmp_path / "nightly.jsonl"
+        # A derived suite names the file relative to agenttest.yaml's folder: a name of
+        # this test's own keeps its suite apart from other tests' in a shared database.
+        self.cases = tmp_path / f"nightly-{tmp_path.name}.jsonl"
 
     def args(self, *more: str) -> list[str]:
         return ["-i", str(self.cases), "-n", "bot", "--config", str(self.config), *more]
@@ -236,7 +238,7 @@ def test_the_derived_suite_is_stable_and_follows_the_target(
     nights.run({"steady"}, ["steady"])
     runs = json.loads(nights.command("runs", "--format", "json")[1])
     assert runs[0]["suite"] == runs[1]["suite"]
-    assert "bot" in runs[0]["suite"] and "nightly.jsonl" in runs[0]["suite"]
+    assert runs[0]["suite"] == f"bot: {nights.cases.name}"
     # Another target is another suite.
     entry = agent.entry("bot", max_retries=0)
     nights.config.write_text(
@@ -271,3 +273,198 @@ def test_history_commands_refuse_what_they_cannot_find(
     assert main(["runs"]) == 0
     assert "no runs yet" in capsys.readouterr().out
     assert main(["diff", "a", "b", "c"]) == 2
+
+
+def test_the_derived_suite_is_one_however_the_path_is_spelled(
+    nights: Nights, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The submitter's working directory holds agenttest.yaml (found there, no --config).
+    fleet = nights.place.fleet
+    base = fleet.workdir if fleet is not None else nights.tmp_path
+    monkeypatch.chdir(base)
+    (base / "agenttest.yaml").write_text(nights.config.read_text(), encoding="utf-8")
+    (base / "t").mkdir()
+    cases = base / "t" / "x.jsonl"
+    cases.write_text(json.dumps(_case("steady")) + "\n", encoding="utf-8")
+    nights.agent.script("bot", by_last_user({"question steady": "right answer"}))
+    config = ["-n", "bot"]
+    # The first run has no baseline: --fail-on regressions says so, and its code stands.
+    code, _, err = nights.place.submit(["-i", "t/x.jsonl", *config, "--fail-on", "regressions"])
+    assert code == 0
+    assert "--fail-on regressions: no baseline to compare with" in err
+    for spelled in ("./t/x.jsonl", str(cases)):
+        code, out, err = nights.place.submit(["-i", spelled, *config, "--fail-on", "regressions"])
+        assert code == 0 and "Diff of run" in out, err
+        assert "no baseline" not in err
+    runs = json.loads(nights.command("runs", "--last", "3", "--format", "json")[1])
+    assert {r["suite"] for r in runs} == {"bot: t/x.jsonl"}
+
+
+def test_a_case_whose_definition_changed_is_changed_not_a_regression(nights: Nights) -> None:
+    nights.run({"steady", "edited"}, ["steady", "edited"])
+    # "edited" gains an assertion before its old one, and fails it: a new definition.
+    edited = _case("edited")
+    edited["assertions"] = [{"type": "contains", "value": "zzz"}, *edited["assertions"]]
+    lines = [json.dumps(_case("steady")), json.dumps(edited)]
+    nights.cases.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    nights.agent.script(
+        "bot", by_last_user({"question steady": "right", "question edited": "right"})
+    )
+    code, out, _ = nights.place.submit(nights.args())
+    assert code == 1, out
+    code, out, _ = nights.command("diff", "--format", "json")
+    document = json.loads(out)
+    assert code == 0  # nothing that was the same case regressed
+    change = next(c for c in document["cases"] if c["id"] == "edited")
+    assert change["category"] == "changed"
+    assert change["changed_because"] == "its definition changed since the baseline"
+    # Matched by hash, not by position: the failing assertion is the new one.
+    assert change["difference"]["new_assertion"] is True
+    assert '"zzz"' in change["difference"]["assertion"]
+    _, console, _ = nights.command("diff")
+    assert "Changed (1)" in console and "is new or changed, and fails" in console
+    suite = nights.suite()
+    history = json.loads(
+        nights.command("history", "edited", "--suite", suite, "--format", "json")[1]
+    )
+    assert [r["changed"] for r in history["runs"]] == [True, False]
+    assert history["changes"] == 0 and history["flake_rate"] == 0.0
+
+
+def test_one_regression_is_not_flakiness(nights: Nights) -> None:
+    for right in ({"steady"}, {"steady"}, set()):
+        nights.run(right, ["steady"])
+    suite = nights.suite()
+    _, out, _ = nights.command("history", "steady", "--suite", suite, "--format", "json")
+    document = json.loads(out)
+    assert [r["status"] for r in document["runs"]] == ["failed", "passed", "passed"]
+    assert document["changes"] == 1 and document["flips"] == 0
+    assert document["flake_rate"] == 0.0
+    _, text, _ = nights.command("history", "steady", "--suite", suite)
+    assert "3 runs, flake rate 0% (0 flips in 1 window of three runs; 1 change)" in text
+
+
+def test_fail_on_new_gates_new_failing_cases(nights: Nights) -> None:
+    nights.run({"steady"}, ["steady"])
+    ids = ["steady", "added"]
+    # Today's gate: regressions alone lets a new failing case through, and says so.
+    code, out, err = nights.run({"steady"}, ids, "--fail-on", "regressions")
+    assert code == 0, out
+    assert "note: 1 new or changed case fails and does not fail the job" in err
+    first = json.loads(nights.command("runs", "--format", "json")[1])[-1]["run_id"]
+    code, out, err = nights.run(
+        {"steady"}, ids, "--baseline", first, "--fail-on", "regressions,new"
+    )
+    assert code == 1, out
+    assert "New (1)" in out and "+ added" in out
+    code, _, err = nights.run({"steady"}, ["steady"], "--fail-on", "regressions,sometimes")
+    assert code == 2 and "give any, or one or more of regressions, new" in err
+
+
+def test_a_stopped_run_fails_the_gate(nights: Nights) -> None:
+    ids = ["broken", "steady"]
+    nights.run({"steady"}, ids)
+    # --fail-fast stops the run at "broken" (a known failure): "steady" is not run, and
+    # a run that did not test every case does not pass the gate.
+    code, out, err = nights.run(
+        {"steady"}, ids, "--fail-fast", "--parallel", "1", "--fail-on", "regressions,new"
+    )
+    assert code == 1, out
+    assert "the run stopped before every case was tested (1 not run: --fail-fast" in err
+    _, junit, _ = nights.command("report", "last", "--format", "junit")
+    cases = {t.get("name"): t for t in ET.fromstring(junit.encode()).iter("testcase")}
+    error = cases["[steady] The steady case"].find("error")
+    assert error is not None and error.get("type") == "not_run"
+    xmlschema.XMLSchema(str(XSD)).validate(junit)
+
+
+def _run_id(nights: Nights) -> str:
+    return str(
+        json.loads(nights.command("runs", "--last", "1", "--format", "json")[1])[0]["run_id"]
+    )
+
+
+def test_a_failing_run_is_never_the_baseline_of_its_retry(nights: Nights) -> None:
+    ids = ["steady", "regress"]
+    gate = ("--suite", "pr-checks", "--fail-on", "regressions,new")
+    code, out, _ = nights.run({"steady", "regress"}, ids, *gate)
+    assert code == 0, out
+    passed = _run_id(nights)
+    code, out, _ = nights.run({"steady"}, ids, *gate)
+    assert code == 1 and "Newly failing (1)" in out
+    # The job re-run: compared with the run that passed its gate, not with the failure.
+    code, out, _ = nights.run({"steady"}, ids, *gate)
+    assert code == 1, out
+    assert f"against {passed}" in out and "Newly failing (1)" in out
+
+
+def test_the_baseline_is_the_one_the_team_chose(nights: Nights) -> None:
+    ids = ["steady", "regress"]
+    nights.run({"steady", "regress"}, ids, "--suite", "main")
+    chosen = _run_id(nights)
+    code, out, _ = nights.command("promote", chosen)
+    assert code == 0 and f"run {chosen} is the baseline of suite main" in out
+    # A later run of main fails "regress"; the promoted run stays main's baseline.
+    nights.run({"steady"}, ids, "--suite", "main")
+    # Two pull requests at once, each in its suite, both compared with main's baseline.
+    other = ("--baseline", "suite:main", "--fail-on", "regressions,new")
+    code, out, _ = nights.run({"steady", "regress"}, ids, "--suite", "pr-b", *other)
+    assert code == 0 and f"against {chosen}" in out
+    code, out, _ = nights.run({"steady"}, ids, "--suite", "pr-a", *other)
+    assert code == 1 and f"against {chosen}" in out and "Newly failing (1)" in out
+    # `--baseline suite` prefers the promoted run too.
+    code, out, _ = nights.run({"steady"}, ids, "--suite", "main", "--fail-on", "regressions")
+    assert code == 1 and f"against {chosen}" in out
+    code, _, err = nights.command("promote", "no-such-run")
+    assert code == 2 and "no run 'no-such-run'" in err
+    code, _, err = nights.run({"steady"}, ids, "--baseline", "suite:nowhere", "--fail-on", "new")
+    assert "no baseline to compare with" in err and "suite 'nowhere' has no promoted run" in err
+
+
+def test_diff_junit_counts_each_case_once_with_time_file_and_line(nights: Nights) -> None:
+    _two_nights(nights)
+    code, junit, _ = nights.command("diff", "--format", "junit")
+    assert code == 1
+    xmlschema.XMLSchema(str(XSD)).validate(junit)
+    suite = ET.fromstring(junit.encode()).find("testsuite")
+    assert suite is not None
+    cases = {t.get("name"): t for t in suite.iter("testcase")}
+    outcomes = {
+        name: next((child.tag for child in case if child.tag in ("failure", "skipped")), None)
+        for name, case in cases.items()
+    }
+    # regress fails; broken (known) and flaky are skipped; nothing counted twice.
+    assert outcomes == {
+        "steady": None,
+        "regress": "failure",
+        "fixed": None,
+        "broken": "skipped",
+        "flaky": "skipped",
+        "added": None,
+    }
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("6", "1", "2")
+    for line, case_id in enumerate(["steady", "regress", "fixed", "broken", "flaky", "added"], 1):
+        case = cases[case_id]
+        assert case.get("file") == str(nights.cases) and case.get("line") == str(line)
+        assert float(case.get("time") or "-1") >= 0
+
+
+def test_repeated_runs_count_one_way_everywhere(nights: Nights) -> None:
+    from agenttest_submit.commands.viewer.queries import runs_page
+    from agenttest_worker.settings import get_settings
+
+    _, out, _ = nights.run({"steady", "other"}, ["steady", "other"], "--repeat", "2")
+    assert "ℹ Input: " in out and "(2 test cases × 2)" in out
+    _, table, _ = nights.command("runs", "--last", "1")
+    assert "    2×2  " in table.splitlines()[1]
+    _, status, _ = nights.command("status", "last")
+    assert "cases     2×2: 4/4 conversations finished: 4 passed, 0 failed, 0 skipped" in status
+    fleet = nights.place.fleet
+    url = fleet.database_url if fleet is not None else get_settings().effective_database_url()
+    newest = runs_page(url)["groups"][0]["runs"][0]
+    assert (newest["cases"], newest["unit"]) == ("2×2", "conversations")
+    # Once, and for one case: the singular.
+    _, out, _ = nights.run({"steady"}, ["steady"])
+    assert "(1 test case)" in out
+    _, table, _ = nights.command("runs", "--last", "1")
+    assert "      1  " in table.splitlines()[1]

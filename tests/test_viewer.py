@@ -209,6 +209,7 @@ def test_the_api_serves_json_with_a_policy_on_every_response(run: Run, viewer: V
         header = client.get(api).json()
         assert header["status"] == "done" and header["summary"]["failed"] == 2
         assert header["progress"] == {
+            "unit": "cases",  # no case repeats: its conversations are its cases
             "total": 7,
             "finished": 7,
             "passed": 4,

@@ -96,3 +96,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+# What `--fail-on` may list: `any` (the run's own exit code) alone, or the diff's
+# categories that fail the job.
+FAIL_ON_DIFF = ("regressions", "new")
+
+
+def fail_on(text: str) -> tuple[str, ...]:
+    """`--fail-on`: `any`, or a comma-separated list of `regressions` and `new`."""
+    chosen = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if chosen == ("any",):
+        return chosen
+    unknown = [part for part in chosen if part not in FAIL_ON_DIFF]
+    if not chosen or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give any, or one or more of {', '.join(FAIL_ON_DIFF)} "
+            "separated by commas (regressions,new)"
+        )
+    return chosen

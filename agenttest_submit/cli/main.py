@@ -31,6 +31,7 @@ from agenttest_submit.cli.arg_types import (
     Once,
     Parser,
     duration_arg,
+    fail_on,
     formats,
     pass_rule,
     positive_float,
@@ -42,6 +43,7 @@ from agenttest_submit.cli.request import (
     DiffRequest,
     HistoryRequest,
     MetricsRequest,
+    PromoteRequest,
     RunRequest,
     RunsRequest,
     ViewRequest,
@@ -216,10 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fail-on",
         action=Once,
-        choices=("any", "regressions"),
-        default="any",
-        help="exit 1 on any failed case (default), or only on regressions against the "
-        "baseline (--baseline, default suite)",
+        type=fail_on,
+        default=("any",),
+        metavar="WHAT",
+        help="exit 1 on any failed case (any, the default), or only on what the diff against "
+        "the baseline (--baseline, default suite) finds: regressions (cases that passed "
+        "there and fail now), new (new or changed cases that fail), or both: regressions,new",
     )
     p.add_argument(
         "--pass-k",
@@ -349,7 +353,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
         suite=args.suite,
-        baseline=args.baseline or ("suite" if args.fail_on == "regressions" else None),
+        baseline=args.baseline or (None if args.fail_on == ("any",) else "suite"),
         fail_on=args.fail_on,
         dry_run=args.dry_run,
         wait=args.wait,
@@ -388,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                     from agenttest_submit.commands.metrics_exporter import run_metrics_exporter
 
                     return run_metrics_exporter(command)
-                if isinstance(command, DiffRequest | HistoryRequest | RunsRequest):
+                if isinstance(command, DiffRequest | HistoryRequest | RunsRequest | PromoteRequest):
                     # After heap.starting(): see the note at the top.
                     from agenttest_submit.commands.history_commands import run_history_command
 

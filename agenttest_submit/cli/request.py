@@ -77,10 +77,11 @@ class RunRequest:
     pass_k: int | None = None
     # --suite: the series of runs this one belongs to (None: derived, runner.run_suite);
     # --baseline: a run to compare this one with at its end (a run id, "last" or
-    # "suite"); --fail-on: what makes the exit code 1 ("any" failure, or "regressions").
+    # "suite"); --fail-on: what makes the exit code 1: ("any",) failure, or what the diff
+    # finds: "regressions", "new" (new or changed cases that fail), or both.
     suite: str | None = None
     baseline: str | None = None
-    fail_on: str = "any"
+    fail_on: tuple[str, ...] = ("any",)
     # --dry-run: load, generate and check the cases, print them, call no target.
     dry_run: bool = False
     # --wait / --no-wait (distributed): watch the run and report it, or return at once.
@@ -153,7 +154,9 @@ class DiffRequest(NamedTuple):
     """`agenttest-submit diff [BASE] [NEW] [--window N] [--format F]`."""
 
     new: str = "last"  # a run id, or "last"
-    base: str | None = None  # a run id, "last" or "suite"; None: NEW's suite's previous run
+    # a run id, "last", "suite" or "suite:NAME" (resolve_baseline); None: NEW's suite's
+    # previous finished run
+    base: str | None = None
     window: int = 10  # the suite's runs over which a case's verdict changing is flaky
     format: str = "console"  # console, json, markdown, junit
     output: str | None = None  # -o: written to this file (None: stdout)
@@ -178,6 +181,12 @@ class RunsRequest(NamedTuple):
     output: str | None = None  # -o: written to this file (None: stdout)
 
 
+class PromoteRequest(NamedTuple):
+    """`agenttest-submit promote RUN`: make a finished run its suite's baseline."""
+
+    run: str  # a run id, or "last" for the newest run
+
+
 class ViewRequest(NamedTuple):
     """`agenttest-submit view [RUN] [--host H] [--port P] [--token T]`: the read-only viewer."""
 
@@ -196,7 +205,7 @@ class MetricsRequest(NamedTuple):
     token: str | None = None  # None: AGENTTEST_METRICS_TOKEN
 
 
-HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
+HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest | PromoteRequest
 SubcommandRequest = (
     StatusRequest
     | ReportRequest

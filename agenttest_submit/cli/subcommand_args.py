@@ -18,6 +18,7 @@ from agenttest_submit.cli.request import (
     HistoryCommandRequest,
     HistoryRequest,
     MetricsRequest,
+    PromoteRequest,
     PruneRequest,
     ReportRequest,
     ResumeRequest,
@@ -40,6 +41,7 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
         "stop a run under way: its unfinished conversations end skipped",
     ),
     "runs": ("runs [--suite S] [--last N]", "runs, newest first, with their counts"),
+    "promote": ("promote RUN", "make a finished run its suite's baseline (--baseline suite)"),
     "diff": ("diff [BASE] [NEW] [--format F]", "what changed between two runs, case by case"),
     "history": ("history CASE_ID [--suite S]", "a case's verdict run after run"),
     "view": ("view [RUN] [--port P]", "a local read-only web viewer of the stored runs"),
@@ -69,6 +71,11 @@ _CONFIG_READ_FROM_STORE = (
 )
 _PRINTS_WHAT_IT_DID = "{command} prints only what it did: redirect it (> FILE)"
 PASTED_REASONS: dict[str, dict[str, str]] = {
+    "promote": {
+        "--config": _CONFIG_READ_FROM_STORE,
+        "--format": "promote marks a run in the store and prints one line",
+        "-o": "promote marks a run in the store and prints one line",
+    },
     "status": {
         "--config": _CONFIG_READ_FROM_STORE,
         "--format": "status prints a summary for people; report RUN --format F renders the "
@@ -291,6 +298,8 @@ def _history_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
         "--format", choices=("console", "json"), default="console", help="console or json"
     )
     runs.add_argument("-o", "--output", metavar="FILE", help=output_help)
+    promote = add("promote")
+    promote.add_argument("run", metavar="RUN", help=RUN_HELP)
 
 
 def subcommand_request(
@@ -346,6 +355,8 @@ def subcommand_request(
         )
     if args.command == "runs":
         return RunsRequest(suite=args.suite, last=args.last, format=args.format, output=args.output)
+    if args.command == "promote":
+        return PromoteRequest(run=args.run)
     if args.command == "view":
         return ViewRequest(run=args.run, host=args.host, port=args.port, token=args.token)
     return DbRequest(action=args.action)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -19,16 +20,20 @@ from agenttest_submit.cli.request import (
     DiffRequest,
     HistoryCommandRequest,
     HistoryRequest,
+    PromoteRequest,
     RunsRequest,
 )
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import (
     CaseChange,
+    Definitions,
     RunDiff,
     RunInfo,
+    case_count,
     case_verdict,
     category,
+    counted,
     difference,
     format_ms,
     one_line,
@@ -39,6 +44,7 @@ from agenttest_worker.report import (
 from agenttest_worker.results import CaseResult, CaseStatus
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import run_history as history
+from agenttest_worker.store import runs as stored_runs
 from agenttest_worker.store import upgrade
 
 if TYPE_CHECKING:
@@ -64,15 +70,22 @@ def previous_run(url: str, run: RunRow) -> RunRow | None:
     return before[0] if before else None
 
 
+SUITE_PREFIX = "suite:"
+
+
 def resolve_baseline(url: str, ref: str, new: RunRow) -> RunRow:
-    """A baseline: a run id, `last` (the newest run before `new`), or `suite` (the
-    previous finished run of `new`'s suite)."""
-    if ref == "suite":
-        found = previous_run(url, new)
+    """A baseline: a run id, `last` (the newest run before `new`), `suite` (the
+    baseline of `new`'s suite: its promoted run, else its newest finished run before
+    `new` that did not fail its gate), or `suite:NAME` (the baseline of suite NAME, as
+    it was when `new` was created: e.g. the nightly run of the main branch)."""
+    if ref == "suite" or ref.startswith(SUITE_PREFIX):
+        suite = new.suite if ref == "suite" else ref.removeprefix(SUITE_PREFIX)
+        found = history.suite_baseline(url, suite, new.created_at) if suite else None
         if found is None:
             raise InputError(
                 InputProblem(
-                    f"suite {new.suite!r} has no finished run before {new.id}",
+                    f"suite {suite!r} has no promoted run and no finished run before "
+                    f"{new.id} that did not fail its gate",
                     field="--baseline",
                 )
             )
@@ -88,35 +101,45 @@ def resolve_baseline(url: str, ref: str, new: RunRow) -> RunRow:
 def build_diff(url: str, base: RunRow, new: RunRow, window: int = DEFAULT_WINDOW) -> RunDiff:
     """What changed from `base` to `new`, case by case (report/diff.py)."""
     base_rule, rule = _rule(base), _rule(new)
-    before: dict[str, CaseStatus] = {
-        t.id: tally_verdict(t.played, t.passed, t.skipped, base_rule)
+    before: dict[str, tuple[CaseStatus, str | None]] = {
+        t.id: (tally_verdict(t.played, t.passed, t.skipped, base_rule), t.definition)
         for t in history.case_tallies(url, base.id)
     }
     found = RunDiff(_info(base), _info(new), window)
     disagreeing: dict[str, str] = {}
     for tally in history.case_tallies(url, new.id):
         now = tally_verdict(tally.played, tally.passed, tally.skipped, rule)
-        was = before.pop(tally.id, None)
-        found.changes.append(CaseChange(tally.id, category(was, now), was, now))
+        was, was_defined = before.pop(tally.id, (None, None))
+        change = CaseChange(tally.id, category(was, now), was, now)
+        change.base_definition, change.new_definition = was_defined, tally.definition
+        found.changes.append(change)
         if tally.played > 1 and tally.passed not in (0, tally.played):
             disagreeing[tally.id] = (
                 f"its repetitions disagree: {tally.passed}/{tally.played} passed"
             )
-    found.changes += [CaseChange(i, "removed", was, None) for i, was in before.items()]
+    for case_id, (was, was_defined) in before.items():
+        found.changes.append(CaseChange(case_id, "removed", was, None))
+        found.changes[-1].base_definition = was_defined
     runs = _window(url, new, window)
     changing = history.changing_cases(url, [r.id for r in runs], rule)
     for change in found.changes:
         if change.category in ("new", "removed"):
             continue
-        if change.id in changing:
+        if None not in (change.base_definition, change.new_definition) and (
+            change.base_definition != change.new_definition
+        ):
+            # Another case under the same id: its verdicts are not compared.
+            change.category = "changed"
+        elif change.id in changing:
             change.category = "flaky"
             change.flaky_because = (
-                f"its verdict changed at least twice in the last {len(runs)} runs"
+                f"its verdict changed at least twice in the last {counted(len(runs), 'run')}"
             )
         elif change.id in disagreeing:
             change.category = "flaky"
             change.flaky_because = disagreeing[change.id]
-    _explain_regressions(url, base, new, found.regressions)
+    failing_changed = [c for c in found.of("changed") if c.new == "failed"]
+    _explain_regressions(url, base, new, found.regressions + failing_changed)
     return found
 
 
@@ -132,6 +155,8 @@ def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[Case
         chunk = {c.id: c for c in changes[start : start + history.CHUNK]}
         then = _records(url, base.id, chunk)
         now = _records(url, new.id, chunk)
+        defined_then = history.definitions_of(url, base.id, chunk)
+        defined_now = history.definitions_of(url, new.id, chunk)
         for case_id, change in chunk.items():
             earlier, later = then.get(case_id, []), now.get(case_id, [])
             if not later:
@@ -139,8 +164,10 @@ def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[Case
             change.name = later[0].name
             failing = next((r for r in later if r.status == "failed"), later[0])
             passing = next((r for r in earlier if r.status == "passed"), None)
+            defined, defining = defined_then.get(case_id), defined_now.get(case_id)
+            definitions = Definitions(defined, defining) if defined and defining else None
             if passing is not None:
-                change.difference = difference(passing, failing)
+                change.difference = difference(passing, failing, definitions)
 
 
 def _records(url: str, run_id: str, ids: dict[str, Any]) -> dict[str, list[CaseResult]]:
@@ -154,10 +181,13 @@ def _records(url: str, run_id: str, ids: dict[str, Any]) -> dict[str, list[CaseR
 
 
 def run_history_command(request: HistoryCommandRequest) -> int:
-    """`diff`, `history` or `runs`, against the store this environment points at."""
+    """`diff`, `history`, `runs` or `promote`, against the store this environment points at."""
+    url = get_settings().effective_database_url()
+    if isinstance(request, PromoteRequest):
+        upgrade(url)
+        return run_promote(url, request)
     if problem := output_problem(request.output):
         raise InputError(problem)
-    url = get_settings().effective_database_url()
     upgrade(url)
     with written_to(request.output):
         if isinstance(request, DiffRequest):
@@ -165,6 +195,25 @@ def run_history_command(request: HistoryCommandRequest) -> int:
         if isinstance(request, HistoryRequest):
             return run_history(url, request)
         return run_list(url, request)
+
+
+def run_promote(url: str, request: PromoteRequest) -> int:
+    """`promote RUN`: the run becomes its suite's baseline (`--baseline suite`,
+    `--baseline suite:NAME`) until another run of the suite is promoted."""
+    run = resolve_run(url, request.run)
+    if run.status != "done":
+        raise InputError(
+            InputProblem(
+                f"run {run.id} has not finished (status {run.status}): only a finished run "
+                "can be a baseline",
+                field="RUN",
+            )
+        )
+    if run.suite is None:
+        raise InputError(InputProblem(f"run {run.id} belongs to no suite", field="RUN"))
+    stored_runs.promote_run(url, run.id)
+    print(f"run {printable(run.id)} is the baseline of suite {printable(run.suite)}")
+    return 0
 
 
 def run_diff(url: str, request: DiffRequest) -> int:
@@ -180,24 +229,97 @@ def run_diff(url: str, request: DiffRequest) -> int:
             )
         )
     found = build_diff(url, base, new, request.window)
+    if request.format == "junit":
+        place(url, new, found)
     sys.stdout.write(render_diff(found, request.format))
     return 1 if found.regressions else 0
 
 
-def print_baseline_diff(url: str, run_id: str, ref: str, fail_on: str, code: int) -> int:
+def place(url: str, new: RunRow, found: RunDiff) -> None:
+    """Each case's time in `new`, its file and line: what a JUnit testcase carries."""
+    places = history.case_places(url, new.id)
+    for change in found.changes:
+        where = places.get(change.id)
+        if where is not None:
+            change.duration_ms, change.file, change.line = (
+                where.duration_ms,
+                where.file,
+                where.line,
+            )
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a run's end compares and decides: `baseline` (--baseline), `fail_on`
+    (--fail-on: ("any",), or "regressions" and/or "new"), the run's own exit `code`, and
+    why the run stopped before every case was tested (None: it did not)."""
+
+    baseline: str
+    fail_on: tuple[str, ...]
+    code: int
+    stopped: str | None = None
+
+
+def gate_failures(found: RunDiff, fail_on: tuple[str, ...]) -> list[CaseChange]:
+    """The cases that fail the job under `fail_on`: regressions, and new cases (or
+    changed ones: a definition the baseline never played) that fail."""
+    failing: list[CaseChange] = []
+    if "regressions" in fail_on:
+        failing += found.regressions
+    if "new" in fail_on:
+        failing += [
+            c for c in found.changes if c.category in ("new", "changed") and c.new == "failed"
+        ]
+    return failing
+
+
+def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
     """After a run's report: its diff against the baseline, and the exit code
-    `--fail-on` asks for (`regressions`: 1 only for cases that passed in the baseline
-    and fail now; `any`: the run's own code)."""
+    `--fail-on` asks for (`regressions`: 1 for cases that passed in the baseline and
+    fail now; `new`: for new or changed cases that fail; `any`: the run's own code). A
+    run stopped before every case was tested exits 1 whatever the diff says."""
     new = resolve_run(url, run_id)
+    gating = gate.fail_on != ("any",)
+    if gate.stopped and gating:
+        print(
+            f"--fail-on {','.join(gate.fail_on)}: the run stopped before every case was "
+            f"tested ({printable(gate.stopped)}): exit 1",
+            file=sys.stderr,
+        )
     try:
-        base = resolve_baseline(url, ref, new)
+        base = resolve_baseline(url, gate.baseline, new)
     except InputError as exc:
-        print(f"warning: --baseline {ref}: {printable(str(exc.problems[0]))}", file=sys.stderr)
-        return code
+        why = printable(str(exc.problems[0]))
+        flag = f"--fail-on {','.join(gate.fail_on)}" if gating else f"--baseline {gate.baseline}"
+        print(
+            f"warning: {flag}: no baseline to compare with ({why}); the run's own exit code stands",
+            file=sys.stderr,
+        )
+        return _gated(url, run_id, gating, gate.code)
     found = build_diff(url, base, new)
     sys.stdout.write("\n" + render_diff(found, "console"))
-    if fail_on == "regressions":
-        return 1 if found.regressions else 0
+    if not gating:
+        return gate.code
+    if gate.stopped:
+        return _gated(url, run_id, gating, 1)
+    failing = gate_failures(found, gate.fail_on)
+    if "new" not in gate.fail_on:
+        unguarded = gate_failures(found, ("new",))
+        if unguarded:
+            print(
+                f"note: {counted(len(unguarded), 'new or changed case')} "
+                f"{'fails' if len(unguarded) == 1 else 'fail'} and "
+                f"{'does' if len(unguarded) == 1 else 'do'} not fail the job "
+                "(--fail-on regressions,new would)",
+                file=sys.stderr,
+            )
+    return _gated(url, run_id, gating, 1 if failing else 0)
+
+
+def _gated(url: str, run_id: str, gating: bool, code: int) -> int:
+    """`code`, kept with a gated run: one that failed is never a baseline."""
+    if gating:
+        stored_runs.record_gate(url, run_id, passed=code == 0)
     return code
 
 
@@ -210,40 +332,88 @@ def run_history(url: str, request: HistoryRequest) -> int:
         raise InputError(
             InputProblem(f"no finished run{where} played case {request.case_id!r}", field="CASE_ID")
         )
-    rows = [_history_row(run, texts) for run, texts in runs]
-    verdicts = [row["status"] for row in reversed(rows)]
-    changes = sum(1 for a, b in itertools.pairwise(verdicts) if a != b)
-    rate = changes / (len(verdicts) - 1) if len(verdicts) > 1 else 0.0
+    rows = [_history_row(found) for found in runs]
+    oldest_first = list(reversed(runs))
+    for older, newer, row in zip(oldest_first, oldest_first[1:], reversed(rows[:-1]), strict=False):
+        row["changed"] = _redefined(older.definition, newer.definition)
+    rows[-1]["changed"] = False
+    tally = flake_tally([(row["status"], row["changed"]) for row in reversed(rows)])
     if request.format == "json":
         document = {
             "case_id": request.case_id,
             "suite": suite,
             "runs": rows,
-            "changes": changes,
-            "flake_rate": round(rate, 4),
+            "changes": tally.changes,
+            "flips": tally.flips,
+            "flake_rate": round(tally.rate, 4),
         }
         sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
         return 0
     lines = [
         f"History of {printable(request.case_id)}"
         + (f" in suite {printable(suite)}" if suite else "")
-        + f": {len(rows)} runs, flake rate {rate:.0%} ({changes} changes in "
-        f"{max(len(rows) - 1, 0)} transitions)",
+        + f": {counted(len(rows), 'run')}, flake rate {tally.rate:.0%} "
+        f"({counted(tally.flips, 'flip')} in {counted(tally.windows, 'window')} of three runs; "
+        f"{counted(tally.changes, 'change')})",
         "",
         f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<8}  {'REPEATS':>7}  {'DURATION':>8}  REASON",
     ]
     for row in rows:
+        reason = one_line(row["reason"] or "")
+        if row["changed"]:
+            reason = f"(definition changed) {reason}".rstrip()
         lines.append(
             f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
             f"{row['status'].upper():<8}  {row['repeats']:>7}  "
-            f"{format_ms(row['duration_ms']):>8}  {one_line(row['reason'] or '')}"
+            f"{format_ms(row['duration_ms']):>8}  {reason}"
         )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 
-def _history_row(run: RunRow, texts: list[str]) -> dict[str, Any]:
-    records = [CaseResult.model_validate_json(t) for t in texts]
+def _redefined(older: str | None, newer: str | None) -> bool:
+    """Whether the case's definition changed between two runs (unknown: it did not)."""
+    return older is not None and newer is not None and older != newer
+
+
+@dataclass(frozen=True)
+class FlakeTally:
+    """How a case's verdict moved over its runs: `changes` from one run to the next
+    (under the same definition), and `flips` out of `windows`: runs whose verdict
+    differs from both neighbours', all three of one definition."""
+
+    changes: int
+    flips: int
+    windows: int
+
+    @property
+    def rate(self) -> float:
+        return self.flips / self.windows if self.windows else 0.0
+
+
+def flake_tally(verdicts: list[tuple[str, bool]]) -> FlakeTally:
+    """The tally of (verdict, definition changed since the run before) oldest first.
+
+    A flip is a verdict that went and came back (passed, failed, passed): one
+    regression (passed, passed, failed) is a change, not flakiness, and a case whose
+    definition changed starts a new history."""
+    changes = sum(
+        1 for (a, _), (b, changed) in itertools.pairwise(verdicts) if a != b and not changed
+    )
+    flips = windows = 0
+    for (before, _), (verdict, changed), (after, changed_after) in zip(
+        verdicts, verdicts[1:], verdicts[2:], strict=False
+    ):
+        if changed or changed_after:
+            continue
+        windows += 1
+        flips += before != verdict != after
+    return FlakeTally(changes, flips, windows)
+
+
+def _history_row(played: history.CaseInRun) -> dict[str, Any]:
+    run = played.run
+    records = [CaseResult.model_validate_json(t) for t in played.records]
     found = case_verdict(records, _rule(run))
     failing = next((r for r in records if r.status == "failed"), None)
     return {
@@ -299,9 +469,7 @@ def run_list(url: str, request: RunsRequest) -> int:
         f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<11}  {'CASES':>7}  PASSED  FAILED  SKIPPED  SUITE"
     ]
     for row in rows:
-        cases = str(row["cases"])
-        if row["conversations"] != row["cases"]:
-            cases = f"{row['cases']}×{row['conversations'] // max(row['cases'], 1)}"
+        cases = case_count(row["cases"], row["conversations"])
         lines.append(
             f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
             f"{row['status']:<11}  {cases:>7}  {row['passed']:>6}  {row['failed']:>6}  "

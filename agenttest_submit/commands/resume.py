@@ -139,4 +139,4 @@ def resume_run(url: str, run: RunRow, parallel: int) -> int:
     aggregate(url, run.id, lease_seconds=0)
     report = build_report(url, run.id, color=color_wanted(sys.stdout))
     sys.stdout.write(render("console", report))
-    return 1 if report.summary().failed else 0
+    return 1 if report.summary().run_failed else 0

@@ -28,11 +28,19 @@ from agenttest_submit.cli.services import safe_url
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.commands.resume import resume_run
 from agenttest_submit.commands.schema import schema_text
+from agenttest_submit.run.output import reporter_section
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.engine import USAGE_ROLE, tokens_cost
 from agenttest_worker.errors import ConfigError, InputError
-from agenttest_worker.report import ROLE_ORDER, UsageTally, build_report, printable, render
+from agenttest_worker.report import (
+    ROLE_ORDER,
+    UsageTally,
+    build_report,
+    case_count,
+    printable,
+    render,
+)
 from agenttest_worker.results import AgentRole, RoleUsage, UsageRole
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import RunRow, results, upgrade, usage
@@ -75,7 +83,7 @@ def run_subcommand(request: SubcommandRequest) -> int:
             # A CI job that publishes the report too early must not pass quietly.
             print(
                 f"agenttest-submit: run {run.id} is {run.status} "
-                f"({run.finished_cases}/{_cases_total(run)} cases finished): "
+                f"({_finished(run)}): "
                 "the report covers only the finished ones",
                 file=sys.stderr,
             )
@@ -94,6 +102,17 @@ def _cases_total(run: RunRow) -> str:
     return "?" if run.status == "pending" else str(run.total_cases)
 
 
+def _finished(run: RunRow, unit: str = "cases ") -> str:
+    """How far the run is, counted as every listing counts: "3/4 cases finished" (`unit`
+    left out where the line says cases already), or for repeated cases "20×2: 30/40
+    conversations finished"."""
+    distinct = (run.options or {}).get("distinct_cases")
+    if distinct is None or run.status == "pending":
+        return f"{run.finished_cases}/{_cases_total(run)} {unit}finished"
+    cases = case_count(distinct, run.total_cases)
+    return f"{cases}: {run.finished_cases}/{run.total_cases} conversations finished"
+
+
 def status_text(run: RunRow, played: int | None = None, usage_rows: list[str] | None = None) -> str:
     """What `status` prints; `played`: the turns recorded so far, finished cases or not;
     `usage_rows`: what its calls used so far (`usage_lines`)."""
@@ -107,7 +126,7 @@ def status_text(run: RunRow, played: int | None = None, usage_rows: list[str] | 
         f"input     {printable(run.input_label or '-')}",
         f"suite     {printable(run.suite or '-')}",
         f"by        {printable(run.submitted_by or '-')} at {run.created_at:%Y-%m-%d %H:%M:%S}",
-        f"cases     {run.finished_cases}/{_cases_total(run)} finished: {run.passed} passed, "
+        f"cases     {_finished(run, unit='')}: {run.passed} passed, "
         f"{run.failed} failed, {run.skipped} skipped",
         f"turns     {run.total_turns}"
         + (
@@ -190,4 +209,9 @@ def _report(url: str, run_id: str, request: ReportRequest) -> int:
         print(f"report written to {request.output}", file=sys.stderr)
     else:
         sys.stdout.write(render(request.format or "console", report))
-    return 1 if report.summary().failed else 0
+        account = results.get_report(url, run_id, "reporter")
+        if account is not None and (request.format or "console") == "console":
+            # The run's --reporter agent's account, kept with it, after the report as
+            # the run printed it.
+            sys.stdout.write(reporter_section(account))
+    return 1 if report.summary().run_failed else 0

@@ -231,7 +231,7 @@ class Spool:
         self.handle.seek(0)
         for line in self.handle:
             head, _, record = line.partition(b"\t")
-            case_id, agent, _ = json.loads(head)
+            case_id, agent, *_ = json.loads(head)
             yield case_id, agent, json.loads(record)
 
     def stored_records(self) -> Iterator[StoredCase]:

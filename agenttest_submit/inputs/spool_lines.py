@@ -1,8 +1,10 @@
 """A checked case written as the spool's lines: one per conversation it becomes.
 
-One line per conversation: `[key, agent, test id]`, a tab, then the record as the store
-writes it (json.dumps's text), so that a fleet's run stores that text as it is
-(`expand.Spool.stored_records`). JSON written by json.dumps holds no raw tab.
+One line per conversation: `[key, agent, test id, definition hash, assertion hashes]`
+(case_definitions.py, taken once per case while its record is objects), a tab, then the
+record as the store writes it (json.dumps's text), so that a fleet's run stores that
+text as it is (`expand.Spool.stored_records`). JSON written by json.dumps holds no raw
+tab.
 `spooled_records` reads them back.
 """
 
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from agenttest_worker.case_definitions import CaseDefinition, case_definition, stored_definition
 from agenttest_worker.cases import Case, repetition_key
 from agenttest_worker.store import CaseText, StoredCase
 
@@ -41,13 +44,15 @@ class SpoolWriter:
         self.cases += 1
         agent = case.agent or self.shape.target
         if not self.shape.sources:
-            self._write(case.id, agent, None, case.to_record())
+            record = case.to_record()
+            self._write(case.id, agent, None, record, case_definition(record))
             return
         record = case.to_run_record()
+        definition = case_definition(record)
         times = self.shape.repeat or case.repeat or 1
         if times == 1:
             record.pop("repeat", None)
-            self._write(case.id, agent, None, record)
+            self._write(case.id, agent, None, record, definition)
             return
         # Each repetition is a conversation of its own (own key, so own session id, its
         # own chain on a fleet), stored one after the other.
@@ -55,11 +60,18 @@ class SpoolWriter:
         for number in range(1, times + 1):
             key = repetition_key(case.id, number)
             self.repeated.append((key, case.id))
-            self._write(key, agent, case.id, {**record, "repetition": number})
+            self._write(key, agent, case.id, {**record, "repetition": number}, definition)
 
-    def _write(self, key: str, agent: str | None, test_id: str | None, record: Any) -> None:
-        head = json.dumps([key, agent, test_id]).encode("ascii")
-        self.handle.write(head + b"\t" + json.dumps(record).encode("ascii") + b"\n")
+    def _write(
+        self,
+        key: str,
+        agent: str | None,
+        test_id: str | None,
+        record: Any,
+        definition: CaseDefinition,
+    ) -> None:
+        head = json.dumps([key, agent, test_id, definition.hash, definition.as_dict()])
+        self.handle.write(head.encode("ascii") + b"\t" + json.dumps(record).encode("ascii") + b"\n")
         self.conversations += 1
 
 
@@ -68,5 +80,6 @@ def spooled_records(handle: IO[bytes]) -> Iterator[StoredCase]:
     `handle`, from where it stands."""
     for line in handle:
         head, _, record = line.partition(b"\t")
-        case_id, agent, test_id = json.loads(head)
-        yield case_id, agent, CaseText(record[:-1].decode("ascii"), test_id)
+        case_id, agent, test_id, case_hash, assertions = json.loads(head)
+        definition = stored_definition(case_hash, assertions)
+        yield case_id, agent, CaseText(record[:-1].decode("ascii"), test_id, definition)

@@ -64,14 +64,17 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         print(f"results written to {request.output} (run {run_id})", file=sys.stderr)
     if request.reporter:
         _custom_report(url, run_id, request.reporter, report)
-    code = EXIT_FAILED if report.summary().failed else EXIT_OK
+    summary = report.summary()
+    code = EXIT_FAILED if summary.run_failed else EXIT_OK
     if request.baseline:
         # After the report: what changed since the baseline, and --fail-on's exit code.
         from agenttest_submit.commands.history_commands import (
+            Gate,
             print_baseline_diff,  # the store: see above
         )
 
-        code = print_baseline_diff(url, run_id, request.baseline, request.fail_on, code)
+        gate = Gate(request.baseline, request.fail_on, code, summary.stopped)
+        code = print_baseline_diff(url, run_id, gate)
     return code
 
 
@@ -89,7 +92,13 @@ def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
         print(f"warning: reporter {use} failed: {printable(exc.message)}", file=sys.stderr)
         return
     results.store_report(url, run_id, "reporter", text)
+    sys.stdout.write(reporter_section(text, use))
+    sys.stdout.flush()
+
+
+def reporter_section(text: str, use: str | None = None) -> str:
+    """A reporter agent's account as printed after the report (`use`: which agent, when
+    known; `report RUN` reads only what it wrote)."""
     # The reporter agent's words are data: printed with their lines, escapes made visible.
     shown = printable(text.rstrip(), keep_lines=True)
-    sys.stdout.write(f"\n── Report by {use} ──\n{shown}\n")
-    sys.stdout.flush()
+    return f"\n── Report by {use or 'the reporter agent'} ──\n{shown}\n"

@@ -10,21 +10,24 @@ and `resolve_run` finds a stored run from a RUN argument (an id, or `last`).
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from collections.abc import Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.services import safe_url
 from agenttest_submit.inputs.generate import take_generation_usage
-from agenttest_submit.inputs.sources import InputSource
+from agenttest_submit.inputs.sources import FileInput, InputSource, parse_input
 from agenttest_submit.run.storing import NewRun, RunStarter, write_run
-from agenttest_worker.agents import ProjectConfig
+from agenttest_worker.agents import ProjectConfig, find_config
 from agenttest_worker.cases import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.report import counted
 from agenttest_worker.store import StoredCase, new_run_id
 
 if TYPE_CHECKING:
@@ -67,12 +70,16 @@ SUITE_MAX = 200
 
 
 def run_suite(request: RunRequest, target: str | None) -> str:
-    """The suite a run belongs to: --suite, else derived from its inputs (as given to
-    -i, in order) and its target, so that the same command run every night lands in
-    the same suite."""
+    """The suite a run belongs to: --suite, else derived from its inputs (in order) and
+    its target, so that the same command run every night lands in the same suite,
+    however its paths are spelled (`suite_input`)."""
     if request.suite:
         return request.suite
-    given = [*request.inputs, *(f"-m {text}" for text in request.messages)]
+    base = config_folder(request.config_file)
+    given = [
+        *(suite_input(value, base) for value in request.inputs),
+        *(f"-m {text}" for text in request.messages),
+    ]
     name = f"{target or '(case agents)'}: {' '.join(given)}"
     if len(name) <= SUITE_MAX:
         return name
@@ -80,8 +87,30 @@ def run_suite(request: RunRequest, target: str | None) -> str:
     return f"{name[: SUITE_MAX - 14]}… {digest}"
 
 
+def config_folder(config_file: str | None) -> Path:
+    """The folder of the run's agenttest.yaml (the working directory without one): what
+    the paths of a derived suite name are relative to."""
+    found = find_config(config_file)
+    return (found or Path("agenttest.yaml")).resolve().parent
+
+
+def suite_input(value: str, base: Path) -> str:
+    """An -i value as a suite name holds it: a case file or folder as its path relative
+    to `base`, with forward slashes (`t/x.jsonl`, `./t/x.jsonl` and `/abs/t/x.jsonl`
+    are one suite); a message or a generator as given."""
+    try:
+        source = parse_input(value)
+    except InputError:
+        return value.strip()
+    if not isinstance(source, FileInput):
+        return value.strip()
+    found = source.path.resolve()
+    relative = Path(os.path.relpath(found, base)).as_posix()
+    return relative + "/" if found.is_dir() else relative
+
+
 def input_label(sources: Iterable[InputSource], count: int) -> str:
-    return ", ".join(s.describe() for s in sources) or f"{count} cases"
+    return ", ".join(s.describe() for s in sources) or counted(count, "case")
 
 
 def store_run(

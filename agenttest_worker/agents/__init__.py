@@ -21,6 +21,7 @@ from agenttest_worker.agents.config import (
     DEFAULT_AWAITING_TOOLS,
     AgentConfig,
     ProjectConfig,
+    find_config,
     load_config,
 )
 from agenttest_worker.agents.http.exchange import close_session, configure_pool, connections_for
@@ -54,6 +55,7 @@ __all__ = [
     "close_session",
     "configure_pool",
     "connections_for",
+    "find_config",
     "load_config",
     "parse_ref",
     "protocol",

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from agenttest_worker.agents.http.auth_headers import authorization_clash
 from agenttest_worker.agents.http.network_checks import network_problems
 from agenttest_worker.agents.http.proxies import setting_problem
 from agenttest_worker.agents.http.tls import TlsSettings
@@ -37,6 +38,7 @@ from agenttest_worker.agents.interface import (
 )
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
 from agenttest_worker.agents.reply_mappings import HistoryConfig, ResponseMapping
+from agenttest_worker.agents.stored_credentials import keep_out, restore
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
@@ -224,7 +226,17 @@ class AgentConfig(_Strict):
             problem = problem or "previous_response_id is for openai-responses agents"
         if problem:
             raise ValueError(problem)
+        bearer = self.api_key_env is not None and self.protocol != "anthropic"
+        history = (self.history.url, self.history_headers()) if self.history else (None, {})
+        sent = [(self.base_url, self.headers), (self.url, self.headers), history]
+        clash = authorization_clash(sent, bearer)
+        if clash:
+            raise ValueError(clash)
         return self
+
+    def history_headers(self) -> dict[str, str]:
+        """The headers of a history read: the entry's, and the history's own."""
+        return {**self.headers, **(self.history.headers if self.history else {})}
 
     def metadata_mode(self) -> MetadataMode:
         """How this agent gets the case's metadata: as its entry says, else as its
@@ -291,16 +303,20 @@ class ProjectConfig(_Strict):
         return (self.base_dir / self.scripts_dir).resolve()
 
     def stored(self) -> dict[str, Any]:
-        """What a run keeps of its config: the uninterpolated file and where it was."""
+        """What a run keeps of its config: the uninterpolated file and where it was,
+        without the credentials written into it (stored_credentials.py)."""
         raw = self._raw if self._raw is not None else self.model_dump(mode="json", exclude={"path"})
-        return {"raw": raw, "path": str(Path(self.path).resolve()) if self.path else None}
+        path = str(Path(self.path).resolve()) if self.path else None
+        return {"raw": keep_out(raw), "path": path}
 
     @classmethod
     def from_stored(
         cls, stored: dict[str, Any], env: dict[str, str] | None = None
     ) -> ProjectConfig:
-        """Rebuild a run's config in this process, interpolating with this environment."""
-        config = config_from_data(stored.get("raw") or {}, stored.get("path"), env)
+        """Rebuild a run's config in this process, interpolating with this environment,
+        its credentials read again from the file it names (stored_credentials.py)."""
+        path = stored.get("path")
+        config = config_from_data(restore(stored.get("raw") or {}, path), path, env)
         config._from_store = True
         return config
 

@@ -83,7 +83,8 @@ class AgentReply:
 class AgentError(Exception):
     """A call that failed after its retries, with a message fit for the report.
 
-    `kind` is one of: timeout, connection, http, parse, config, script, stream.
+    `kind` is one of: timeout, connection, http, parse, config, script, stream, and
+    unexpected (anything else a client raised, agents/pool.py `RoleSession.call`).
     """
 
     def __init__(

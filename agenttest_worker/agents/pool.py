@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,10 @@ from agenttest_worker.agents.roles import (
     validator_request,
 )
 from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
+from agenttest_worker.errors import redact
 from agenttest_worker.results import AgentCallRecord, AssertionOutcome
+
+log = logging.getLogger(__name__)
 
 
 class AgentPool:
@@ -79,6 +83,16 @@ class RoleSession:
                 exc.call.reply = exc.call.reply or exc.raw
                 self.log.append(exc.call)
             raise
+        except TimeoutError:
+            raise  # the turn's or the case's time limit: the engine says which
+        except Exception as exc:
+            # Anything else a client raises (a library refusing the request before it
+            # is sent, a bug) fails this call with its reason, like an agent error:
+            # the turn records it and the conversation goes on or ends, instead of the
+            # step failing and its conversation waiting for the stall sweep.
+            reason = redact(f"{type(exc).__name__}: {exc}")
+            log.warning("calling agent %s raised %s", agent, reason)
+            raise AgentError("unexpected", f"calling {agent} failed: {reason}") from exc
         if reply.call is not None:
             self.log.append(reply.call)
         return reply

@@ -41,7 +41,7 @@ from agenttest_worker.engine import (
     run_turn,
 )
 from agenttest_worker.errors import ConfigError
-from agenttest_worker.results import TurnResult
+from agenttest_worker.results import DEADLINE_PASSED, TurnResult
 from agenttest_worker.store import steps
 from agenttest_worker.store.conversation_store import ConversationStore
 
@@ -190,9 +190,6 @@ def stop_reason(prepared: Prepared, max_deliveries: int | None) -> tuple[str, st
             "running alone)"
         )
     return None
-
-
-DEADLINE_PASSED = "run deadline passed before this case finished"
 
 
 # `execute`, `execute_until_deadline` and `play` hand back the engine's

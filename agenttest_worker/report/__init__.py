@@ -15,11 +15,20 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.report.common import asked_question, format_ms, one_line, printable
+from agenttest_worker.report.common import (
+    asked_question,
+    case_count,
+    counted,
+    counted_cases,
+    format_ms,
+    one_line,
+    printable,
+)
 from agenttest_worker.report.diff import (
     CATEGORIES,
     TITLES,
     CaseChange,
+    Definitions,
     RunDiff,
     RunInfo,
     category,
@@ -74,6 +83,7 @@ __all__ = [
     "TITLES",
     "CaseChange",
     "ChunkedReporter",
+    "Definitions",
     "Reporter",
     "RunData",
     "RunDiff",
@@ -84,9 +94,12 @@ __all__ = [
     "aggregate",
     "asked_question",
     "build_report",
+    "case_count",
     "case_row",
     "case_verdict",
     "category",
+    "counted",
+    "counted_cases",
     "difference",
     "format_ms",
     "grouped",

@@ -64,6 +64,31 @@ def format_seconds(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m"
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and its noun, in the singular for one: "1 case", "2 changes"."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def case_count(cases: int | None, conversations: int) -> str:
+    """A run's cases as every listing shows them: "20", or "20×2" for 20 cases played
+    twice each, or "3 (7 conversations)" when cases repeat unevenly. `cases` None: no
+    case repeats (the conversations are the cases)."""
+    if cases is None or cases == conversations:
+        return str(conversations)
+    if cases and conversations % cases == 0:
+        return f"{cases}×{conversations // cases}"
+    return f"{cases} ({counted(conversations, 'conversation')})"
+
+
+def counted_cases(cases: int | None, conversations: int, noun: str = "case") -> str:
+    """The same in words: "1 case", "20 cases × 2", "3 cases, 7 conversations"."""
+    if cases is None or cases == conversations:
+        return counted(conversations, noun)
+    if cases and conversations % cases == 0:
+        return f"{counted(cases, noun)} × {conversations // cases}"
+    return f"{counted(cases, noun)}, {counted(conversations, 'conversation')}"
+
+
 def format_ms(duration_ms: int) -> str:
     return format_seconds(duration_ms / 1000)
 

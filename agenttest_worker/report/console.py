@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from agenttest_worker.engine.state import MISSING_INPUT_HINT
 from agenttest_worker.report.common import (
     asked_question,
+    counted,
+    counted_cases,
     describe_assertion,
     describe_tool_call,
     executed_turns,
@@ -104,7 +106,7 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     if not tally.total:
         yield _text(["  No test cases ran.", ""])
     elif hidden:
-        yield _text([f"  {_plural(hidden, 'passed case')} not shown (--only-failures)", ""])
+        yield _text([f"  {counted(hidden, 'passed case')} not shown (--only-failures)", ""])
     run.counted = tally.summary(run.duration_s, run.budget)
     yield _text([*_section("Summary"), *_summary_lines(run.counted, style)])
 
@@ -117,22 +119,15 @@ def _section(title: str) -> list[str]:
     return [_LIGHT_RULE, f"  {title}", _LIGHT_RULE]
 
 
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
 def _header(run: RunReport) -> list[str]:
     # The input label quotes -i, which may be a message: printed escaped like all data.
     lines = [_HEAVY_RULE, f"  {printable(run.title)}", _HEAVY_RULE]
     if run.agent:
         lines.append(f"ℹ Agent: {printable(run.agent)}")
     label = printable(run.input_label)
-    if run.distinct_cases is not None:
-        # Some case repeats: the run's conversations are its cases' repetitions.
-        counted = f"{_plural(run.distinct_cases, 'test case')}, {run.total_cases} conversations"
-    else:
-        counted = _plural(run.total_cases, "test case")
-    lines.append(f"ℹ Input: {label} ({counted})")
+    # Some case repeats: the run's conversations are its cases' repetitions.
+    cases = counted_cases(run.distinct_cases, run.total_cases, "test case")
+    lines.append(f"ℹ Input: {label} ({cases})")
     if run.run_id:
         lines.append(f"ℹ Run: {printable(run.run_id)}")
     return lines
@@ -143,7 +138,7 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
         return style.paint(str(value), _STATUS_COLORS[status]) if value else str(value)
 
     return [
-        f"  Total:   {_plural(summary.total, 'test')}",
+        f"  Total:   {counted(summary.total, 'test')}",
         f"  Passed:  {count(summary.passed, 'passed')}",
         f"  Failed:  {count(summary.failed, 'failed')}",
         f"  Skipped: {count(summary.skipped, 'skipped')}",
@@ -184,7 +179,7 @@ def repeated_case_lines(
 ) -> list[str]:
     """A case played several times, shown once: its verdict, then each repetition that
     did not pass, with its turns (every repetition with -v)."""
-    title = _case_title(records[0], run, counted=False)
+    title = _case_title(records[0], run, with_turns=False)
     flaky = f" · {style.paint('FLAKY', _YELLOW)}" if found.flaky else ""
     lines = [f"{title} ({found.fraction()} repetitions passed){flaky}"]
     for record in records:
@@ -209,7 +204,7 @@ def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) ->
     return [_case_title(case, run), *_tree(branches)]
 
 
-def _case_title(case: CaseResult, run: RunReport, *, counted: bool = True) -> str:
+def _case_title(case: CaseResult, run: RunReport, *, with_turns: bool = True) -> str:
     parts = [f"► [{printable(case.id)}]"]
     if case.name and case.name != case.id:  # a YAML test's name is its id: said once
         parts.append(printable(case.name))
@@ -217,8 +212,8 @@ def _case_title(case: CaseResult, run: RunReport, *, counted: bool = True) -> st
     simulator = run.simulators.get(case.id) or (case.simulator or "").removeprefix("agents:")
     if simulator:
         parts.append(f"(simulator: {printable(simulator)})")
-    elif counted and case.status != "skipped":
-        parts.append(f"({_plural(case.total_turns, 'turn')})")
+    elif with_turns and case.status != "skipped":
+        parts.append(f"({counted(case.total_turns, 'turn')})")
     return " ".join(parts)
 
 

@@ -6,15 +6,19 @@ one (a repeated case's verdict under the new run's pass rule, report/verdicts.py
 - **fixed**: failed then, passes now;
 - **still failing**, **still passing**;
 - **new** (not in the base run), **removed** (not in the new run);
-- **flaky**, over any of the above but new and removed: its verdict changed at least
-  twice over the suite's last N runs (`--window N`), or its repetitions disagree in
-  the new run. A flaky case is listed, and is not a regression.
+- **changed**, over any of the above but new and removed: its definition (the hash of
+  its normalized record, case_definitions.py) is not the base run's, so its two
+  verdicts are not compared: a changed case is neither a regression nor a fix;
+- **flaky**, over any of the above but new, removed and changed: its verdict changed at
+  least twice over the suite's last N runs (`--window N`), or its repetitions disagree
+  in the new run. A flaky case is listed, and is not a regression.
 A skipped verdict is neither passing nor failing: a case skipped in one run and not in
 the other is still passing or still failing by the other run's verdict, or new.
 
-For a regression the diff says where the two conversations first differ: the first turn
-whose assertions (or status) differ, the assertion that passed then and fails now, and
-what the agent said then and now.
+For a regression (and a changed case that fails) the diff says where the two
+conversations first differ: the first turn whose assertions (or status) differ, the
+assertion that passed then and fails now (assertions matched by their hashes, never by
+position: one that is new or changed says so), and what the agent said then and now.
 """
 
 from __future__ import annotations
@@ -23,17 +27,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from agenttest_worker.case_definitions import CaseDefinition
 from agenttest_worker.report.common import describe_assertion, failure_reason
 from agenttest_worker.report.verdicts import verdict
 from agenttest_worker.results import AssertionResult, CaseResult, CaseStatus, TurnResult
 
 Category = Literal[
-    "regression", "fixed", "still_failing", "still_passing", "new", "removed", "flaky"
+    "regression", "fixed", "still_failing", "still_passing", "new", "removed", "flaky", "changed"
 ]
 # In the order a diff lists them: what needs a look first.
 CATEGORIES: tuple[Category, ...] = (
     "regression",
     "flaky",
+    "changed",
     "fixed",
     "new",
     "removed",
@@ -48,9 +54,11 @@ TITLES: dict[Category, str] = {
     "new": "New",
     "removed": "Removed",
     "flaky": "Flaky",
+    "changed": "Changed",
 }
 # How much of an agent's reply a diff quotes.
 SAID_LIMIT = 300
+CHANGED_BECAUSE = "its definition changed since the baseline"
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,8 @@ class Difference:
     reason: str | None  # why it fails now
     said_then: str | None
     said_now: str | None
+    # The failing assertion is not in the base run's case (new, or changed).
+    new_assertion: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +94,7 @@ class Difference:
             "reason": self.reason,
             "said_then": self.said_then,
             "said_now": self.said_now,
+            "new_assertion": self.new_assertion,
         }
 
 
@@ -97,6 +108,15 @@ class CaseChange:
     # Why a flaky case is flaky ("changed 3 times in the last 10 runs", ...).
     flaky_because: str | None = None
     difference: Difference | None = None
+    # The hash of its definition in the base run and in the new one (None: not there,
+    # or stored before there were).
+    base_definition: str | None = None
+    new_definition: str | None = None
+    # Its conversations' time in the new run, and where it is written (JUnit's `time`,
+    # `file` and `line`), when the diff was asked for them.
+    duration_ms: int | None = None
+    file: str | None = None
+    line: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -108,6 +128,8 @@ class CaseChange:
         }
         if self.flaky_because:
             found["flaky_because"] = self.flaky_because
+        if self.category == "changed":
+            found["changed_because"] = CHANGED_BECAUSE
         if self.difference is not None:
             found["difference"] = self.difference.as_dict()
         return found
@@ -171,33 +193,73 @@ def category(base: CaseStatus | None, new: CaseStatus | None) -> Category:
     return "fixed" if new == "passed" else "still_failing"
 
 
-def difference(then: CaseResult, now: CaseResult) -> Difference:
+@dataclass(frozen=True)
+class Definitions:
+    """The definitions (case_definitions.py) of a case in the base run and in the new
+    one, when both were stored: their assertions are then matched by hash."""
+
+    then: CaseDefinition
+    now: CaseDefinition
+
+
+class _Checked:
+    """A list of assertion results, each with its hash (or its position when the case
+    was stored without hashes)."""
+
+    def __init__(self, results: list[AssertionResult], hashes: list[str] | None) -> None:
+        self.results = results
+        if hashes is None or len(hashes) != len(results):
+            self.keys: list[str] = [f"#{i}" for i in range(len(results))]
+        else:
+            self.keys = hashes
+
+
+def difference(
+    then: CaseResult, now: CaseResult, definitions: Definitions | None = None
+) -> Difference:
     """Where `now` (a failing conversation) first departs from `then` (a passing one)."""
     earlier = {turn.turn: turn for turn in then.turns}
     for turn in now.turns:
         before = earlier.get(turn.turn)
-        found = _turn_difference(before, turn)
+        found = _turn_difference(before, turn, definitions)
         if found is not None:
             return found
-    assertion = _newly_failing(then.final_assertions, now.final_assertions)
-    if assertion is not None:
+    found_final = _newly_failing(
+        _Checked(then.final_assertions, definitions.then.final if definitions else None),
+        _Checked(now.final_assertions, definitions.now.final if definitions else None),
+    )
+    if found_final is not None:
+        assertion, is_new = found_final
         return Difference(
-            None, describe_assertion(assertion), failure_reason(assertion), None, None
+            None,
+            describe_assertion(assertion),
+            failure_reason(assertion),
+            None,
+            None,
+            new_assertion=is_new,
         )
     return Difference(None, None, now.error or now.skip_reason, None, None)
 
 
-def _turn_difference(before: TurnResult | None, turn: TurnResult) -> Difference | None:
+def _turn_checked(
+    turn: TurnResult | None, definition: CaseDefinition | None, number: int
+) -> _Checked:
+    hashes = definition.of_turn(number) if definition is not None else None
+    return _Checked(turn.assertions if turn else [], hashes)
+
+
+def _turn_difference(
+    before: TurnResult | None, turn: TurnResult, definitions: Definitions | None
+) -> Difference | None:
     failed_now = turn.status == "failed" or turn.error is not None
     if not failed_now:
         return None
-    if (
-        before is not None
-        and before.status == "failed"
-        and not _newly_failing(before.assertions, turn.assertions)
-    ):
+    then = _turn_checked(before, definitions.then if definitions else None, turn.turn)
+    now = _turn_checked(turn, definitions.now if definitions else None, turn.turn)
+    found = _newly_failing(then, now)
+    if before is not None and before.status == "failed" and found is None:
         return None
-    assertion = _newly_failing(before.assertions if before else [], turn.assertions)
+    assertion, is_new = found if found else (_first_failing(turn.assertions), False)
     return Difference(
         turn=turn.turn,
         assertion=describe_assertion(assertion) if assertion else None,
@@ -206,18 +268,26 @@ def _turn_difference(before: TurnResult | None, turn: TurnResult) -> Difference 
         else (turn.error or "; ".join(turn.problems or [])),
         said_then=_said(before) if before else None,
         said_now=_said(turn),
+        new_assertion=is_new,
     )
 
 
-def _newly_failing(
-    then: list[AssertionResult], now: list[AssertionResult]
-) -> AssertionResult | None:
-    """The first assertion that fails now and passed (or was not there) then."""
-    passed_then = [a.passed for a in then]
-    for index, assertion in enumerate(now):
-        if not assertion.passed and (index >= len(passed_then) or passed_then[index]):
-            return assertion
-    return next((a for a in now if not a.passed), None)
+def _first_failing(results: list[AssertionResult]) -> AssertionResult | None:
+    return next((a for a in results if not a.passed), None)
+
+
+def _newly_failing(then: _Checked, now: _Checked) -> tuple[AssertionResult, bool] | None:
+    """The first assertion that fails now and passed then, matched by hash (or was
+    not there then: the flag says so)."""
+    passed_then: dict[str, list[bool]] = {}
+    for key, result in zip(then.keys, then.results, strict=True):
+        passed_then.setdefault(key, []).append(result.passed)
+    for key, result in zip(now.keys, now.results, strict=True):
+        earlier = passed_then.get(key)
+        was = earlier.pop(0) if earlier else None
+        if not result.passed and was is not False:
+            return result, was is None
+    return None
 
 
 def _said(turn: TurnResult) -> str | None:

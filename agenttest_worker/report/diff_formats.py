@@ -10,14 +10,28 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 
 from agenttest_worker.report.common import one_line, printable, quoted
-from agenttest_worker.report.diff import CATEGORIES, TITLES, CaseChange, RunDiff, RunInfo
+from agenttest_worker.report.diff import (
+    CATEGORIES,
+    CHANGED_BECAUSE,
+    TITLES,
+    CaseChange,
+    RunDiff,
+    RunInfo,
+)
 from agenttest_worker.report.junit import xml_text
 
 DIFF_FORMATS = ("console", "json", "markdown", "junit")
 # Cases listed per category in console and Markdown (all of them in json and junit);
 # still-passing cases are counted, not listed.
 LISTED = 50
-_MARKS = {"regression": "✗", "fixed": "✓", "flaky": "~", "new": "+", "removed": "-"}
+_MARKS = {
+    "regression": "✗",
+    "fixed": "✓",
+    "flaky": "~",
+    "changed": "*",
+    "new": "+",
+    "removed": "-",
+}
 
 
 def render_diff(diff: RunDiff, fmt: str) -> str:
@@ -66,13 +80,18 @@ def _details(
     """What a case's entry says under its line: why it is flaky, where a regression's
     conversations first differ; `text` and `said` escape the data for the format."""
     lines = [text(change.flaky_because)] if change.flaky_because else []
+    if change.category == "changed":
+        lines.append(text(CHANGED_BECAUSE))
     found = change.difference
     if found is None:
         return lines
     where = f"turn {found.turn}" if found.turn is not None else "final assertions"
-    lines.append(
-        f"{where}: {text(found.assertion)} passed then, fails now" if found.assertion else where
-    )
+    if not found.assertion:
+        lines.append(where)
+    elif found.new_assertion:
+        lines.append(f"{where}: {text(found.assertion)} is new or changed, and fails")
+    else:
+        lines.append(f"{where}: {text(found.assertion)} passed then, fails now")
     if found.reason:
         lines.append(f"now: {text(found.reason)}")
     if found.said_then is not None:
@@ -144,34 +163,68 @@ def _md_case(change: CaseChange) -> list[str]:
     return [head, *(f"  - {d}" for d in _details(change, md, md))]
 
 
+def junit_outcome(change: CaseChange) -> tuple[str, str] | None:
+    """A case's one outcome in a diff's JUnit: ("failure", why) for a regression,
+    ("skipped", why) for a known failure, a flaky case, a new or changed case that fails;
+    None when it passes."""
+    if change.category == "regression":
+        return "failure", "passed in the baseline, fails now"
+    if change.category == "flaky":
+        return "skipped", change.flaky_because or "flaky"
+    if change.category == "still_failing":
+        return "skipped", "known failure: failed in the baseline too"
+    if change.new == "failed":
+        what = "changed case" if change.category == "changed" else "new case"
+        return "skipped", f"{what}, failing"
+    return None
+
+
 def junit(diff: RunDiff) -> str:
-    """One testcase per case of the new run (and per removed case): a regression is a
-    failure; known failures and flaky cases are skipped with the reason; the rest pass."""
+    """One testcase per case of the new run, counted once: a regression is a failure;
+    known failures, flaky cases and new or changed cases that fail are skipped with the
+    reason; the rest pass. Each testcase has the case's `time`, `file` and `line` when
+    the diff carries them, as the run's JUnit does."""
     cases = [c for c in diff.changes if c.category != "removed"]
-    failures = sum(c.category == "regression" for c in cases)
-    skipped = sum(c.category in ("still_failing", "flaky") or c.new == "failed" for c in cases)
-    counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0"}
+    outcomes = [junit_outcome(c) for c in cases]
+    kinds = [o[0] if o else None for o in outcomes]
+    total = sum(c.duration_ms or 0 for c in cases)
+    counts = {
+        "tests": str(len(cases)),
+        "failures": str(kinds.count("failure")),
+        "errors": "0",
+        "time": _seconds(total),
+    }
     root = ET.Element("testsuites", {"name": "agenttest diff", **counts})
     suite = ET.SubElement(
         root,
         "testsuite",
-        {"name": xml_text(diff.new.suite or diff.new.id), **counts, "skipped": str(skipped)},
+        {
+            "name": xml_text(diff.new.suite or diff.new.id),
+            **counts,
+            "skipped": str(kinds.count("skipped")),
+        },
     )
     properties = ET.SubElement(suite, "properties")
     for key, value in (("run_id", diff.new.id), ("baseline_run_id", diff.base.id)):
         ET.SubElement(properties, "property", name=key, value=xml_text(value))
-    for change in cases:
+    for change, outcome in zip(cases, outcomes, strict=True):
         element = ET.SubElement(suite, "testcase", name=xml_text(change.id), classname="agenttest")
-        if change.category == "regression":
-            message = "passed in the baseline, fails now"
-            failure = ET.SubElement(element, "failure", message=message, type="regression")
+        element.set("time", _seconds(change.duration_ms or 0))
+        if change.file is not None:
+            element.set("file", xml_text(change.file))
+        if change.line is not None:
+            element.set("line", str(change.line))
+        if outcome is None:
+            continue
+        kind, why = outcome
+        if kind == "failure":
+            failure = ET.SubElement(element, "failure", message=why, type="regression")
             failure.text = xml_text("\n".join(_details(change, str, str))) or None
-        elif change.category == "flaky" or change.new == "failed":
-            why = change.flaky_because or (
-                "known failure: failed in the baseline too"
-                if change.category == "still_failing"
-                else "new case, failing"
-            )
+        else:
             ET.SubElement(element, "skipped", message=xml_text(why))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _seconds(duration_ms: int) -> str:
+    return f"{duration_ms / 1000:.3f}"

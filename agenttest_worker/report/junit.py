@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from agenttest_worker.report.common import first_problem, problems
 from agenttest_worker.report.console import Style, case_lines, repeated_case_lines
-from agenttest_worker.report.report_model import RunReport
+from agenttest_worker.report.report_model import RunReport, was_not_run
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, grouped
 from agenttest_worker.results import CaseResult
 
@@ -138,6 +138,10 @@ def _repeated(
                 if r.status != "passed"
             )
         )
+    elif found.status == "skipped" and all(was_not_run(r) for r in records):
+        outcome = "error"
+        message = f"{said}: {first_problem(records[0])}"
+        ET.SubElement(element, "error", message=xml_text(message), type="not_run")
     elif found.status == "skipped":
         outcome = "skipped"
         ET.SubElement(element, "skipped", message=xml_text(said))
@@ -158,6 +162,11 @@ def _testcase(case: CaseResult, run: RunReport) -> tuple[ET.Element, str | None]
         problem = ET.SubElement(element, outcome, message=xml_text(first_problem(case)))
         problem.set("type", "error" if outcome == "error" else "assertion")
         problem.text = xml_text("\n".join(problems(case)))
+    elif was_not_run(case):
+        # Its run stopped first (a budget, a cancellation, --fail-fast): not tested.
+        outcome = "error"
+        problem = ET.SubElement(element, "error", message=xml_text(first_problem(case)))
+        problem.set("type", "not_run")
     elif case.status == "skipped":
         outcome = "skipped"
         ET.SubElement(element, "skipped", message=xml_text(first_problem(case)))

@@ -10,12 +10,24 @@ from typing import Any, overload
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.usage_tally import UsageTally
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, VerdictTally
-from agenttest_worker.results import RESULT_VERSION, CaseResult, RoleUsage, UsageRole
+from agenttest_worker.results import (
+    DEADLINE_PASSED,
+    RESULT_VERSION,
+    CaseResult,
+    RoleUsage,
+    UsageRole,
+)
 
 DEFAULT_TITLE = "Agent Test (Multi-Turn)"
 # How the skip reason of a case its run stopped before it started begins
 # (driver/step.py: --fail-fast, cancellations; driver/budget_counting.py: budgets).
 NOT_RUN = "not run: "
+
+
+def was_not_run(case: CaseResult) -> bool:
+    """Whether its run stopped before the case played a turn (a JUnit <error>)."""
+    reason = case.skip_reason or ""
+    return case.status == "skipped" and not case.total_turns and reason.startswith(NOT_RUN)
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,8 @@ class Summary:
     # a budget, a cancellation), and the first one's reason ("not run: " left off).
     not_run: int = 0
     not_run_reason: str | None = None
+    # Cases its --deadline ended (failed with results.DEADLINE_PASSED).
+    deadline_cut: int = 0
     # The run's budget and its use, when it had one (--max-tokens, --max-cost).
     budget: Budget | None = None
     # Repetitions, pass rate, pass@k and pass^k, flaky cases: when some case repeated.
@@ -96,10 +110,28 @@ class Summary:
     # Calls, tokens and cost by role: the records' and the run's own (its generators).
     usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
 
+    @property
+    def run_failed(self) -> bool:
+        """Whether the run exits 1: a case's verdict failed, or the run stopped before
+        every case was tested."""
+        return bool(self.failed or self.stopped)
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the run stopped before every case was tested as written (a budget, a
+        cancellation, --fail-fast, its deadline), or None when it did not."""
+        if self.not_run:
+            return f"{self.not_run} not run: {self.not_run_reason}"
+        if self.deadline_cut:
+            return f"{self.deadline_cut} ended by the run's deadline"
+        return None
+
     def as_dict(self) -> dict[str, Any]:
         counts = asdict(self)
         if not self.not_run:  # (the spec's summary, unchanged when every case ran)
             del counts["not_run"], counts["not_run_reason"]
+        if not self.deadline_cut:
+            del counts["deadline_cut"]
         # (The usage by role is the JSON report's own `usage_by_role`, beside the summary.)
         del counts["budget"], counts["repeats"], counts["judges"], counts["usage"]
         if self.budget is not None:
@@ -247,7 +279,7 @@ class Tally:
         k: int | None = None,
         run_usage: dict[UsageRole, RoleUsage] | None = None,
     ) -> None:
-        self.records = self.total_turns = self.not_run = 0
+        self.records = self.total_turns = self.not_run = self.deadline_cut = 0
         self.verdicts = VerdictTally(rule, k)
         self.judges = JudgeTally()
         self.usage = UsageTally(run_usage)
@@ -274,9 +306,11 @@ class Tally:
         self.judges.add(case)
         self.usage.add(case)
         reason = case.skip_reason or ""
-        if case.status == "skipped" and not case.total_turns and reason.startswith(NOT_RUN):
+        if was_not_run(case):
             self.not_run += 1
             self.not_run_reason = self.not_run_reason or reason.removeprefix(NOT_RUN)
+        elif case.error == DEADLINE_PASSED:
+            self.deadline_cut += 1
 
     def summary(self, duration_s: float, budget: Budget | None = None) -> Summary:
         self.verdicts.finish()
@@ -292,6 +326,7 @@ class Tally:
             duration_s=duration_s,
             not_run=self.not_run,
             not_run_reason=self.not_run_reason,
+            deadline_cut=self.deadline_cut,
             budget=budget,
             repeats=self.verdicts.stats(),
             judges=self.judges.agreement(),

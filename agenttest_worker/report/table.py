@@ -7,7 +7,13 @@ reason is the first failed repetition's.
 
 from __future__ import annotations
 
-from agenttest_worker.report.common import first_problem, format_ms, format_seconds, printable
+from agenttest_worker.report.common import (
+    counted,
+    first_problem,
+    format_ms,
+    format_seconds,
+    printable,
+)
 from agenttest_worker.report.report_model import RunReport
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import CaseResult
@@ -81,4 +87,4 @@ def render(run: RunReport) -> str:
 
 
 def _plural(count: int) -> str:
-    return f"{count} case" if count == 1 else f"{count} cases"
+    return counted(count, "case")

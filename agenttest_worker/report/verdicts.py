@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from agenttest_worker.report.common import counted
 from agenttest_worker.results import CaseResult, CaseStatus
 
 PASS_RULES = ("all", "any", "majority")
@@ -198,10 +199,12 @@ class RepeatStats:
             k = f"k={self.k}" if self.k is not None else "k=repetitions"
             lines.append(
                 f"pass@k: {self.pass_at_k:.3f}   pass^k: {self.pass_hat_k:.3f} "
-                f"({k}, mean over {self.estimated_cases} cases)"
+                f"({k}, mean over {counted(self.estimated_cases, 'case')})"
             )
         if self.too_few:
-            lines.append(f"({self.too_few} cases with fewer than k={self.k} repetitions left out)")
+            lines.append(
+                f"({counted(self.too_few, 'case')} with fewer than k={self.k} repetitions left out)"
+            )
         return lines
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from agenttest_worker.case_definitions import CaseDefinition
 from agenttest_worker.results import AgentCallRecord, AssertionResult, CaseResult, TurnResult
 
 # A checked case as a run stores it: (case id, agent or None for the run's target,
@@ -30,6 +31,9 @@ class CaseText(NamedTuple):
 
     text: str
     test_id: str | None
+    # Its definition's hashes, taken where the record was still objects (None: taken
+    # from the text when it is stored).
+    definition: CaseDefinition | None = None
 
 
 # A case on its way into the store: its record as objects, or as its text.

@@ -25,6 +25,7 @@ from agenttest_worker.report import (
     TITLES,
     RunData,
     build_report,
+    case_count,
     case_row,
     case_verdict,
     grouped,
@@ -55,6 +56,10 @@ def run_facts(run: RunRow) -> dict[str, Any]:
         "input_label": run.input_label,
         "total_cases": run.total_cases,
         "finished_cases": run.finished_cases,
+        # Its cases as every listing shows them ("20×2": report.case_count), and what
+        # its counts count: conversations when some case repeats.
+        "cases": case_count((run.options or {}).get("distinct_cases"), run.total_cases),
+        "unit": "cases" if (run.options or {}).get("distinct_cases") is None else "conversations",
         "passed": run.passed,
         "failed": run.failed,
         "skipped": run.skipped,
@@ -100,6 +105,9 @@ class RunViews:
         built = self._view(run)
         played = results.count_played_turns(self.url, run_id)
         progress = {
+            "unit": "cases"
+            if (run.options or {}).get("distinct_cases") is None
+            else "conversations",
             "total": run.total_cases,
             "finished": run.finished_cases,
             "passed": run.passed,

@@ -133,7 +133,7 @@ const progressSection = () => {
       bar.value = p.finished || 0;
       const counts = `${p.passed || 0} passed, ${p.failed || 0} failed, ${p.skipped || 0} skipped`;
       const turns = p.played_turns !== undefined ? `, ${number(p.played_turns)} turns played` : "";
-      text.textContent = shown(`${run.status}: ${p.finished || 0}/${total || "?"} cases finished (${counts}${turns})`);
+      text.textContent = shown(`${run.status}: ${p.finished || 0}/${total || "?"} ${p.unit || "cases"} finished (${counts}${turns})`);
       section.hidden = run.status === "done" && !run.cancelled;
       document.body.dataset.runStatus = run.status;
     },
@@ -339,7 +339,7 @@ const runsPage = async (app) => {
   const sections = groups.map((group) => {
     const head = el("tr", null, ["run", "status", "created", "agent", "cases", "passed", "failed", "skipped"].map((h) => el("th", null, h)));
     const rows = group.runs.map((r) =>
-      el("tr", `run-row ${r.status}`, el("td", "id", link(`/runs/${encodeURIComponent(r.id)}`, null, r.id)), el("td", null, r.status + (r.cancelled ? " (cancelled)" : "")), el("td", null, r.created_at || ""), el("td", null, r.agent || ""), el("td", "num", `${r.finished_cases}/${r.total_cases}`), el("td", "num passed", String(r.passed)), el("td", "num failed", String(r.failed)), el("td", "num skipped", String(r.skipped))),
+      el("tr", `run-row ${r.status}`, el("td", "id", link(`/runs/${encodeURIComponent(r.id)}`, null, r.id)), el("td", null, r.status + (r.cancelled ? " (cancelled)" : "")), el("td", null, r.created_at || ""), el("td", null, r.agent || ""), el("td", "num", r.finished_cases < r.total_cases ? `${r.cases} (${r.finished_cases}/${r.total_cases} ${r.unit} finished)` : r.cases), el("td", "num passed", String(r.passed)), el("td", "num failed", String(r.failed)), el("td", "num skipped", String(r.skipped))),
     );
     return el("section", "suite", el("h2", null, group.name || "(no suite)"), el("table", "runs", el("thead", null, head), el("tbody", null, rows)));
   });

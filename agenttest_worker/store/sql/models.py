@@ -110,6 +110,11 @@ class RunRow(Base):
     # What the run used outside its conversations (generator agents at submission, a
     # --reporter agent), {role: {calls, ..._tokens, cost}} (migration 0008, store/sql/usage.py).
     usage: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    # `promote RUN`: when the run was made its suite's baseline (the newest promotion
+    # wins); `gate`: "passed" or "failed" when the run was gated (--fail-on), so that a
+    # run that failed its gate is never the baseline of its own retry (migration 0013).
+    promoted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    gate: Mapped[str | None] = mapped_column(String(8))
 
     __table_args__ = (Index("ix_runs_suite_created", "suite", "created_at"),)
 
@@ -143,6 +148,11 @@ class CaseRow(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
+    # The case's definition as hashes (case_definitions.py, migration 0012): of its
+    # normalized record, and of each assertion ({turns: [[...]], final: [...]}), so that
+    # history tells a changed case from a regression. None: stored before.
+    definition_hash: Mapped[str | None] = mapped_column(String(40))
+    assertion_hashes: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
     __table_args__ = (
         Index("ix_cases_run_seq", "run_id", "seq"),

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Text, and_, case, cast, func, literal, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from agenttest_worker.case_definitions import CaseDefinition, stored_definition
 from agenttest_worker.store.sql.db import session_scope
 from agenttest_worker.store.sql.models import CaseRow, RunRow
 
@@ -34,6 +35,8 @@ class CaseTally:
     passed: int
     failed: int
     skipped: int
+    # The hash of its definition (case_definitions.py); None: stored before there were.
+    definition: str | None = None
 
 
 def test_id() -> ColumnElement[str]:
@@ -66,6 +69,28 @@ def suite_runs(
         return found
 
 
+def suite_baseline(url: str, suite: str, before: datetime | None) -> RunRow | None:
+    """The run a new run of `suite` (created at `before`; None: now) is compared with:
+    its newest promoted finished run (`promote RUN`), else its newest finished run that
+    did not fail its gate (a failing run is never the baseline of its own retry)."""
+    query = select(RunRow).where(RunRow.suite == suite, RunRow.status.in_(FINISHED))
+    if before is not None:
+        query = query.where(RunRow.created_at < before)
+    promoted = query.where(RunRow.promoted_at.is_not(None)).order_by(
+        RunRow.promoted_at.desc(), RunRow.id.desc()
+    )
+    unfailed = query.where(or_(RunRow.gate.is_(None), RunRow.gate != "failed")).order_by(
+        RunRow.created_at.desc(), RunRow.id.desc()
+    )
+    with session_scope(url) as session:
+        found = session.scalars(promoted.limit(1)).first()
+        if found is None:
+            found = session.scalars(unfailed.limit(1)).first()
+        if found is not None:
+            session.expunge(found)
+        return found
+
+
 def case_tallies(url: str, run_id: str) -> Iterator[CaseTally]:
     """Every finished case of the run, one row each, in the run's order."""
     tid = test_id()
@@ -78,20 +103,55 @@ def case_tallies(url: str, run_id: str) -> Iterator[CaseTally]:
             func.count().label("played"),
             *counts,
             func.min(CaseRow.seq).label("first"),
+            func.min(CaseRow.definition_hash),
         )
         .where(CaseRow.run_id == run_id, CaseRow.status.is_not(None))
         .group_by(tid)
         .order_by("first")
     )
     with session_scope(url) as session:
-        for tid_value, played, passed, failed, _ in session.execute(query).yield_per(10_000):
+        rows = session.execute(query).yield_per(10_000)
+        for tid_value, played, passed, failed, _, definition in rows:
             yield CaseTally(
                 str(tid_value),
                 int(played),
                 int(passed or 0),
                 int(failed or 0),
                 int(played) - int(passed or 0) - int(failed or 0),
+                definition,
             )
+
+
+@dataclass(frozen=True)
+class CasePlace:
+    """Where a case is written and how long its conversations took in a run (what a
+    JUnit testcase carries)."""
+
+    duration_ms: int
+    file: str | None
+    line: int | None
+
+
+def case_places(url: str, run_id: str) -> dict[str, CasePlace]:
+    """Every finished case of the run: its repetitions' time, its file and line (read
+    from the stored documents by the database, one row per case)."""
+    tid = test_id()
+    duration = CaseRow.result["duration_ms"].as_integer()
+    query = (
+        select(
+            tid,
+            func.sum(duration),
+            func.min(CaseRow.case["source_file"].as_string()),
+            func.min(CaseRow.case["source_line"].as_integer()),
+        )
+        .where(CaseRow.run_id == run_id, CaseRow.status.is_not(None))
+        .group_by(tid)
+    )
+    with session_scope(url) as session:
+        return {
+            str(case_id): CasePlace(int(total or 0), file, None if line is None else int(line))
+            for case_id, total, file, line in session.execute(query).yield_per(10_000)
+        }
 
 
 def _verdict(rule: str, played: Any, passed: Any, skipped: Any) -> ColumnElement[str]:
@@ -171,18 +231,47 @@ def results_of(url: str, run_id: str, ids: Iterable[str]) -> Iterator[tuple[str,
                 yield str(case_id), str(text)
 
 
-def case_runs(
-    url: str, case_id: str, suite: str | None, last: int
-) -> list[tuple[RunRow, list[str]]]:
+def definitions_of(url: str, run_id: str, ids: Iterable[str]) -> dict[str, CaseDefinition]:
+    """The definitions (case_definitions.py) of these cases in the run, by case id; a
+    case stored before definitions were is left out."""
+    wanted = list(dict.fromkeys(ids))
+    tid = test_id()
+    found: dict[str, CaseDefinition] = {}
+    for start in range(0, len(wanted), CHUNK):
+        chunk = wanted[start : start + CHUNK]
+        query = select(tid, CaseRow.definition_hash, CaseRow.assertion_hashes).where(
+            CaseRow.run_id == run_id,
+            or_(CaseRow.case_id.in_(chunk), CaseRow.test_id.in_(chunk)),
+        )
+        with session_scope(url) as session:
+            for case_id, case_hash, assertions in session.execute(query):
+                definition = stored_definition(case_hash, assertions)
+                if definition is not None:
+                    found.setdefault(str(case_id), definition)
+    return found
+
+
+@dataclass(frozen=True)
+class CaseInRun:
+    """A case's records in one run, and the hash of its definition there (None: stored
+    before there were)."""
+
+    run: RunRow
+    records: list[str]
+    definition: str | None
+
+
+def case_runs(url: str, case_id: str, suite: str | None, last: int) -> list[CaseInRun]:
     """The case's records in each of the suite's last `last` finished runs that played
     it (every suite's when `suite` is None), newest first."""
     runs = suite_runs(url, suite, finished=True, last=None if suite is None else last)
     by_id = {run.id: run for run in runs}
     found: dict[str, list[str]] = {}
+    definitions: dict[str, str | None] = {}
     for start in range(0, len(runs), CHUNK):
         chunk = [run.id for run in runs[start : start + CHUNK]]
         query = (
-            select(CaseRow.run_id, cast(CaseRow.result, Text))
+            select(CaseRow.run_id, cast(CaseRow.result, Text), CaseRow.definition_hash)
             .where(
                 CaseRow.run_id.in_(chunk),
                 CaseRow.result.is_not(None),
@@ -194,8 +283,9 @@ def case_runs(
             .order_by(CaseRow.run_id, CaseRow.seq)
         )
         with session_scope(url) as session:
-            for run_id, text in session.execute(query):
+            for run_id, text, definition in session.execute(query):
                 found.setdefault(str(run_id), []).append(str(text))
-    ordered = [(by_id[run_id], texts) for run_id, texts in found.items()]
-    ordered.sort(key=lambda pair: (pair[0].created_at, pair[0].id), reverse=True)
+                definitions.setdefault(str(run_id), definition)
+    ordered = [CaseInRun(by_id[i], texts, definitions.get(i)) for i, texts in found.items()]
+    ordered.sort(key=lambda found: (found.run.created_at, found.run.id), reverse=True)
     return ordered[:last]

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.exc import DBAPIError
 
+from agenttest_worker.case_definitions import CaseDefinition, case_definition
 from agenttest_worker.store.sql.db import is_sqlite, session_scope
 from agenttest_worker.store.sql.models import (
     AgentCallRow,
@@ -118,8 +119,11 @@ def add_cases(url: str, run_id: str, cases: Iterable[NewCase]) -> int:
                 "phase": "pending",
                 "next_turn": 1,
                 "deliveries": 0,
+                "definition_hash": definition.hash,
+                "assertion_hashes": definition.as_dict(),
             }
             for c in batch
+            for definition in (c.definition(),)
         ]
         insert_ignoring(session, CaseRow, rows)
     return len(rows)
@@ -202,6 +206,24 @@ def release_parked(url: str, run_id: str) -> list[tuple[str, int]]:
         return [(case_id, int(turn)) for case_id, turn in released]
 
 
+def promote_run(url: str, run_id: str) -> bool:
+    """Make the run its suite's baseline (`--baseline suite` prefers it); whether the
+    run exists."""
+    with session_scope(url) as session:
+        result = session.execute(
+            update(RunRow).where(RunRow.id == run_id).values(promoted_at=func.now())
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def record_gate(url: str, run_id: str, passed: bool) -> None:
+    """Keep what the run's --fail-on decided: a run that failed its gate is never
+    taken as a baseline (run_history.suite_baseline)."""
+    with session_scope(url) as session:
+        gate = "passed" if passed else "failed"
+        session.execute(update(RunRow).where(RunRow.id == run_id).values(gate=gate))
+
+
 def delete_run(url: str, run_id: str) -> None:
     """Remove a run that never started (its cases failed to store, or its submitter was
     stopped while storing them).
@@ -247,6 +269,14 @@ class NewCase:
             return self.case.test_id
         return self.case.get("id") if "repetition" in self.case else None
 
+    def definition(self) -> CaseDefinition:
+        """The hashes of the case's definition (case_definitions.py)."""
+        if isinstance(self.case, CaseText):
+            if self.case.definition is not None:
+                return self.case.definition
+            return case_definition(json.loads(self.case.text))
+        return case_definition(self.case)
+
 
 def copy_escaped(piece: str) -> str:
     """`piece` as a field of COPY's text format (a NUL, which Postgres text cannot hold,
@@ -268,7 +298,8 @@ def copy_escaped(piece: str) -> str:
 # and values are the ORM insert's (its defaults written out).
 COPY_CASES = (
     'COPY cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
-    " deliveries, reserved_tokens, reserved_cost) FROM STDIN"
+    " deliveries, reserved_tokens, reserved_cost, definition_hash, assertion_hashes)"
+    " FROM STDIN"
 )
 
 # COPY has no conflict rule: a batch holding a case already stored (never one the
@@ -276,9 +307,9 @@ COPY_CASES = (
 # statement, which keeps the stored row, as the ORM insert would.
 ADD_CASES = (
     'INSERT INTO cases (run_id, case_id, test_id, seq, "case", agent, phase, next_turn,'
-    " deliveries, reserved_tokens, reserved_cost)"
+    " deliveries, reserved_tokens, reserved_cost, definition_hash, assertion_hashes)"
     " SELECT %(run_id)s, e->>0, e->>1, CAST(e->>2 AS integer), e->4, e->>3,"
-    " 'pending', 1, 0, 0, 0"
+    " 'pending', 1, 0, 0, 0, e->>5, CAST(e->6 AS jsonb)"
     " FROM json_array_elements(CAST(%(cases)s AS json)) AS e"
     " ON CONFLICT DO NOTHING"
 )
@@ -292,9 +323,12 @@ def record_text(case: NewCase) -> str:
 
 
 def _case_element(case: NewCase) -> str:
-    """[case id, test id, seq, agent, record] as JSON (for `ADD_CASES`)."""
+    """[case id, test id, seq, agent, record, definition hash, assertion hashes] as JSON
+    (for `ADD_CASES`)."""
     head = json.dumps([case.case_id, case.test_id, case.seq, case.agent])
-    return f"{head[:-1]}, {record_text(case)}]"
+    definition = case.definition()
+    tail = json.dumps([definition.hash, definition.as_dict()])
+    return f"{head[:-1]}, {record_text(case)}, {tail[1:]}"
 
 
 def _copy_value(value: str | None) -> str:
@@ -306,8 +340,10 @@ def copy_rows(run_id: str, batch: Sequence[NewCase]) -> str:
     run = copy_escaped(run_id)
     return "".join(
         f"{run}\t{copy_escaped(c.case_id)}\t{_copy_value(c.test_id)}\t{c.seq}\t"
-        f"{copy_escaped(record_text(c))}\t{_copy_value(c.agent)}\tpending\t1\t0\t0\t0\n"
+        f"{copy_escaped(record_text(c))}\t{_copy_value(c.agent)}\tpending\t1\t0\t0\t0\t"
+        f"{d.hash}\t{copy_escaped(json.dumps(d.as_dict()))}\n"
         for c in batch
+        for d in (c.definition(),)
     )
 
 
