@@ -280,3 +280,32 @@ def test_dry_run_writes_generated_cases_that_read_back_unchanged(
     assert code == 0, err
     assert [r["status"] for r in records(project / "out.jsonl")] == ["passed"] * 5
     assert len(first_inputs(agent)) == 5
+
+
+def test_a_key_in_a_generator_reference_is_masked_in_labels_and_suite_names(
+    project: Path, agent: ScriptedAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-i agents:GEN?api_key=...`: the key reaches the generator (as its parameter) and
+    shows nowhere: not in the console's input line, the run's suite name or the store."""
+    secret = "sk-generator-7f3a9c"
+    source = f"agents:workers.test.generator?count=2&api_key={secret}"
+    code, out, err = submit(capsys, "-i", source, "-o", "out.jsonl")
+    assert code == 0, err
+    [request] = agent.requests("generator")
+    assert metadata_of(request)["api_key"] == secret
+    assert "ℹ Input: agents:workers.test.generator?count=2&api_key=***" in out
+    code, runs, err = submit_subcommand(capsys, "runs")
+    assert code == 0, err
+    assert "api_key=***" in runs
+    for text in (out, err, runs):
+        assert secret not in text
+    for stored in (project / ".agenttest").rglob("*"):
+        if stored.is_file():
+            assert secret.encode() not in stored.read_bytes(), stored
+
+
+def submit_subcommand(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agenttest_worker.agents import Ref, parse_ref
 from agenttest_worker.cases import CASE_SUFFIXES
-from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.errors import MASK, InputError, InputProblem, is_secret_param
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,11 @@ class GeneratorInput:
     ref: Ref
 
     def describe(self) -> str:
-        query = "&".join(f"{k}={v}" for k, v in self.ref.params.items())
+        """The reference as a label or a suite name shows it: key-like parameters
+        (`api_key=...`) masked, as in every URL agenttest prints."""
+        query = "&".join(
+            f"{k}={MASK if is_secret_param(k) else v}" for k, v in self.ref.params.items()
+        )
         return f"{self.ref}?{query}" if query else str(self.ref)
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.services import safe_url
 from agenttest_submit.inputs.generate import take_generation_usage
-from agenttest_submit.inputs.sources import FileInput, InputSource, parse_input
+from agenttest_submit.inputs.sources import FileInput, GeneratorInput, InputSource, parse_input
 from agenttest_submit.run.storing import NewRun, RunStarter, write_run
 from agenttest_worker.agents import ProjectConfig, find_config
 from agenttest_worker.cases import Case
@@ -102,6 +102,8 @@ def suite_input(value: str, base: Path) -> str:
         source = parse_input(value)
     except InputError:
         return value.strip()
+    if isinstance(source, GeneratorInput):
+        return source.describe()  # its key-like parameters masked
     if not isinstance(source, FileInput):
         return value.strip()
     found = source.path.resolve()
