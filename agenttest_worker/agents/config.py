@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +47,11 @@ DEFAULT_AWAITING_TOOLS = ("request_confirmation", "ask_user", "get_user_input")
 
 # What the runner writes into a request body itself: a `params` entry may not replace it.
 OWNED_BODY_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "system"})
+# The fields of an agent's entry that go onto the wire to it as they are (its address,
+# its headers, its body, its history's address and headers, its proxy): every value they
+# take from the environment (${VAR}) is a secret of that agent, masked wherever the
+# agent's answers or errors are kept (agents/secret_masking.py).
+WIRE_FIELDS = frozenset({"base_url", "url", "headers", "params", "request", "history", "proxy"})
 
 
 class _Strict(BaseModel):
@@ -120,6 +126,9 @@ class AgentConfig(_Strict):
     # Its proxy (agents/http/proxies.py): a URL, or `none` (or empty) to go direct; unset, the
     # environment's (HTTPS_PROXY, NO_PROXY and the like).
     proxy: str | None = None
+    # The values its WIRE_FIELDS took from the environment when agenttest.yaml was read
+    # (config_from_data): never shown, never kept.
+    _from_environment: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="before")
     @classmethod
@@ -206,6 +215,11 @@ class AgentConfig(_Strict):
             return None
         return os.environ.get(self.api_key_env) or None
 
+    def environment_secrets(self) -> tuple[str, ...]:
+        """What its address, headers, body templates, params, history and proxy took
+        from ${VAR}: masked wherever the agent's replies and errors are kept."""
+        return self._from_environment
+
 
 class Defaults(_Strict):
     judge: str | None = None
@@ -289,8 +303,23 @@ class ProjectConfig(_Strict):
 _ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def interpolate(value: Any, env: dict[str, str], on_missing: Any, path: YamlPath = ()) -> Any:
-    """Replace ${VAR} / ${VAR:-default} in every string; `on_missing(path, var)` reports."""
+# Told each value interpolation takes from the environment, with where it went.
+Resolved = Callable[[YamlPath, str], None]
+
+
+def _ignore(path: YamlPath, value: str) -> None:
+    return None
+
+
+def interpolate(
+    value: Any,
+    env: dict[str, str],
+    on_missing: Any,
+    path: YamlPath = (),
+    resolved: Resolved = _ignore,
+) -> Any:
+    """Replace ${VAR} / ${VAR:-default} in every string; `on_missing(path, var)` reports,
+    `resolved(path, value)` is told every value taken from `env` (not a default)."""
     if isinstance(value, str):
 
         def sub(match: re.Match[str]) -> str:
@@ -301,15 +330,16 @@ def interpolate(value: Any, env: dict[str, str], on_missing: Any, path: YamlPath
             if default is not None and not env.get(var):
                 return default
             if var in env:
+                resolved(path, env[var])
                 return env[var]
             on_missing(path, var)
             return ""
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
-        return {k: interpolate(v, env, on_missing, (*path, k)) for k, v in value.items()}
+        return {k: interpolate(v, env, on_missing, (*path, k), resolved) for k, v in value.items()}
     if isinstance(value, list):
-        return [interpolate(v, env, on_missing, (*path, i)) for i, v in enumerate(value)]
+        return [interpolate(v, env, on_missing, (*path, i), resolved) for i, v in enumerate(value)]
     return value
 
 
@@ -382,7 +412,15 @@ def config_from_data(
             )
         )
 
-    interpolated = interpolate(data, dict(os.environ if env is None else env), missing)
+    # Each agent's secrets from the environment, by agent name (see WIRE_FIELDS).
+    secrets: dict[str, set[str]] = {}
+
+    def resolved(loc: YamlPath, value: str) -> None:
+        if len(loc) > 2 and loc[0] == "agents" and loc[2] in WIRE_FIELDS and value:
+            secrets.setdefault(str(loc[1]), set()).add(value)
+
+    environment = dict(os.environ if env is None else env)
+    interpolated = interpolate(data, environment, missing, (), resolved)
     # Every problem at once, not one stage's per attempt; a field whose variable is unset
     # (and what holds it) is reported for that alone: its empty value is wrong as well.
     unset = [p.field for p in problems if p.field]
@@ -406,6 +444,10 @@ def config_from_data(
     if problems:
         raise ConfigError(problems)
     config._raw = data
+    for agent_name, values in secrets.items():
+        agent = config.agents.get(agent_name)
+        if agent is not None:
+            agent._from_environment = tuple(sorted(values))
     return config
 
 

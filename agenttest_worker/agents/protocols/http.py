@@ -37,6 +37,7 @@ from agenttest_worker.agents.http.streaming import (
     json_data,
     mark_content,
 )
+from agenttest_worker.agents.http.transport import masked
 from agenttest_worker.agents.interface import (
     AgentError,
     AgentReply,
@@ -49,6 +50,7 @@ from agenttest_worker.agents.interface import (
 from agenttest_worker.agents.protocols.chat_history import fetch_history
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.agents.reply_mappings import ResponseMapping
+from agenttest_worker.agents.secret_masking import mask_error, mask_history
 from agenttest_worker.json_values import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {
@@ -259,4 +261,10 @@ class HttpAgentClient(JsonAgentClient):
         assert self.config.history is not None
         if self.route_problem is not None:
             raise AgentError("config", self.route_problem)
-        return await fetch_history(self.name, self.config, request, self.hidden(), self.route)
+        hidden = self.hidden()
+        try:
+            read = await fetch_history(self.name, self.config, request, hidden, self.route)
+        except AgentError as error:
+            # A history that cannot be read is kept in the error, as it came.
+            raise mask_error(masked(error, hidden), hidden) from None
+        return mask_history(read, hidden)
