@@ -34,6 +34,7 @@ from agenttest_worker.agents.http.streaming import (
     StreamEvent,
     StreamFailure,
     StreamSpec,
+    TextPieces,
     json_data,
     mark_content,
 )
@@ -170,7 +171,7 @@ class EventAssembler:
         self.agent = agent
         self.mapping = mapping
         self.first_token_at: float | None = None
-        self.parts: list[str] = []
+        self.parts = TextPieces(f"{agent}'s reply")
         self.last: Any = None
         self.done = False
 
@@ -182,7 +183,7 @@ class EventAssembler:
         self.last = data
         delta = _first(self.mapping.content_delta, data)
         if isinstance(delta, str) and delta:
-            self.parts.append(delta)
+            self.parts.add(delta)
             mark_content(self)
         if self.mapping.final is not None:
             marker = _first(self.mapping.final, data)
@@ -204,7 +205,7 @@ class EventAssembler:
         reply = parse_http_reply(last, self.mapping)
         # The pieces are the content; a final event's own content counts when none came.
         if self.parts:
-            reply.content = "".join(self.parts)
+            reply.content = self.parts.text()
         reply.finish_reason = "stop" if self.done else None
         return reply
 
