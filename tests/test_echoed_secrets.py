@@ -2,10 +2,12 @@
 
 The agents' entries take secrets from the environment as users pass them: a header
 (`X-Api-Key: ${HDR_SECRET}`), a query value of the URL, a value of an http agent's
-request template and of its `params`. The agent (a raw-socket server) sends the header's
-value back in a 401's body, in a 200 reply's content, tool call and state, in a streamed
-reply (split across two pieces), in a stream cut short (what arrived is kept on the
-error), and as a judge in its verdict's reason; the http agent echoes its whole request.
+request template and of its `params`, a header of its history's requests. The agent (a
+raw-socket server) sends the header's value back in a 401's body, in a 200 reply's
+content, tool call and state, in a streamed reply (split across two pieces), in a stream
+cut short (what arrived is kept on the error), and as a judge in its verdict's reason;
+the http agent echoes its whole request, and a history-based agent keeps the headers of
+its history's requests in that history.
 After a run (embedded, and on a fleet) the secrets are looked for in what the run printed,
 the JSONL, the HTML report, every file of the embedded store (the Postgres rows and the
 workers' logs on a fleet): absent, with `***` where the agent wrote them.
@@ -28,7 +30,7 @@ from raw_http import Answer, RawRequest, ThreadedRawServer, reply
 from agenttest_submit.cli.main import main
 
 PLACES = ["embedded", pytest.param("fleet", marks=pytest.mark.fleet)]
-ENV_NAMES = ("HDR_SECRET", "URL_SECRET", "BODY_SECRET", "PARAM_SECRET")
+ENV_NAMES = ("HDR_SECRET", "URL_SECRET", "BODY_SECRET", "PARAM_SECRET", "HIST_SECRET")
 
 
 @pytest.fixture
@@ -71,6 +73,17 @@ def _events(pieces: list[str], *, complete: bool) -> Answer:
 def _echo(request: RawRequest) -> Answer:
     """Every answer sends back what the agent was sent."""
     key = request.header("X-Api-Key") or ""
+    if request.target.startswith("/hchat"):
+        return reply(body=b'{"content": "noted"}')
+    if request.target.startswith("/history"):
+        # The history keeps what its requests carried, as a careless one might.
+        said = f"history key {request.header('X-History-Key')}"
+        events = [
+            {"role": "user", "content": "Hello [EHIST]"},
+            {"role": "assistant", "content": said},
+            {"role": "assistant", "tool_calls": [{"name": "peek", "args": {"k": key}}]},
+        ]
+        return reply(body=json.dumps({"messages": events}).encode())
     if request.target.startswith("/http"):
         said = f"I was called at {request.target} with {request.body.decode()}"
         return reply(body=json.dumps({"content": said}).encode())
@@ -113,6 +126,15 @@ def _project(path: Path, server: ThreadedRawServer) -> Path:
             "params": {"signature": "${PARAM_SECRET}"},
             **common,
         },
+        "echo.history": {
+            "protocol": "http",
+            "url": server.url("/hchat"),
+            "history": {
+                "url": server.url("/history?session={{session_id}}"),
+                "headers": {"X-History-Key": "${HIST_SECRET}"},
+            },
+            **common,
+        },
         "judge": {"protocol": "openai", "base_url": server.url("/v1"), "model": "judge", **common},
     }
     path.write_text(json.dumps({"agents": agents}), encoding="utf-8")
@@ -127,6 +149,7 @@ def _cases(path: Path) -> Path:
         {"id": "ESTREAM", "agent": "echo.stream", "input": "Hello [ESTREAM]"},
         {"id": "ECUT", "agent": "echo.stream", "input": "Hello [ECUT]"},
         {"id": "EHTTP", "agent": "echo.http", "input": "Hello [EHTTP]"},
+        {"id": "EHIST", "agent": "echo.history", "input": "Hello [EHIST]"},
     ]
     path.write_text("".join(json.dumps(c) + "\n" for c in cases), encoding="utf-8")
     return path
@@ -210,6 +233,9 @@ def test_secrets_an_agent_echoes_are_masked_wherever_they_are_kept(
     assert records["ESTREAM"]["turns"][0]["output"] == "Your key is ***."
     assert records["ECUT"]["turns"][0]["output"] == "Your key is ***"  # kept on the error
     echoed = records["EHTTP"]["turns"][0]["output"]
+    ehist = records["EHIST"]["turns"][0]
+    assert ehist["output"] == "history key ***"
+    assert ehist["tool_calls"] == [{"name": "peek", "args": {"k": "***"}}]
     assert "tenant=***" in echoed and '"auth":"***"' in echoed and '"signature":"***"' in echoed
 
     kept = {
