@@ -170,10 +170,24 @@ def redact_url(url: str, written: str | None = None) -> str:
     return head + userinfo + rest + query + fragment
 
 
+def hidden_forms(hidden: Iterable[str]) -> tuple[str, ...]:
+    """The texts `hide` replaces for `hidden`: each value as is and percent-encoded (and
+    decoded), the longest first, none shorter than a secret is looked for."""
+    forms = {form for value in hidden for form in (value, unquote_plus(value), quote(value))}
+    return tuple(sorted((f for f in forms if len(f) >= _MIN_SECRET), key=len, reverse=True))
+
+
+def hide(text: str, forms: tuple[str, ...]) -> str:
+    """`text` with every one of `forms` (`hidden_forms`) replaced by ***; nothing else
+    changed (an agent's reply keeps its URLs as it wrote them)."""
+    for value in forms:
+        if value in text:
+            text = text.replace(value, MASK)
+    return text
+
+
 def redact(text: str, hidden: Iterable[str] = ()) -> str:
     """`text` with every `hidden` value (as is and percent-encoded) replaced by ***, and
     every URL in it redacted (`redact_url`)."""
-    forms = {form for value in hidden for form in (value, unquote_plus(value), quote(value))}
-    for value in sorted((f for f in forms if len(f) >= _MIN_SECRET), key=len, reverse=True):
-        text = text.replace(value, MASK)
+    text = hide(text, hidden_forms(hidden))
     return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)

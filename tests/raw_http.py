@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Self
@@ -124,3 +125,31 @@ class RawServer:
             self.open_now -= 1
             self._tasks.discard(task)
             writer.close()
+
+
+class ThreadedRawServer:
+    """A RawServer on a thread of its own with its own event loop, for a client that is
+    not on the test's loop (an embedded run, a fleet's workers).
+
+        with ThreadedRawServer(answer) as server:
+            ...server.url("/v1")...
+    """
+
+    def __init__(self, answer: Callable[[RawRequest], Answer | None]) -> None:
+        self.server = RawServer(answer)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def url(self, path: str = "/") -> str:
+        return self.server.url(path)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.__aenter__(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.__aexit__(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

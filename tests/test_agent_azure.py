@@ -17,7 +17,8 @@ from standins.azure_openai import AzureOpenAIStandIn
 from standins.scripting import Answer, Call
 
 from agenttest_submit.cli import main
-from agenttest_worker.agents.config import AgentConfig, load_config
+from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.agents.interface import AgentError, AgentRequest
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.agents.protocols.azure import AzureOpenAIClient

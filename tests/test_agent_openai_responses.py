@@ -19,7 +19,8 @@ from agent_servers import run
 from standins.openai_responses import Answer, ResponsesStandIn, call_function, say
 
 from agenttest_submit.cli import main
-from agenttest_worker.agents.config import AgentConfig, config_from_data
+from agenttest_worker.agents.config import AgentConfig
+from agenttest_worker.agents.config_loading import config_from_data
 from agenttest_worker.agents.interface import AgentReply, AgentRequest
 from agenttest_worker.agents.protocols.openai_responses import OpenAIResponsesClient
 from agenttest_worker.errors import ConfigError

@@ -26,7 +26,7 @@ from aiohttp import web
 from forward_proxy import ForwardProxy
 from pki_kit import Pki, serving_agent
 
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.agents.http.proxies import (
     ProxyProblem,
     environment_problems,

@@ -25,7 +25,7 @@ from agent_servers import run
 from pki_kit import Pki, serving_agent
 
 from agenttest_submit.cli import main
-from agenttest_worker.agents.config import config_from_data, load_config
+from agenttest_worker.agents.config_loading import config_from_data, load_config
 from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.protocols.openai import OpenAIClient
 from agenttest_worker.errors import ConfigError

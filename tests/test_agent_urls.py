@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agenttest_submit.cli.main import main
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.errors import ConfigError
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from agenttest_submit.cli.main import main
-from agenttest_worker.agents.config import ProjectConfig, interpolate, load_config
+from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.config_loading import interpolate, load_config
 from agenttest_worker.errors import ConfigError, InputProblem
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from agenttest_submit.cli.main import main
 from agenttest_submit.run.runner import store_run
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.driver.step import PoolCache, run_step_sync
 from agenttest_worker.engine import RunOptions

@@ -418,7 +418,7 @@ def test_compose_commands_exist() -> None:
 
 
 def test_compose_submitter_runs_the_demo_suite_against_the_demo_service() -> None:
-    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.agents.config_loading import load_config
 
     services = _services()
     submitter = services["submitter"]

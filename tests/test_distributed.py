@@ -315,7 +315,7 @@ def test_racing_aggregators_build_the_reports_once(
     from agenttest_submit.run.embedded import drive
     from agenttest_submit.run.progress import Progress
     from agenttest_submit.run.runner import store_run
-    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.agents.config_loading import load_config
     from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
     from agenttest_worker.report.aggregation import aggregate
@@ -387,7 +387,7 @@ def test_fail_fast_on_the_fleet_skips_the_queued_conversations(
 def _one_case_run(database_url: str, case: dict[str, Any]) -> str:
     """A stored, started run of one case against the demo suite's agents."""
     from agenttest_submit.run.runner import store_run
-    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.agents.config_loading import load_config
     from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
 

@@ -16,7 +16,8 @@ import pytest
 from agent_servers import run
 from scripted_agent import ScriptedAgent, project, run_case
 
-from agenttest_worker.agents.config import AgentConfig, ProjectConfig, load_config
+from agenttest_worker.agents.config import AgentConfig, ProjectConfig
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.agents.interface import (
     AgentReply,
     AgentRequest,

@@ -204,7 +204,8 @@ def test_a_lost_aggregation_is_done_by_the_sweeper(
     from agenttest_submit.run.embedded import drive
     from agenttest_submit.run.progress import Progress
     from agenttest_submit.run.runner import store_run
-    from agenttest_worker.agents.config import ProjectConfig, load_config
+    from agenttest_worker.agents.config import ProjectConfig
+    from agenttest_worker.agents.config_loading import load_config
     from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
 
@@ -250,7 +251,7 @@ def test_stalled_conversations_are_claimed_by_one_sweeper(
 ) -> None:
     """Two sweepers at once on a stalled run: each conversation is re-enqueued once."""
     from agenttest_submit.run.runner import store_run
-    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.agents.config_loading import load_config
     from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
 

@@ -24,7 +24,7 @@ from aiohttp import web
 from fleet import Fleet, fleet_on, write_cases
 from places import PLACES, Place
 
-from agenttest_worker.agents import ProjectConfig, load_config
+from agenttest_worker.agents import config_from_stored, load_config
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer
 from agenttest_worker.errors import ConfigError
 from agenttest_worker.settings import get_settings
@@ -128,13 +128,13 @@ def test_a_process_without_the_file_says_to_use_an_environment_variable(tmp_path
     stored = config.stored()
     assert PASSWORD not in json.dumps(stored) and KEY not in json.dumps(stored)
     # The file at the stored path gives the credentials back.
-    again = ProjectConfig.from_stored(stored)
+    again = config_from_stored(stored)
     assert PASSWORD in str(again.agent("basic").base_url)
     assert again.agent("keyed").headers["X-Api-Key"] == KEY
     # A worker without that file (or with another) cannot call those agents, and says why.
     Path(str(stored["path"])).write_text(json.dumps({"agents": {}}), encoding="utf-8")
     with pytest.raises(ConfigError) as raised:
-        ProjectConfig.from_stored(stored)
+        config_from_stored(stored)
     fields = {p.field for p in raised.value.problems}
     assert fields == {"agents.basic", "agents.keyed"}
     assert "write it as ${VAR}" in str(raised.value.problems[0])

@@ -30,7 +30,7 @@ from standins.openai_chat import OpenAIChatStandIn
 from standins.scripting import Answer, Call, ScriptedStandIn
 
 from agenttest_submit.cli import main
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.agents.pool import AgentPool
 
 KEY_ENV = "AGENTTEST_TEST_PROVIDER_KEY"

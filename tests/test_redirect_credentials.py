@@ -16,7 +16,7 @@ from agent_servers import run
 from aiohttp import web
 from stream_servers import anthropic_message
 
-from agenttest_worker.agents.config import config_from_data
+from agenttest_worker.agents.config_loading import config_from_data
 from agenttest_worker.agents.http.exchange import close_session
 from agenttest_worker.agents.interface import AgentReply, AgentRequest
 from agenttest_worker.agents.protocols.anthropic import AnthropicClient

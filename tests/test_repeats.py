@@ -447,7 +447,7 @@ def test_a_repeated_run_left_unfinished_is_resumed(
     coin: CoinAgent, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from agenttest_submit.run.runner import store_run
-    from agenttest_worker.agents.config import load_config
+    from agenttest_worker.agents.config_loading import load_config
     from agenttest_worker.cases.case_model import Case
     from agenttest_worker.engine import RunOptions
     from agenttest_worker.settings import get_settings

@@ -25,7 +25,7 @@ from agenttest_submit.run.embedded import drive
 from agenttest_submit.run.progress import Progress
 from agenttest_submit.run.runner import run_options, store_records, store_run
 from agenttest_submit.run.storing import NewRun, write_run
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.step import Advance, PoolCache, end_refused, prepare
 from agenttest_worker.engine import HumanPrompt, RunOptions

@@ -19,7 +19,7 @@ import yaml
 
 from agenttest_submit.cli.main import main
 from agenttest_submit.commands.schema import SCHEMA_KINDS, schema_text
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.cases.files import iter_cases
 from agenttest_worker.errors import ConfigError, InputProblem
 

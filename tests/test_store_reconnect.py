@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_submit.run.runner import store_run
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.driver.event_loops import run_sync
 from agenttest_worker.driver.step import Advance, PoolCache, commit, execute, prepare

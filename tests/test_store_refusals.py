@@ -30,7 +30,7 @@ from sqlalchemy.exc import DBAPIError
 from agenttest_submit.run.embedded import drive
 from agenttest_submit.run.progress import Progress
 from agenttest_submit.run.runner import store_run
-from agenttest_worker.agents.config import load_config
+from agenttest_worker.agents.config_loading import load_config
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.driver.event_loops import run_sync
 from agenttest_worker.driver.step import Advance, PoolCache, commit_or_fail, execute, prepare

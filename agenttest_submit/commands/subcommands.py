@@ -30,7 +30,7 @@ from agenttest_submit.commands.resume import resume_run
 from agenttest_submit.commands.schema import schema_text
 from agenttest_submit.run.output import reporter_section
 from agenttest_submit.run.runner import resolve_run
-from agenttest_worker.agents import ProjectConfig
+from agenttest_worker.agents import ProjectConfig, config_from_stored
 from agenttest_worker.engine import USAGE_ROLE, tokens_cost
 from agenttest_worker.errors import ConfigError, InputError
 from agenttest_worker.report import (
@@ -145,7 +145,7 @@ def _priced_by(run: RunRow) -> ProjectConfig | None:
     """The run's agenttest.yaml as stored, to price its calls; None when it cannot be
     read here (a ${VAR} this shell lacks): the calls are shown without their cost."""
     try:
-        return ProjectConfig.from_stored(run.config or {})
+        return config_from_stored(run.config or {})
     except ConfigError:
         return None
 

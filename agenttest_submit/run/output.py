@@ -14,7 +14,7 @@ from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.reporter_agent import run_reporter
-from agenttest_worker.agents import AgentError, ProjectConfig
+from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
 from agenttest_worker.report import RunReport, printable, render
 
 
@@ -84,7 +84,7 @@ def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:
     from agenttest_worker.store import results, runs
 
     run = runs.get_run(url, run_id)
-    config = ProjectConfig.from_stored(run.config) if run is not None else ProjectConfig()
+    config = config_from_stored(run.config) if run is not None else ProjectConfig()
     try:
         text = run_reporter(use, report, config, url)
     except AgentError as exc:

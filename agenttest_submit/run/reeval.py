@@ -34,7 +34,7 @@ from agenttest_submit.run.output import emit_report
 from agenttest_submit.run.progress import Progress
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import resolve_run, run_options, run_suite, store_run
-from agenttest_worker.agents import AgentPool, ProjectConfig, close_session
+from agenttest_worker.agents import AgentPool, ProjectConfig, close_session, config_from_stored
 from agenttest_worker.cases import Case
 from agenttest_worker.driver import reevaluate
 from agenttest_worker.engine import ConversationState, RunOptions, case_result
@@ -82,7 +82,7 @@ def reeval_run(request: RunRequest, config: ProjectConfig) -> int:
             InputProblem(f"no case of run {source.id} matches the --tag/--id selection")
         )
     if not config.agents:
-        config = ProjectConfig.from_stored(source.config)
+        config = config_from_stored(source.config)
     _check_reporter(request, config)
     label = f"re-evaluation of {source.id}"
     # A re-judged run stays in its run's suite, unless --suite says otherwise.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,14 +18,12 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from agenttest_worker.agents.http.auth_headers import authorization_clash
-from agenttest_worker.agents.http.network_checks import network_problems
 from agenttest_worker.agents.http.proxies import setting_problem
 from agenttest_worker.agents.http.tls import TlsSettings
 from agenttest_worker.agents.http.urls import url_problem
@@ -38,11 +35,9 @@ from agenttest_worker.agents.interface import (
 )
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
 from agenttest_worker.agents.reply_mappings import HistoryConfig, ResponseMapping
-from agenttest_worker.agents.stored_credentials import keep_out, restore
+from agenttest_worker.agents.stored_credentials import keep_out
 from agenttest_worker.durations import parse_duration
-from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.settings import get_settings
-from agenttest_worker.yamlfile import LineMap, YamlPath, parse_yaml
 
 CONFIG_FILENAMES = ("agenttest.yaml", "agenttest.yml")
 DEFAULT_AWAITING_TOOLS = ("request_confirmation", "ask_user", "get_user_input")
@@ -51,6 +46,11 @@ SimulatorMessages = Literal["as_is", "swapped", "transcript"]
 
 # What the runner writes into a request body itself: a `params` entry may not replace it.
 OWNED_BODY_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "system"})
+# The fields of an agent's entry that go onto the wire to it as they are (its address,
+# its headers, its body, its history's address and headers, its proxy): every value they
+# take from the environment (${VAR}) is a secret of that agent, masked wherever the
+# agent's answers or errors are kept (agents/secret_masking.py).
+WIRE_FIELDS = frozenset({"base_url", "url", "headers", "params", "request", "history", "proxy"})
 
 
 class _Strict(BaseModel):
@@ -155,6 +155,9 @@ class AgentConfig(_Strict):
     # Called as the simulator: the conversation as one transcript (a user message), as
     # it is (the target's words as the assistant's), or with its roles swapped.
     messages: SimulatorMessages = "transcript"
+    # The values its WIRE_FIELDS took from the environment when agenttest.yaml was read
+    # (config_from_data): never shown, never kept.
+    _from_environment: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="before")
     @classmethod
@@ -251,6 +254,11 @@ class AgentConfig(_Strict):
             return None
         return os.environ.get(self.api_key_env) or None
 
+    def environment_secrets(self) -> tuple[str, ...]:
+        """What its address, headers, body templates, params, history and proxy took
+        from ${VAR}: masked wherever the agent's replies and errors are kept."""
+        return self._from_environment
+
 
 class Defaults(_Strict):
     judge: str | None = None
@@ -309,17 +317,6 @@ class ProjectConfig(_Strict):
         path = str(Path(self.path).resolve()) if self.path else None
         return {"raw": keep_out(raw), "path": path}
 
-    @classmethod
-    def from_stored(
-        cls, stored: dict[str, Any], env: dict[str, str] | None = None
-    ) -> ProjectConfig:
-        """Rebuild a run's config in this process, interpolating with this environment,
-        its credentials read again from the file it names (stored_credentials.py)."""
-        path = stored.get("path")
-        config = config_from_data(restore(stored.get("raw") or {}, path), path, env)
-        config._from_store = True
-        return config
-
     def agent(self, name: str) -> AgentConfig:
         """The agent called `name` (with or without `agents:`); LookupError names the options."""
         ident = name.split(":", 1)[1] if name.startswith("agents:") else name
@@ -337,162 +334,3 @@ class ProjectConfig(_Strict):
 
 
 # -- loading -----------------------------------------------------------------------------
-
-_ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def interpolate(value: Any, env: dict[str, str], on_missing: Any, path: YamlPath = ()) -> Any:
-    """Replace ${VAR} / ${VAR:-default} in every string; `on_missing(path, var)` reports."""
-    if isinstance(value, str):
-
-        def sub(match: re.Match[str]) -> str:
-            if match.group(0) == "$$":
-                return "$"
-            var, default = match.group(1), match.group(2)
-            # As in the shell and docker compose: `:-` also replaces a set but empty value.
-            if default is not None and not env.get(var):
-                return default
-            if var in env:
-                return env[var]
-            on_missing(path, var)
-            return ""
-
-        return _ENV_REF.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: interpolate(v, env, on_missing, (*path, k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env, on_missing, (*path, i)) for i, v in enumerate(value)]
-    return value
-
-
-def find_config(explicit: str | Path | None, cwd: Path | None = None) -> Path | None:
-    if explicit is not None:
-        path = Path(explicit)
-        if not path.is_file():
-            raise ConfigError(InputProblem("config file not found", file=str(path)))
-        return path
-    base = cwd or Path.cwd()
-    for name in CONFIG_FILENAMES:
-        if (base / name).is_file():
-            return base / name
-    return None
-
-
-def load_config(
-    explicit: str | Path | None = None,
-    *,
-    cwd: Path | None = None,
-    env: dict[str, str] | None = None,
-) -> ProjectConfig:
-    """Read agenttest.yaml (`--config`, else the working directory); none found is empty."""
-    path = find_config(explicit, cwd)
-    if path is None:
-        return ProjectConfig()
-    name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(InputProblem(f"cannot read: {exc}", file=name)) from None
-    try:
-        data, lines = parse_yaml(text, name)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        problems = getattr(exc, "problems", [InputProblem(str(exc), file=name)])
-        raise ConfigError(problems) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(InputProblem("agenttest.yaml must be a mapping", file=name, line=1))
-    return config_from_data(data, name, env, lines, check_files=True)
-
-
-def config_from_data(
-    data: dict[str, Any],
-    name: str | None,
-    env: dict[str, str] | None = None,
-    lines: LineMap | None = None,
-    *,
-    check_files: bool = False,
-) -> ProjectConfig:
-    """Validate config data (interpolating ${ENV}); every problem raised together.
-
-    With `check_files` (agenttest.yaml as read from disk), the files its `tls:` entries
-    name are read too, and the environment's CA and proxy variables checked: a run's
-    config rebuilt from the store is not, since its files may have gone since (a call
-    that needs one then fails, saying why)."""
-    problems: list[InputProblem] = []
-    line_map = lines or LineMap()
-
-    def missing(loc: YamlPath, var: str) -> None:
-        problems.append(
-            InputProblem(
-                f"environment variable {var} is not set (write ${{{var}:-default}} for a default)",
-                file=name,
-                line=line_map.line_of(loc),
-                field=_dotted(loc),
-            )
-        )
-
-    interpolated = interpolate(data, dict(os.environ if env is None else env), missing)
-    # Every problem at once, not one stage's per attempt; a field whose variable is unset
-    # (and what holds it) is reported for that alone: its empty value is wrong as well.
-    unset = [p.field for p in problems if p.field]
-
-    def caused_by_unset(field: str | None) -> bool:
-        return field is not None and any(
-            u == field or u.startswith(f"{field}.") or field.startswith(f"{u}.") for u in unset
-        )
-
-    def more(found: list[InputProblem]) -> list[InputProblem]:
-        return [*problems, *(p for p in found if not caused_by_unset(p.field))]
-
-    try:
-        config = ProjectConfig.model_validate({**interpolated, "path": name})
-    except ValidationError as exc:
-        raise ConfigError(more(_config_problems(exc, name, line_map))) from None
-    found = check_config_refs(config, line_map)
-    if check_files:
-        found += network_problems(config, line_map, env)
-    problems = more(found)
-    if problems:
-        raise ConfigError(problems)
-    config._raw = data
-    return config
-
-
-def check_config_refs(config: ProjectConfig, lines: LineMap | None = None) -> list[InputProblem]:
-    """Defaults must name agents that exist."""
-    problems: list[InputProblem] = []
-    for role in ("judge", "simulator", "agent"):
-        ref = getattr(config.defaults, role)
-        if ref is None:
-            continue
-        kind, _, ident = ref.partition(":") if ":" in ref else ("agents", "", ref)
-        if kind == "agents" and ident not in config.agents:
-            problems.append(
-                InputProblem(
-                    config.unknown_agent_message(ident),
-                    file=config.path,
-                    line=lines.line_of(("defaults", role)) if lines else None,
-                    field=f"defaults.{role}",
-                )
-            )
-    return problems
-
-
-def _dotted(loc: YamlPath) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-
-
-def _config_problems(exc: ValidationError, file: str | None, lines: LineMap) -> list[InputProblem]:
-    out = []
-    for err in exc.errors(include_url=False):
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function")))
-        message = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            message = "unknown field (a typo?)"
-        elif err["type"] == "missing":
-            message = "required field is missing"
-        out.append(InputProblem(message, file=file, line=lines.line_of(loc), field=_dotted(loc)))
-    return out

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from agenttest_worker.agents.config import ProjectConfig
+from agenttest_worker.agents.config_loading import config_from_stored
 from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine import RunOptions
@@ -33,7 +34,7 @@ class PoolCache:
     def for_run(self, run_id: str, config: dict[str, Any]) -> AgentPool:
         pool = self._pools.get(run_id)
         if pool is None:
-            pool = AgentPool(ProjectConfig.from_stored(config))
+            pool = AgentPool(config_from_stored(config))
             self._pools[run_id] = pool
             while len(self._pools) > self.size:
                 self._pools.popitem(last=False)
@@ -48,7 +49,7 @@ _configs: OrderedDict[str, ProjectConfig] = OrderedDict()
 def run_config(run_id: str, stored: dict[str, Any]) -> ProjectConfig:
     config = _configs.get(run_id)
     if config is None:
-        config = _configs[run_id] = ProjectConfig.from_stored(stored)
+        config = _configs[run_id] = config_from_stored(stored)
         while len(_configs) > 32:
             _configs.popitem(last=False)
     return config

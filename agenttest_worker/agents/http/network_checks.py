@@ -1,7 +1,7 @@
 """What agenttest.yaml's `tls:` and `proxy:` settings, and the environment's CA bundle and
 proxy variables, need before a run: files that can be read, proxies that can be used.
 
-Checked when agenttest.yaml is read from disk (config.load_config), so that a missing
+Checked when agenttest.yaml is read from disk (config_loading.load_config), so that a missing
 CA file is an input error with its file, line and field, not every call of a run failing.
 """
 

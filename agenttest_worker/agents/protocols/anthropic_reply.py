@@ -15,10 +15,13 @@ import json
 from typing import Any
 
 from agenttest_worker.agents.http.streaming import (
+    TOOL_NAME,
     StreamEvent,
     StreamFailure,
+    TextPieces,
     json_data,
     mark_content,
+    over_bound,
 )
 from agenttest_worker.agents.interface import AgentError, AgentReply, object_of, read_tool_calls
 from agenttest_worker.agents.protocols.json_client import as_bool
@@ -158,17 +161,23 @@ class MessageAssembler:
         if not isinstance(index, int) or not isinstance(block, dict):
             return
         if block.get("type") == "tool_use":
+            name = block.get("name")
+            what = f"{self.agent}'s tool call {index}"
+            if isinstance(name, str) and len(name) > TOOL_NAME.limit:
+                raise over_bound(f"{what}'s name", TOOL_NAME)
             self.blocks[index] = {
                 "type": "tool_use",
                 "id": block.get("id"),
-                "name": block.get("name"),
-                "parts": [],
+                "name": name,
+                "parts": TextPieces(f"{what}'s arguments"),
             }
             mark_content(self)
         elif block.get("type") == "text":
             text = block.get("text") or ""
-            self.blocks[index] = {"type": "text", "parts": [text] if text else []}
-            if text:
+            parts = TextPieces(f"{self.agent}'s text block {index}")
+            self.blocks[index] = {"type": "text", "parts": parts}
+            if isinstance(text, str) and text:
+                parts.add(text)
                 mark_content(self)
 
     def _delta(self, index: Any, delta: Any) -> None:
@@ -179,7 +188,7 @@ class MessageAssembler:
         if delta.get("type") == "input_json_delta":
             piece = delta.get("partial_json")
         if isinstance(piece, str) and piece:
-            block["parts"].append(piece)
+            block["parts"].add(piece)
             mark_content(self)
 
     def finish(self) -> None:
@@ -191,11 +200,12 @@ class MessageAssembler:
     def reply(self) -> AgentReply:
         blocks: list[dict[str, Any]] = []
         for _, block in sorted(self.blocks.items()):
-            joined = "".join(block["parts"])
+            joined = block["parts"].text()
             if block["type"] == "text":
                 blocks.append({"type": "text", "text": joined})
             else:
                 # A tool_use block's input is the JSON its pieces make ({} for none); a
                 # stream cut inside it leaves text that is not JSON, which is reported.
-                blocks.append({**block, "input": joined or "{}"})
+                tool_use = {k: v for k, v in block.items() if k != "parts"}
+                blocks.append({**tool_use, "input": joined or "{}"})
         return reply_from(blocks, self.stop_reason, self.usage or None, {})

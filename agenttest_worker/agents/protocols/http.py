@@ -34,9 +34,11 @@ from agenttest_worker.agents.http.streaming import (
     StreamEvent,
     StreamFailure,
     StreamSpec,
+    TextPieces,
     json_data,
     mark_content,
 )
+from agenttest_worker.agents.http.transport import masked
 from agenttest_worker.agents.interface import (
     AgentError,
     AgentReply,
@@ -49,6 +51,7 @@ from agenttest_worker.agents.interface import (
 from agenttest_worker.agents.protocols.chat_history import fetch_history
 from agenttest_worker.agents.protocols.json_client import JsonAgentClient, as_bool, usage_from
 from agenttest_worker.agents.reply_mappings import ResponseMapping
+from agenttest_worker.agents.secret_masking import mask_error, mask_history
 from agenttest_worker.json_values import find
 
 DEFAULT_TEMPLATE: dict[str, Any] = {
@@ -169,7 +172,7 @@ class EventAssembler:
         self.agent = agent
         self.mapping = mapping
         self.first_token_at: float | None = None
-        self.parts: list[str] = []
+        self.parts = TextPieces(f"{agent}'s reply")
         self.last: Any = None
         self.done = False
 
@@ -181,7 +184,7 @@ class EventAssembler:
         self.last = data
         delta = _first(self.mapping.content_delta, data)
         if isinstance(delta, str) and delta:
-            self.parts.append(delta)
+            self.parts.add(delta)
             mark_content(self)
         if self.mapping.final is not None:
             marker = _first(self.mapping.final, data)
@@ -203,7 +206,7 @@ class EventAssembler:
         reply = parse_http_reply(last, self.mapping)
         # The pieces are the content; a final event's own content counts when none came.
         if self.parts:
-            reply.content = "".join(self.parts)
+            reply.content = self.parts.text()
         # The final event's own finish_reason, else "stop" for a stream that ended.
         if reply.finish_reason is None and self.done:
             reply.finish_reason = "stop"
@@ -262,4 +265,10 @@ class HttpAgentClient(JsonAgentClient):
         assert self.config.history is not None
         if self.route_problem is not None:
             raise AgentError("config", self.route_problem)
-        return await fetch_history(self.name, self.config, request, self.hidden(), self.route)
+        hidden = self.hidden()
+        try:
+            read = await fetch_history(self.name, self.config, request, hidden, self.route)
+        except AgentError as error:
+            # A history that cannot be read is kept in the error, as it came.
+            raise mask_error(masked(error, hidden), hidden) from None
+        return mask_history(read, hidden)

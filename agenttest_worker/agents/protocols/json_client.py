@@ -17,6 +17,7 @@ from agenttest_worker.agents.http.transport import masked, post_json
 from agenttest_worker.agents.interface import AgentError, AgentReply, AgentRequest
 from agenttest_worker.agents.limits.ratelimit import Limits, limiter
 from agenttest_worker.agents.limits.retry import RetryPolicy
+from agenttest_worker.agents.secret_masking import mask_error, mask_reply
 from agenttest_worker.errors import url_secrets
 from agenttest_worker.results import Usage
 
@@ -32,14 +33,13 @@ class JsonAgentClient:
         self.policy = RetryPolicy(max_retries=config.max_retries, base_delay=config.base_delay)
         self.limits = Limits.for_agent(config.rate_limit)
         self.url = self.endpoint()
-        # What no error may show of the URL: its password and key-like query values, and
-        # the query values agenttest.yaml takes from ${VAR} (known from the file as written);
-        # and the headers' values taken from ${VAR}, which no redirect to another origin
-        # carries either (exchange.py).
+        # What no error or reply may show: the URL's password and key-like query values,
+        # the proxy's credentials, and every value the entry takes from ${VAR} (its
+        # headers' among them, which no redirect to another origin carries: exchange.py).
         written = written_entry(name, project)
         self.secrets = [
             *url_secrets(self.url, written_url(config, written)),
-            *header_secrets(config, written),
+            *config.environment_secrets(),
             *written_proxy_secrets(config, written),
         ]
         self.route, self.route_problem = agent_route(name, config, project)
@@ -81,7 +81,7 @@ class JsonAgentClient:
     records_stop_reason = False
 
     def hidden(self) -> list[str]:
-        """What no error may show: the URL's and headers' secrets and the API key."""
+        """What no error or reply may show: the secrets above and the API key."""
         key = self.config.api_key()
         return [*self.secrets, key] if key else self.secrets
 
@@ -128,10 +128,13 @@ class JsonAgentClient:
             reply.call = result.record
             if self.limits.tokens and reply.usage is not None:
                 await limiter().add_tokens(self.name, self.limits, reply.usage.total_tokens)
-            return reply
+            # An agent may echo what it was sent (its headers, its URL): never kept.
+            return mask_reply(reply, self.hidden())
         except AgentError as error:
-            # A reply that cannot be read is kept in the error: it may echo the URL.
-            raise masked(error, self.hidden()) from None
+            # A reply that cannot be read is kept in the error: it may echo the URL, the
+            # headers; a broken stream's partial reply too.
+            hidden = self.hidden()
+            raise mask_error(masked(error, hidden), hidden) from None
 
 
 def written_entry(name: str, project: ProjectConfig | None) -> dict[str, Any] | None:
@@ -172,21 +175,6 @@ def written_proxy_secrets(config: AgentConfig, entry: dict[str, Any] | None) -> 
 def written_url(config: AgentConfig, entry: dict[str, Any] | None) -> str | None:
     written = (entry or {}).get("url" if config.url else "base_url")
     return written if isinstance(written, str) else None
-
-
-def header_secrets(config: AgentConfig, entry: dict[str, Any] | None) -> list[str]:
-    """The values of the agent's headers (its history's too) written with ${VAR}."""
-    history = (entry or {}).get("history")
-    pairs = [((entry or {}).get("headers"), config.headers)]
-    if config.history is not None and isinstance(history, dict):
-        pairs.append((history.get("headers"), config.history.headers))
-    return [
-        values[name]
-        for written, values in pairs
-        if isinstance(written, dict)
-        for name, value in written.items()
-        if isinstance(value, str) and "${" in value and values.get(name)
-    ]
 
 
 def as_bool(value: Any) -> bool | None:

@@ -25,9 +25,11 @@ from typing import Any
 
 from agenttest_worker.agents.config import AgentConfig
 from agenttest_worker.agents.http.streaming import (
+    TOOL_NAME,
     StreamEvent,
     StreamFailure,
     StreamSpec,
+    TextPieces,
     json_data,
     mark_content,
 )
@@ -179,7 +181,7 @@ class ChunkAssembler:
     def __init__(self, agent: str) -> None:
         self.agent = agent
         self.first_token_at: float | None = None
-        self.parts: list[str] = []
+        self.parts = TextPieces(f"{agent}'s reply")
         # Tool calls by their `index`: id, name and the argument pieces so far.
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
@@ -215,7 +217,7 @@ class ChunkAssembler:
         self._declare(delta)
         content = delta.get("content")
         if isinstance(content, str) and content:
-            self.parts.append(content)
+            self.parts.add(content)
             mark_content(self)
         pieces = delta.get("tool_calls")
         for piece in pieces if isinstance(pieces, list) else []:
@@ -223,15 +225,22 @@ class ChunkAssembler:
                 continue
             index = piece.get("index")
             index = index if isinstance(index, int) else len(self.calls)
-            call = self.calls.setdefault(index, {"id": None, "name": "", "arguments": []})
+            call = self.calls.get(index)
+            if call is None:
+                what = f"{self.agent}'s tool call {index}"
+                call = self.calls[index] = {
+                    "id": None,
+                    "name": TextPieces(f"{what}'s name", TOOL_NAME),
+                    "arguments": TextPieces(f"{what}'s arguments"),
+                }
             if piece.get("id"):
                 call["id"] = piece["id"]
             function = piece.get("function")
             function = function if isinstance(function, dict) else {}
             if isinstance(function.get("name"), str):
-                call["name"] += function["name"]
+                call["name"].add(function["name"])
             if isinstance(function.get("arguments"), str):
-                call["arguments"].append(function["arguments"])
+                call["arguments"].add(function["arguments"])
             mark_content(self)
         if isinstance(choice.get("finish_reason"), str):
             self.finish_reason = choice["finish_reason"]
@@ -254,14 +263,14 @@ class ChunkAssembler:
             {
                 "id": call["id"],
                 "type": "function",
-                "function": {"name": call["name"], "arguments": "".join(call["arguments"])},
+                "function": {"name": call["name"].text(), "arguments": call["arguments"].text()},
             }
             for _, call in sorted(self.calls.items())
         ]
         calls = read_tool_calls(raw_calls or None)
         hint = self.declared.get("input_hint")
         return AgentReply(
-            content="".join(self.parts) if self.parts or not raw_calls else None,
+            content=self.parts.text() if self.parts or not raw_calls else None,
             tool_calls=calls.calls,
             raw_tool_calls=calls.raw_items or None,
             problems=calls.problems,

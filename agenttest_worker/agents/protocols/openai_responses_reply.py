@@ -20,10 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agenttest_worker.agents.http.streaming import (
+    TOOL_NAME,
     StreamEvent,
     StreamFailure,
+    TextPieces,
     json_data,
     mark_content,
+    over_bound,
 )
 from agenttest_worker.agents.interface import AgentError, AgentReply, object_of, read_tool_calls
 from agenttest_worker.agents.protocols.json_client import as_bool
@@ -140,7 +143,7 @@ class ResponseAssembler:
         self.first_token_at: float | None = None
         # Output items by output_index: each item as last sent, text and argument pieces.
         self.items: dict[int, dict[str, Any]] = {}
-        self.pieces: dict[int, list[str]] = {}
+        self.pieces: dict[int, TextPieces] = {}
         self.response: dict[str, Any] = {}
         self.done = False
 
@@ -166,7 +169,11 @@ class ResponseAssembler:
             index = data.get("output_index")
             delta = data.get("delta")
             if isinstance(index, int) and isinstance(delta, str) and delta:
-                self.pieces.setdefault(index, []).append(delta)
+                pieces = self.pieces.get(index)
+                if pieces is None:
+                    what = f"{self.agent}'s output item {index}"
+                    pieces = self.pieces[index] = TextPieces(what)
+                pieces.add(delta)
                 mark_content(self)
         elif kind == "response.output_item.done":
             self._item(data, opened=False)
@@ -184,6 +191,9 @@ class ResponseAssembler:
         index, item = data.get("output_index"), data.get("item")
         if not isinstance(index, int) or not isinstance(item, dict):
             return
+        name = item.get("name")
+        if isinstance(name, str) and len(name) > TOOL_NAME.limit:
+            raise over_bound(f"{self.agent}'s output item {index}'s name", TOOL_NAME)
         self.items[index] = item
         if not opened:
             # The item whole: its pieces are in it.
@@ -210,7 +220,7 @@ class ResponseAssembler:
         pieces = self.pieces.get(index)
         if pieces is None:
             return item
-        joined = "".join(pieces)
+        joined = pieces.text()
         if item.get("type") == "function_call":
             item["arguments"] = joined
         elif item.get("type") == "message":
