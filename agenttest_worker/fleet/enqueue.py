@@ -46,7 +46,15 @@ def publish(messages: list[TaskMessage], producer: Any = None) -> None:
         return
     with app.producer_or_acquire(producer) as acquired:
         for message in messages:
-            app.send_task(message.name, message.args, producer=acquired, priority=message.priority)
+            # add_to_parent=False: a start batch would otherwise keep every first turn it
+            # publishes among its task's children, with no result backend to keep them for.
+            app.send_task(
+                message.name,
+                message.args,
+                producer=acquired,
+                priority=message.priority,
+                add_to_parent=False,
+            )
 
 
 def turn_message(run_id: str, case_id: str, number: int) -> TaskMessage:
