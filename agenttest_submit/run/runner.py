@@ -25,6 +25,7 @@ from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.cases import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.settings import get_settings
 from agenttest_worker.store import StoredCase, new_run_id
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def run_options(request: RunRequest, config: ProjectConfig, target: str | None) 
         repeat=request.repeat,
         pass_rule=request.pass_rule,
         pass_k=request.pass_k,
+        max_conversation_bytes=get_settings().max_conversation_bytes,
     )
 
 
