@@ -83,6 +83,12 @@ class Settings(BaseModel):
         ge=1,
         description="Turns one worker process keeps in flight (waiting on agents) at once",
     )
+    max_conversation_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1,
+        description="Bytes of inputs and replies one conversation may hold (UTF-8); the turn "
+        "that passes it fails its case, naming the bound (docs/conversations.md)",
+    )
     max_redeliveries: int = Field(
         default=3,
         ge=1,

@@ -28,6 +28,7 @@ from agenttest_worker.cases import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import counted
+from agenttest_worker.settings import get_settings
 from agenttest_worker.store import StoredCase, new_run_id
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def run_options(request: RunRequest, config: ProjectConfig, target: str | None) 
         repeat=request.repeat,
         pass_rule=request.pass_rule,
         pass_k=request.pass_k,
+        max_conversation_bytes=get_settings().max_conversation_bytes,
     )
 
 

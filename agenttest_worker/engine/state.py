@@ -32,6 +32,9 @@ MISSING_INPUT_HINT = (
 Phase = Literal["ready", "awaiting_human", "done"]
 
 
+DEFAULT_MAX_CONVERSATION_BYTES = 32 * 1024 * 1024
+
+
 class RunOptions(BaseModel):
     """Run-wide choices that shape every conversation (stored with the run)."""
 
@@ -56,6 +59,9 @@ class RunOptions(BaseModel):
     # How many cases the run's conversations play, when some case is played more than
     # once (the header says "3 test cases × 5 repetitions"); None: one conversation each.
     distinct_cases: int | None = None
+    # What one conversation's inputs and replies may add up to, in UTF-8 bytes: each turn
+    # sends the agent the whole conversation, and every process playing it holds it.
+    max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES
 
     @property
     def budgeted(self) -> bool:
@@ -96,6 +102,9 @@ class ConversationState(BaseModel):
     final_assertions: list[AssertionResult] = Field(default_factory=list)
     elapsed_ms: int = 0
     prompt: HumanPrompt | None = None
+    # The UTF-8 bytes of the inputs and replies so far (RunOptions.max_conversation_bytes);
+    # left out while 0, so that states stored before it read the same.
+    conversation_bytes: int = Field(default=0, exclude_if=lambda value: value == 0)
     # With a store that keeps turn records (driver/state_cache.py): `turns` holds the
     # turns after the first `earlier_turns`, whose results are stored apart, one row
     # each, and `earlier_run` of those had an input. A step plays on such a state: only

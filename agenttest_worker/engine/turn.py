@@ -334,6 +334,9 @@ async def _turn_body(
 
     turn.output = reply.content if reply.content is not None else ""
     work.record_on(turn)
+    if (passed := _past_conversation_bound(state, turn, options)) is not None:
+        turn.error = passed
+        return _end_turn_with_error(state, turn, started, pending, log)
     turn.input_hint = reply.input_hint
     content, final_calls = reply.content, reply.tool_calls
     # (target_for and the first call resolved the client: this cannot fail here.)
@@ -413,6 +416,23 @@ def _context(
         roles=roles,
         first_token_ms=turn.first_token_ms,
         response_ms=response_ms,
+    )
+
+
+def _past_conversation_bound(
+    state: ConversationState, turn: TurnResult, options: RunOptions
+) -> str | None:
+    """Counts the turn's input and reply into the conversation's size; the reason the
+    turn fails when that passes `max_conversation_bytes`, else None."""
+    text = (turn.input or "") + (turn.output or "")
+    added = len(text.encode("utf-8", "replace"))
+    state.conversation_bytes += added
+    bound = options.max_conversation_bytes
+    if state.conversation_bytes <= bound:
+        return None
+    return (
+        f"the conversation passed its bound of {bound:,} bytes (max_conversation_bytes) "
+        f"at turn {turn.turn}: {state.conversation_bytes:,} bytes of inputs and replies"
     )
 
 

@@ -25,7 +25,7 @@ the highest first from a queue declared with `x-max-priority`
 
 from __future__ import annotations
 
-from celery import Celery
+from celery import Celery, Task
 
 from agenttest_worker.settings import REDIS_SCHEMES, get_settings
 
@@ -50,9 +50,22 @@ PUBLISH_RETRY_POLICY = {
 # The default pool, named so that importing the app does not import it (Celery loads
 # it when the worker starts).
 LOOP_POOL = "agenttest_worker.fleet.loop_pool:TaskPool"
+# kombu's Redis transport, moving aside what it cannot read instead of dying of it
+# (redis_transport.py); named for the same reason.
+REDIS_TRANSPORT = "agenttest_worker.fleet.redis_transport:Transport"
+
+
+class CheckedTask(Task):  # type: ignore[misc]
+    """Every task of the app: a message it cannot be built from is an invalid task, logged
+    and dropped, not an error that stops the worker (checked_request.py). (Named, so that
+    only a worker imports it.)"""
+
+    Request = "agenttest_worker.fleet.checked_request:CheckedRequest"
+
 
 app = Celery(
     "agenttest_worker",
+    task_cls=CheckedTask,
     broker=settings.broker_url or "memory://",
     include=["agenttest_worker.fleet.tasks", "agenttest_worker.fleet.sweeper"],
 )
@@ -61,6 +74,7 @@ if settings.celery_config:
     app.config_from_object(settings.celery_config)
 app.conf.update(
     task_default_queue=settings.queue,
+    broker_transport=REDIS_TRANSPORT if REDIS_BROKER else None,
     # (RabbitMQ: the queues are declared with x-max-priority 1; ignored on Redis.)
     task_queue_max_priority=None if REDIS_BROKER else 1,
     task_acks_late=True,
@@ -77,7 +91,8 @@ app.conf.update(
     worker_concurrency=settings.worker_concurrency,
     broker_transport_options={
         # Redis: two lists per queue; ":" keeps the second one's name readable for
-        # monitoring (deploy/k8s/keda-scaledobject.yaml watches both).
+        # monitoring (deploy/k8s/keda-scaledobject.yaml watches both); the same as
+        # redis_transport.PRIORITY_SEP.
         "priority_steps": [0, 9],
         "sep": ":",
         "visibility_timeout": settings.visibility_timeout,
