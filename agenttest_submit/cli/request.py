@@ -70,6 +70,10 @@ class RunRequest:
     parallel_given: bool = False
     # --fail-fast: stop on the first failure.
     fail_fast: bool = False
+    # The reply cache: "off" (--no-cache), "refresh" (--cache-refresh) or "on"; and
+    # --cache target: the target's replies cached too.
+    cache: Literal["on", "off", "refresh"] = "on"
+    cache_target: bool = False
     # --repeat: play each case this many times (None: each case's `repeat`, else once);
     # --pass-rule: how its repetitions make its verdict; --pass-k: the k of pass@k.
     repeat: int | None = None

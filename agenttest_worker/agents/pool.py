@@ -21,9 +21,22 @@ from agenttest_worker.agents.interface import (
     AgentReply,
     AgentRequest,
     get_protocol,
+    history_source,
 )
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import Ref, RefKind, parse_ref
+from agenttest_worker.agents.reply_cache import (
+    Busy,
+    CacheEntry,
+    CachePolicy,
+    Hit,
+    ReplyCacheStore,
+    cacheable,
+    cached_reply,
+    claim,
+    reply_document,
+    request_key,
+)
 from agenttest_worker.agents.roles import (
     ReplyParseError,
     SimulatorTurn,
@@ -42,8 +55,17 @@ from agenttest_worker.results import AgentCallRecord, AssertionOutcome
 
 
 class AgentPool:
-    def __init__(self, config: ProjectConfig) -> None:
+    """`replies`: where replies are cached (None: nowhere), used as `policy` says."""
+
+    def __init__(
+        self,
+        config: ProjectConfig,
+        replies: ReplyCacheStore | None = None,
+        policy: CachePolicy | None = None,
+    ) -> None:
         self.config = config
+        self.replies = replies
+        self.policy = policy or CachePolicy()
         self._clients: dict[str, AgentClient] = {}
 
     def client(self, name: str) -> AgentClient:
@@ -71,6 +93,47 @@ class RoleSession:
         self.log = log
 
     async def call(self, agent: str, request: AgentRequest) -> AgentReply:
+        key = self._cache_key(agent, request)
+        if key is None:
+            return await self._call_agent(agent, request)
+        ident = self.pool.client(agent).name
+        replies = self.pool.replies
+        assert replies is not None  # a key is made only with a cache
+        if self.pool.policy.mode == "refresh":
+            found: Hit | Busy | None = None
+        else:
+            claimed = await claim(replies, key, ident, request.role)
+            found = claimed if isinstance(claimed, Hit | Busy) else None
+        if isinstance(found, Hit):
+            reply = cached_reply(found.reply, request.role, ident)
+            assert reply.call is not None
+            self.log.append(reply.call)
+            return reply
+        try:
+            reply = await self._call_agent(agent, request)
+        except BaseException:
+            if found is None:
+                await asyncio.to_thread(replies.release, key)
+            raise
+        if reply.call is None or reply.call.error is None:
+            entry = CacheEntry(key, ident, request.role, reply_document(reply))
+            await asyncio.to_thread(replies.fill, entry)
+        return reply
+
+    def _cache_key(self, agent: str, request: AgentRequest) -> str | None:
+        """The request's cache key, or None when this call is not cached."""
+        if self.pool.replies is None:
+            return None
+        client = self.pool.client(agent)
+        entry = self.pool.config.agents.get(client.name)
+        if entry is None or history_source(client) is not None:
+            # A history-based agent's turn is read from its chat history afterwards.
+            return None
+        if not cacheable(entry, request, self.pool.policy):
+            return None
+        return request_key(entry, request)
+
+    async def _call_agent(self, agent: str, request: AgentRequest) -> AgentReply:
         try:
             reply = await self.pool.client(agent).complete(request)
         except AgentError as exc:
@@ -95,6 +158,7 @@ class RoleSession:
         case_id: str,
         turn: int,
         params: dict[str, Any] | None = None,
+        repetition: int | None = None,
     ) -> SimulatorTurn:
         """The simulator's next user input; AgentError when it fails or replies junk.
 
@@ -139,6 +203,7 @@ class RoleSession:
         mode = entry.messages if entry is not None else "transcript"
         request = simulator_request(history, metadata, session_id, case_id, turn, mode)
         request.params = params or {}
+        request.repetition = repetition
         reply = await self.call(ref.id, request)
         try:
             return read_simulator_reply(reply.content)

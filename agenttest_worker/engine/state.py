@@ -56,6 +56,11 @@ class RunOptions(BaseModel):
     # How many cases the run's conversations play, when some case is played more than
     # once (the header says "3 test cases × 5 repetitions"); None: one conversation each.
     distinct_cases: int | None = None
+    # The reply cache (agents/reply_cache.py): "off" (--no-cache), "refresh"
+    # (--cache-refresh: call again and keep the new reply), and targets cached too
+    # (--cache target).
+    cache: Literal["on", "off", "refresh"] = "on"
+    cache_target: bool = False
 
     @property
     def budgeted(self) -> bool:
