@@ -134,6 +134,14 @@ class PruneRequest(NamedTuple):
     dry_run: bool = False  # list what would be removed, remove nothing
 
 
+class CacheRequest(NamedTuple):
+    """`agenttest-submit cache stats|clear [--agent NAME] [--older-than D]`."""
+
+    action: Literal["stats", "clear"]
+    agent: str | None = None  # None: every agent's replies
+    older_than: float | None = None  # seconds: clear only replies stored longer ago
+
+
 class DbRequest(NamedTuple):
     """`agenttest-submit db upgrade`."""
 
@@ -203,6 +211,7 @@ class MetricsRequest(NamedTuple):
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest
 SubcommandRequest = (
     StatusRequest
+    | CacheRequest
     | ReportRequest
     | ResumeRequest
     | DbRequest

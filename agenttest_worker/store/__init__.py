@@ -100,6 +100,7 @@ _EXPORTS = {
 _SUBJECTS = {
     "pruning": "pruning",
     "recovery": "recovery",
+    "reply_cache": "reply_cache",
     "results": "run_results",
     "run_history": "run_history",
     "runs": "runs",
@@ -137,6 +138,7 @@ __all__ = [
     "open_store",
     "pruning",
     "recovery",
+    "reply_cache",
     "reply_cache_at",
     "results",
     "run_history",
