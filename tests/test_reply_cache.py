@@ -20,7 +20,7 @@ from scripted_agent import ScriptedAgent, judge_verdict
 
 from agenttest_submit.cli.main import main
 from agenttest_worker.agents.reply_cache import CacheEntry, Hit, Leased
-from agenttest_worker.store.sql.reply_cache import CacheLimits, SqlReplyCache
+from agenttest_worker.store.sql.cached_replies import CacheLimits, SqlReplyCache
 
 CASES = [
     {

@@ -1,5 +1,5 @@
 """Agent replies kept and served again: the key of a request, which calls are cached,
-and the store interface the run's store implements (store/sql/reply_cache.py).
+and the store interface the run's store implements (store/sql/cached_replies.py).
 
 A reply is keyed by what determines it: the agent entry's identity (protocol, URL,
 model, params, tools, request template; never headers or keys) and the exact request

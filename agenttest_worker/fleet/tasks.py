@@ -50,8 +50,8 @@ from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.sql import recovery
+from agenttest_worker.store.sql.cached_replies import reply_cache_at
 from agenttest_worker.store.sql.db import error_reason, upgrade
-from agenttest_worker.store.sql.reply_cache import reply_cache_at
 
 log = logging.getLogger("agenttest.tasks")
 

@@ -86,7 +86,7 @@ _EXPORTS = {
     "StoredConversation": f"{_SQL}.stored_conversations",
     "stored_conversations": f"{_SQL}.stored_conversations",
     "add_run_usage": f"{_SQL}.usage",
-    "reply_cache_at": f"{_SQL}.reply_cache",
+    "reply_cache_at": f"{_SQL}.cached_replies",
     "usage_document": f"{_SQL}.usage",
     "CaseRecord": "agenttest_worker.store.steps",
     "CaseText": "agenttest_worker.store.steps",
@@ -100,7 +100,7 @@ _EXPORTS = {
 _SUBJECTS = {
     "pruning": "pruning",
     "recovery": "recovery",
-    "reply_cache": "reply_cache",
+    "reply_cache": "cached_replies",
     "results": "run_results",
     "run_history": "run_history",
     "runs": "runs",

@@ -12,7 +12,7 @@
   so that a step rewrites only what is new of its state (driver/state_cache.py).
 - run_reports: the aggregator's reports, stored with the run.
 - reply_cache: agents' replies kept to be served again, by the sha256 of what
-  determines them, shared by every run (store/sql/reply_cache.py).
+  determines them, shared by every run (store/sql/cached_replies.py).
 """
 
 from __future__ import annotations
