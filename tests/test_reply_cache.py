@@ -19,7 +19,7 @@ import yaml
 from scripted_agent import ScriptedAgent, judge_verdict
 
 from agenttest_submit.cli.main import main
-from agenttest_worker.agents.reply_cache import CacheEntry, Hit, Leased
+from agenttest_worker.agents.reply_cache import Busy, CacheEntry, Hit, Leased
 from agenttest_worker.store.sql.cached_replies import CacheLimits, SqlReplyCache
 
 CASES = [
@@ -218,3 +218,18 @@ def test_the_oldest_replies_are_evicted_past_the_bound(tmp_path: Path) -> None:
     assert stats.entries == 2
     assert cache.claim(f"{3:064d}", "grader", "validator") == Hit({"content": "3"})
     assert isinstance(cache.claim(f"{0:064d}", "grader", "validator"), Leased)
+
+
+def test_a_lease_outlives_other_replies_being_stored_and_is_released_on_failure(
+    tmp_path: Path,
+) -> None:
+    """Storing a reply evicts expired replies, never another caller's lease."""
+    cache = SqlReplyCache(f"sqlite:///{tmp_path / 'cache.db'}")
+    leased, other = "1" * 64, "2" * 64
+    assert isinstance(cache.claim(leased, "grader", "validator"), Leased)
+    assert isinstance(cache.claim(other, "grader", "validator"), Leased)
+    cache.fill(CacheEntry(other, "grader", "validator", {"content": "x"}))
+    assert isinstance(cache.claim(leased, "grader", "validator"), Busy)
+    assert [s.entries for s in cache.stats()] == [1]  # leases are not replies
+    cache.release(leased)  # the call failed: the next caller calls for itself
+    assert isinstance(cache.claim(leased, "grader", "validator"), Leased)

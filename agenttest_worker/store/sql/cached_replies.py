@@ -1,8 +1,9 @@
 """The reply cache in the database (agents/reply_cache.py has the design): SQLite
 embedded, Postgres on a fleet, where every worker shares it.
 
-A row with a reply is a cached reply until `expires_at`; a row without one is a lease:
-the caller that inserted it is calling the agent until `lease_until`. Time is the
+A row without `lease_until` is a cached reply until `expires_at`; a row with one is a
+lease: the caller that inserted it is calling the agent until then. (`lease_until`
+tells them apart, not a NULL reply: the JSON column stores None as JSON null.) Time is the
 database's clock where it has one (shared.ago), so workers agree on what expired.
 """
 
@@ -24,6 +25,9 @@ from agenttest_worker.settings import get_settings
 from agenttest_worker.store.sql.db import session_scope, upgrade
 from agenttest_worker.store.sql.models import ReplyCacheRow
 from agenttest_worker.store.sql.shared import ago, insert_ignoring, inserted, now
+
+_IS_LEASE = ReplyCacheRow.lease_until.is_not(None)
+_IS_REPLY = ReplyCacheRow.lease_until.is_(None)
 
 
 @dataclass(frozen=True)
@@ -62,13 +66,14 @@ class SqlReplyCache:
         return self.limits.lease_seconds
 
     def claim(self, key: str, agent: str, role: AgentRole) -> Claim:
-        # Two rounds at most: a row that vanishes (evicted, released) between the insert
+        # Three rounds at most: a row that vanishes (evicted, released) between the insert
         # that found it and the read is claimed again.
         for _ in range(3):
             with self._session() as session:
                 found = session.execute(
                     select(
                         ReplyCacheRow.reply,
+                        ReplyCacheRow.lease_until.is_not(None),
                         ReplyCacheRow.expires_at > now(session),
                         ReplyCacheRow.lease_until > now(session),
                     ).where(ReplyCacheRow.key == key)
@@ -78,17 +83,16 @@ class SqlReplyCache:
                     if inserted(session, ReplyCacheRow, row):
                         return Leased()
                     continue
-                reply, fresh, leased = found
-                if reply is not None and fresh:
+                reply, is_lease, fresh, leased = found
+                if not is_lease and fresh:
                     return Hit(reply if isinstance(reply, dict) else json.loads(reply))
-                if reply is None and leased:
+                if is_lease and leased:
                     return Busy()
                 # Expired, or a lease given up on: taken over by whoever updates it first.
+                at = now(session)
                 stale = or_(
-                    and_(
-                        ReplyCacheRow.reply.is_not(None), ReplyCacheRow.expires_at <= now(session)
-                    ),
-                    and_(ReplyCacheRow.reply.is_(None), ReplyCacheRow.lease_until <= now(session)),
+                    and_(_IS_REPLY, ReplyCacheRow.expires_at <= at),
+                    and_(_IS_LEASE, ReplyCacheRow.lease_until <= at),
                 )
                 changed = session.execute(
                     update(ReplyCacheRow)
@@ -149,7 +153,7 @@ class SqlReplyCache:
         with self._session() as session:
             session.execute(
                 delete(ReplyCacheRow)
-                .where(ReplyCacheRow.key == key, ReplyCacheRow.reply.is_(None))
+                .where(ReplyCacheRow.key == key, _IS_LEASE)
                 .execution_options(synchronize_session=False)
             )
 
@@ -158,11 +162,12 @@ class SqlReplyCache:
         with self._session() as session:
             session.execute(
                 delete(ReplyCacheRow)
-                .where(ReplyCacheRow.reply.is_not(None), ReplyCacheRow.expires_at <= now(session))
+                .where(_IS_REPLY, ReplyCacheRow.expires_at <= now(session))
                 .execution_options(synchronize_session=False)
             )
             cutoff = session.execute(
                 select(ReplyCacheRow.created_at)
+                .where(_IS_REPLY)
                 .order_by(ReplyCacheRow.created_at.desc())
                 .offset(self.limits.max_entries)
                 .limit(1)
@@ -170,7 +175,7 @@ class SqlReplyCache:
             if cutoff is not None:
                 session.execute(
                     delete(ReplyCacheRow)
-                    .where(ReplyCacheRow.created_at <= cutoff, ReplyCacheRow.reply.is_not(None))
+                    .where(ReplyCacheRow.created_at <= cutoff, _IS_REPLY)
                     .execution_options(synchronize_session=False)
                 )
 
@@ -186,7 +191,7 @@ class SqlReplyCache:
                     func.min(ReplyCacheRow.created_at),
                     func.max(ReplyCacheRow.created_at),
                 )
-                .where(ReplyCacheRow.reply.is_not(None))
+                .where(_IS_REPLY)
                 .group_by(ReplyCacheRow.agent)
                 .order_by(ReplyCacheRow.agent)
             )
