@@ -233,3 +233,24 @@ def test_a_lease_outlives_other_replies_being_stored_and_is_released_on_failure(
     assert [s.entries for s in cache.stats()] == [1]  # leases are not replies
     cache.release(leased)  # the call failed: the next caller calls for itself
     assert isinstance(cache.claim(leased, "grader", "validator"), Leased)
+
+
+def test_a_stable_generator_is_called_once_for_two_identical_runs(
+    tmp_path: Path, agent: ScriptedAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    generated = {"id": "g1", "input": "generated question"}
+    agent.script("gen", lambda body: json.dumps({"cases": [generated]}))
+    config, _ = project(tmp_path, agent, STABLE, {})
+    document = yaml.safe_load(config.read_text(encoding="utf-8"))
+    document["agents"]["gen"] = agent.entry("gen", params={"seed": 1})
+    config.write_text(yaml.safe_dump(document), encoding="utf-8")
+    argv = ["-i", "agents:gen?count=1", "-n", "bot", "--config", str(config)]
+    for output in ("a.jsonl", "b.jsonl"):
+        capsys.readouterr()
+        assert main([*argv, "-o", str(tmp_path / output), "--format", "jsonl"]) == 0
+        assert [r["id"] for r in records(tmp_path / output)] == ["g1"]
+    assert len(agent.requests("gen")) == 1
+    assert len(agent.requests("target")) == 2
+    capsys.readouterr()
+    assert main([*argv, "--no-cache"]) == 0
+    assert len(agent.requests("gen")) == 2
