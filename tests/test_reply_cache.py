@@ -209,7 +209,7 @@ def test_two_callers_racing_on_one_key_call_once(pg_database: str) -> None:
 
 def test_the_oldest_replies_are_evicted_past_the_bound(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cache.db'}"
-    cache = SqlReplyCache(url, CacheLimits(max_entries=2))
+    cache = SqlReplyCache(url, CacheLimits(max_entries=2, evict_every=1))
     for n in range(4):
         key = f"{n:064d}"
         assert isinstance(cache.claim(key, "grader", "validator"), Leased)
@@ -254,3 +254,15 @@ def test_a_stable_generator_is_called_once_for_two_identical_runs(
     capsys.readouterr()
     assert main([*argv, "--no-cache"]) == 0
     assert len(agent.requests("gen")) == 2
+
+
+def test_a_judge_reply_that_cannot_be_read_is_not_stored(
+    tmp_path: Path, agent: ScriptedAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    agent.script("judge", lambda body: "no verdict here")
+    config, cases = project(tmp_path, agent, STABLE, {})
+    argv = ["-i", str(cases), "-n", "bot", "--config", str(config)]
+    assert main(argv) == 1
+    agent.script("judge", lambda body: judge_verdict(True, "it answers"))
+    assert main(argv) == 0  # asked again: the junk was not kept
+    assert len(agent.requests("judge")) == 6

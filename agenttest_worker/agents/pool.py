@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agenttest_worker.agents.config import ProjectConfig
@@ -26,10 +26,10 @@ from agenttest_worker.agents.interface import (
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import Ref, RefKind, parse_ref
 from agenttest_worker.agents.reply_cache import (
-    Busy,
     CacheEntry,
     CachePolicy,
     Hit,
+    Leased,
     ReplyCacheStore,
     cacheable,
     cached_reply,
@@ -92,30 +92,40 @@ class RoleSession:
         self.pool = pool
         self.log = log
 
-    async def call(self, agent: str, request: AgentRequest) -> AgentReply:
+    async def call(
+        self,
+        agent: str,
+        request: AgentRequest,
+        readable: Callable[[str | None], object] | None = None,
+    ) -> AgentReply:
+        """`agent`'s reply to `request`, from the reply cache when it is cached there.
+        `readable`: the role's reader of the reply's content; a reply it refuses (raises
+        ReplyParseError) is not stored, so that a junk reply is never served again."""
         key = self._cache_key(agent, request)
         if key is None:
             return await self._call_agent(agent, request)
         ident = self.pool.client(agent).name
         replies = self.pool.replies
         assert replies is not None  # a key is made only with a cache
-        if self.pool.policy.mode == "refresh":
-            found: Hit | Busy | None = None
-        else:
-            claimed = await claim(replies, key, ident, request.role)
-            found = claimed if isinstance(claimed, Hit | Busy) else None
-        if isinstance(found, Hit):
-            reply = cached_reply(found.reply, request.role, ident)
+        # --cache-refresh calls without looking, and stores what it got.
+        claimed = (
+            None
+            if self.pool.policy.mode == "refresh"
+            else await claim(replies, key, ident, request.role)
+        )
+        if isinstance(claimed, Hit):
+            reply = cached_reply(claimed.reply, request.role, ident)
             assert reply.call is not None
             self.log.append(reply.call)
             return reply
         try:
             reply = await self._call_agent(agent, request)
         except BaseException:
-            if found is None:
+            if isinstance(claimed, Leased):
+                # Those waiting for this reply call for themselves now.
                 await asyncio.to_thread(replies.release, key)
             raise
-        if reply.call is None or reply.call.error is None:
+        if (reply.call is None or reply.call.error is None) and _reads(readable, reply):
             entry = CacheEntry(key, ident, request.role, reply_document(reply))
             await asyncio.to_thread(replies.fill, entry)
         return reply
@@ -204,7 +214,7 @@ class RoleSession:
         request = simulator_request(history, metadata, session_id, case_id, turn, mode)
         request.params = params or {}
         request.repetition = repetition
-        reply = await self.call(ref.id, request)
+        reply = await self.call(ref.id, request, read_simulator_reply)
         try:
             return read_simulator_reply(reply.content)
         except ReplyParseError as exc:
@@ -280,7 +290,7 @@ class RoleSession:
         request = validator_request(messages, {"test_mode": "validator", **metadata}, whole)
         request.params = dict(options.params) if options else {}
         try:
-            reply = await self.call(name, request)
+            reply = await self.call(name, request, read_validator_reply)
         except AgentError as exc:
             return AssertionOutcome(False, f"judge {name} failed: {exc.message}", error=exc.message)
         try:
@@ -336,7 +346,8 @@ class RoleSession:
                 f"generator script {ref.id} returned {type(result).__name__}, "
                 'expected a list of cases or {"cases": [...]}',
             )
-        reply = await self.call(ref.id, generator_request({"test_mode": "generator", **metadata}))
+        request = generator_request({"test_mode": "generator", **metadata})
+        reply = await self.call(ref.id, request, read_generator_reply)
         try:
             return read_generator_reply(reply.content)
         except ReplyParseError as exc:
@@ -349,6 +360,16 @@ def _ref(use: str, default_kind: RefKind | None, *, allow_params: bool) -> Ref:
         return parse_ref(use, default_kind=default_kind, allow_params=allow_params)
     except ValueError as exc:
         raise AgentError("config", str(exc)) from None
+
+
+def _reads(readable: Callable[[str | None], object] | None, reply: AgentReply) -> bool:
+    if readable is None:
+        return True
+    try:
+        readable(reply.content)
+    except ReplyParseError:
+        return False
+    return True
 
 
 def _json_text(value: Any) -> str:

@@ -9,6 +9,7 @@ database's clock where it has one (shared.ago), so workers agree on what expired
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +39,9 @@ class CacheLimits:
     ttl_seconds: float = 14 * 86400
     max_entries: int = 100_000
     lease_seconds: float = 120.0
+    # Replies stored between two evictions: an eviction reads past `max_entries` rows of
+    # the index, so it runs on a process's first store and then once in this many.
+    evict_every: int = 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class SqlReplyCache:
     def __init__(self, url: str, limits: CacheLimits | None = None) -> None:
         self.url = url
         self.limits = limits or CacheLimits()
+        self._fills = itertools.count()
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
@@ -146,7 +151,8 @@ class SqlReplyCache:
                 )
                 .execution_options(synchronize_session=False)
             )
-        self._evict()
+        if next(self._fills) % self.limits.evict_every == 0:
+            self._evict()
 
     def release(self, key: str) -> None:
         """Give up a lease (the call failed): the next caller calls for itself."""
