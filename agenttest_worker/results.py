@@ -113,6 +113,9 @@ class AgentCallRecord(_Record):
     # Why the agent stopped, as it said (a stream's finish_reason, Anthropic's
     # stop_reason: end_turn, tool_use, max_tokens, ...); absent when it said nothing.
     stop_reason: str | None = None
+    # True: the reply was served from the reply cache; the agent was not called and
+    # the call used nothing.
+    cached: bool | None = None
 
 
 class JudgeVote(_Record):
@@ -201,10 +204,14 @@ class RoleUsage(_Record):
     completion_tokens: int = 0
     total_tokens: int = 0
     cost: float = 0.0
+    # How many of `calls` were served from the reply cache (used nothing); absent: none.
+    cached: int | None = None
 
     def __add__(self, other: RoleUsage) -> RoleUsage:
+        cached = (self.cached or 0) + (other.cached or 0)
         return RoleUsage(
             calls=self.calls + other.calls,
+            cached=cached or None,
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             total_tokens=self.total_tokens + other.total_tokens,

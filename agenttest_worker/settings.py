@@ -109,6 +109,22 @@ class Settings(BaseModel):
         "broker dropped its message) and its next turn is enqueued again; keep it above the "
         "longest turn",
     )
+    reply_cache_ttl: float = Field(
+        default=14 * 86400,
+        gt=0,
+        description="Seconds an agent's cached reply is served before it is asked again",
+    )
+    reply_cache_max_entries: int = Field(
+        default=100_000,
+        ge=1,
+        description="Cached replies kept; past it the oldest are evicted",
+    )
+    reply_cache_lease: float = Field(
+        default=120,
+        gt=0,
+        description="Seconds callers of an identical request wait for the first one's reply "
+        "before calling the agent themselves",
+    )
     worker_sweeper: bool = Field(
         default=True,
         description="Every worker sweeps for stalled runs in a thread; turn off when "

@@ -183,6 +183,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="conversations run at a time (default: 10; on a fleet: no cap)",
     )
     p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
+    caching = p.add_mutually_exclusive_group()
+    caching.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="call every agent, serving no reply from the reply cache and storing none",
+    )
+    caching.add_argument(
+        "--cache-refresh",
+        action="store_true",
+        help="call the agents whose replies are cached again, and store their new replies",
+    )
+    p.add_argument(
+        "--cache",
+        action=Once,
+        choices=["target"],
+        default=None,
+        metavar="ROLE",
+        help="cache the target's replies too (target); judges, simulators and generators "
+        "with temperature 0 or a seed are cached by default",
+    )
     p.add_argument(
         "--repeat",
         action=Once,
@@ -349,6 +369,8 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         parallel=args.parallel or 10,
         parallel_given=args.parallel is not None,
         fail_fast=args.fail_fast,
+        cache="off" if args.no_cache else "refresh" if args.cache_refresh else "on",
+        cache_target=args.cache == "target",
         repeat=args.repeat,
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,

@@ -70,6 +70,10 @@ class RunRequest:
     parallel_given: bool = False
     # --fail-fast: stop on the first failure.
     fail_fast: bool = False
+    # The reply cache: "off" (--no-cache), "refresh" (--cache-refresh) or "on"; and
+    # --cache target: the target's replies cached too.
+    cache: Literal["on", "off", "refresh"] = "on"
+    cache_target: bool = False
     # --repeat: play each case this many times (None: each case's `repeat`, else once);
     # --pass-rule: how its repetitions make its verdict; --pass-k: the k of pass@k.
     repeat: int | None = None
@@ -129,6 +133,14 @@ class PruneRequest(NamedTuple):
     suite: str | None = None  # None: every suite
     keep_last: int | None = None  # the newest N runs of each suite stay, however old
     dry_run: bool = False  # list what would be removed, remove nothing
+
+
+class CacheRequest(NamedTuple):
+    """`agenttest-submit cache stats|clear [--agent NAME] [--older-than D]`."""
+
+    action: Literal["stats", "clear"]
+    agent: str | None = None  # None: every agent's replies
+    older_than: float | None = None  # seconds: clear only replies stored longer ago
 
 
 class DbRequest(NamedTuple):
@@ -208,6 +220,7 @@ class MetricsRequest(NamedTuple):
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest | PromoteRequest
 SubcommandRequest = (
     StatusRequest
+    | CacheRequest
     | ReportRequest
     | ResumeRequest
     | DbRequest

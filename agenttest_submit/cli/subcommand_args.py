@@ -1,5 +1,5 @@
 """The parser of every subcommand (`SUBCOMMAND_HELP`: status, report, resume, cancel,
-runs, diff, history, view, metrics, prune, db, schema) and the requests it builds
+runs, diff, history, view, metrics, prune, cache, db, schema) and the requests it builds
 (request.py); the run's own parser is in main.py. Options a user pastes from a run
 (`--config`, `--format`, `-o`) are taken where they mean something and refused with the
 reason elsewhere (`PASTED_REASONS`)."""
@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from agenttest_submit.cli.arg_types import Parser, duration_arg, formats, port_arg, positive_int
 from agenttest_submit.cli.request import (
     SCHEMA_KINDS,
+    CacheRequest,
     CancelRequest,
     DbRequest,
     DiffRequest,
@@ -52,6 +53,10 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
     "prune": (
         "prune --older-than D [--suite S] [--keep-last N] [--dry-run]",
         "remove old runs that have ended, with all their rows",
+    ),
+    "cache": (
+        "cache stats|clear [--agent NAME] [--older-than D]",
+        "the agents' cached replies: how many by agent, or remove them",
     ),
     "db": ("db upgrade", "bring the database to the current schema"),
     "schema": (
@@ -109,6 +114,12 @@ PASTED_REASONS: dict[str, dict[str, str]] = {
     },
     "prune": {
         "--config": _CONFIG_READ_FROM_STORE,
+        "--format": _PRINTS_WHAT_IT_DID,
+        "-o": _PRINTS_WHAT_IT_DID,
+    },
+    "cache": {
+        "--config": "cache reads the store (AGENTTEST_DATABASE_URL, else AGENTTEST_HOME), "
+        "where every project's cached replies are kept, by agent name",
         "--format": _PRINTS_WHAT_IT_DID,
         "-o": _PRINTS_WHAT_IT_DID,
     },
@@ -213,6 +224,19 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
     )
     prune.add_argument(
         "--dry-run", action="store_true", help="list the runs it would remove; remove nothing"
+    )
+    cache = add("cache")
+    cache.add_argument(
+        "action",
+        choices=("stats", "clear"),
+        help="stats: cached replies by agent; clear: remove them",
+    )
+    cache.add_argument("--agent", metavar="NAME", help="only this agent's replies")
+    cache.add_argument(
+        "--older-than",
+        type=duration_arg,
+        metavar="DURATION",
+        help="clear: only replies stored longer ago than this: 7d, 12h, ...",
     )
     db = add("db")
     db.add_argument("action", choices=("upgrade",), help="upgrade: apply every migration")
@@ -325,6 +349,15 @@ def subcommand_request(
             keep_last=args.keep_last,
             dry_run=args.dry_run,
         )
+    if args.command == "cache":
+        if args.action == "stats" and args.older_than is not None:
+            raise InputError(
+                InputProblem(
+                    "cache stats counts every reply; --older-than is for clear",
+                    field="--older-than",
+                )
+            )
+        return CacheRequest(action=args.action, agent=args.agent, older_than=args.older_than)
     if args.command == "cancel":
         return CancelRequest(run=args.run, reason=args.reason)
     if args.command == "resume":

@@ -15,6 +15,7 @@ from typing import cast
 
 from agenttest_submit.cli.output_file import output_problem, written_to
 from agenttest_submit.cli.request import (
+    CacheRequest,
     CancelRequest,
     DbRequest,
     PruneRequest,
@@ -72,6 +73,10 @@ def run_subcommand(request: SubcommandRequest) -> int:
         from agenttest_submit.commands.prune import prune  # its imports: only here
 
         return prune(url, request)
+    if isinstance(request, CacheRequest):
+        from agenttest_submit.commands.reply_cache_command import cache_command  # only here
+
+        return cache_command(url, request)
     run = resolve_run(url, request.run)
     if isinstance(request, StatusRequest):
         played = results.count_played_turns(url, run.id)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agenttest_submit.inputs.case_checks import CaseChecker, Selection
-from agenttest_submit.inputs.generate import generate_cases
+from agenttest_submit.inputs.generate import PoolMaker, generate_cases
 from agenttest_submit.inputs.sources import (
     STDIN_NAME,
     FileInput,
@@ -45,7 +45,10 @@ def message_case(text: str, number: int = 1) -> Case:
 
 
 def iter_source(
-    source: InputSource, config: ProjectConfig, target: str | None = None
+    source: InputSource,
+    config: ProjectConfig,
+    target: str | None = None,
+    generators: PoolMaker | None = None,
 ) -> Iterator[Case | InputProblem]:
     if isinstance(source, FileInput):
         for file in case_files_in(source.path):
@@ -53,7 +56,7 @@ def iter_source(
     elif isinstance(source, MessageInput):
         yield message_case(source.text, source.number)
     elif isinstance(source, GeneratorInput):
-        yield from generate_cases(source, config, target)
+        yield from generate_cases(source, config, target, generators)
     elif isinstance(source, StdinInput):
         yield from iter_stream_cases(sys.stdin.buffer, STDIN_NAME)
 
@@ -79,8 +82,11 @@ class CaseStream:
         target: str | None,
         simulator: str | None = None,
         selection: Selection | None = None,
+        generators: PoolMaker | None = None,
     ) -> None:
         self.sources = list(sources)
+        # The pool `agents:` generators are called through (None: one without a cache).
+        self.generators = generators
         self.config = config
         self.target = target
         self.simulator = simulator
@@ -98,7 +104,7 @@ class CaseStream:
     def __iter__(self) -> Iterator[Case]:
         for source in self.sources:
             try:
-                for item in iter_source(source, self.config, self.target):
+                for item in iter_source(source, self.config, self.target, self.generators):
                     if isinstance(item, InputProblem):
                         self._take_problem(item)
                     elif (case := self._check(item)) is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agenttest_submit.cli.stopping import run_async
@@ -78,11 +78,17 @@ def generator_metadata(
     return metadata
 
 
-async def _generate(source: GeneratorInput, config: ProjectConfig, target: str | None) -> list[Any]:
+# The pool generators are called through (with the run's reply cache); None: a plain one.
+PoolMaker = Callable[[], AgentPool]
+
+
+async def _generate(
+    source: GeneratorInput, config: ProjectConfig, target: str | None, pool: PoolMaker | None
+) -> list[Any]:
     log: list[AgentCallRecord] = []
     try:
         return (
-            await AgentPool(config)
+            await (pool() if pool is not None else AgentPool(config))
             .session(log)
             .generate(
                 f"{source.ref.kind}:{source.ref.id}", generator_metadata(source, config, target)
@@ -105,12 +111,15 @@ def _warn(index: int, case_id: str | None, problems: list[InputProblem]) -> None
 
 
 def generate_cases(
-    source: GeneratorInput, config: ProjectConfig, target: str | None = None
+    source: GeneratorInput,
+    config: ProjectConfig,
+    target: str | None = None,
+    pool: PoolMaker | None = None,
 ) -> Iterator[Case | InputProblem]:
     """Validated generated cases; invalid ones are reported on stderr and left out."""
     label = source.describe()
     try:
-        raw_cases = run_async(_generate(source, config, target))
+        raw_cases = run_async(_generate(source, config, target, pool))
     except AgentError as exc:
         raise InputError(InputProblem(f"generator failed: {exc.message}", file=label)) from None
     if not raw_cases:

@@ -25,7 +25,13 @@ from agenttest_submit.run.output import emit_report
 from agenttest_submit.run.progress import Progress
 from agenttest_submit.run.runner import new_run, run_suite
 from agenttest_submit.run.storing import write_run
-from agenttest_worker.agents import ProjectConfig, close_session, configure_pool, connections_for
+from agenttest_worker.agents import (
+    ProjectConfig,
+    ReplyCacheStore,
+    close_session,
+    configure_pool,
+    connections_for,
+)
 from agenttest_worker.driver import (
     RUN_CANCELS,
     Advance,
@@ -34,6 +40,7 @@ from agenttest_worker.driver import (
     answer_human,
     end_refused,
     inline,
+    options_of,
     run_step,
 )
 from agenttest_worker.engine import RunOptions
@@ -151,6 +158,15 @@ async def drive(
         )
 
 
+def _reply_cache(url: str) -> ReplyCacheStore:
+    # Imported here, as the module's other store imports are: the store's SQL modules
+    # load SQLAlchemy, which the submitter's start-up does without.
+    from agenttest_worker.store import reply_cache_at
+
+    replies: ReplyCacheStore = reply_cache_at(url)
+    return replies
+
+
 async def _drive(
     url: str,
     run_id: str,
@@ -164,7 +180,7 @@ async def _drive(
 ) -> None:
     if store is None:
         store = BufferedStore.from_database(url, run_id)
-    pools = PoolCache()
+    pools = PoolCache(replies=functools.partial(_reply_cache, url))
     asker = TerminalAsker(progress)
     queue = iter(conversations)
     ended_refused: set[str] = set()
@@ -204,7 +220,7 @@ async def _drive(
             text, why = await asker.ask(case_id, asked.question, asked.hint, asked.timeout)
         else:
             text, why = None, None
-        pool = pools.for_run(run_id, loaded.run_config)
+        pool = pools.for_run(run_id, loaded.run_config, options_of(loaded))
         return await answer_human(store, pool, run_id, case_id, text, why)
 
     async def conversation(case_id: str, turn: int) -> None:

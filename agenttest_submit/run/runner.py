@@ -56,6 +56,8 @@ def run_options(request: RunRequest, config: ProjectConfig, target: str | None) 
         case_timeout=request.case_timeout,
         turn_timeout=request.turn_timeout,
         fail_fast=request.fail_fast,
+        cache=request.cache,
+        cache_target=request.cache_target,
         awaiting_tools=list(config.awaiting_tools),
         max_tokens=request.max_tokens,
         max_cost=request.max_cost,

@@ -10,6 +10,7 @@ checked cases, and hands them to the dry run, the re-evaluation (reeval.py), or
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -24,7 +25,13 @@ from agenttest_submit.inputs.sources import InputSource, MessageInput, parse_inp
 from agenttest_submit.run.embedded import run_embedded
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import input_label, run_options, run_suite, store_records
-from agenttest_worker.agents import ProjectConfig, load_config, warn_unverified_agents
+from agenttest_worker.agents import (
+    AgentPool,
+    CachePolicy,
+    ProjectConfig,
+    load_config,
+    warn_unverified_agents,
+)
 from agenttest_worker.cases import check_ref
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
@@ -91,6 +98,7 @@ def submit(request: RunRequest) -> int:
         target=target,
         simulator=simulator,
         selection=Selection(tags=list(request.tags), ids=list(request.ids)),
+        generators=functools.partial(generator_pool, request, config),
     )
     if request.dry_run:
         return _dry_run(stream, request.output)
@@ -102,6 +110,18 @@ def submit(request: RunRequest) -> int:
         print_warnings(stream.warnings)
         return reeval_cases(request, config, cases)
     return run_cases(request, config, stream, sources, target)
+
+
+def generator_pool(request: RunRequest, config: ProjectConfig) -> AgentPool:
+    """The pool `agents:` generators are called through at submission: with the reply
+    cache of the store the run goes to, used as the run's flags say."""
+    # Imported here: the store's SQL modules load SQLAlchemy, which a run's start-up
+    # needs only once it generates cases.
+    from agenttest_worker.store import reply_cache_at
+
+    url = get_settings().effective_database_url()
+    policy = CachePolicy(request.cache, request.cache_target)
+    return AgentPool(config, reply_cache_at(url), policy)
 
 
 # What json.dumps(ensure_ascii=False) leaves raw and a terminal would obey: DEL, the C1

@@ -33,6 +33,7 @@ from agenttest_worker.agents.interface import (
 from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.agents.protocols import HttpAgentClient, OpenAIClient, ScriptAgentClient
 from agenttest_worker.agents.refs import Ref, parse_ref
+from agenttest_worker.agents.reply_cache import CachePolicy, ReplyCacheStore
 
 __all__ = [
     "DEFAULT_AWAITING_TOOLS",
@@ -42,10 +43,12 @@ __all__ = [
     "AgentPool",
     "AgentReply",
     "AgentRequest",
+    "CachePolicy",
     "HttpAgentClient",
     "OpenAIClient",
     "ProjectConfig",
     "Ref",
+    "ReplyCacheStore",
     "RoleSession",
     "ScriptAgentClient",
     "close_session",

@@ -132,6 +132,9 @@ class AgentConfig(_Strict):
     deployment: str | None = Field(default=None, min_length=1, validate_default=True)
     api_version: str | None = Field(default=None, min_length=1, validate_default=True)
     azure_ad_token_env: str | None = None
+    # Its replies kept and served again (agents/reply_cache.py): true always, false
+    # never; unset, judges, simulators and generators with temperature 0 or a seed.
+    cache: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -42,6 +42,9 @@ class AgentRequest:
     session_id: str | None = None
     case_id: str | None = None
     turn: int | None = None
+    # The repetition (--repeat) of the conversation the call is for: it keys a
+    # target's or simulator's cached reply, never sent.
+    repetition: int | None = None
 
 
 @dataclass

@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agenttest_worker.agents.config import ProjectConfig
@@ -22,9 +22,22 @@ from agenttest_worker.agents.interface import (
     AgentReply,
     AgentRequest,
     get_protocol,
+    history_source,
 )
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import Ref, RefKind, parse_ref
+from agenttest_worker.agents.reply_cache import (
+    CacheEntry,
+    CachePolicy,
+    Hit,
+    Leased,
+    ReplyCacheStore,
+    cacheable,
+    cached_reply,
+    claim,
+    reply_document,
+    request_key,
+)
 from agenttest_worker.agents.roles import (
     ReplyParseError,
     SimulatorTurn,
@@ -46,8 +59,17 @@ log = logging.getLogger(__name__)
 
 
 class AgentPool:
-    def __init__(self, config: ProjectConfig) -> None:
+    """`replies`: where replies are cached (None: nowhere), used as `policy` says."""
+
+    def __init__(
+        self,
+        config: ProjectConfig,
+        replies: ReplyCacheStore | None = None,
+        policy: CachePolicy | None = None,
+    ) -> None:
         self.config = config
+        self.replies = replies
+        self.policy = policy or CachePolicy()
         self._clients: dict[str, AgentClient] = {}
 
     def client(self, name: str) -> AgentClient:
@@ -74,7 +96,58 @@ class RoleSession:
         self.pool = pool
         self.log = log
 
-    async def call(self, agent: str, request: AgentRequest) -> AgentReply:
+    async def call(
+        self,
+        agent: str,
+        request: AgentRequest,
+        readable: Callable[[str | None], object] | None = None,
+    ) -> AgentReply:
+        """`agent`'s reply to `request`, from the reply cache when it is cached there.
+        `readable`: the role's reader of the reply's content; a reply it refuses (raises
+        ReplyParseError) is not stored, so that a junk reply is never served again."""
+        key = self._cache_key(agent, request)
+        if key is None:
+            return await self._call_agent(agent, request)
+        ident = self.pool.client(agent).name
+        replies = self.pool.replies
+        assert replies is not None  # a key is made only with a cache
+        # --cache-refresh calls without looking, and stores what it got.
+        claimed = (
+            None
+            if self.pool.policy.mode == "refresh"
+            else await claim(replies, key, ident, request.role)
+        )
+        if isinstance(claimed, Hit):
+            reply = cached_reply(claimed.reply, request.role, ident)
+            assert reply.call is not None
+            self.log.append(reply.call)
+            return reply
+        try:
+            reply = await self._call_agent(agent, request)
+        except BaseException:
+            if isinstance(claimed, Leased):
+                # Those waiting for this reply call for themselves now.
+                await asyncio.to_thread(replies.release, key)
+            raise
+        if (reply.call is None or reply.call.error is None) and _reads(readable, reply):
+            entry = CacheEntry(key, ident, request.role, reply_document(reply))
+            await asyncio.to_thread(replies.fill, entry)
+        return reply
+
+    def _cache_key(self, agent: str, request: AgentRequest) -> str | None:
+        """The request's cache key, or None when this call is not cached."""
+        if self.pool.replies is None:
+            return None
+        client = self.pool.client(agent)
+        entry = self.pool.config.agents.get(client.name)
+        if entry is None or history_source(client) is not None:
+            # A history-based agent's turn is read from its chat history afterwards.
+            return None
+        if not cacheable(entry, request, self.pool.policy):
+            return None
+        return request_key(entry, request)
+
+    async def _call_agent(self, agent: str, request: AgentRequest) -> AgentReply:
         try:
             reply = await self.pool.client(agent).complete(request)
         except AgentError as exc:
@@ -109,6 +182,7 @@ class RoleSession:
         case_id: str,
         turn: int,
         params: dict[str, Any] | None = None,
+        repetition: int | None = None,
     ) -> SimulatorTurn:
         """The simulator's next user input; AgentError when it fails or replies junk.
 
@@ -153,7 +227,8 @@ class RoleSession:
         mode = entry.messages if entry is not None else "transcript"
         request = simulator_request(history, metadata, session_id, case_id, turn, mode)
         request.params = params or {}
-        reply = await self.call(ref.id, request)
+        request.repetition = repetition
+        reply = await self.call(ref.id, request, read_simulator_reply)
         try:
             return read_simulator_reply(reply.content)
         except ReplyParseError as exc:
@@ -229,7 +304,7 @@ class RoleSession:
         request = validator_request(messages, {"test_mode": "validator", **metadata}, whole)
         request.params = dict(options.params) if options else {}
         try:
-            reply = await self.call(name, request)
+            reply = await self.call(name, request, read_validator_reply)
         except AgentError as exc:
             return AssertionOutcome(False, f"judge {name} failed: {exc.message}", error=exc.message)
         try:
@@ -285,7 +360,8 @@ class RoleSession:
                 f"generator script {ref.id} returned {type(result).__name__}, "
                 'expected a list of cases or {"cases": [...]}',
             )
-        reply = await self.call(ref.id, generator_request({"test_mode": "generator", **metadata}))
+        request = generator_request({"test_mode": "generator", **metadata})
+        reply = await self.call(ref.id, request, read_generator_reply)
         try:
             return read_generator_reply(reply.content)
         except ReplyParseError as exc:
@@ -298,6 +374,16 @@ def _ref(use: str, default_kind: RefKind | None, *, allow_params: bool) -> Ref:
         return parse_ref(use, default_kind=default_kind, allow_params=allow_params)
     except ValueError as exc:
         raise AgentError("config", str(exc)) from None
+
+
+def _reads(readable: Callable[[str | None], object] | None, reply: AgentReply) -> bool:
+    if readable is None:
+        return True
+    try:
+        readable(reply.content)
+    except ReplyParseError:
+        return False
+    return True
 
 
 def _json_text(value: Any) -> str:

@@ -11,6 +11,7 @@ Importing it imports no SQLAlchemy: the store it is handed brings its own.
 from agenttest_worker.driver.budget_counting import budget_spent
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.rejudge import reevaluate
+from agenttest_worker.driver.run_cache import options_of
 from agenttest_worker.driver.run_cancels import RUN_CANCELS
 from agenttest_worker.driver.step import (
     Advance,
@@ -29,6 +30,7 @@ __all__ = [
     "budget_spent",
     "end_refused",
     "inline",
+    "options_of",
     "reevaluate",
     "run_step",
     "run_step_sync",

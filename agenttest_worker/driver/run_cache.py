@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.config_loading import config_from_stored
 from agenttest_worker.agents.pool import AgentPool
+from agenttest_worker.agents.reply_cache import CachePolicy, ReplyCacheStore
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError
@@ -25,16 +27,31 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class PoolCache:
-    """Agent pools by run, so that a worker serving many runs reuses clients."""
+    """Agent pools by run, so that a worker serving many runs reuses clients.
 
-    def __init__(self, size: int = 32) -> None:
+    `replies` makes the reply cache the pools share (made on first use; None: no cache),
+    used as each run's options say."""
+
+    def __init__(
+        self, size: int = 32, replies: Callable[[], ReplyCacheStore] | None = None
+    ) -> None:
         self.size = size
         self._pools: OrderedDict[str, AgentPool] = OrderedDict()
+        self._make_replies = replies
+        self._replies: ReplyCacheStore | None = None
 
-    def for_run(self, run_id: str, config: dict[str, Any]) -> AgentPool:
+    def for_run(
+        self, run_id: str, config: dict[str, Any], options: RunOptions | None = None
+    ) -> AgentPool:
         pool = self._pools.get(run_id)
         if pool is None:
-            pool = AgentPool(config_from_stored(config))
+            replies: ReplyCacheStore | None = None
+            if self._make_replies is not None:
+                if self._replies is None:
+                    self._replies = self._make_replies()
+                replies = self._replies
+            policy = CachePolicy(options.cache, options.cache_target) if options else None
+            pool = AgentPool(config_from_stored(config), replies, policy)
             self._pools[run_id] = pool
             while len(self._pools) > self.size:
                 self._pools.popitem(last=False)

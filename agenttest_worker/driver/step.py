@@ -483,7 +483,7 @@ def _pool_or_failure(pools: PoolCache, prepared: Prepared) -> AgentPool | Conver
     a task failure the turn would be played again for ever and the run never finish."""
     loaded = prepared.loaded
     try:
-        return pools.for_run(loaded.run_id, loaded.run_config)
+        return pools.for_run(loaded.run_id, loaded.run_config, prepared.options)
     except ConfigError as exc:
         where = "; ".join(f"{p.field}: {p.message}" if p.field else p.message for p in exc.problems)
         return end_without_running(

@@ -112,6 +112,7 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
             case_id=case.id,
             turn=state.turns_run + 1,
             params=simulator_options.params if simulator_options else {},
+            repetition=case.repetition,
         )
     except AgentError as exc:
         elapsed = int((time.monotonic() - started) * 1000)

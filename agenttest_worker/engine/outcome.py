@@ -152,9 +152,11 @@ def usage_by_role(
     that reported no usage (an agent that does not, a failed call) counts with 0 tokens."""
     sums: dict[UsageRole, list[float]] = {}
     for call in calls:
-        found = sums.setdefault(USAGE_ROLE[call.role], [0, 0, 0, 0, 0.0])
+        found = sums.setdefault(USAGE_ROLE[call.role], [0, 0, 0, 0, 0.0, 0])
         found[0] += 1
-        if call.usage is not None:
+        if call.cached:
+            found[5] += 1  # served from the reply cache: it used nothing
+        elif call.usage is not None:
             found[1] += call.usage.prompt_tokens
             found[2] += call.usage.completion_tokens
             found[3] += call.usage.total_tokens
@@ -167,6 +169,7 @@ def usage_by_role(
             total_tokens=int(total),
             # Rounded: sums of per-call costs carry float noise (0.30000000000000004).
             cost=round(cost, 9),
+            cached=int(cached) or None,
         )
-        for role, (n, prompt, completion, total, cost) in sums.items()
+        for role, (n, prompt, completion, total, cost, cached) in sums.items()
     }

@@ -62,6 +62,11 @@ class RunOptions(BaseModel):
     # What one conversation's inputs and replies may add up to, in UTF-8 bytes: each turn
     # sends the agent the whole conversation, and every process playing it holds it.
     max_conversation_bytes: int = DEFAULT_MAX_CONVERSATION_BYTES
+    # The reply cache (agents/reply_cache.py): "off" (--no-cache), "refresh"
+    # (--cache-refresh: call again and keep the new reply), and targets cached too
+    # (--cache target).
+    cache: Literal["on", "off", "refresh"] = "on"
+    cache_target: bool = False
 
     @property
     def budgeted(self) -> bool:

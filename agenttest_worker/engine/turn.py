@@ -206,6 +206,7 @@ def _target_request(
         session_id=state.session_id,
         case_id=case.id,
         turn=turn_no,
+        repetition=case.repetition,
     )
 
 

@@ -51,16 +51,19 @@ from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.conversation_store import SqlStore
 from agenttest_worker.store.sql import recovery
+from agenttest_worker.store.sql.cached_replies import reply_cache_at
 from agenttest_worker.store.sql.db import error_reason, upgrade
 
 log = logging.getLogger("agenttest.tasks")
-_pools = PoolCache()
 
 
 def database_url() -> str:
     url = get_settings().effective_database_url()
     upgrade(url)  # a no-op after the first call in this process
     return url
+
+
+_pools = PoolCache(replies=lambda: reply_cache_at(database_url()))
 
 
 _stores: dict[str, SqlStore] = {}

@@ -5,7 +5,7 @@
         tally.add(case)
     tally.usage      # {role: RoleUsage}, roles in ROLE_ORDER, only those that made calls
     tally.as_dict()  # the same, JSON-ready: the shape of a record's `usage_by_role`
-    tally.line()     # "Usage: target 120 calls, 45,000 tokens, $0.0450 · judge ..."
+    tally.line()     # "Usage: target 120 calls, 45,000 tokens · judge 80 calls, 64 cached, ..."
 
 Each record's `usage_by_role` (engine/outcome.py) already holds its conversation's
 calls priced with the run's agenttest.yaml; the run's own usage (generator agents at
@@ -45,6 +45,8 @@ def usage_line(usage: Mapping[UsageRole, RoleUsage], priced: bool | None = None)
     parts = []
     for role, found in shown.items():
         part = f"{role} {found.calls:,} call{'' if found.calls == 1 else 's'}, "
+        if found.cached:
+            part += f"{found.cached:,} cached, "
         part += f"{found.total_tokens:,} token{'' if found.total_tokens == 1 else 's'}"
         if priced:
             part += f", ${found.cost:,.4f}"
@@ -68,12 +70,13 @@ class UsageTally:
         for role, found in usage.items():
             sums = self._sums.get(role)
             if sums is None:
-                sums = self._sums[role] = [0, 0, 0, 0, 0.0]
+                sums = self._sums[role] = [0, 0, 0, 0, 0.0, 0]
             sums[0] += found.calls
             sums[1] += found.prompt_tokens
             sums[2] += found.completion_tokens
             sums[3] += found.total_tokens
             sums[4] += found.cost
+            sums[5] += found.cached or 0
 
     @property
     def usage(self) -> dict[UsageRole, RoleUsage]:
@@ -86,8 +89,9 @@ class UsageTally:
                     completion_tokens=int(completion),
                     total_tokens=int(total),
                     cost=round(cost, COST_DIGITS),
+                    cached=int(cached) or None,
                 )
-                for role, (calls, prompt, completion, total, cost) in self._sums.items()
+                for role, (calls, prompt, completion, total, cost, cached) in self._sums.items()
             }
         )
 

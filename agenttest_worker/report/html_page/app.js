@@ -114,7 +114,9 @@ const usageTable = (usage) => {
   const head = el("tr", null, ["role", "calls", "prompt", "completion", "tokens", "cost"].map((h) => el("th", null, h)));
   const rows = roles.map((role) => {
     const u = usage[role];
-    return el("tr", null, el("td", null, role), [u.calls, u.prompt_tokens, u.completion_tokens, u.total_tokens].map((v) => el("td", "num", number(v))), el("td", "num", money(u.cost)));
+    // Calls served from the reply cache used nothing: "120 (96 cached)".
+    const calls = el("td", "num", number(u.calls) + (u.cached ? ` (${number(u.cached)} cached)` : ""));
+    return el("tr", null, el("td", null, role), calls, [u.prompt_tokens, u.completion_tokens, u.total_tokens].map((v) => el("td", "num", number(v))), el("td", "num", money(u.cost)));
   });
   return el("table", "usage", el("thead", null, head), el("tbody", null, rows));
 };

@@ -142,7 +142,7 @@ const votesTable = (votes) => {
 const callsView = (calls) => {
   const head = el("tr", null, ["role", "agent", "latency", "attempts", "status", "tokens", "error"].map((h) => el("th", null, h)));
   const rows = calls.map((c) =>
-    el("tr", null, el("td", null, c.role), el("td", null, c.agent), el("td", "num", `${c.latency_ms}ms`), el("td", "num", String(c.attempts || 1)), el("td", "num", c.status_code ? String(c.status_code) : ""), el("td", "num", c.usage ? number(c.usage.total_tokens) : ""), el("td", null, c.error || "", c.reply ? pre("reply", c.reply) : null)),
+    el("tr", null, el("td", null, c.role), el("td", null, c.agent), el("td", "num", c.cached ? "(cached)" : `${c.latency_ms}ms`), el("td", "num", c.cached ? "0" : String(c.attempts || 1)), el("td", "num", c.status_code ? String(c.status_code) : ""), el("td", "num", c.usage ? number(c.usage.total_tokens) : ""), el("td", null, c.error || "", c.reply ? pre("reply", c.reply) : null)),
   );
   return el("details", "calls", el("summary", null, `Agent calls (${calls.length})`), el("table", null, el("thead", null, head), el("tbody", null, rows)));
 };

@@ -11,6 +11,8 @@
 - turn_records: a conversation's earlier turns' results while it runs, one row each,
   so that a step rewrites only what is new of its state (driver/state_cache.py).
 - run_reports: the aggregator's reports, stored with the run.
+- reply_cache: agents' replies kept to be served again, by the sha256 of what
+  determines them, shared by every run (store/sql/cached_replies.py).
 """
 
 from __future__ import annotations
@@ -253,3 +255,20 @@ class RunReportRow(Base):
     format: Mapped[str] = mapped_column(String(16), primary_key=True)
     content: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ReplyCacheRow(Base):
+    """A cached reply, or (while `reply` is NULL) a caller's lease on calling for it."""
+
+    __tablename__ = "reply_cache"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    agent: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    reply: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    size_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_reply_cache_created_at", "created_at"),)

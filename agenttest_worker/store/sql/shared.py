@@ -40,6 +40,22 @@ def insert_ignoring(session: Session, model: type[Base], rows: Sequence[dict[str
     session.connection().execute(statement, list(rows))
 
 
+def inserted(session: Session, model: type[Base], row: dict[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING of one row: whether this insert stored it (read
+    from RETURNING: the drivers' row counts of such an insert are not to be relied on)."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql  # see insert_ignoring
+
+        module: Any = postgresql
+    else:
+        module = sqlite
+    table: Any = model.__table__
+    statement = module.insert(table).values(row).on_conflict_do_nothing()
+    key = next(iter(table.primary_key.columns))
+    return session.connection().execute(statement.returning(key)).first() is not None
+
+
 def ago(session: Session, seconds: float) -> ColumnElement[datetime]:
     """The instant `seconds` before now, by the database's clock where it has one.
 
