@@ -22,7 +22,7 @@ registered spec models (built when those models are); the messages for an unknow
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -53,6 +53,21 @@ class AssertionSpec(BaseModel):
 
     type: str
     description: str | None = None
+
+    def parts(self) -> Iterator[tuple[tuple[str | int, ...], AssertionSpec]]:
+        """The assertions this one is made of, each with its field path in this one
+        (a group's); none for the others."""
+        return iter(())
+
+
+def walk(
+    assertion: AssertionSpec, path: tuple[str | int, ...] = ()
+) -> Iterator[tuple[tuple[str | int, ...], AssertionSpec]]:
+    """The assertion and every assertion nested in it, depth first, each with its field
+    path (from `path`): what checks of a case's agents and scripts go through."""
+    yield path, assertion
+    for inner, part in assertion.parts():
+        yield from walk(part, (*path, *inner))
 
 
 class RoleCaller(Protocol):
