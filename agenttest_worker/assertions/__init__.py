@@ -6,10 +6,11 @@
   `evaluate`.
 - `text`: contains, equals, regex, not_contains, not_regex. `structure`: json_path,
   type (on the JSON document). `tools`: tool_called, tool_not_called. `agent`: a judge
-  agent decides. `script`: a Python callable from the scripts folder decides. `latency`: how fast the target answered (its time
-  to first token and to the end of its reply; the engine gives it a TimedContext).
-  `trajectory`: tool_sequence, tool_count, turn_count (the calls made, the turns
-  played). `groups`: not, any, all (assertions made of assertions).
+  agent decides. `script`: a Python callable from the scripts folder decides.
+  `latency`: how fast the target answered (its time to first token and to the end of
+  its reply; the engine gives it a TimedContext). `trajectory`: tool_sequence,
+  tool_count, turn_count (the calls made, the turns played). `groups`: not, any, all
+  (assertions made of assertions).
 
 `Assertion` is what the case model validates assertions against: the discriminated
 union of the registered spec models, so an unknown `type` or a misspelt field is a

@@ -173,8 +173,8 @@ def _sequence_failure(spec: ToolSequenceAssertion, calls: list[ToolCall]) -> str
         return f"not called: {_listed(missing)}"
     if spec.order == "any_order" and len(calls) != len(rules):
         used = set(pairing)
-        extra = [c for i, c in enumerate(calls) if i not in used]
-        return f"called more than listed: {_listed(extra)}"
+        unlisted = [c for i, c in enumerate(calls) if i not in used]
+        return f"called more than listed: {_listed(unlisted)}"
     return None
 
 
