@@ -38,7 +38,11 @@ from agenttest_worker.assertions.checking import unregister
 from agenttest_worker.cases.files import iter_cases, load_cases
 from agenttest_worker.errors import ConfigError, InputProblem
 
-BUILT_IN_TYPES = "contains, equals, regex, json_path, type, tool_called, agent, script, latency"
+BUILT_IN_TYPES = (
+    "contains, equals, regex, not_contains, not_regex, json_path, type, tool_called, "
+    "tool_not_called, agent, script, latency, tool_sequence, tool_count, turn_count, "
+    "not, any, all"
+)
 
 
 # -- a new assertion type ------------------------------------------------------------------
