@@ -22,7 +22,7 @@ TARGET = "assistants.shop"
 REFUND_REPLY = "Your refund of $500 for order A1 is on its way."
 
 
-def shop(body: Body) -> Reply | str:
+def shop(body: Body) -> Reply:
     """Greets; asked for a refund, calls lookup_order, then issue_refund, then answers."""
     messages = body["messages"]
     since_user = messages[max(i for i, m in enumerate(messages) if m["role"] == "user") :]
