@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 import yaml
-from scripted_agent import Body, Reply, ScriptedAgent, call, last_user_text, say
+from scripted_agent import (
+    Body,
+    Reply,
+    ScriptedAgent,
+    call,
+    fail,
+    judge_verdict,
+    last_user_text,
+    say,
+)
 
 from agenttest_submit.cli.main import main
 
@@ -23,10 +32,16 @@ REFUND_REPLY = "Your refund of $500 for order A1 is on its way."
 
 
 def shop(body: Body) -> Reply:
-    """Greets; asked for a refund, calls lookup_order, then issue_refund, then answers."""
+    """Greets; asked for a refund, calls lookup_order, then issue_refund, then answers;
+    asked to check both orders, looks both up in one reply."""
     messages = body["messages"]
     since_user = messages[max(i for i, m in enumerate(messages) if m["role"] == "user") :]
     rounds = sum(1 for m in since_user if m["role"] == "tool")
+    if "both" in last_user_text(body):
+        if rounds:
+            return say("Both found.")
+        orders = [{"order": "B2"}, {"order": "A1"}]
+        return Reply(tool_calls=[{"name": "lookup_order", "args": o} for o in orders])
     if "refund" not in last_user_text(body):
         return say("Hello! How can I help you today?")
     if rounds == 0:
@@ -46,7 +61,12 @@ def agent() -> Iterator[ScriptedAgent]:
 @pytest.fixture
 def project(agent: ScriptedAgent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
-    config = {"agents": {TARGET: agent.entry("shop", max_retries=0)}}
+    config = {
+        "agents": {
+            TARGET: agent.entry("shop", max_retries=0),
+            "judge": agent.entry("judge", max_retries=0),
+        }
+    }
     (tmp_path / "agenttest.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     return tmp_path
 
@@ -183,6 +203,63 @@ def test_groups_not_any_all_list_their_parts(
     assert results[2]["assertions"] == [nope, refund]
 
 
+def test_groups_hold_judged_parts_and_not_of_an_error_fails(
+    agent: ScriptedAgent, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def judge(body: Body) -> Reply:
+        criteria = json.dumps(body)
+        if "polite" in criteria:
+            return judge_verdict(True, "it is polite")
+        if "broken" in criteria:
+            return fail(500, "judge overloaded")
+        return judge_verdict(False, "it is not")
+
+    agent.script("judge", judge)
+
+    def judged(criteria: str) -> Body:
+        return {"type": "agent", "use": "judge", "options": {"metadata": {"criteria": criteria}}}
+
+    assertions = [
+        {"type": "all", "assertions": [judged("Is polite"), judged("Is rude")]},
+        {"type": "any", "assertions": [judged("Is rude"), judged("Is polite")]},
+        {"type": "not", "assertion": judged("Is rude")},
+        {"type": "not", "assertion": judged("Is broken")},
+    ]
+    records = run(project, capsys, [{"id": "J", "input": "hi", "assertions": assertions}])
+    results = records["J"]["turns"][0]["assertions"]
+    assert [r["passed"] for r in results] == [False, True, True, False]
+    assert results[0]["reason"] == (
+        "all: 1 of 2 passed (agent passed: it is polite; agent failed: it is not)"
+    )
+    assert results[2]["reason"] == "not: agent failed: it is not"
+    assert results[3]["reason"].startswith("not: agent could not be evaluated: judge judge failed")
+    assert "HTTP 500" in results[3]["error"]
+    assert len(agent.requests("judge")) == 6
+
+
+def test_a_judge_named_inside_a_group_is_checked_at_load(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nested = {
+        "type": "any",
+        "assertions": [
+            {"type": "contains", "value": "x"},
+            {"type": "not", "assertion": {"type": "agent", "use": "nobody", "options": {}}},
+        ],
+    }
+    (project / "j.jsonl").write_text(
+        json.dumps({"id": "J1", "input": "x", "assertions": [nested]}) + "\n"
+    )
+    capsys.readouterr()
+    assert main(["-i", "j.jsonl", "-n", TARGET, "--dry-run"]) == 2
+    problems = [line.strip() for line in capsys.readouterr().err.splitlines()[1:]]
+    assert len(problems) == 1
+    assert problems[0].startswith(
+        "j.jsonl:1 (test 'J1'): assertions[0].assertions[1].assertion.use: "
+    ), problems
+    assert "nobody" in problems[0]
+
+
 def test_tool_sequence_orders_and_argument_modes(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -205,6 +282,7 @@ def test_tool_sequence_orders_and_argument_modes(
         seq("subset", look),
         seq("superset", refund),
         seq("superset", refund, escalate),
+        seq("superset", look, look),
         seq("exact", look, {"name": "issue_refund", "args": {"amount": 500}}),
         seq("exact", look, {"name": "issue_refund", "args": {"amount": 500}}, args="exact"),
         seq(
@@ -252,6 +330,10 @@ def test_tool_sequence_orders_and_argument_modes(
         ),
         (True, f"calls match (superset): {made[8:]}"),
         (False, f"not called: escalate; expected (superset): issue_refund, escalate; {made}"),
+        (
+            False,
+            f"not called: lookup_order; expected (superset): lookup_order, lookup_order; {made}",
+        ),
         (True, f"calls match (exact): {made[8:]}"),
         (
             False,
@@ -261,6 +343,27 @@ def test_tool_sequence_orders_and_argument_modes(
         ),
         (True, f"calls match (exact): {made[8:]}"),
     ]
+
+
+def test_superset_and_any_order_pair_each_listed_call_with_its_own(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loose = {"name": "lookup_order"}
+    strict = {"name": "lookup_order", "args": {"order": "B2"}}
+    assertions = [
+        # The looser entry comes first: it must leave the call the stricter one needs.
+        {"type": "tool_sequence", "order": "superset", "calls": [loose, strict]},
+        {"type": "tool_sequence", "order": "any_order", "calls": [loose, strict]},
+        {"type": "tool_sequence", "order": "superset", "calls": [strict, strict]},
+    ]
+    records = run(
+        project,
+        capsys,
+        [{"id": "P", "input": "check both", "assertions": assertions, "tool_mocks": MOCKS}],
+    )
+    results = records["P"]["turns"][0]["assertions"]
+    assert [r["passed"] for r in results] == [True, True, False], results
+    assert results[2]["reason"].startswith('not called: lookup_order({"order": "B2"}); ')
 
 
 def test_tool_count_and_turn_count_over_the_conversation(
