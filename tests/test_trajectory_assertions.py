@@ -479,3 +479,31 @@ NEW_TYPES = (
     "any",
     "all",
 )
+
+
+def test_a_typo_deep_in_a_yaml_group_names_its_line(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (project / "t.yaml").write_text(
+        "tests:\n"
+        "  - name: grouped\n"
+        "    user_input: hi\n"
+        "    assertions:\n"
+        "      - type: any\n"
+        "        assertions:\n"
+        "          - {type: contains, value: x}\n"
+        "          - type: not\n"
+        "            assertion:\n"
+        "              type: tool_sequence\n"
+        "              calls:\n"
+        "                - {name: a, args_mod: exact}\n"
+        "    final_assertions:\n"
+        "      - {type: turn_count, max: 2}\n",
+        encoding="utf-8",
+    )
+    capsys.readouterr()
+    assert main(["-i", "t.yaml", "-n", TARGET, "--dry-run"]) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  t.yaml:12 (test 'grouped'): assertions[0].assertions[1].assertion.calls[0].args_mod: "
+        "unknown field (a typo?)"
+    ]
