@@ -1,10 +1,13 @@
 """Assertions made of assertions: not, any, all.
 
 A group's parts are assertions of any registered type, groups included, validated like
-the case's own: `Assertion` is the union of the types registered when a model using it
-is built. pydantic reuses a model's built schema inside another's, so the group models
-defer building theirs until first used: the case models, built once every type of this
-package has registered, then build all three together, each holding the others.
+the case's own: against the union of the types registered when a model using it is
+built. pydantic reuses a model's built schema inside another's (and the first copy of a
+model it meets in a schema stands for every later one), so a group model built before a
+type registered would carry the old union into every schema that holds it. The group
+models therefore defer building theirs until first used, and a change to the registry
+puts them back unbuilt: the case models, rebuilt next, then build all three afresh
+together, each holding the others, whatever the nesting.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, GetCoreSchemaHandler
+from pydantic.errors import PydanticUndefinedAnnotation
+from pydantic_core import CoreSchema
 
 from agenttest_worker.assertions.checking import (
-    Assertion,
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,
@@ -25,6 +29,25 @@ from agenttest_worker.assertions.checking import (
     on_change,
     register,
 )
+from agenttest_worker.assertions.checking import _RegisteredSpecs as RegisteredSpecs
+
+
+class _Parts(RegisteredSpecs):
+    """The registered types, as `Assertion`; while the registry changes, not yet built:
+    a model asked to build then stays unbuilt (pydantic's answer to an annotation it
+    cannot resolve yet) and builds on first use, from the registry as it is by then."""
+
+    changing = False
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        if _Parts.changing:
+            raise PydanticUndefinedAnnotation("Assertion", "assertion types are changing")
+        return super().__get_pydantic_core_schema__(source, handler)
+
+
+Part = Annotated[AssertionSpec, _Parts()]
 
 
 class NotAssertion(AssertionSpec):
@@ -33,7 +56,7 @@ class NotAssertion(AssertionSpec):
     model_config = ConfigDict(defer_build=True)
 
     type: Literal["not"]
-    assertion: Assertion
+    assertion: Part
 
     def parts(self) -> Iterator[tuple[tuple[str | int, ...], AssertionSpec]]:
         yield ("assertion",), self.assertion
@@ -45,7 +68,7 @@ class AnyAssertion(AssertionSpec):
     model_config = ConfigDict(defer_build=True)
 
     type: Literal["any"]
-    assertions: list[Assertion] = Field(min_length=1)
+    assertions: list[Part] = Field(min_length=1)
 
     def parts(self) -> Iterator[tuple[tuple[str | int, ...], AssertionSpec]]:
         return ((("assertions", i), part) for i, part in enumerate(self.assertions))
@@ -57,7 +80,7 @@ class AllAssertion(AssertionSpec):
     model_config = ConfigDict(defer_build=True)
 
     type: Literal["all"]
-    assertions: list[Assertion] = Field(min_length=1)
+    assertions: list[Part] = Field(min_length=1)
 
     def parts(self) -> Iterator[tuple[tuple[str | int, ...], AssertionSpec]]:
         return ((("assertions", i), part) for i, part in enumerate(self.assertions))
@@ -112,14 +135,15 @@ async def check_all(spec: AllAssertion, ctx: AssertionContext) -> AssertionOutco
     )
 
 
-def _rebuild_groups() -> None:
-    # A type registered once the groups were built (a plugin's): each rebuild reuses the
-    # other groups' built schemas, so a round reaches one level of nesting further; the
-    # late type is accepted in groups nested up to as many levels as there are rounds.
-    models = (NotAssertion, AnyAssertion, AllAssertion)
-    for _ in models:
-        for model in models:
-            model.model_rebuild(force=True)
+def _unbuild_groups() -> None:
+    # Before the case models rebuild (this listener registered first): they then build
+    # the groups inline from the new registry, and the groups' own schemas follow on use.
+    _Parts.changing = True
+    try:
+        for model in (NotAssertion, AnyAssertion, AllAssertion):
+            model.model_rebuild(force=True, raise_errors=False)
+    finally:
+        _Parts.changing = False
 
 
-on_change(_rebuild_groups)
+on_change(_unbuild_groups)
