@@ -199,7 +199,7 @@ def _type_name(spec: type[AssertionSpec]) -> str:
     return names[0]
 
 
-class _RegisteredSpecs:
+class RegisteredSpecs:
     """Makes pydantic validate `Assertion` as the discriminated union (on `type`) of the
     spec models registered when the model using it is built, as the hand-written union
     was: unknown tags and misspelt fields are errors located at the field."""
@@ -214,7 +214,7 @@ class _RegisteredSpecs:
 
 
 # What case models declare their assertions as: a registered spec model, any of them.
-Assertion = Annotated[AssertionSpec, _RegisteredSpecs()]
+Assertion = Annotated[AssertionSpec, RegisteredSpecs()]
 
 
 async def evaluate(spec: AssertionSpec, ctx: AssertionContext) -> AssertionOutcome:

@@ -25,11 +25,11 @@ from agenttest_worker.assertions.checking import (
     AssertionContext,
     AssertionOutcome,
     AssertionSpec,
+    RegisteredSpecs,
     begin,
     on_change,
     register,
 )
-from agenttest_worker.assertions.checking import _RegisteredSpecs as RegisteredSpecs
 
 
 class _Parts(RegisteredSpecs):
@@ -109,7 +109,7 @@ async def check_not(spec: NotAssertion, ctx: AssertionContext) -> AssertionOutco
             f"not: {spec.assertion.type} could not be evaluated: {outcome.reason}",
             error=outcome.error,
         )
-    verdict = "failed" if not outcome.passed else "passed"
+    verdict = "passed" if outcome.passed else "failed"
     return AssertionOutcome(
         not outcome.passed, f"not: {spec.assertion.type} {verdict}: {outcome.reason}"
     )
