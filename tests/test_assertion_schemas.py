@@ -27,7 +27,11 @@ from agenttest_worker.cases.files import Located, load_cases, validate_case
 from agenttest_worker.errors import InputProblem
 
 SPEC = Path(__file__).parent / "fixtures" / "spec"
-KNOWN = "contains, equals, regex, json_path, type, tool_called, agent, script, latency"
+KNOWN = (
+    "contains, equals, regex, not_contains, not_regex, json_path, type, tool_called, "
+    "tool_not_called, agent, script, latency, tool_sequence, tool_count, turn_count, "
+    "not, any, all"
+)
 JSON_TYPES = "'string', 'number', 'integer', 'boolean', 'array', 'object' or 'null'"
 
 

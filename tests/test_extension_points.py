@@ -38,7 +38,11 @@ from agenttest_worker.assertions.checking import unregister
 from agenttest_worker.cases.files import iter_cases, load_cases
 from agenttest_worker.errors import ConfigError, InputProblem
 
-BUILT_IN_TYPES = "contains, equals, regex, json_path, type, tool_called, agent, script, latency"
+BUILT_IN_TYPES = (
+    "contains, equals, regex, not_contains, not_regex, json_path, type, tool_called, "
+    "tool_not_called, agent, script, latency, tool_sequence, tool_count, turn_count, "
+    "not, any, all"
+)
 
 
 # -- a new assertion type ------------------------------------------------------------------
@@ -287,3 +291,30 @@ def test_a_turns_async_assertions_run_together_and_fail_alone(slow_check: None) 
 
     one = asyncio.run(run_assertions([specs[0]], ctx))  # a lone async one: awaited as it is
     assert [r.passed for r in one] == [True]
+
+
+def test_a_type_registered_later_is_accepted_inside_groups(tmp_path: Path) -> None:
+    # The group models are built (a dump needs their serializer) before the type exists.
+    from agenttest_worker.assertions import NotAssertion
+
+    built = NotAssertion.model_validate(
+        {"type": "not", "assertion": {"type": "contains", "value": "x"}}
+    )
+    assert built.model_dump()["assertion"]["value"] == "x"
+    words = {"type": "word_count", "at_most": 3}
+    nested = {
+        "type": "not",
+        "assertion": {"type": "any", "assertions": [{"type": "all", "assertions": [words]}]},
+    }
+    path = tmp_path / "cases.jsonl"
+    register(WordCountAssertion)(check_word_count)
+    try:
+        [case] = load_cases(write_cases(path, {"id": "G", "input": "go", "assertions": [nested]}))
+        group = case.turns[0].assertions[0]
+        assert isinstance(group, NotAssertion)
+        assert group.model_dump(exclude_unset=True) == nested
+    finally:
+        unregister("word_count")
+    problems = [str(p) for p in iter_cases(path) if isinstance(p, InputProblem)]
+    assert len(problems) == 1
+    assert "unknown assertion type 'word_count'" in problems[0]

@@ -400,6 +400,30 @@ def test_durations(seconds: float, text: str) -> None:
             "script scripts:tests.validate-expense",
         ),
         ({"type": "custom", "level": 3}, "custom level=3"),
+        (
+            {"type": "not_contains", "value": "x", "ignore_case": True},
+            'not_contains "x" (ignore case)',
+        ),
+        ({"type": "not_regex", "pattern": "a+"}, "not_regex /a+/"),
+        ({"type": "tool_not_called", "name": "refund"}, 'tool_not_called "refund"'),
+        (
+            {"type": "tool_sequence", "order": "in_order", "calls": [{"name": "a"}, {"name": "b"}]},
+            "tool_sequence in_order: a, b",
+        ),
+        ({"type": "tool_count", "name": "a", "min": 1, "max": 2}, 'tool_count "a" between 1 and 2'),
+        ({"type": "tool_count", "max": 0}, "tool_count at most 0"),
+        ({"type": "turn_count", "min": 2}, "turn_count at least 2"),
+        ({"type": "not", "assertion": {"type": "contains", "value": "x"}}, 'not (contains "x")'),
+        (
+            {
+                "type": "any",
+                "assertions": [
+                    {"type": "regex", "pattern": "a"},
+                    {"type": "all", "assertions": [{"type": "tool_called", "name": "t"}]},
+                ],
+            },
+            'any of (regex /a/; all of (tool_called "t"))',
+        ),
     ],
 )
 def test_assertion_labels(fields: dict[str, Any], label: str) -> None:

@@ -4,10 +4,13 @@
   AssertionContext (what a checker sees), RoleCaller (how agent-backed assertions reach
   a judge), the registry (`register`, `assertion_types`, `on_change`), `Assertion` and
   `evaluate`.
-- `text`: contains, equals, regex. `structure`: json_path, type (on the JSON document).
-  `tools`: tool_called. `agent`: a judge agent decides. `script`: a Python callable
-  from the scripts folder decides. `latency`: how fast the target answered (its time
-  to first token and to the end of its reply; the engine gives it a TimedContext).
+- `text`: contains, equals, regex, not_contains, not_regex. `structure`: json_path,
+  type (on the JSON document). `tools`: tool_called, tool_not_called. `agent`: a judge
+  agent decides. `script`: a Python callable from the scripts folder decides.
+  `latency`: how fast the target answered (its time to first token and to the end of
+  its reply; the engine gives it a TimedContext). `trajectory`: tool_sequence,
+  tool_count, turn_count (the calls made, the turns played). `groups`: not, any, all
+  (assertions made of assertions).
 
 `Assertion` is what the case model validates assertions against: the discriminated
 union of the registered spec models, so an unknown `type` or a misspelt field is a
@@ -30,12 +33,24 @@ from agenttest_worker.assertions.checking import (
 # isort: off
 # Imported in the order messages list the types ("known: contains, equals, ..."): that
 # is the order they register in.
-from agenttest_worker.assertions.text import ContainsAssertion, EqualsAssertion, RegexAssertion
+from agenttest_worker.assertions.text import (
+    ContainsAssertion,
+    EqualsAssertion,
+    NotContainsAssertion,
+    NotRegexAssertion,
+    RegexAssertion,
+)
 from agenttest_worker.assertions.structure import TYPE_ALIASES, JsonPathAssertion, TypeAssertion
-from agenttest_worker.assertions.tools import ToolCalledAssertion
+from agenttest_worker.assertions.tools import ToolCalledAssertion, ToolNotCalledAssertion
 from agenttest_worker.assertions.agent import AgentAssertion
 from agenttest_worker.assertions.scripted import ScriptAssertion
 from agenttest_worker.assertions.latency import LatencyAssertion, TimedContext
+from agenttest_worker.assertions.trajectory import (
+    ToolCountAssertion,
+    ToolSequenceAssertion,
+    TurnCountAssertion,
+)
+from agenttest_worker.assertions.groups import AllAssertion, AnyAssertion, NotAssertion
 
 # isort: on
 
@@ -46,6 +61,8 @@ __all__ = [
     "ASSERTION_TYPES",
     "TYPE_ALIASES",
     "AgentAssertion",
+    "AllAssertion",
+    "AnyAssertion",
     "Assertion",
     "AssertionContext",
     "AssertionOutcome",
@@ -54,11 +71,18 @@ __all__ = [
     "EqualsAssertion",
     "JsonPathAssertion",
     "LatencyAssertion",
+    "NotAssertion",
+    "NotContainsAssertion",
+    "NotRegexAssertion",
     "RegexAssertion",
     "RoleCaller",
     "ScriptAssertion",
     "TimedContext",
     "ToolCalledAssertion",
+    "ToolCountAssertion",
+    "ToolNotCalledAssertion",
+    "ToolSequenceAssertion",
+    "TurnCountAssertion",
     "TypeAssertion",
     "assertion_types",
     "evaluate",

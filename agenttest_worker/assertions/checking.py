@@ -22,7 +22,7 @@ registered spec models (built when those models are); the messages for an unknow
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -53,6 +53,21 @@ class AssertionSpec(BaseModel):
 
     type: str
     description: str | None = None
+
+    def parts(self) -> Iterator[tuple[tuple[str | int, ...], AssertionSpec]]:
+        """The assertions this one is made of, each with its field path in this one
+        (a group's); none for the others."""
+        return iter(())
+
+
+def walk(
+    assertion: AssertionSpec, path: tuple[str | int, ...] = ()
+) -> Iterator[tuple[tuple[str | int, ...], AssertionSpec]]:
+    """The assertion and every assertion nested in it, depth first, each with its field
+    path (from `path`): what checks of a case's agents and scripts go through."""
+    yield path, assertion
+    for inner, part in assertion.parts():
+        yield from walk(part, (*path, *inner))
 
 
 class RoleCaller(Protocol):
@@ -184,7 +199,7 @@ def _type_name(spec: type[AssertionSpec]) -> str:
     return names[0]
 
 
-class _RegisteredSpecs:
+class RegisteredSpecs:
     """Makes pydantic validate `Assertion` as the discriminated union (on `type`) of the
     spec models registered when the model using it is built, as the hand-written union
     was: unknown tags and misspelt fields are errors located at the field."""
@@ -199,7 +214,7 @@ class _RegisteredSpecs:
 
 
 # What case models declare their assertions as: a registered spec model, any of them.
-Assertion = Annotated[AssertionSpec, _RegisteredSpecs()]
+Assertion = Annotated[AssertionSpec, RegisteredSpecs()]
 
 
 async def evaluate(spec: AssertionSpec, ctx: AssertionContext) -> AssertionOutcome:

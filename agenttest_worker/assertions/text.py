@@ -1,4 +1,5 @@
-"""Assertions on the reply text: contains, equals, regex.
+"""Assertions on the reply text: contains, equals, regex, and their negatives
+not_contains and not_regex.
 
 Regexes are compiled with RE2, the engine behind the spec's Go `regexp`: patterns
 written for the spec behave the same here, and matching runs in linear time, so a
@@ -104,6 +105,30 @@ class RegexAssertion(AssertionSpec):
         return pattern
 
 
+class NotContainsAssertion(ContainsAssertion):
+    """Passes when the reply does not contain `value`; a failure quotes where it does."""
+
+    type: Literal["not_contains"]  # type: ignore[assignment]
+
+
+class NotRegexAssertion(RegexAssertion):
+    """Passes when `pattern` matches nowhere in the reply; a failure quotes the match."""
+
+    type: Literal["not_regex"]  # type: ignore[assignment]
+
+
+_EXCERPT_MARGIN = 20
+
+
+def excerpt(text: str, start: int, end: int) -> str:
+    """The found span with a little of its surroundings, escaped onto one line: what a
+    failing negative assertion quotes, so the report shows the offending words."""
+    before = max(0, start - _EXCERPT_MARGIN)
+    after = min(len(text), end + _EXCERPT_MARGIN)
+    quoted = encode_basestring(text[before:after])[1:-1]
+    return f"{'…' if before else ''}{quoted}{'…' if after < len(text) else ''}"
+
+
 @register(ContainsAssertion)
 def check_contains(spec: ContainsAssertion, ctx: AssertionContext) -> AssertionOutcome:
     text = ctx.output or ""
@@ -143,4 +168,30 @@ def check_regex(spec: RegexAssertion, ctx: AssertionContext) -> AssertionOutcome
         return AssertionOutcome(True, f"/{spec.pattern}/ matched {json.dumps(match.group(0))}")
     return AssertionOutcome(
         False, f"/{spec.pattern}/ did not match; reply was {preview(ctx.output)}"
+    )
+
+
+@register(NotContainsAssertion)
+def check_not_contains(spec: NotContainsAssertion, ctx: AssertionContext) -> AssertionOutcome:
+    text = ctx.output or ""
+    at = text.lower().find(spec.value.lower()) if spec.ignore_case else text.find(spec.value)
+    if at < 0:
+        return AssertionOutcome(True, f"reply does not contain {json.dumps(spec.value)}")
+    return AssertionOutcome(
+        False,
+        f"the reply contains {json.dumps(spec.value)} at position {at}: "
+        f"{excerpt(text, at, at + len(spec.value))}",
+    )
+
+
+@register(NotRegexAssertion)
+def check_not_regex(spec: NotRegexAssertion, ctx: AssertionContext) -> AssertionOutcome:
+    text = ctx.output or ""
+    match = compile_pattern(spec.pattern, spec.ignore_case).search(text)
+    if match is None:
+        return AssertionOutcome(True, f"/{spec.pattern}/ matched nowhere in the reply")
+    return AssertionOutcome(
+        False,
+        f"/{spec.pattern}/ matched {json.dumps(match.group(0))} at position {match.start()}: "
+        f"{excerpt(text, match.start(), match.end())}",
     )

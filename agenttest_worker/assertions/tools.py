@@ -1,4 +1,5 @@
-"""tool_called: the agent called a tool, optionally with (a subset of) given arguments."""
+"""tool_called: the agent called a tool, optionally with (a subset of) given arguments;
+tool_not_called: it made no such call."""
 
 from __future__ import annotations
 
@@ -26,7 +27,19 @@ class ToolCalledAssertion(AssertionSpec):
     args: dict[str, Any] | None = None
 
 
-def _args_match(expected: dict[str, Any], actual: Any) -> bool:
+class ToolNotCalledAssertion(AssertionSpec):
+    """Fails when a call to `name` was made in the turn (in any turn, for final assertions).
+
+    With `args`, only a call whose arguments include each given key with an equal value
+    fails it: `{name: issue_refund, args: {amount: 500}}` allows other refunds.
+    """
+
+    type: Literal["tool_not_called"]
+    name: str
+    args: dict[str, Any] | None = None
+
+
+def args_match(expected: dict[str, Any], actual: Any) -> bool:
     if not isinstance(actual, dict):
         return False
     return all(k in actual and json_equal(actual[k], v) for k, v in expected.items())
@@ -41,9 +54,25 @@ def check_tool_called(spec: ToolCalledAssertion, ctx: AssertionContext) -> Asser
         return AssertionOutcome(False, f"{spec.name} was not called in {scope} (called: {called})")
     if spec.args is None:
         return AssertionOutcome(True, f"{spec.name} was called")
-    if any(_args_match(spec.args, c.args) for c in calls):
+    if any(args_match(spec.args, c.args) for c in calls):
         return AssertionOutcome(True, f"{spec.name} was called with {json.dumps(spec.args)}")
     seen = "; ".join(json.dumps(c.args, default=str) for c in calls)
     return AssertionOutcome(
         False, f"{spec.name} was called, but not with {json.dumps(spec.args)} (args: {seen})"
     )
+
+
+@register(ToolNotCalledAssertion)
+def check_tool_not_called(spec: ToolNotCalledAssertion, ctx: AssertionContext) -> AssertionOutcome:
+    scope = "the conversation" if ctx.final else "this turn"
+    expected = spec.args
+    calls = [
+        c
+        for c in ctx.tool_calls
+        if c.name == spec.name and (expected is None or args_match(expected, c.args))
+    ]
+    if not calls:
+        with_args = f" with {json.dumps(spec.args)}" if spec.args is not None else ""
+        return AssertionOutcome(True, f"{spec.name} was not called{with_args} in {scope}")
+    seen = "; ".join(json.dumps(c.args, default=str) for c in calls)
+    return AssertionOutcome(False, f"tool {spec.name} was called with {seen}")

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.assertions import AgentAssertion, Assertion, on_change
+from agenttest_worker.assertions.checking import walk
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import FieldPath, InputProblem, format_field
 
@@ -325,8 +326,10 @@ class Case(StrictModel):
         ]
 
     def iter_assertions(self) -> list[Assertion]:
-        found: list[Assertion] = [a for t in self.turns for a in t.assertions]
-        return found + list(self.final_assertions)
+        """Every assertion of the case, those nested in groups included."""
+        outer: list[Assertion] = [a for t in self.turns for a in t.assertions]
+        outer += self.final_assertions
+        return [found for a in outer for _, found in walk(a)]
 
     def needs_default_judge(self) -> bool:
         return any(isinstance(a, AgentAssertion) and a.use is None for a in self.iter_assertions())

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.agents.script_loader import ScriptError, ScriptRole, resolve_script
-from agenttest_worker.assertions import AgentAssertion, Assertion, ScriptAssertion
+from agenttest_worker.assertions import AgentAssertion, Assertion, AssertionSpec, ScriptAssertion
+from agenttest_worker.assertions.checking import walk
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.errors import FieldPath, InputProblem
 
@@ -53,22 +54,33 @@ def check_case_refs(
     ]
     groups.append((("final_assertions",), case.final_assertions))
     for prefix, assertions in groups:
-        for j, assertion in enumerate(assertions):
-            path = (*prefix, j, "use")
-            if isinstance(assertion, AgentAssertion):
-                if assertion.use is None:
-                    if config.defaults.judge is None:
-                        yield case.problem(
-                            "criteria need a judge: set defaults.judge in agenttest.yaml", path
-                        )
-                elif isinstance(assertion.use, str):
-                    if msg := check_ref(config, assertion.use, "assertion"):
-                        yield case.problem(msg, path)
-                else:  # a panel: each judge of it, at its place in the list
-                    for k, judge in enumerate(assertion.use):
-                        if msg := check_ref(config, judge, "assertion"):
-                            yield case.problem(msg, (*path, k))
-            elif isinstance(assertion, ScriptAssertion) and (
-                msg := check_ref(config, assertion.use, "assertion")
-            ):
+        for j, outer in enumerate(assertions):
+            for path, assertion in walk(outer, (*prefix, j)):
+                yield from _assertion_refs(case, config, assertion, (*path, "use"))
+                if assertion.type == "turn_count" and prefix != ("final_assertions",):
+                    yield case.problem(
+                        "turn_count counts the conversation's turns: put it in final_assertions",
+                        (*path, "type"),
+                    )
+
+
+def _assertion_refs(
+    case: Case, config: ProjectConfig, assertion: AssertionSpec, path: FieldPath
+) -> Iterator[InputProblem]:
+    if isinstance(assertion, AgentAssertion):
+        if assertion.use is None:
+            if config.defaults.judge is None:
+                yield case.problem(
+                    "criteria need a judge: set defaults.judge in agenttest.yaml", path
+                )
+        elif isinstance(assertion.use, str):
+            if msg := check_ref(config, assertion.use, "assertion"):
                 yield case.problem(msg, path)
+        else:  # a panel: each judge of it, at its place in the list
+            for k, judge in enumerate(assertion.use):
+                if msg := check_ref(config, judge, "assertion"):
+                    yield case.problem(msg, (*path, k))
+    elif isinstance(assertion, ScriptAssertion) and (
+        msg := check_ref(config, assertion.use, "assertion")
+    ):
+        yield case.problem(msg, path)

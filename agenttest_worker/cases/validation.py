@@ -124,10 +124,17 @@ def problems_from_validation(
 
 
 def _user_loc(loc: Path_, types: tuple[str, ...]) -> Path_:
-    """Drop pydantic's union-tag segments: ('assertions', 0, 'contains', 'value') -> ..."""
+    """Drop pydantic's union-tag segments: ('assertions', 0, 'contains', 'value') -> ...
+
+    A tag follows a list index, or the one assertion a `not` holds (its `assertion`)."""
     out: list[str | int] = []
     for i, part in enumerate(loc):
-        if isinstance(part, str) and part in types and i > 0 and isinstance(loc[i - 1], int):
+        after = loc[i - 1] if i > 0 else None
+        if (
+            isinstance(part, str)
+            and part in types
+            and (isinstance(after, int) or after == "assertion")
+        ):
             continue
         if isinstance(part, str) and part.startswith("function-"):
             continue

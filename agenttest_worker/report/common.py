@@ -158,13 +158,13 @@ def describe_assertion(assertion: AssertionResult) -> str:
 
 
 def _label(kind: str, extras: dict[str, Any]) -> str:
-    if kind in ("contains", "equals"):
+    if kind in ("contains", "equals", "not_contains"):
         return f"{kind} {quote(extras.get('value'))}{_ignore_case(extras)}"
-    if kind == "regex":
+    if kind in ("regex", "not_regex"):
         flags = "i" if extras.get("ignore_case") else ""
-        return f"regex /{extras.get('pattern', extras.get('value', ''))}/{flags}"
-    if kind == "tool_called":
-        label = f"tool_called {quote(extras.get('name', ''))}"
+        return f"{kind} /{extras.get('pattern', extras.get('value', ''))}/{flags}"
+    if kind in ("tool_called", "tool_not_called"):
+        label = f"{kind} {quote(extras.get('name', ''))}"
         args = extras.get("args")
         return f"{label} with {one_line(js_value(args), 80)}" if args else label
     if kind == "json_path":
@@ -178,7 +178,48 @@ def _label(kind: str, extras: dict[str, Any]) -> str:
         return f"agent: {criteria}" if criteria else f"agent {extras.get('use') or 'judge'}"
     if kind == "script":
         return f"script {extras.get('use', '')}".rstrip()
-    return _generic_label(kind, extras)
+    return (
+        _trajectory_label(kind, extras)
+        or _group_label(kind, extras)
+        or _generic_label(kind, extras)
+    )
+
+
+def _bounds(extras: dict[str, Any]) -> str:
+    low, high = extras.get("min"), extras.get("max")
+    if low is not None and high is not None:
+        return f"between {low} and {high}"
+    return f"at least {low}" if high is None else f"at most {high}"
+
+
+def _trajectory_label(kind: str, extras: dict[str, Any]) -> str | None:
+    if kind == "tool_sequence":
+        listed = extras.get("calls")
+        calls = listed if isinstance(listed, list) else []
+        names = ", ".join(str(c.get("name")) for c in calls if isinstance(c, dict))
+        return f"tool_sequence {extras.get('order', 'exact')}: {one_line(names, 80)}"
+    if kind == "tool_count":
+        name = extras.get("name")
+        return f"tool_count{f' {quote(name)}' if name else ''} {_bounds(extras)}"
+    if kind == "turn_count":
+        return f"turn_count {_bounds(extras)}"
+    return None
+
+
+def _part_label(part: Any) -> str:
+    if not isinstance(part, dict):
+        return str(part)
+    inner = {k: v for k, v in part.items() if k != "type"}
+    return _label(str(part.get("type")), inner)
+
+
+def _group_label(kind: str, extras: dict[str, Any]) -> str | None:
+    if kind == "not":
+        return f"not ({one_line(_part_label(extras.get('assertion')), 100)})"
+    if kind in ("any", "all") and isinstance(extras.get("assertions"), list):
+        parts = "; ".join(_part_label(p) for p in extras["assertions"])
+        return f"{kind} of ({one_line(parts, 100)})"
+    return None
 
 
 def _generic_label(kind: str, extras: dict[str, Any]) -> str:
