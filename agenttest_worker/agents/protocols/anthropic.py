@@ -17,7 +17,6 @@ Replies, whole or streamed, are read in protocols/anthropic_reply.py.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from agenttest_worker.agents.config import AgentConfig
@@ -36,7 +35,7 @@ from agenttest_worker.agents.protocols.anthropic_reply import (
     error_text,
     parse_message,
 )
-from agenttest_worker.agents.protocols.json_client import JsonAgentClient
+from agenttest_worker.agents.protocols.json_client import JsonAgentClient, body_json, say_api_error
 from agenttest_worker.agents.protocols.openai import (
     azure_only,
     streams_whole,
@@ -232,21 +231,6 @@ class AnthropicClient(JsonAgentClient):
         try:
             return await super().complete(request)
         except AgentError as error:
-            # An HTTP error's body is a Messages error: say its type and message, not
-            # the JSON it came in.
-            failed = error_text(_json_or_none(error.raw)) if error.kind == "http" else None
-            if failed is not None and error.call is not None:
-                status = error.call.status_code
-                error.message = f"agent error: HTTP {status} from {self.name}: {failed}"
-                if error.call.attempts > 1:
-                    error.message += f" (after {error.call.attempts} attempts)"
-                error.args = (error.message,)
-                error.call.error = error.message
+            if error.kind == "http":  # its body is a Messages error
+                say_api_error(error, self.name, error_text(body_json(error.raw)))
             raise
-
-
-def _json_or_none(text: str | None) -> Any:
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None

@@ -4,6 +4,7 @@ read the reply; both read token counts and declared booleans the same way."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -201,3 +202,23 @@ def usage_from(usage: Any) -> Usage | None:
     # tokens would escape --max-tokens and the usage figures.
     total = count("total_tokens") if "total_tokens" in usage else prompt + completion
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
+
+
+def body_json(text: str | None) -> Any:
+    """An error body as JSON, or None when it is not JSON."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def say_api_error(error: AgentError, agent: str, said: str | None) -> None:
+    """An HTTP error whose body is the API's own error object: its message says the
+    error's type and message (`said`), not the JSON it came in."""
+    if said is None or error.call is None:
+        return
+    error.message = f"agent error: HTTP {error.call.status_code} from {agent}: {said}"
+    if error.call.attempts > 1:
+        error.message += f" (after {error.call.attempts} attempts)"
+    error.args = (error.message,)
+    error.call.error = error.message

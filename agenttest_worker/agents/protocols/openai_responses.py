@@ -48,7 +48,7 @@ from agenttest_worker.agents.interface import (
     protocol,
     text_of,
 )
-from agenttest_worker.agents.protocols.json_client import JsonAgentClient
+from agenttest_worker.agents.protocols.json_client import JsonAgentClient, body_json, say_api_error
 from agenttest_worker.agents.protocols.openai import encode_metadata, streams_whole
 from agenttest_worker.agents.protocols.openai_responses_reply import (
     ResponseAssembler,
@@ -313,16 +313,8 @@ class OpenAIResponsesClient(JsonAgentClient):
         try:
             reply = await super().complete(request)
         except AgentError as error:
-            # An HTTP error's body is an API error: say its type and message, not the
-            # JSON it came in.
-            failed = error_text(_error_of(error.raw)) if error.kind == "http" else None
-            if failed is not None and error.call is not None:
-                status = error.call.status_code
-                error.message = f"agent error: HTTP {status} from {self.name}: {failed}"
-                if error.call.attempts > 1:
-                    error.message += f" (after {error.call.attempts} attempts)"
-                error.args = (error.message,)
-                error.call.error = error.message
+            if error.kind == "http":  # its body is an API error object
+                say_api_error(error, self.name, error_text(_error_of(error.raw)))
             raise
         if (
             self.chain is not None
@@ -336,8 +328,5 @@ class OpenAIResponsesClient(JsonAgentClient):
 
 
 def _error_of(text: str | None) -> Any:
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
-        return None
+    data = body_json(text)
     return data.get("error") if isinstance(data, dict) else None
