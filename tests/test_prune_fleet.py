@@ -39,8 +39,10 @@ def test_prune_on_postgres_beside_a_run_under_way(
     fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
     fleet.start("w", concurrency=4)
+    # A suite of this test's own: the session's database holds other tests' runs too.
+    suite = f"nightly-{tmp_path.name}"
     demo = ["-i", SUITE_CASES, "-n", "assistants.expense", "--config", SUITE_CONFIG]
-    old = [fleet.submit_no_wait([*demo, "--suite", "nightly"]) for _ in range(2)]
+    old = [fleet.submit_no_wait([*demo, "--suite", suite]) for _ in range(2)]
     for run_id in old:
         fleet.wait_done(run_id)
     before = {run_id: rows_of(fleet.database_url, run_id) for run_id in old}
@@ -52,10 +54,10 @@ def test_prune_on_postgres_beside_a_run_under_way(
         config = write_project(tmp_path, agent.base_url)
         cases = write_cases(tmp_path, [expense_case(f"C{i}") for i in range(3)])
         going = fleet.submit_no_wait(
-            ["-i", str(cases), "-n", "slow.expense", "--config", str(config), "--suite", "nightly"]
+            ["-i", str(cases), "-n", "slow.expense", "--config", str(config), "--suite", suite]
         )
         wait_until(lambda: len(agent.seen()) >= 6, 30, "the run under way mid-conversation")
-        pruned = fleet.submit(["prune", "--older-than", "1s"])
+        pruned = fleet.submit(["prune", "--older-than", "1s", "--suite", suite])
         assert pruned.returncode == 0, pruned.stderr
         assert pruned.stdout.splitlines()[-1] == (
             f"removed 2 run(s) older than 1s, {sum(sum(c.values()) for c in before.values())} "

@@ -108,7 +108,7 @@ class RoleSession:
         key = self._cache_key(agent, request)
         if key is None:
             return await self._call_agent(agent, request)
-        ident = self.pool.client(agent).name
+        ident = agent.removeprefix("agents:")
         replies = self.pool.replies
         assert replies is not None  # a key is made only with a cache
         # --cache-refresh calls without looking, and stores what it got.
@@ -139,7 +139,8 @@ class RoleSession:
         if self.pool.replies is None:
             return None
         client = self.pool.client(agent)
-        entry = self.pool.config.agents.get(client.name)
+        # The entry by the name the call uses: a registered client need not keep one.
+        entry = self.pool.config.agents.get(agent.removeprefix("agents:"))
         if entry is None or history_source(client) is not None:
             # A history-based agent's turn is read from its chat history afterwards.
             return None

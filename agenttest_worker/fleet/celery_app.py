@@ -25,7 +25,10 @@ the highest first from a queue declared with `x-max-priority`
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery, Task
+from celery.signals import celeryd_init
 
 from agenttest_worker.settings import REDIS_SCHEMES, get_settings
 
@@ -63,6 +66,19 @@ class CheckedTask(Task):  # type: ignore[misc]
     Request = "agenttest_worker.fleet.checked_request:CheckedRequest"
 
 
+def _worker_transport(conf: Any = None, **_: Any) -> None:
+    """A worker consumes through the transport that moves aside what it cannot read
+    (`celeryd_init`, before it connects: Celery's place for settings of workers alone).
+    Other processes publish and read through kombu's own, whose URL Flower and the
+    exporter read the broker's kind from."""
+    if REDIS_BROKER and conf is not None:
+        conf.broker_transport = REDIS_TRANSPORT
+
+
+# Connected by call rather than as a decorator: Celery's signals are untyped (mypy strict).
+celeryd_init.connect(_worker_transport)
+
+
 app = Celery(
     "agenttest_worker",
     task_cls=CheckedTask,
@@ -74,7 +90,6 @@ if settings.celery_config:
     app.config_from_object(settings.celery_config)
 app.conf.update(
     task_default_queue=settings.queue,
-    broker_transport=REDIS_TRANSPORT if REDIS_BROKER else None,
     # (RabbitMQ: the queues are declared with x-max-priority 1; ignored on Redis.)
     task_queue_max_priority=None if REDIS_BROKER else 1,
     task_acks_late=True,
