@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from fleet import WatchingAgent, expense_case, wait_until, write_cases, write_project
+from sqlalchemy.exc import OperationalError
 
 from agenttest_worker.store.sql import run_results, runs
 
@@ -117,7 +118,10 @@ def test_cancel_ends_an_embedded_run_whose_process_is_gone(tmp_path: Path, demo_
         url = f"sqlite:///{tmp_path / '.agenttest' / 'agenttest.db'}"
 
         def first_turns_stored() -> bool:
-            run = runs.latest_run(url)
+            try:
+                run = runs.latest_run(url)
+            except OperationalError:  # the run's process has not made the schema yet
+                return False
             return run is not None and run_results.count_played_turns(url, run.id) == 3
 
         wait_until(first_turns_stored, 10, "turn 1 of each case stored")
