@@ -14,32 +14,20 @@ Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every p
 listed with file, line and field), 3 the database or the broker out of reach, or an
 internal error.
 
-This module parses a run's command line (subcommands: subcommand_args.py; argument
-types: arg_types.py): it builds the request (request.py), hands it to `submit.submit` (a
+This module reads a run's command line (its parser: run_parser.py; subcommands:
+subcommand_args.py): it builds the request (request.py), hands it to `submit.submit` (a
 run) or `commands.run_subcommand`, and prints the input problems and the errors they
 raise as the exit code says.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 
-from agenttest_submit.cli.arg_types import (
-    Once,
-    Parser,
-    duration_arg,
-    fail_on,
-    formats,
-    pass_rule,
-    positive_float,
-    positive_int,
-)
 from agenttest_submit.cli.exits import EXIT_INPUT, EXIT_INTERNAL
 from agenttest_submit.cli.request import (
-    DEFAULT_SIMULATOR,
     DiffRequest,
     HistoryRequest,
     MetricsRequest,
@@ -48,12 +36,13 @@ from agenttest_submit.cli.request import (
     RunsRequest,
     ViewRequest,
 )
+from agenttest_submit.cli.run_parser import build_parser, run_request
 from agenttest_submit.cli.stopping import (
     interrupted_exit_code,
     interrupted_word,
     sigterm_as_interrupt,
 )
-from agenttest_submit.cli.subcommand_args import SUBCOMMAND_HELP, SUBCOMMANDS, parse_subcommand
+from agenttest_submit.cli.subcommand_args import SUBCOMMANDS, parse_subcommand
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import starting
 
@@ -62,326 +51,6 @@ from agenttest_worker.heap import starting
 # passes during them are wasted work (see heap.py).
 
 MAX_PROBLEMS_SHOWN = 200
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # only when parsing
-
-    try:
-        return version("agenttest")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
-
-
-EXAMPLES = """\
-examples:
-  agenttest-submit -i ./tests/expense.jsonl -n assistants.expense
-  agenttest-submit -i ./tests/ -n assistants.expense -o results.jsonl --format jsonl
-  agenttest-submit -m "Help me file an expense" -n assistants.expense -v
-  generate-cases | agenttest-submit -i - -n assistants.expense
-  RUN=$(agenttest-submit -i ./tests/ -n assistants.expense --no-wait)   # on a fleet
-  agenttest-submit status $RUN; agenttest-submit report $RUN --format junit -o junit.xml
-  agenttest-submit cancel $RUN --reason "wrong build"
-  agenttest-submit prune --older-than 30d --keep-last 10 --dry-run
-"""
-
-
-def subcommands_epilog() -> str:
-    """Every subcommand with what it does, then examples: the end of `--help`."""
-    width = 36  # a longer usage has its line to itself, the description under it
-    lines = ["subcommands (agenttest-submit COMMAND --help for each; RUN is a run id or last):"]
-    for usage, what in SUBCOMMAND_HELP.values():
-        if len(usage) > width:
-            lines += [f"  {usage}", f"  {'':<{width}}  {what}"]
-        else:
-            lines.append(f"  {usage:<{width}}  {what}")
-    return "\n".join(lines) + "\n\n" + EXAMPLES
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of a run: `agenttest-submit -i ... [options]`."""
-    p = Parser(
-        prog="agenttest-submit",
-        description="Run scripted and simulated conversations against agents and check every "
-        "turn; or, with a subcommand, read and manage the runs stored.",
-        epilog=subcommands_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "-i",
-        "--input",
-        action="append",
-        default=[],
-        metavar="SOURCE",
-        help="case file or folder, - (JSONL cases on standard input), a message, "
-        "agents:ID?k=v or scripts:ID?k=v (repeatable); a missing path is an error, not a message",
-    )
-    p.add_argument(
-        "-m",
-        "--message",
-        action="append",
-        default=[],
-        dest="messages",
-        metavar="TEXT",
-        help="send TEXT to the target as a single-turn case, whatever it looks like (repeatable)",
-    )
-    p.add_argument(
-        "-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)", action=Once
-    )
-    p.add_argument(
-        "-o",
-        "--output",
-        action=Once,
-        metavar="FILE",
-        help="write results (or, with --dry-run, the normalized cases) to FILE",
-    )
-    p.add_argument(
-        "-c",
-        "--connector",
-        action=Once,
-        metavar="AGENT",
-        help="call this registry agent instead of the target's own entry",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="show every turn")
-    p.add_argument(
-        "--only-failures",
-        action="store_true",
-        help="console report: show only failed and skipped cases (the summary counts all)",
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    p.add_argument(
-        "--interactive", action="store_true", help="ask at the terminal when an agent awaits input"
-    )
-    p.add_argument(
-        "--skip-interactive",
-        action="store_true",
-        help="never ask at the terminal (CI); on_missing_input decides",
-    )
-    p.add_argument(
-        "--simulator",
-        action=Once,
-        metavar="REF",
-        nargs="?",
-        const=DEFAULT_SIMULATOR,
-        help="simulator for cases without one (agents:ID or scripts:ID; alone: "
-        "defaults.simulator of agenttest.yaml)",
-    )
-    p.add_argument(
-        "--timeout",
-        action=Once,
-        type=duration_arg,
-        default=300.0,
-        metavar="DURATION",
-        help="timeout per test case (default: 5m)",
-    )
-    p.add_argument(
-        "--parallel",
-        action=Once,
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="conversations run at a time (default: 10; on a fleet: no cap)",
-    )
-    p.add_argument("--fail-fast", action="store_true", help="stop on the first failure")
-    caching = p.add_mutually_exclusive_group()
-    caching.add_argument(
-        "--no-cache",
-        action="store_true",
-        help="call every agent, serving no reply from the reply cache and storing none",
-    )
-    caching.add_argument(
-        "--cache-refresh",
-        action="store_true",
-        help="call the agents whose replies are cached again, and store their new replies",
-    )
-    p.add_argument(
-        "--cache",
-        action=Once,
-        choices=["target"],
-        default=None,
-        metavar="ROLE",
-        help="cache the target's replies too (target); judges, simulators and generators "
-        "with temperature 0 or a seed are cached by default",
-    )
-    p.add_argument(
-        "--repeat",
-        action=Once,
-        type=positive_int,
-        default=None,
-        metavar="K",
-        help="play each case K times as independent conversations (overrides a case's repeat)",
-    )
-    p.add_argument(
-        "--pass-rule",
-        action=Once,
-        type=pass_rule,
-        default="all",
-        metavar="RULE",
-        help="a repeated case passes when all (default), any, a majority, or a share such as "
-        "0.8 of its repetitions passed",
-    )
-    p.add_argument(
-        "--suite",
-        action=Once,
-        default=None,
-        metavar="NAME",
-        help="the series of runs this run belongs to (default: from the inputs and the target)",
-    )
-    p.add_argument(
-        "--baseline",
-        action=Once,
-        default=None,
-        metavar="RUN",
-        help="after the report, the diff against RUN: a run id, last, or suite (the suite's "
-        "previous finished run)",
-    )
-    p.add_argument(
-        "--fail-on",
-        action=Once,
-        type=fail_on,
-        default=("any",),
-        metavar="WHAT",
-        help="exit 1 on any failed case (any, the default), or only on what the diff against "
-        "the baseline (--baseline, default suite) finds: regressions (cases that passed "
-        "there and fail now), new (new or changed cases that fail), or both: regressions,new",
-    )
-    p.add_argument(
-        "--pass-k",
-        action=Once,
-        type=positive_int,
-        default=None,
-        metavar="k",
-        help="the k of the run's pass@k and pass^k (default: each case's repetitions)",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="load, generate and check cases, print them, call no target",
-    )
-    p.add_argument(
-        "--config", metavar="FILE", help="agenttest.yaml (default: ./agenttest.yaml)", action=Once
-    )
-    p.add_argument(
-        "--on-missing-input",
-        action=Once,
-        choices=("skip", "fail", "end"),
-        help="override every case's on_missing_input",
-    )
-    p.add_argument(
-        "--format",
-        action=Once,
-        choices=formats(),
-        default=None,
-        help="report format on stdout or -o (default: console on stdout, jsonl in -o)",
-    )
-    p.add_argument("--tag", action="append", default=[], help="run only cases with this tag")
-    p.add_argument(
-        "--id",
-        action="append",
-        default=[],
-        dest="ids",
-        metavar="ID",
-        help="run only the case with this id (repeatable)",
-    )
-    p.add_argument(
-        "--wait",
-        dest="wait",
-        action="store_true",
-        default=True,
-        help="distributed: wait for the run and print its report (default)",
-    )
-    p.add_argument(
-        "--no-wait",
-        dest="wait",
-        action="store_false",
-        help="distributed: print the run id and return at once",
-    )
-    p.add_argument(
-        "--reeval",
-        action=Once,
-        nargs="?",
-        const="last",
-        default=None,
-        metavar="RUN",
-        help="re-run assertions on stored conversations without calling the target",
-    )
-    p.add_argument(
-        "--reporter", metavar="REF", help="send the results to a reporter agent", action=Once
-    )
-    p.add_argument(
-        "--turn-timeout",
-        action=Once,
-        type=duration_arg,
-        default=None,
-        metavar="DURATION",
-        help="timeout per turn: the target, its tool calls, judges and the simulator together",
-    )
-    p.add_argument(
-        "--deadline",
-        action=Once,
-        type=duration_arg,
-        default=None,
-        metavar="DURATION",
-        help="stop the whole run after this long",
-    )
-    p.add_argument(
-        "--max-tokens",
-        action=Once,
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="start no new turn once the run's agent calls used this many tokens",
-    )
-    p.add_argument(
-        "--max-cost",
-        action=Once,
-        type=positive_float,
-        default=None,
-        metavar="AMOUNT",
-        help="start no new turn once the run cost this much (agents' `pricing`)",
-    )
-    return p
-
-
-def run_request(args: argparse.Namespace) -> RunRequest:
-    """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
-    return RunRequest(
-        inputs=tuple(args.input),
-        messages=tuple(args.messages),
-        agent=args.name,
-        connector=args.connector,
-        config_file=args.config,
-        output=args.output,
-        format=args.format,
-        verbose=args.verbose,
-        only_failures=args.only_failures,
-        interactive=args.interactive,
-        skip_interactive=args.skip_interactive,
-        simulator=args.simulator,
-        on_missing_input=args.on_missing_input,
-        tags=tuple(args.tag),
-        ids=tuple(args.ids),
-        case_timeout=args.timeout,
-        turn_timeout=args.turn_timeout,
-        deadline=args.deadline,
-        max_tokens=args.max_tokens,
-        max_cost=args.max_cost,
-        parallel=args.parallel or 10,
-        parallel_given=args.parallel is not None,
-        fail_fast=args.fail_fast,
-        cache="off" if args.no_cache else "refresh" if args.cache_refresh else "on",
-        cache_target=args.cache == "target",
-        repeat=args.repeat,
-        pass_rule=args.pass_rule,
-        pass_k=args.pass_k,
-        suite=args.suite,
-        baseline=args.baseline or (None if args.fail_on == ("any",) else "suite"),
-        fail_on=args.fail_on,
-        dry_run=args.dry_run,
-        wait=args.wait,
-        reeval=args.reeval,
-        reporter=args.reporter,
-    )
 
 
 def parse_run(argv: Sequence[str]) -> RunRequest:
