@@ -68,23 +68,6 @@ def test_a_second_run_on_the_fleet_calls_the_judge_zero_times(fleet: Fleet, tmp_
         assert len(agent.requests("judge")) == 4
         second = fleet.submit([*args, "-o", str(tmp_path / "b.jsonl"), "--format", "jsonl"])
         assert second.returncode == 0, second.stderr + fleet.logs()[-4000:]
-        import subprocess
-
-        print(
-            subprocess.run(
-                ["python3", "/tmp/rc_debug.py", str(tmp_path / "a.jsonl")],
-                capture_output=True,
-                text=True,
-            ).stdout
-        )
-        print(
-            subprocess.run(
-                ["python3", "/tmp/rc_debug.py", str(tmp_path / "b.jsonl")],
-                capture_output=True,
-                text=True,
-            ).stdout
-        )
-        print(fleet.logs()[-3000:])
         assert len(agent.requests("judge")) == 4
         assert len(agent.requests("target")) == 8
     for record in _records(tmp_path / "b.jsonl"):
