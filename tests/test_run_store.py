@@ -361,8 +361,10 @@ def fresh_suite(work: Any) -> tuple[str, str, BufferedStore, list[Any]]:
         write_run(db, run, records)
 
     store = BufferedStore.fresh(
-        db, run_id, records, deadline_at=None, setup=lambda: work(store_the_run), **stored
-    )
+        db, run_id, records, len(records), deadline_at=None, setup=lambda: work(store_the_run),
+        **stored,
+    )  # fmt: skip
+    assert list(store.admitting()) == [(c.id, 1) for c in cases]  # every case, in order
     store.flush_every = 0  # every maybe_flush would write, if it could
     return db, run_id, store, records
 

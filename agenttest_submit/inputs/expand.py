@@ -224,7 +224,7 @@ class Spool:
         # Every id is checked: what the stream kept of them (a million-case file's ids
         # and places) is not needed while the run is stored.
         stream.forget_ids()
-        self.handle.seek(0)
+        self.handle.flush()
 
     @property
     def repeated(self) -> bool:
@@ -233,17 +233,19 @@ class Spool:
 
     def records(self) -> Iterator[CaseRecord]:
         """(conversation key, agent, normalized record) of every conversation, in input
-        order (a case's key is its id; a repetition's, `repetition_key`)."""
-        self.handle.seek(0)
-        for line in self.handle:
-            head, _, record = line.partition(b"\t")
-            case_id, agent, *_ = json.loads(head)
-            yield case_id, agent, json.loads(record)
+        order (a case's key is its id; a repetition's, `repetition_key`). Each call
+        reads the spool on a handle of its own: an embedded run plays the cases from
+        one while its store writes them from another."""
+        with open(self.handle.name, "rb") as handle:
+            for line in handle:
+                head, _, record = line.partition(b"\t")
+                case_id, agent, *_ = json.loads(head)
+                yield case_id, agent, json.loads(record)
 
     def stored_records(self) -> Iterator[StoredCase]:
         """The same as `records`, each record as the text a run stores, not parsed."""
-        self.handle.seek(0)
-        return spooled_records(self.handle)
+        with open(self.handle.name, "rb") as handle:
+            yield from spooled_records(handle)
 
     def close(self) -> None:
         self.handle.close()

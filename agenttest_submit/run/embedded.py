@@ -14,11 +14,12 @@ import contextlib
 import functools
 import sys
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sized
 from datetime import UTC, datetime
 
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.stopping import run_async
+from agenttest_submit.inputs.expand import Spool
 from agenttest_submit.inputs.human import TerminalAsker, human_question
 from agenttest_submit.run.driving import driving
 from agenttest_submit.run.output import emit_report
@@ -46,8 +47,9 @@ from agenttest_worker.driver import (
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
 from agenttest_worker.report import printable
+from agenttest_worker.results import DEADLINE_PASSED
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store import BufferedStore, CaseRecord
+from agenttest_worker.store import BufferedStore
 
 # The store (SQLAlchemy, the models, the repository) is imported where it is used, not
 # here: a new embedded run is stored on the store's thread while its first
@@ -57,7 +59,7 @@ from agenttest_worker.store import BufferedStore, CaseRecord
 def run_embedded(
     request: RunRequest,
     url: str,
-    records: list[CaseRecord],
+    spool: Spool,
     options: RunOptions,
     config: ProjectConfig,
     target: str | None,
@@ -100,20 +102,22 @@ def run_embedded(
         suite=run_suite(request, target),
         started_at=datetime.now(UTC),
     )
+    # The cases are read from the spool twice, each on a handle of its own: once as
+    # the conversations are played, once as the store's thread writes them.
     store = BufferedStore.fresh(
         url,
         run.run_id,
-        records,
+        spool.records(),
+        spool.conversations,
         options=run.options,
         config=run.config,
         deadline_at=run.deadline_at,
-        setup=functools.partial(write_run, url, run, records),
+        setup=functools.partial(write_run, url, run, spool.stored_records()),
     )
     # A run of repeated cases counts its conversations (each repetition is one).
     label = "cases" if options.distinct_cases is None else "conversations"
-    progress = Progress(len(records), label=label)
-    conversations = [(case_id, 1) for case_id, _, _ in records]
-    run_async(drive(url, run.run_id, conversations, request.parallel, progress, store=store))
+    progress = Progress(spool.conversations, label=label)
+    run_async(drive(url, run.run_id, store.admitting(), request.parallel, progress, store=store))
     progress.close()
     # The store: see the note at the top.
     from agenttest_worker.report import aggregate
@@ -133,7 +137,7 @@ def run_embedded(
 async def drive(
     url: str,
     run_id: str,
-    conversations: list[tuple[str, int]],
+    conversations: Iterable[tuple[str, int]],
     parallel: int,
     progress: Progress,
     human_timeouts: dict[str, float] | None = None,
@@ -170,7 +174,7 @@ def _reply_cache(url: str) -> ReplyCacheStore:
 async def _drive(
     url: str,
     run_id: str,
-    conversations: list[tuple[str, int]],
+    conversations: Iterable[tuple[str, int]],
     parallel: int,
     progress: Progress,
     human_timeouts: dict[str, float] | None,
@@ -223,7 +227,12 @@ async def _drive(
         pool = pools.for_run(run_id, loaded.run_config, options_of(loaded))
         return await answer_human(store, pool, run_id, case_id, text, why)
 
+    # The conversations a lane has taken and not yet ended (one cut short at the
+    # deadline stays here: past_deadline ends it).
+    underway: set[str] = set()
+
     async def conversation(case_id: str, turn: int) -> None:
+        underway.add(case_id)
         waiting = case_id in parked
         while True:
             if waiting:
@@ -240,26 +249,36 @@ async def _drive(
                 continue
             if advance.case_done:
                 progress.case_done(advance.status)
+            underway.discard(case_id)
             return
 
     async def lane() -> None:
         for case_id, turn in queue:
             await conversation(case_id, turn)
 
+    async def end_at_deadline(case_id: str) -> None:
+        loaded = store.load_case(run_id, case_id)
+        if loaded is None or loaded.phase not in ("pending", "ready"):
+            return
+        at = TurnAddress(run_id, case_id, loaded.next_turn, None)
+        advance = await run_step(store, pools, at, inline)
+        if advance.case_done:
+            progress.case_done(advance.status)
+
     async def past_deadline(deadline_at: float) -> None:
         """--deadline: the turns still running were cancelled; end every conversation
-        left (they fail with the run's deadline as the reason, keeping their turns)."""
+        left (they fail with the run's deadline as the reason, keeping their turns).
+        Those never started end together: a fresh run's in one statement of the
+        store's next flush, a resumed run's one step each."""
         await asyncio.sleep(max(deadline_at - time.time(), 0) + 0.01)
-        for case_id, _ in conversations:
-            loaded = store.load_case(run_id, case_id)
-            if loaded is None or loaded.phase not in ("pending", "ready"):
-                continue
-            at = TurnAddress(run_id, case_id, loaded.next_turn, None)
-            advance = await run_step(store, pools, at, inline)
-            if advance.case_done:
-                progress.case_done(advance.status)
+        for case_id in sorted(underway):
+            await end_at_deadline(case_id)
+        progress.case_done("failed", store.end_unadmitted(DEADLINE_PASSED))
+        for case_id, _ in queue:
+            await end_at_deadline(case_id)
 
-    lanes = min(parallel, max(len(conversations), 1))
+    left = len(conversations) if isinstance(conversations, Sized) else store.run.total_cases
+    lanes = min(parallel, max(left, 1))
     configure_pool(connections_for(parallel))  # (before this loop's first agent call)
     deadline_at = store.run.deadline_at
     # Written when due even while no conversation moves (a slow agent): killed

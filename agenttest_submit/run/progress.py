@@ -41,9 +41,9 @@ class Progress:
         self.counts = {"passed": passed, "failed": failed, "skipped": skipped}
         self.draw()
 
-    def case_done(self, status: str | None) -> None:
+    def case_done(self, status: str | None, count: int = 1) -> None:
         if status in self.counts:
-            self.counts[status] += 1
+            self.counts[status] += count
         self.draw()
 
     def take_back(self, status: str | None) -> None:

@@ -178,8 +178,7 @@ def run_cases(
         if spool.repeated:
             options = options.model_copy(update={"distinct_cases": spool.cases})
         if not settings.distributed:
-            records = list(spool.records())
-            return run_embedded(request, url, records, options, config, target, label)
+            return run_embedded(request, url, spool, options, config, target, label)
         from agenttest_submit.run.distributed import FleetStarter, run_distributed
 
         run_id, total = store_records(

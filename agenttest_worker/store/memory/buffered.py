@@ -18,25 +18,25 @@ of waiting for it; then each flush is handed to it as plain data (flush_batch.py
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from agenttest_worker.results import RoleUsage, UsageRole, usage_spend
 from agenttest_worker.store import reservations, steps
-from agenttest_worker.store.memory.buffered_run import BufferedRun, RunChanges
+from agenttest_worker.store.memory.buffered_run import BufferedRun, HeldConversation
 from agenttest_worker.store.memory.flush_batch import (
     BufferedStep,
-    CaseValues,
     CaseWrite,
     FlushBatch,
+    RunChanges,
     RunTotals,
     StepRecord,
     StepRefused,
+    Unplayed,
     take_off,
 )
 
@@ -46,26 +46,10 @@ _REFUSED_PAUSE = 0.5
 
 
 @dataclass
-class _Conversation:
-    case: dict[str, Any]
-    agent: str | None
-    phase: str
-    next_turn: int
-    # As the step handed it over (often text): read back by the next step, and turned
-    # into objects only for the database, once per flush.
-    state: steps.JsonDocument | None
-    deliveries: int
-    result: StepRecord | None = None
-
-    def values(self) -> CaseValues:
-        return CaseValues(self.next_turn, self.phase, self.state, self.result)
-
-
-@dataclass
 class _Unwritten:
     """A conversation's steps since the last write, and the conversation as written."""
 
-    written: _Conversation
+    written: HeldConversation
     steps: list[BufferedStep]
 
 
@@ -101,7 +85,7 @@ class BufferedStore(reservations.MemoryReservations):
         url: str,
         run_id: str,
         run: BufferedRun,
-        conversations: dict[str, _Conversation],
+        conversations: dict[str, HeldConversation],
         *,
         flush_every: float = 0.5,
         setup: Callable[[], object] | None = None,
@@ -128,6 +112,10 @@ class BufferedStore(reservations.MemoryReservations):
         # it takes them. Its steps are kept meanwhile, and written once it takes them.
         self.refusing: str | None = None
         self._refusing_since = 0.0
+        # A fresh run's cases not yet taken (`admit`), and how many were taken: the
+        # conversations are admitted in submission order, so the next one's position.
+        self._unadmitted: Iterator[steps.CaseRecord] = iter(())
+        self.admitted = len(conversations)
 
     @classmethod
     def fresh(
@@ -135,19 +123,19 @@ class BufferedStore(reservations.MemoryReservations):
         url: str,
         run_id: str,
         records: Iterable[steps.CaseRecord],
+        total: int,
         *,
         options: dict[str, Any],
         config: dict[str, Any],
         deadline_at: float | None,
         setup: Callable[[], object],
     ) -> BufferedStore:
-        """A run not yet started: its cases as `runs.add_cases` stores them, the run as
-        `runs.start_run` leaves it. `setup` stores them, on the store's thread, while
-        the conversations start; nothing is written before it is done."""
-        conversations = {
-            case_id: _Conversation(record, agent, "pending", 1, None, 0)
-            for case_id, agent, record in records
-        }
+        """A run not yet started: its `total` cases as `runs.add_cases` stores them, the
+        run as `runs.start_run` leaves it. `setup` stores them, on the store's thread,
+        while the conversations start; nothing is written before it is done.
+
+        The cases are taken from `records` as they are played (`admit`), not before:
+        a run of a million cases holds only those under way."""
         run = BufferedRun(
             options=options,
             config=config,
@@ -155,13 +143,15 @@ class BufferedStore(reservations.MemoryReservations):
             cancel_reason=None,
             deadline_at=deadline_at,
             status="running",
-            total_cases=len(conversations),
+            total_cases=total,
             finished_cases=0,
             total_tokens=0,
             total_cost=0.0,
             counters={"passed": 0, "failed": 0, "skipped": 0, "total_turns": 0},
         )
-        return cls(url, run_id, run, conversations, setup=setup)
+        store = cls(url, run_id, run, {}, setup=setup)
+        store._unadmitted = iter(records)
+        return store
 
     @classmethod
     def from_database(
@@ -195,7 +185,7 @@ class BufferedStore(reservations.MemoryReservations):
                 },
             )
             conversations = {
-                c.case_id: _Conversation(
+                c.case_id: HeldConversation(
                     c.case, c.agent, c.phase, c.next_turn, c.state, c.deliveries
                 )
                 for c in connection.execute(
@@ -211,6 +201,34 @@ class BufferedStore(reservations.MemoryReservations):
                 )
             }
         return cls(url, run_id, run, conversations, writes=writes)
+
+    def admit(self) -> str | None:
+        """The next case not yet played, now held here as a pending conversation; None
+        once every case was taken."""
+        for case_id, agent, record in self._unadmitted:
+            self.conversations[case_id] = HeldConversation(record, agent, "pending", 1, None, 0)
+            self.admitted += 1
+            return case_id
+        return None
+
+    def admitting(self) -> Iterator[tuple[str, int]]:
+        """(case id, first turn) of each case as it is admitted: what the lanes take."""
+        while (case_id := self.admit()) is not None:
+            yield case_id, 1
+
+    def end_unadmitted(self, reason: str) -> int:
+        """End every case never admitted, failed with `reason` (a --deadline): counted
+        here at once, and ended in the database by one statement of the next flush
+        (store/sql/unplayed.py), after the steps it holds. How many it ended."""
+        self._unadmitted = iter(())
+        ended = self.run.total_cases - self.admitted
+        if ended <= 0:
+            return 0
+        self.run.finished_cases += ended
+        self.run.counters["failed"] += ended
+        self._changes.add(RunChanges(unplayed=Unplayed(self.admitted, reason)))
+        self.admitted = self.run.total_cases
+        return ended
 
     def load_case(
         self, run_id: str, case_id: str, count_delivery: bool = False, turn: int | None = None
@@ -386,6 +404,17 @@ class BufferedStore(reservations.MemoryReservations):
             self._refused.append(
                 self._take_back(found.case_id, pending, found.position, found.reason)
             )
+        self._forget_ended(sent.unwritten)
+
+    def _forget_ended(self, written: Iterable[str]) -> None:
+        """Conversations whose end is written are not kept: the database has them, and
+        a run of a million cases would hold every record. (Any step for one of them
+        finds it gone, as it would find it ended: nothing to play.)"""
+        for case_id in written:
+            conversation = self.conversations.get(case_id)
+            ended = conversation is not None and conversation.phase == "done"
+            if ended and case_id not in self._unwritten:
+                del self.conversations[case_id]
 
     def _refused_for_now(self, exc: BaseException) -> bool:
         """Whether the write failed with the database refusing it for now, not for
@@ -449,14 +478,10 @@ class BufferedStore(reservations.MemoryReservations):
         return Refused(case_id, dropped[0].turn, reason, status)
 
     @staticmethod
-    def _set(conversation: _Conversation, to: _Conversation | BufferedStep) -> None:
+    def _set(conversation: HeldConversation, to: HeldConversation | BufferedStep) -> None:
         conversation.next_turn, conversation.phase = to.next_turn, to.phase
         conversation.state, conversation.result = to.state, to.result
         conversation.deliveries = 0
-
-    def snapshot(self) -> dict[str, _Conversation]:
-        """A copy of the conversations (for tests and the deadline sweep)."""
-        return copy.deepcopy(self.conversations)
 
 
 def _write_flush(url: str, batch: FlushBatch) -> list[StepRefused]:

@@ -1,13 +1,13 @@
-"""The embedded run's row as the embedded store keeps it in memory (`BufferedRun`), and
-what a flush writes to it besides its counters (`RunChanges`). No SQLAlchemy: see
-buffered.py."""
+"""What the embedded store keeps in memory: the run's row (`BufferedRun`) and each
+conversation under way (`HeldConversation`). No SQLAlchemy: see buffered.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from agenttest_worker.results import RoleUsage, UsageRole, add_usage
+from agenttest_worker.store import steps
+from agenttest_worker.store.memory.flush_batch import CaseValues, StepRecord
 
 
 @dataclass
@@ -28,17 +28,18 @@ class BufferedRun:
 
 
 @dataclass
-class RunChanges:
-    """What a flush writes to the run row besides its counters: a cancel's reason, and
-    the calls of steps played but not saved (`add_unrecorded_usage`)."""
+class HeldConversation:
+    """A conversation as the embedded store holds it while it is played."""
 
-    cancel: str | None = None
-    usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
+    case: dict[str, Any]
+    agent: str | None
+    phase: str
+    next_turn: int
+    # As the step handed it over (often text): read back by the next step, and turned
+    # into objects only for the database, once per flush.
+    state: steps.JsonDocument | None
+    deliveries: int
+    result: StepRecord | None = None
 
-    def __bool__(self) -> bool:
-        return self.cancel is not None or bool(self.usage)
-
-    def add(self, later: RunChanges) -> None:
-        """Fold `later` in (a failed flush's changes put back before newer ones)."""
-        self.cancel = self.cancel or later.cancel
-        add_usage(self.usage, later.usage)
+    def values(self) -> CaseValues:
+        return CaseValues(self.next_turn, self.phase, self.state, self.result)

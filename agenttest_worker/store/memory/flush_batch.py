@@ -8,11 +8,40 @@ store's thread: nothing here imports the database's modules.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from agenttest_worker.results import RoleUsage, UsageRole, add_usage
 from agenttest_worker.store import steps
-from agenttest_worker.store.memory.buffered_run import RunChanges
+
+
+@dataclass(frozen=True)
+class Unplayed:
+    """The conversations never started, from submission position `from_seq` on, ended
+    failed with `reason` (BufferedStore.end_unadmitted)."""
+
+    from_seq: int
+    reason: str
+
+
+@dataclass
+class RunChanges:
+    """What a flush writes to the run row besides its counters: a cancel's reason, the
+    calls of steps played but not saved (`add_unrecorded_usage`), and the conversations
+    never started that end at once (`unplayed`)."""
+
+    cancel: str | None = None
+    usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
+    unplayed: Unplayed | None = None
+
+    def __bool__(self) -> bool:
+        return self.cancel is not None or bool(self.usage) or self.unplayed is not None
+
+    def add(self, later: RunChanges) -> None:
+        """Fold `later` in (a failed flush's changes put back before newer ones)."""
+        self.cancel = self.cancel or later.cancel
+        add_usage(self.usage, later.usage)
+        self.unplayed = self.unplayed or later.unplayed
 
 
 class StepRecord(NamedTuple):

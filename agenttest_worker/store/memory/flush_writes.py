@@ -24,6 +24,7 @@ from agenttest_worker.store.memory.flush_batch import (
 from agenttest_worker.store.sql.db import get_engine, unstorable_reason
 from agenttest_worker.store.sql.shared import CASES, JSON_OR_NULL, RUNS
 from agenttest_worker.store.sql.turns import insert_step_rows
+from agenttest_worker.store.sql.unplayed import end_unplayed
 from agenttest_worker.store.sql.usage import add_run_usage_on
 
 
@@ -128,6 +129,10 @@ def _write_run(connection: Connection, batch: FlushBatch, run: RunTotals) -> Non
     if changes.cancel is not None:
         values.update(cancelled=True, cancel_reason=changes.cancel)
     connection.execute(update(RUNS).where(RUNS.c.id == batch.run_id).values(**values))
+    if changes.unplayed is not None:
+        # After the steps of this flush: a conversation started holds its own record.
+        unplayed = changes.unplayed
+        end_unplayed(connection, batch.run_id, unplayed.from_seq, unplayed.reason)
     # Only calls of steps played but not saved are added here (buffered_run.RunChanges).
     add_run_usage_on(connection, batch.run_id, changes.usage, unsaved=True)
 
