@@ -269,7 +269,8 @@ def test_dry_run_refuses_a_malformed_state_with_file_line_and_field(
     cases = tmp_path / "cases.jsonl"
     good = {"id": "ok", "input": "hi"}
     bad = {"id": "bad", "input": "hi", "state": {"url": "ftp://x/{{sesion}}", "response": "$[["}}
-    cases.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n", encoding="utf-8")
+    get = {"id": "get", "input": "hi", "state": {"url": "http://x/s", "request": {"a": 1}}}
+    cases.write_text("".join(json.dumps(c) + "\n" for c in (good, bad, get)), encoding="utf-8")
     code = main(["-i", str(cases), "-n", "bot", "--config", str(config), "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2
@@ -284,6 +285,7 @@ def test_dry_run_refuses_a_malformed_state_with_file_line_and_field(
     assert code == 2
     assert f"{cases}:2 (test 'bad'): state.url: unknown placeholder {{{{sesion}}}}" in err
     assert f"{cases}:2 (test 'bad'): state.response: invalid JSONPath" in err
+    assert f"{cases}:3 (test 'get'): state.request: a state `request` body is sent with" in err
 
     tests = tmp_path / "tests.yaml"
     tests.write_text(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from agenttest_worker.agents.http.urls import url_problem
 from agenttest_worker.json_values import compile_path
@@ -56,8 +56,10 @@ class StateEndpoint(BaseModel):
         compile_path(path)
         return path
 
-    @model_validator(mode="after")
-    def _body_for_post(self) -> StateEndpoint:
-        if self.request is not None and self.method != "POST":
+    @field_validator("request")
+    @classmethod
+    def _body_for_post(cls, request: Any, info: ValidationInfo) -> Any:
+        # (`method` is validated first: it is declared before `request`.)
+        if request is not None and info.data.get("method", "GET") != "POST":
             raise ValueError("a state `request` body is sent with method: POST")
-        return self
+        return request
