@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from agent_servers import ExpenseSystem
+from agent_servers import AgentServer, ExpenseSystem, Reply, refused_url
 
 from agenttest_submit.cli.main import main
 
@@ -153,6 +153,35 @@ def test_a_state_url_that_fails_fails_the_case_as_infrastructure(
     assert records["elsewhere"]["error"].startswith("infrastructure error")
     # One case's broken state URL does not sink another's.
     assert records["fine"]["status"] == "passed"
+
+
+def test_an_unreachable_or_unreadable_state_names_its_url_without_its_secrets(
+    tmp_path: Path,
+    honest: ExpenseSystem,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("STATE_KEY", "sk-state-0a1b2c3d4e")
+    nowhere = refused_url()
+    with AgentServer() as pages:
+        pages.always("/state", Reply(body="<html>maintenance</html>"))
+        agents = {
+            "unreachable": honest.entry(url=nowhere + "/state/{{session_id}}?api_key=${STATE_KEY}"),
+            "not-json": honest.entry(url=pages.url("/state"), response="$"),
+        }
+        cases = [expense_case("unreachable", "unreachable"), expense_case("not-json", "not-json")]
+        code, records, _ = play(capsys, write_project(tmp_path, agents, cases), tmp_path / "o")
+        page_url = pages.url("/state")
+    assert code == 1
+    unreachable = records["unreachable"]["error"]
+    assert unreachable.startswith(
+        f"infrastructure error: cannot read the end state (GET {nowhere}/state/"
+    )
+    assert "api_key=***" in unreachable and "cannot reach unreachable" in unreachable
+    assert "sk-state-0a1b2c3d4e" not in (tmp_path / "o").read_text(encoding="utf-8")
+    not_json = records["not-json"]["error"]
+    assert not_json.startswith(f"infrastructure error: cannot read the end state (GET {page_url})")
+    assert "not JSON" in not_json and "maintenance" in not_json
 
 
 def test_a_state_url_that_fails_after_a_turn_fails_that_turn(
