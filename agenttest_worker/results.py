@@ -193,6 +193,9 @@ class TurnResult(_Record):
     # this turn's input, in order, as its chat history wrote it (several assistant
     # messages, tool calls and results). Absent for other agents.
     events: list[Any] | None = None
+    # The state the agent left in its system after this turn (`state: {each_turn: true}`),
+    # as its end state URL answered it; absent otherwise.
+    end_state: Any = None
 
 
 class RoleUsage(_Record):
@@ -270,6 +273,9 @@ class CaseResult(_Record):
     repeats: int | None = None
     # Calls, tokens and cost of this conversation, by role.
     usage_by_role: dict[UsageRole, RoleUsage] | None = None
+    # The state the agent left in its system after the conversation (`state:`), as its
+    # end state URL answered it; absent without one.
+    end_state: Any = None
 
     def to_json_line(self) -> str:
         return self.model_dump_json()

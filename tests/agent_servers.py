@@ -302,3 +302,73 @@ def run(coro: Awaitable[T]) -> T:
             await close_session()
 
     return asyncio.run(main())
+
+
+class ExpenseSystem(ServedOnThread):
+    """An http agent with a system behind it, for end state tests: POST /chat
+    {session_id, input} answers {"content"} and keeps one expense per session, a draft
+    until the user says "submit"; GET or POST /state/SESSION serves it as
+    {"data": {"expense": {...}, "token": X-State-Token}} (a header it was sent, echoed).
+
+    `submits=False` is the agent built to fail: it says the expense is submitted and
+    leaves it a draft. `state_status` other than 200 makes the state URL answer that
+    status. Every request to the state URL is kept (`state_requests`: method, path,
+    headers, body).
+    """
+
+    def __init__(self, submits: bool = True, state_status: int = 200, note: str = "") -> None:
+        self.submits = submits
+        self.note = note
+        self.state_status = state_status
+        self._lock = threading.Lock()
+        self.expenses: dict[str, dict[str, Any]] = {}
+        self.state_requests: list[Received] = []
+        self._server = ThreadedServer(self._app, name="expense-system", shutdown_timeout=0.5)
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        session, text = str(body.get("session_id")), str(body.get("input") or "")
+        with self._lock:
+            expense = self.expenses.setdefault(
+                session, {"status": "draft", "amount": 42, "note": self.note}
+            )
+            if "submit" in text.lower():
+                if self.submits:
+                    expense["status"] = "submitted"
+                return web.json_response({"content": "Your expense is submitted."})
+        return web.json_response({"content": f"Draft expense of {expense['amount']} EUR."})
+
+    async def _state(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        with self._lock:
+            self.state_requests.append(
+                Received(request.method, request.path, request.headers, raw, time.monotonic())
+            )
+            if self.state_status != 200:
+                return web.json_response({"error": "state store down"}, status=self.state_status)
+            expense = dict(self.expenses.get(request.match_info["session"], {}))
+        token = request.headers.get("X-State-Token")
+        return web.json_response({"data": {"expense": expense, "token": token}})
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/chat", self._chat)
+        app.router.add_get("/state/{session}", self._state)
+        app.router.add_post("/state/{session}", self._state)
+        return app
+
+    def entry(self, **state: Any) -> dict[str, Any]:
+        """Its agenttest.yaml entry, with `state:` fields over the default
+        (GET /state/{{session_id}}, read at $.data)."""
+        return {
+            "protocol": "http",
+            "url": self.base_url + "/chat",
+            "request": {"session_id": "{{session_id}}", "input": "{{input}}"},
+            "timeout": 5,
+            "max_retries": 0,
+            "state": {
+                "url": self.base_url + "/state/{{session_id}}",
+                "response": "$.data",
+                **state,
+            },
+        }

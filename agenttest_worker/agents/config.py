@@ -35,6 +35,7 @@ from agenttest_worker.agents.interface import (
 )
 from agenttest_worker.agents.refs import is_valid_name, parse_ref
 from agenttest_worker.agents.reply_mappings import HistoryConfig, ResponseMapping
+from agenttest_worker.agents.state_endpoint import StateEndpoint
 from agenttest_worker.agents.stored_credentials import keep_out
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.settings import get_settings
@@ -47,10 +48,13 @@ SimulatorMessages = Literal["as_is", "swapped", "transcript"]
 # What the runner writes into a request body itself: a `params` entry may not replace it.
 OWNED_BODY_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "system"})
 # The fields of an agent's entry that go onto the wire to it as they are (its address,
-# its headers, its body, its history's address and headers, its proxy): every value they
+# its headers, its body, its history's address and headers, its proxy, its end state's
+# address and headers): every value they
 # take from the environment (${VAR}) is a secret of that agent, masked wherever the
 # agent's answers or errors are kept (agents/secret_masking.py).
-WIRE_FIELDS = frozenset({"base_url", "url", "headers", "params", "request", "history", "proxy"})
+WIRE_FIELDS = frozenset(
+    {"base_url", "url", "headers", "params", "request", "history", "proxy", "state"}
+)
 
 
 class _Strict(BaseModel):
@@ -119,6 +123,9 @@ class AgentConfig(_Strict):
     max_tokens: int = Field(default=4096, ge=1)
     # http: replies read back from the agent's chat history.
     history: HistoryConfig | None = None
+    # Where the state the agent leaves in its system is read after a conversation (any
+    # protocol; a case's own `state:` wins): agents/state_endpoint.py.
+    state: StateEndpoint | None = None
     # openai-responses: continue a target's conversation from its last response's id,
     # sending only what came after it (the API keeps the rest).
     previous_response_id: bool = False
@@ -258,8 +265,8 @@ class AgentConfig(_Strict):
         return os.environ.get(self.api_key_env) or None
 
     def environment_secrets(self) -> tuple[str, ...]:
-        """What its address, headers, body templates, params, history and proxy took
-        from ${VAR}: masked wherever the agent's replies and errors are kept."""
+        """What its address, headers, body templates, params, history, proxy and end
+        state took from ${VAR}: masked wherever the agent's replies and errors are kept."""
         return self._from_environment
 
 

@@ -86,8 +86,9 @@ class AgentReply:
 class AgentError(Exception):
     """A call that failed after its retries, with a message fit for the report.
 
-    `kind` is one of: timeout, connection, http, parse, config, script, stream, and
-    unexpected (anything else a client raised, agents/pool.py `RoleSession.call`).
+    `kind` is one of: timeout, connection, http, parse, config, script, stream, state
+    (an end state that cannot be read: agents/state_fetch.py), and unexpected
+    (anything else a client raised, agents/pool.py `RoleSession.call`).
     """
 
     def __init__(

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import parse_ref
+from agenttest_worker.agents.state_endpoint import StateEndpoint
 from agenttest_worker.assertions import AgentAssertion, Assertion, on_change
 from agenttest_worker.assertions.checking import walk
 from agenttest_worker.durations import parse_duration
@@ -196,6 +197,8 @@ class Case(StrictModel):
     tags: list[str] = Field(default_factory=list)
     # Play the case this many times, as independent conversations (`--repeat` overrides).
     repeat: int | None = Field(default=None, ge=1)
+    # Where the state its agent leaves behind is read (over the agent entry's `state:`).
+    state: StateEndpoint | None = None
 
     # Which of its `repeat` plays a stored conversation is (1-based), set by the
     # submitter when it stores each repetition; like source_file, not the author's.

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from agenttest_worker.agents.options import Options
+from agenttest_worker.agents.state_endpoint import StateEndpoint
 from agenttest_worker.assertions import Assertion, on_change
 from agenttest_worker.cases.case_model import (
     Attachment,
@@ -85,6 +86,7 @@ class YamlTest(_Judging):
     max_turns: int | None = Field(default=None, ge=1)
     tags: list[str] = Field(default_factory=list)
     repeat: int | None = Field(default=None, ge=1)
+    state: StateEndpoint | None = None
 
     @field_validator("tags", mode="before")
     @classmethod
@@ -176,6 +178,7 @@ class YamlTest(_Judging):
             "simulator": self.simulator.model_dump(exclude_none=True) if self.simulator else None,
             "max_turns": self.max_turns,
             "repeat": self.repeat,
+            "state": self.state.model_dump(exclude_unset=True) if self.state else None,
         }
         data.update({k: v for k, v in optional.items() if v is not None})
         return data

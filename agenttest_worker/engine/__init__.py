@@ -15,8 +15,9 @@ order), else - when the agent awaits input - the simulator, then a person
 (interactive), then `on_missing_input`. Limits, errors and statuses follow DESIGN.md.
 
 Modules, in the order a turn uses them: `state` (the data), `turn` (one turn),
-`awaiting` (does the reply ask for input?), `documents` (what json_path and type
-assertions read), `assess` (running assertions), `next_input` (what comes next),
+`awaiting` (does the reply ask for input?), `end_state` (the state the agent left in
+its system, read after a turn or the conversation), `documents` (what json_path and
+type assertions read), `assess` (running assertions), `next_input` (what comes next),
 `outcome` (final assertions and the case's record).
 """
 

@@ -25,9 +25,10 @@ def final_document(
 ) -> dict[str, Any]:
     """Final: {turns, last_output, tool_results, state}.
 
-    When the agent reports a `state` object, its keys are also readable at the top
-    level (never shadowing the four named keys), so the spec's `$.expense.status`
-    works on an agent whose state is {"expense": {...}}.
+    `state` is the end state read from the agent's system when the case or its agent
+    declares one (engine/end_state.py), else the state the agent reported. When it is
+    an object, its keys are also readable at the top level (never shadowing the four
+    named keys), so the spec's `$.expense.status` works on a state {"expense": {...}}.
     """
     ran = [t for t in turns if t.input is not None]
     last_output = ran[-1].output if ran else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.pool import AgentPool, RoleSession
@@ -13,6 +13,7 @@ from agenttest_worker.assertions import AssertionContext
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine.assess import run_assertions
 from agenttest_worker.engine.documents import final_document
+from agenttest_worker.engine.end_state import at_end
 from agenttest_worker.engine.state import ConversationState
 from agenttest_worker.results import (
     AgentCallRecord,
@@ -29,7 +30,7 @@ def final_context(case: Case, state: ConversationState, roles: RoleSession) -> A
     ran = [t for t in state.turns if t.input is not None]
     return AssertionContext(
         output=ran[-1].output if ran else None,
-        document=final_document(state.turns, state.tool_results, state.agent_state),
+        document=final_document(state.turns, state.tool_results, _document_state(state)),
         tool_calls=[c for t in ran for c in t.tool_calls],
         input=ran[0].input if ran else None,
         messages=state.messages,
@@ -40,14 +41,24 @@ def final_context(case: Case, state: ConversationState, roles: RoleSession) -> A
     )
 
 
+def _document_state(state: ConversationState) -> Any:
+    """`state` of the final document: the end state read from the agent's system when
+    there is one (engine/end_state.py), else the state its replies reported."""
+    return state.end_state if state.end_state is not None else state.agent_state
+
+
 async def finish(case: Case, state: ConversationState, pool: AgentPool) -> None:
-    """The conversation is complete: run final_assertions (over every turn: the earlier
-    ones are read back into the state first)."""
+    """The conversation is complete: read its end state (when the case or its agent
+    declares `state:`), then run final_assertions (over every turn: the earlier ones are
+    read back into the state first). An end state that cannot be read fails the case,
+    and its final assertions are not run: they would judge a state never seen."""
     state.phase = "done"
     state.restore_turns()
-    if not case.final_assertions:
-        return
     started = time.monotonic()
+    await at_end(case, state, pool)
+    if state.error is not None or not case.final_assertions:
+        state.elapsed_ms += int((time.monotonic() - started) * 1000)
+        return
     log: list[AgentCallRecord] = []
     ran = [t for t in state.turns if t.input is not None]
     ctx = final_context(case, state, pool.session(log))
@@ -111,6 +122,7 @@ def case_result(
         repeats=case.repeat if case.repetition is not None else None,
         usage_by_role=usage_by_role((c for t in state.turns for c in t.calls or ()), config)
         or None,
+        end_state=state.end_state,
     )
 
 

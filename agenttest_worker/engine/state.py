@@ -101,6 +101,9 @@ class ConversationState(BaseModel):
     next_input: PendingInput | None = None
     tool_results: dict[str, Any] = Field(default_factory=dict)
     agent_state: Any = None
+    # The end state last read from the agent's `state:` URL (engine/end_state.py); left
+    # out while None, so that states stored before it read the same.
+    end_state: Any = Field(default=None, exclude_if=lambda value: value is None)
     error: str | None = None
     skip_reason: str | None = None
     goal_achieved: bool | None = None

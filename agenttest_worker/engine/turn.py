@@ -23,6 +23,7 @@ from agenttest_worker.durations import format_duration
 from agenttest_worker.engine.assess import grade_turn, run_assertions
 from agenttest_worker.engine.awaiting import detect_awaiting
 from agenttest_worker.engine.documents import turn_document
+from agenttest_worker.engine.end_state import after_turn, turn_document_with_state
 from agenttest_worker.engine.history_turns import more_static, read_rounds
 from agenttest_worker.engine.next_input import choose_next
 from agenttest_worker.engine.state import (
@@ -360,6 +361,10 @@ async def _turn_body(
         content, final_calls, reply.awaiting_input, options.awaiting_tools, reply.finish_reason
     )
     turn.awaiting_input, turn.awaiting_reason = awaiting.awaiting, awaiting.reason
+    # With `state: {each_turn: true}`, its assertions read the state the turn left.
+    if (unread := await after_turn(case, state, pool, target.agent, turn)) is not None:
+        turn.error = unread
+        return _end_turn_with_error(state, turn, started, pending, log)
 
     metadata = dict(sent.metadata)
     if held:
@@ -397,7 +402,7 @@ def _context(
     (`history: {when: end}`), whose own record says it.
     """
     output = turn.output if turn.output is not None else ""
-    document = turn_document(output, turn.tool_calls)
+    document = turn_document_with_state(turn_document(output, turn.tool_calls), turn)
     if turn.events is not None and isinstance(document, dict) and "events" not in document:
         document = {**document, "events": turn.events}
     if response_ms is None:
