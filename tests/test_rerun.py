@@ -297,3 +297,40 @@ def test_an_unreachable_store_exits_3(project: Project, monkeypatch: pytest.Monk
     assert code == 3, err
     assert "Traceback" not in err
     assert project.asked() == []
+
+
+def test_alone_with_a_suite_it_reads_that_suites_newest_finished_run(project: Project) -> None:
+    project.write([_case(i) for i in FOUR])
+    project.answer({"a", "b"})  # c and d fail in suite "nightly"
+    code, _, _ = project.records("--suite", "nightly")
+    assert code == 1
+    project.answer({"a", "c", "d"})  # b fails in suite "other", the newest run
+    code, _, _ = project.records("--suite", "other")
+    assert code == 1
+    project.asked()
+    project.answer(set(FOUR))
+    code, statuses, err = project.records("--suite", "nightly", "--rerun-failed")
+    assert code == 0, err
+    assert statuses == {"c": "passed", "d": "passed"}
+    assert sorted(project.asked()) == ["question c", "question d"]
+    assert project.newest_run()["suite"] == "nightly"
+    # `last` is the store's newest finished run, whatever --suite says: "nightly"'s
+    # rerun just now, which failed nothing.
+    code, _, err = project.submit("--suite", "other", "--rerun-failed", "last")
+    assert code == 0 and "has no failed case" in err
+
+
+def test_a_run_that_has_not_finished_is_refused(project: Project) -> None:
+    from agenttest_worker.settings import get_settings
+    from agenttest_worker.store import runs, upgrade
+
+    project.write([_case("a")])
+    url = get_settings().effective_database_url()
+    upgrade(url)
+    runs.create_run(
+        url, run_id="still-storing", agent="bot", input_label="x", options={}, config={}
+    )
+    code, _, err = project.submit("--rerun-failed", "still-storing")
+    assert code == 2
+    assert "run still-storing has not finished (status pending)" in err
+    assert "Traceback" not in err and project.asked() == []
