@@ -39,8 +39,8 @@ from agenttest_worker.report import counted, printable
 from agenttest_worker.settings import get_settings
 
 # reeval.py, distributed.py and rerun_selection.py are imported where they are used: they
-# import the store (SQLAlchemy), which an embedded run leaves to its store's thread while its first
-# conversations run (see embedded.run_embedded).
+# import the store (SQLAlchemy), which an embedded run leaves to its store's thread while
+# its first conversations run (see embedded.run_embedded).
 
 
 def submit(request: RunRequest) -> int:
