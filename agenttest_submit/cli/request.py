@@ -18,6 +18,23 @@ if TYPE_CHECKING:
 
 # `--simulator` given alone: agenttest.yaml's defaults.simulator (known once it is loaded).
 DEFAULT_SIMULATOR = "\0defaults.simulator"
+# `--rerun-failed`/`--rerun-skipped` given alone: --suite's newest finished run, else the
+# store's (known once the store is read).
+RERUN_DEFAULT = "\0rerun.default"
+
+
+class Rerun(NamedTuple):
+    """`--rerun-failed [RUN]` and/or `--rerun-skipped [RUN]`: which run, and which of its
+    cases: those whose verdict failed, those skipped, or both."""
+
+    run: str  # a run id, "last" (the store's newest finished run) or RERUN_DEFAULT
+    failed: bool
+    skipped: bool
+
+    @property
+    def flag(self) -> str:
+        """The flag as the user gave it (the first of the two, when both)."""
+        return "--rerun-failed" if self.failed else "--rerun-skipped"
 
 
 @dataclass(frozen=True)
@@ -92,6 +109,9 @@ class RunRequest:
     wait: bool = True
     # --reeval [RUN]: judge stored conversations again (a run id or "last"; None: no).
     reeval: str | None = None
+    # --rerun-failed [RUN] / --rerun-skipped [RUN]: run only the cases of the inputs that
+    # failed / were skipped in that run (None: every selected case).
+    rerun: Rerun | None = None
     # --reporter: a reporter agent that is sent the results.
     reporter: str | None = None
 

@@ -17,8 +17,9 @@ from agenttest_submit.cli.arg_types import (
     positive_float,
     positive_int,
 )
-from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RunRequest
+from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RERUN_DEFAULT, Rerun, RunRequest
 from agenttest_submit.cli.subcommand_args import SUBCOMMAND_HELP
+from agenttest_worker.errors import InputError, InputProblem
 
 
 def _version() -> str:
@@ -39,6 +40,7 @@ examples:
   RUN=$(agenttest-submit -i ./tests/ -n assistants.expense --no-wait)   # on a fleet
   agenttest-submit status $RUN; agenttest-submit report $RUN --format junit -o junit.xml
   agenttest-submit cancel $RUN --reason "wrong build"
+  agenttest-submit -i ./tests/ -n assistants.expense --rerun-failed last   # only what failed
   agenttest-submit prune --older-than 30d --keep-last 10 --dry-run
 """
 
@@ -262,6 +264,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN",
         help="re-run assertions on stored conversations without calling the target",
     )
+    for flag, which in (("--rerun-failed", "failed"), ("--rerun-skipped", "were skipped")):
+        p.add_argument(
+            flag,
+            action=Once,
+            nargs="?",
+            const=RERUN_DEFAULT,
+            default=None,
+            metavar="RUN",
+            help=f"run only the cases of the inputs that {which} in RUN: a run id, or last (the "
+            "newest finished run); alone: --suite's newest finished run, else last",
+        )
     p.add_argument(
         "--reporter", metavar="REF", help="send the results to a reporter agent", action=Once
     )
@@ -337,5 +350,23 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         dry_run=args.dry_run,
         wait=args.wait,
         reeval=args.reeval,
+        rerun=_rerun(args.rerun_failed, args.rerun_skipped),
         reporter=args.reporter,
     )
+
+
+def _rerun(failed: str | None, skipped: str | None) -> Rerun | None:
+    """--rerun-failed and --rerun-skipped as one request: both read one run (a value
+    given to either names it for both)."""
+    if failed is None and skipped is None:
+        return None
+    named = list(dict.fromkeys(v for v in (failed, skipped) if v not in (None, RERUN_DEFAULT)))
+    if len(named) > 1:
+        raise InputError(
+            InputProblem(
+                f"names run {named[1]!r} and --rerun-failed run {named[0]!r}: "
+                "both read one run; give it once",
+                field="--rerun-skipped",
+            )
+        )
+    return Rerun(named[0] if named else RERUN_DEFAULT, failed is not None, skipped is not None)

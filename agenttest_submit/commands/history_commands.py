@@ -58,7 +58,8 @@ def _info(run: RunRow) -> RunInfo:
     return RunInfo(run.id, run.created_at, run.suite, run.status)
 
 
-def _rule(run: RunRow) -> str:
+def stored_pass_rule(run: RunRow) -> str:
+    """The --pass-rule a stored run was made with: how its repetitions make a verdict."""
     return str((run.options or {}).get("pass_rule") or "all")
 
 
@@ -100,7 +101,7 @@ def resolve_baseline(url: str, ref: str, new: RunRow) -> RunRow:
 
 def build_diff(url: str, base: RunRow, new: RunRow, window: int = DEFAULT_WINDOW) -> RunDiff:
     """What changed from `base` to `new`, case by case (report/diff.py)."""
-    base_rule, rule = _rule(base), _rule(new)
+    base_rule, rule = stored_pass_rule(base), stored_pass_rule(new)
     before: dict[str, tuple[CaseStatus, str | None]] = {
         t.id: (tally_verdict(t.played, t.passed, t.skipped, base_rule), t.definition)
         for t in history.case_tallies(url, base.id)
@@ -414,7 +415,7 @@ def flake_tally(verdicts: list[tuple[str, bool]]) -> FlakeTally:
 def _history_row(played: history.CaseInRun) -> dict[str, Any]:
     run = played.run
     records = [CaseResult.model_validate_json(t) for t in played.records]
-    found = case_verdict(records, _rule(run))
+    found = case_verdict(records, stored_pass_rule(run))
     failing = next((r for r in records if r.status == "failed"), None)
     return {
         "run_id": run.id,

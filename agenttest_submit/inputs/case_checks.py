@@ -1,6 +1,6 @@
 """What is checked of each case once it is read, whatever else is in the input.
 
-A case read without problems is selected (--tag, --id), given its simulator, checked
+A case read without problems is selected (--tag, --id, a rerun's ids), given its simulator, checked
 against agenttest.yaml and warned about, and its attachments are read in. None of it
 depends on the other cases; what does (duplicate ids) stays in `expand.CaseStream`.
 """
@@ -16,15 +16,43 @@ from agenttest_worker.cases import Case, check_case_refs, inline_attachments
 from agenttest_worker.errors import InputError, InputProblem
 
 
+@dataclass(frozen=True)
+class RerunIds:
+    """The cases a rerun takes from the inputs (--rerun-failed, --rerun-skipped): the ids
+    of those that failed or were skipped in the run `run_id`, in that run's order."""
+
+    run_id: str
+    ids: tuple[str, ...]
+    # What was asked for, as said to the user: "failed", "skipped", "failed or skipped".
+    what: str
+    flag: str  # the flag given, for warnings
+    wanted: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wanted", frozenset(self.ids))
+
+    def nothing_to_run(self) -> str:
+        """Why a rerun selected no case (it then runs nothing and exits 0)."""
+        if not self.ids:
+            return f"nothing to rerun: run {self.run_id} has no {self.what} case"
+        return (
+            f"nothing to rerun: none of the {self.what} cases of run {self.run_id} is among "
+            "the cases selected from the inputs"
+        )
+
+
 @dataclass
 class Selection:
-    """What the user asked to run of the cases found (--tag, --id)."""
+    """What the user asked to run of the cases found (--tag, --id, a rerun's ids)."""
 
     tags: list[str] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
+    rerun: RerunIds | None = None
 
     def wants(self, case: Case) -> bool:
         if self.ids and case.id not in self.ids:
+            return False
+        if self.rerun is not None and case.id not in self.rerun.wanted:
             return False
         return not self.tags or bool(set(self.tags) & set(case.tags))
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agenttest_submit.inputs.case_checks import CaseChecker, Selection
+from agenttest_submit.inputs.case_checks import CaseChecker, RerunIds, Selection
 from agenttest_submit.inputs.generate import PoolMaker, generate_cases
 from agenttest_submit.inputs.sources import (
     STDIN_NAME,
@@ -26,7 +26,15 @@ from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import printable
 from agenttest_worker.store import CaseRecord, StoredCase
 
-__all__ = ["CaseStream", "Expansion", "Selection", "Spool", "expand", "print_warnings"]
+__all__ = [
+    "CaseStream",
+    "Expansion",
+    "RerunIds",
+    "Selection",
+    "Spool",
+    "expand",
+    "print_warnings",
+]
 
 
 @dataclass
@@ -63,6 +71,8 @@ def iter_source(
 
 # How many files `CaseStream._place` numbers within an int.
 _FILE_NUMBERS = 1 << 16
+# How many of a rerun's cases gone from the inputs its warning names.
+_GONE_SHOWN = 10
 
 
 class CaseStream:
@@ -166,17 +176,34 @@ class CaseStream:
         return self.checker.check(case, self.problems, self.warnings)
 
     def finish(self) -> None:
-        """Raise the problems found while iterating (every one), or for no cases at all."""
+        """Raise the problems found while iterating (every one), or for no cases at all
+        (a rerun's selection may be empty: the caller checks `count`)."""
         if self.problems:
             raise InputError(self.problems)
-        if not self.count and (self.selection.tags or self.selection.ids):
+        rerun = self.selection.rerun
+        if rerun is not None:
+            self._warn_gone(rerun)
+        if not self.count and (self.selection.tags or self.selection.ids) and rerun is None:
             raise InputError(InputProblem("no case matches the --tag/--id selection"))
         missing = [i for i in dict.fromkeys(self.selection.ids) if i not in self._seen]
         if missing:
             self.warnings.append(f"--id {', '.join(missing)}: no such case in the input")
-        if not self.count:
+        if not self.count and (rerun is None or not self._seen):
             # An empty (or truncated) case file would otherwise "pass" in CI with 0 tests.
             raise InputError(InputProblem("no test cases in the input", field="-i"))
+        # A rerun that selects none of the cases is no error: its caller says so and
+        # runs nothing.
+
+    def _warn_gone(self, rerun: RerunIds) -> None:
+        """The rerun's cases that are no longer in the inputs (removed or renamed)."""
+        gone = [i for i in rerun.ids if i not in self._seen]
+        if gone:
+            shown = ", ".join(gone[:_GONE_SHOWN])
+            more = f" and {len(gone) - _GONE_SHOWN} more" if len(gone) > _GONE_SHOWN else ""
+            self.warnings.append(
+                f"{rerun.flag}: {len(gone)} {rerun.what} case(s) of run {rerun.run_id} are "
+                f"no longer in the inputs, not run: {shown}{more}"
+            )
 
 
 class Spool:

@@ -64,8 +64,11 @@ def run_embedded(
     config: ProjectConfig,
     target: str | None,
     label: str,
+    *,
+    parent_run_id: str | None = None,
 ) -> int:
-    """Run checked cases in this process, storing the run while it starts.
+    """Run checked cases in this process, storing the run while it starts (a rerun's
+    with `parent_run_id`, the run its cases were chosen from).
 
     Importing the store and writing the run and its cases take a few tenths of a
     second that the first conversations need not wait for (they wait on the agent
@@ -100,6 +103,7 @@ def run_embedded(
         label,
         request.deadline,
         suite=run_suite(request, target),
+        parent_run_id=parent_run_id,
         started_at=datetime.now(UTC),
     )
     # The cases are read from the spool twice, each on a handle of its own: once as

@@ -35,11 +35,12 @@ from agenttest_worker.agents import (
 from agenttest_worker.cases import check_ref
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
+from agenttest_worker.report import counted, printable
 from agenttest_worker.settings import get_settings
 
-# reeval.py and distributed.py are imported where they are used: both import the store
-# (SQLAlchemy), which an embedded run leaves to its store's thread while its first
-# conversations run (see embedded.run_embedded).
+# reeval.py, distributed.py and rerun_selection.py are imported where they are used: they
+# import the store (SQLAlchemy), which an embedded run leaves to its store's thread while
+# its first conversations run (see embedded.run_embedded).
 
 
 def submit(request: RunRequest) -> int:
@@ -51,6 +52,13 @@ def submit(request: RunRequest) -> int:
     # Said once, before anything runs (the run's own calls do not say it again).
     warn_unverified_agents(config.agents)
     bad_output = output_problem(request.output)
+    if request.rerun is not None and request.reeval is not None:
+        raise InputError(
+            InputProblem(
+                "plays the cases again, --reeval judges stored conversations again: give one",
+                field=request.rerun.flag,
+            )
+        )
     if request.reeval is not None and not request.inputs and not request.messages:
         if bad_output:
             raise InputError(bad_output)
@@ -92,12 +100,18 @@ def submit(request: RunRequest) -> int:
                 field="-i" if not request.messages else "-m",
             )
         )
+    rerun = None
+    if request.rerun is not None:
+        # The store: see the note at the top.
+        from agenttest_submit.inputs.rerun_selection import rerun_ids
+
+        rerun = rerun_ids(store_url(), request.rerun, request.suite)
     stream = CaseStream(
         sources,
         config,
         target=target,
         simulator=simulator,
-        selection=Selection(tags=list(request.tags), ids=list(request.ids)),
+        selection=Selection(tags=list(request.tags), ids=list(request.ids), rerun=rerun),
         generators=functools.partial(generator_pool, request, config),
     )
     if request.dry_run:
@@ -110,6 +124,34 @@ def submit(request: RunRequest) -> int:
         print_warnings(stream.warnings)
         return reeval_cases(request, config, cases)
     return run_cases(request, config, stream, sources, target)
+
+
+def store_url() -> str:
+    """The store this environment's runs go to: the fleet's database, else the local one."""
+    if get_settings().distributed:
+        from agenttest_submit.run.distributed import database_url  # see the note at the top
+
+        return database_url()
+    return get_settings().effective_database_url()
+
+
+def _nothing_to_rerun(stream: CaseStream) -> bool:
+    """Whether a rerun selected no case: said on stderr (the run is then not made)."""
+    rerun = stream.selection.rerun
+    if rerun is None or stream.count:
+        return False
+    print(printable(rerun.nothing_to_run()), file=sys.stderr)
+    return True
+
+
+def _say_rerun(stream: CaseStream) -> None:
+    rerun = stream.selection.rerun
+    if rerun is not None and stream.count:
+        print(
+            f"rerunning {counted(stream.count, 'case')} of run {printable(rerun.run_id)} "
+            f"({rerun.what})",
+            file=sys.stderr,
+        )
 
 
 def generator_pool(request: RunRequest, config: ProjectConfig) -> AgentPool:
@@ -140,6 +182,9 @@ def _dry_run(stream: CaseStream, output: str | None) -> int:
     """Print (or write) the normalized cases, only once all of them proved valid."""
     with Spool(stream, None, sources=False) as spool:
         print_warnings(stream.warnings)
+        if _nothing_to_rerun(stream):
+            return EXIT_OK
+        _say_rerun(stream)
         lines = (_json_line(record) for _, _, record in spool.records())
         if output:
             with Path(output).open("w", encoding="utf-8") as handle:
@@ -165,20 +210,25 @@ def run_cases(
     settle(YOUNG_THRESHOLD if settings.distributed else EMBEDDED_YOUNG_THRESHOLD)
     options = run_options(request, config, target)
     label = input_label(sources, 0)
-    url = settings.effective_database_url()
+    url = store_url()
     if settings.distributed:
-        # The store and the publisher: see the note at the top.
-        from agenttest_submit.run.distributed import database_url, import_publisher_meanwhile
+        # The publisher: see the note at the top.
+        from agenttest_submit.run.distributed import import_publisher_meanwhile
 
-        url = database_url()
         import_publisher_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
     with Spool(stream, target, repeat=request.repeat) as spool:
         print_warnings(stream.warnings)
+        if _nothing_to_rerun(stream):
+            return EXIT_OK
+        _say_rerun(stream)
+        parent = stream.selection.rerun.run_id if stream.selection.rerun else None
         if spool.repeated:
             options = options.model_copy(update={"distinct_cases": spool.cases})
         if not settings.distributed:
-            return run_embedded(request, url, spool, options, config, target, label)
+            return run_embedded(
+                request, url, spool, options, config, target, label, parent_run_id=parent
+            )
         from agenttest_submit.run.distributed import FleetStarter, run_distributed
 
         run_id, total = store_records(
@@ -190,6 +240,7 @@ def run_cases(
             label=label,
             deadline=request.deadline,
             suite=run_suite(request, target),
+            parent_run_id=parent,
             starter=FleetStarter(url, request.parallel if request.parallel_given else None),
         )
 
