@@ -87,7 +87,7 @@ def case(number: int) -> CaseResult:
 def report(cases: int) -> RunReport:
     texts = [case(n).to_json_line() for n in range(cases)]
     return RunReport(
-        results=StoredResults(texts),
+        results=StoredResults.held(texts),
         agent="assistants.expense",
         input_label="suite/expense.jsonl",
         total_cases=cases,

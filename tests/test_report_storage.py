@@ -101,7 +101,7 @@ def test_streamed_reports_are_the_rendered_ones_on_postgres(pg_database: str) ->
     run_id = _finished_run(pg_database, outputs)
     built = aggregate(pg_database, run_id)
     assert built is not None
-    assert built.rendered == {}, "on Postgres the reports are not held whole"
+    assert len(list(results.report_parts(pg_database, run_id, "jsonl"))) == 2  # in parts
     expected = _rendered(pg_database, run_id)
     assert expected["jsonl"] is not None and len(expected["jsonl"]) > 1 << 20
     assert _stored(pg_database, run_id) == expected
@@ -133,13 +133,24 @@ def test_a_report_already_stored_is_kept(pg_database: str) -> None:
     assert stored["jsonl"] == _rendered(pg_database, run_id)["jsonl"]
 
 
-def test_embedded_reports_are_joined_and_returned(tmp_path: Path) -> None:
+def test_embedded_reports_are_stored_in_parts_as_rendered(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'runs.db'}"
-    run_id = _finished_run(url, [AWKWARD, "plain", ""])
+    outputs = [f"{AWKWARD} {i} " + "x" * 1500 for i in range(800)]  # ~1.5 MB of JSONL
+    run_id = _finished_run(url, outputs)
     built = aggregate(url, run_id)
     assert built is not None
-    assert built.rendered == {fmt: results.get_report(url, run_id, fmt) for fmt in STORED_FORMATS}
+    assert len(list(results.report_parts(url, run_id, "jsonl"))) == 2
     assert _stored(url, run_id) == _rendered(url, run_id)
+
+
+def test_an_embedded_report_already_stored_is_kept(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_id = _finished_run(url, [AWKWARD, "plain"])
+    results.store_report(url, run_id, "console", "an earlier aggregator's")
+    aggregate(url, run_id)
+    stored = _stored(url, run_id)
+    assert stored["console"] == "an earlier aggregator's"
+    assert stored["jsonl"] == _rendered(url, run_id)["jsonl"]
 
 
 @pytest.mark.parametrize("fmt", ["console", "jsonl", "json", "tsv"])

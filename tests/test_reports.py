@@ -668,7 +668,7 @@ def test_every_format_renders_the_same_from_stored_text() -> None:
     objects = spec_run(verbose=True)
     stored = spec_run(
         verbose=True,
-        results=StoredResults([case.model_dump_json() for case in objects.results]),
+        results=StoredResults.held([case.model_dump_json() for case in objects.results]),
     )
     assert len(stored.results) == len(objects.results) == 3
     assert stored.results[1] == objects.results[1]
@@ -689,7 +689,7 @@ def test_stored_text_in_any_layout_gives_the_records_jsonl_lines() -> None:
     reordered = json.loads(spaced[0])
     reordered = {"error": None, **dict(reversed(list(reordered.items())))}
     texts = [objects.results[0].model_dump_json(), spaced[1], json.dumps(reordered)]
-    stored = spec_run(results=StoredResults(texts))
+    stored = spec_run(results=StoredResults.held(texts))
     cases = [*objects.results[:2], objects.results[0]]
     expected = "".join(f"{case.to_json_line()}\n" for case in cases)
     assert render("jsonl", stored) == expected
@@ -712,7 +712,7 @@ def test_a_record_whose_nul_the_store_replaced_is_written_as_the_other_reports_s
     ]
     texts = [storable_json(record.model_dump_json()) for record in records]
     assert "\\ufffd" in texts[0] and "\ufffd" not in texts[0]
-    lines = render("jsonl", spec_run(results=StoredResults(texts))).splitlines()
+    lines = render("jsonl", spec_run(results=StoredResults.held(texts))).splitlines()
     assert [json.loads(line)["turns"][0]["output"] for line in lines] == [
         "bad\ufffdbyte",
         "says \\ufffd as text",

@@ -256,9 +256,15 @@ async def _drive(
             underway.discard(case_id)
             return
 
+    def past(deadline_at: float | None) -> bool:
+        return deadline_at is not None and time.time() >= deadline_at
+
     async def lane() -> None:
-        for case_id, turn in queue:
-            await conversation(case_id, turn)
+        # No case is taken past the deadline: a step past it ends its conversation
+        # without awaiting anything, so a lane taking case after case would never give
+        # the loop back, and the deadline's own timer would wait for it to run out.
+        while not past(deadline_at) and (taken := next(queue, None)) is not None:
+            await conversation(*taken)
 
     async def end_at_deadline(case_id: str) -> None:
         loaded = store.load_case(run_id, case_id)
@@ -296,9 +302,9 @@ async def _drive(
         else:
             # A turn in flight is not left to finish after the deadline (it may take
             # minutes): it is cancelled, and its conversation ends as failed.
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(work, timeout=max(deadline_at - time.time(), 0))
-            except TimeoutError:
+            if past(deadline_at):  # (the lanes may have stopped just before the timer)
                 await past_deadline(deadline_at)
     finally:
         timer.cancel()

@@ -7,7 +7,9 @@ code; whether -o can be written is checked before anything runs (cli/output_file
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
@@ -15,13 +17,21 @@ from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
-from agenttest_worker.report import RunReport, printable, render
+from agenttest_worker.report import STORED_FORMATS, RunReport, printable, render_chunks
 
 
-def _rendered(fmt: str, report: RunReport) -> str:
-    """`render`, unless the aggregator rendered the same report in `fmt` already."""
-    text = report.rendered.get(fmt)
-    return text if text is not None else render(fmt, report)
+def _pieces(
+    fmt: str, report: RunReport, stored: Callable[[str], Iterator[str]] | None
+) -> Iterator[str]:
+    """The report in `fmt`, a piece at a time: read back as the aggregator stored it
+    (`stored`, when it was rendered with these options), else rendered now."""
+    parts = iter(stored(fmt)) if stored is not None and fmt in STORED_FORMATS else iter(())
+    first = next(parts, None)
+    if first is not None:
+        yield first
+        yield from parts
+        return
+    yield from render_chunks(fmt, report)
 
 
 def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | None = None) -> int:
@@ -32,27 +42,33 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
     (read here) get the same options: --only-failures means the same on both.
     """
     color = color_wanted(sys.stdout)
+    # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
+    from agenttest_worker.store import results
+
+    stored: Callable[[str], Iterator[str]] | None = None
     if built is not None:
         report = built
+        # What the aggregator just stored, rendered with the defaults.
+        stored = functools.partial(results.report_parts, url, run_id)
     else:
-        # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
         from agenttest_worker.report import build_report
 
         report = build_report(url, run_id)
     chosen = (request.verbose, color, request.only_failures)
     if (report.verbose, report.color, report.only_failures) != chosen:
-        # What the aggregator rendered was for the stored defaults, not these options.
         report.verbose, report.color, report.only_failures = chosen
-        report.rendered = {}
+        stored = None
     stdout_format = request.format if request.format and not request.output else "console"
-    sys.stdout.write(_rendered(stdout_format, report))
+    for piece in _pieces(stdout_format, report, stored):
+        sys.stdout.write(piece)
     sys.stdout.flush()
     if request.output:
         if report.color:
-            report.color, report.rendered = False, {}
+            report.color, stored = False, None
         try:
-            text = _rendered(request.format or "jsonl", report)
-            Path(request.output).write_text(text, encoding="utf-8")
+            with Path(request.output).open("w", encoding="utf-8") as out:
+                for piece in _pieces(request.format or "jsonl", report, stored):
+                    out.write(piece)
         except OSError as exc:
             # Checked before the run started; this is the disk filling up or the like.
             print(

@@ -57,12 +57,13 @@ from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
 
 if TYPE_CHECKING:
-    from agenttest_worker.report.aggregation import aggregate, build_report
+    from agenttest_worker.report.aggregation import STORED_FORMATS, aggregate, build_report
 
 
 # The aggregation reads and writes the store: imported when asked for, so that rendering
 # a report needs no database library.
 _LAZY = {
+    "STORED_FORMATS": "agenttest_worker.report.aggregation",
     "aggregate": "agenttest_worker.report.aggregation",
     "build_report": "agenttest_worker.report.aggregation",
 }
@@ -80,6 +81,7 @@ __all__ = [
     "DIFF_FORMATS",
     "REPORTERS",
     "ROLE_ORDER",
+    "STORED_FORMATS",
     "TITLES",
     "CaseChange",
     "ChunkedReporter",

@@ -24,7 +24,10 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
     run = runs.get_run(url, run_id)
     if run is None:
         raise LookupError(f"no run {run_id}")
-    records = StoredResults(list(results.iter_result_texts(url, run_id)))
+    # Read again from the store by each pass over them: never held whole.
+    records = StoredResults(
+        lambda: results.iter_result_texts(url, run_id), results.count_results(url, run_id)
+    )
     started = run.started_at or run.created_at
     finished = run.finished_at or datetime.now(UTC)
     if started is not None and started.tzinfo is None:
@@ -71,9 +74,8 @@ def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> R
     if not results.claim_aggregation(url, run_id, lease_seconds=lease_seconds):
         return None
     report = build_report(url, run_id)
-    # Rendered as they are stored: on Postgres a large run's reports are never held whole
-    # (store/sql/report_copy.py); an embedded run's come back joined, for printing.
-    report.rendered = results.complete_run(
-        url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS}
-    )
+    # Rendered as they are stored, in parts: a large run's reports are never held whole
+    # (store/sql/report_copy.py). A caller printing one with the stored defaults reads
+    # it back (results.report_parts) instead of rendering it again.
+    results.complete_run(url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS})
     return report

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
@@ -153,9 +153,11 @@ class StoredResults(Sequence[CaseResult]):
     """A run's case records kept as their stored JSON text, parsed as they are read.
 
     The aggregator of a run of tens of thousands of cases held every record as an
-    object, an order of magnitude larger than its text (benchmarks/aggregate.py). Each reporter
-    reads the records once, in order; parsing the text again per report costs less
-    than keeping the objects.
+    object, an order of magnitude larger than its text (benchmarks/aggregate.py); a
+    million records' texts alone are hundreds of megabytes. So the texts are not held
+    either: each pass over the records reads them again from where they are stored
+    (`texts()`, in the run's order), and parsing a record again per report costs less
+    than keeping it.
     """
 
     # Records parsed lately, by index: the aggregator renders its stored reports side by
@@ -163,12 +165,18 @@ class StoredResults(Sequence[CaseResult]):
     # instead of parsed again (parsing was the JSONL report's largest cost).
     _RECENT = 64
 
-    def __init__(self, texts: list[str]) -> None:
+    def __init__(self, texts: Callable[[], Iterable[str]], count: int) -> None:
         self._texts = texts
+        self._count = count
         self._recent: OrderedDict[int, CaseResult] = OrderedDict()
 
+    @classmethod
+    def held(cls, texts: list[str]) -> StoredResults:
+        """Records whose texts are in memory already."""
+        return cls(lambda: texts, len(texts))
+
     def __len__(self) -> int:
-        return len(self._texts)
+        return self._count
 
     @overload
     def __getitem__(self, index: int) -> CaseResult: ...
@@ -177,13 +185,18 @@ class StoredResults(Sequence[CaseResult]):
     def __getitem__(self, index: slice) -> Sequence[CaseResult]: ...
 
     def __getitem__(self, index: int | slice) -> CaseResult | Sequence[CaseResult]:
+        # (Reporters read the records in order; a single one is looked for by a pass.)
         if isinstance(index, slice):
-            return StoredResults(self._texts[index])
-        return self._parsed(range(len(self._texts))[index])  # (IndexError as a list's)
+            return StoredResults.held(list(self._texts())[index])
+        position = range(self._count)[index]  # (IndexError as a list's)
+        for at, text in enumerate(self._texts()):
+            if at == position:
+                return self._parsed(at, text)
+        raise IndexError(index)
 
     def __iter__(self) -> Iterator[CaseResult]:
-        for index in range(len(self._texts)):
-            yield self._parsed(index)
+        for index, text in enumerate(self._texts()):
+            yield self._parsed(index, text)
 
     def json_lines(self) -> Iterator[str]:
         """Each record as `CaseResult.to_json_line` writes it, in order.
@@ -196,17 +209,17 @@ class StoredResults(Sequence[CaseResult]):
         U+FFFD as the character, so that escape is where the store replaced a NUL
         (store/storable.py), or a reply's own backslash text; either way the parsed
         record is what the other reports show."""
-        for index, text in enumerate(self._texts):
+        for index, text in enumerate(self._texts()):
             if text.startswith(_AS_SAVED) and _STORED_NUL not in text:
                 yield text
             else:
-                yield self._parsed(index).to_json_line()
+                yield self._parsed(index, text).to_json_line()
 
-    def _parsed(self, index: int) -> CaseResult:
+    def _parsed(self, index: int, text: str) -> CaseResult:
         # (Reporters read records and never change them, so one object serves them all.)
         record = self._recent.get(index)
         if record is None:
-            record = CaseResult.model_validate_json(self._texts[index])
+            record = CaseResult.model_validate_json(text)
             self._recent[index] = record
             if len(self._recent) > self._RECENT:
                 self._recent.popitem(last=False)
@@ -236,9 +249,6 @@ class RunReport:
     # The console shows only failed and skipped cases (--only-failures); the summary
     # still counts every case.
     only_failures: bool = False
-    # Reports already rendered from this report as it stands (format -> text), kept by
-    # the aggregator so that a submitter printing the same thing does not render twice.
-    rendered: dict[str, str] = field(default_factory=dict)
     budget: Budget | None = None
     # What the run used outside any conversation (generating its cases, a reporter
     # agent), by role: added to the records' usage_by_role in the summary.

@@ -253,6 +253,8 @@ class RunReportRow(Base):
         String(40), ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
     )
     format: Mapped[str] = mapped_column(String(16), primary_key=True)
+    # A report is stored in parts of about a megabyte, in order from 0 (report_copy.py).
+    part: Mapped[int] = mapped_column(Integer, primary_key=True, default=0)
     content: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 

@@ -1,14 +1,14 @@
 """Storing a run's reports as they are rendered, without holding them whole.
 
 The reports of a nightly run are large (tens of megabytes of JSONL and console text
-for tens of thousands of cases). Built as strings and inserted, each existed several times over in
-the worker that aggregated the run: its pieces, the joined text and the driver's encoded
-copy (benchmarks/aggregate.py). On Postgres the reports are instead streamed to the
-server side by side, in parts of about a megabyte, with COPY, into a temporary table
-first, then joined by the server into run_reports, so that a report already stored (a
-second aggregator whose claim overlapped) is kept, as an INSERT ... ON CONFLICT DO
-NOTHING would. Elsewhere (SQLite, an embedded run's own file) the pieces are joined
-and inserted (results.complete_run).
+for tens of thousands of cases, hundreds for a million). Built as strings and inserted,
+each existed several times over in the process that aggregated the run: its pieces,
+the joined text and the driver's encoded copy (benchmarks/aggregate.py). Instead they
+are rendered side by side and stored in parts of about a megabyte (run_reports.part),
+as they come. A report already stored (a second aggregator whose claim overlapped) is
+kept whole: on Postgres the parts go with COPY into a temporary table first, then into
+run_reports for the formats not stored yet; on SQLite (an embedded run's own file,
+one writer at a time) the formats stored already are skipped.
 """
 
 from __future__ import annotations
@@ -63,13 +63,30 @@ def copy_reports(session: Session, run_id: str, reports: Mapping[str, Iterable[s
     with driver.cursor() as cursor, cursor.copy(copying) as copy:
         for fmt, part, content in interleaved_parts(reports):
             copy.write(f"{copy_escaped(fmt)}\t{part}\t{copy_escaped(content)}\n")
-    # The parts are joined by the server, in order: the report is never whole here.
     session.execute(
         text(
-            "INSERT INTO run_reports (run_id, format, content)"
-            " SELECT :run, format, string_agg(content, '' ORDER BY part)"
-            " FROM agenttest_new_reports GROUP BY format"
-            " ON CONFLICT DO NOTHING"
+            "INSERT INTO run_reports (run_id, format, part, content)"
+            " SELECT CAST(:run AS varchar), format, part, content FROM agenttest_new_reports AS new"
+            " WHERE NOT EXISTS (SELECT 1 FROM run_reports AS stored"
+            "  WHERE stored.run_id = CAST(:run AS varchar) AND stored.format = new.format)"
         ),
         {"run": run_id},
     )
+
+
+def insert_reports(session: Session, run_id: str, reports: Mapping[str, Iterable[str]]) -> None:
+    """The same as copy_reports, on SQLite."""
+    stored = set(
+        session.execute(
+            text("SELECT DISTINCT format FROM run_reports WHERE run_id = :run"), {"run": run_id}
+        ).scalars()
+    )
+    insert = text(
+        "INSERT INTO run_reports (run_id, format, part, content, created_at)"
+        " VALUES (:run, :format, :part, :content, CURRENT_TIMESTAMP)"
+    )
+    for fmt, part, content in interleaved_parts(reports):
+        if fmt not in stored:
+            session.execute(
+                insert, {"run": run_id, "format": fmt, "part": part, "content": content}
+            )

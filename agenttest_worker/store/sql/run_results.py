@@ -12,8 +12,8 @@ from agenttest_worker.results import CaseResult
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.sql.db import session_scope
 from agenttest_worker.store.sql.models import CaseRow, RunReportRow, RunRow, TurnRow
-from agenttest_worker.store.sql.report_copy import copy_reports
-from agenttest_worker.store.sql.shared import ago, insert_ignoring, now
+from agenttest_worker.store.sql.report_copy import copy_reports, insert_reports
+from agenttest_worker.store.sql.shared import ago, now
 
 # -- aggregation -------------------------------------------------------------------------------
 
@@ -47,42 +47,53 @@ def claim_aggregation(url: str, run_id: str, lease_seconds: float | None = None)
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def complete_run(url: str, run_id: str, reports: Mapping[str, Iterable[str]]) -> dict[str, str]:
+def complete_run(url: str, run_id: str, reports: Mapping[str, Iterable[str]]) -> None:
     """Store the run's reports (format -> its pieces, as rendered) and mark it done.
 
-    On Postgres the reports are streamed to the server as they are rendered (see
-    report_copy.py) and nothing is returned; elsewhere they are joined to be stored and
-    returned (format -> text), so that a caller printing one need not render it again.
+    The reports are stored in parts as they are rendered (see report_copy.py): never
+    whole here. A caller printing one reads it back a part at a time (`report_parts`).
     """
-    joined: dict[str, str] = {}
     with session_scope(url) as session:
         if session.get_bind().dialect.name == "postgresql":
             copy_reports(session, run_id, reports)
         else:
-            joined = {fmt: "".join(pieces) for fmt, pieces in reports.items()}
-            insert_ignoring(
-                session,
-                RunReportRow,
-                [
-                    {"run_id": run_id, "format": fmt, "content": body}
-                    for fmt, body in joined.items()
-                ],
-            )
+            insert_reports(session, run_id, reports)
         session.execute(
             update(RunRow)
             .where(RunRow.id == run_id)
             .values(status="done", finished_at=datetime.now(UTC))
         )
-    return joined
 
 
 # -- reports -----------------------------------------------------------------------------------
 
 
+def report_parts(url: str, run_id: str, fmt: str) -> Iterator[str]:
+    """A stored report's parts, in order, read one at a time (none when it is not
+    stored)."""
+    part = -1
+    while True:
+        with session_scope(url) as session:
+            row = session.execute(
+                select(RunReportRow.part, RunReportRow.content)
+                .where(
+                    RunReportRow.run_id == run_id,
+                    RunReportRow.format == fmt,
+                    RunReportRow.part > part,
+                )
+                .order_by(RunReportRow.part)
+                .limit(1)
+            ).first()
+        if row is None:
+            return
+        part = row.part
+        yield row.content
+
+
 def get_report(url: str, run_id: str, fmt: str) -> str | None:
-    with session_scope(url) as session:
-        row = session.get(RunReportRow, (run_id, fmt))
-        return row.content if row else None
+    """A stored report, whole (None when it is not stored)."""
+    parts = list(report_parts(url, run_id, fmt))
+    return "".join(parts) if parts else None
 
 
 def store_report(url: str, run_id: str, fmt: str, content: str) -> None:
@@ -91,7 +102,7 @@ def store_report(url: str, run_id: str, fmt: str, content: str) -> None:
         session.execute(
             delete(RunReportRow).where(RunReportRow.run_id == run_id, RunReportRow.format == fmt)
         )
-        session.add(RunReportRow(run_id=run_id, format=fmt, content=content))
+        session.add(RunReportRow(run_id=run_id, format=fmt, part=0, content=content))
 
 
 # -- reading results ---------------------------------------------------------------------------
@@ -127,6 +138,18 @@ def iter_result_texts(url: str, run_id: str, batch: int = _READ_BATCH) -> Iterat
         for seq, result in rows:
             last = seq
             yield result
+
+
+def count_results(url: str, run_id: str) -> int:
+    """How many of the run's conversations have their record (those iter_result_texts
+    reads)."""
+    with session_scope(url) as session:
+        found = session.execute(
+            select(func.count())
+            .select_from(CaseRow)
+            .where(CaseRow.run_id == run_id, CaseRow.result.is_not(None))
+        ).scalar_one()
+    return int(found)
 
 
 def iter_case_ids(
