@@ -199,9 +199,9 @@ def test_the_dry_run_counts_calls_by_role_and_estimates_their_cost(
     assert " 10 calls" in rows[("judge", "judge")]
     assert "up to" not in rows[("judge", "judge")]
     assert "up to 6 calls  no pricing set for sim" in rows[("simulator", "sim")]
-    assert " 1 calls" in rows[("reporter", "reporter")]
+    assert " 1 call   ~$" in rows[("reporter", "reporter")]
     generated = agents.counted(None)["generator"]
-    assert f"1 calls  ${generated.cost:.4f}, made" in rows[("generator", "(called)")]
+    assert f"1 call   ${generated.cost:.4f}, made" in rows[("generator", "(called)")]
     estimate = (
         14 * _per_call("target") + 10 * _per_call("judge") + _per_call("reporter") + generated.cost
     )
@@ -236,5 +236,5 @@ def test_the_dry_run_without_pricing_says_so(
     capsys.readouterr()
     assert main(["-i", str(cases), "-n", "bot", "--config", str(config), "--dry-run"]) == 0
     err = capsys.readouterr().err
-    assert "  target     bot" in err and " 1 calls  no pricing set for bot" in err
+    assert "  target     bot" in err and " 1 call   no pricing set for bot" in err
     assert "Estimated cost: none (no agent it calls has pricing set)" in err

@@ -118,21 +118,24 @@ def estimate_lines(estimate: CallEstimate, config: ProjectConfig) -> list[str]:
     for (role, agent), count in ordered:
         calls = f"up to {count.calls:,}" if count.bound else f"{count.calls:,}"
         found = _cost(config, agent, count.calls)
-        if found is None:
+        if agent == NO_AGENT:
+            priced = "no agent named"
+        elif found is None:
             unpriced.append(agent)
             priced = f"no pricing set for {agent}"
         else:
             total += found
             bounded = bounded or count.bound
             priced = f"~${found:,.4f}"
-        lines.append(f"  {role:<10} {agent:<20} {calls:>14} calls  {priced}")
+        lines.append(f"  {role:<10} {agent:<20} {calls:>14} {_calls(count.calls)}  {priced}")
     for role, used in _made(estimate.made):
         spent = f"${used.cost:,.4f}" if used.cost else "nothing priced"
-        lines.append(f"  {role:<10} {'(called)':<20} {used.calls:>14,} calls  {spent}, made")
+        made = f"{used.calls:>14,} {_calls(used.calls)}"
+        lines.append(f"  {role:<10} {'(called)':<20} {made}  {spent}, made")
         total += used.cost
     if not estimate.counts and not estimate.made:
         return [*lines, "  none"]
-    if total or len(unpriced) < len(estimate.counts):
+    if total or any(_cost(config, agent, 1) is not None for _, agent in estimate.counts):
         assumed = (
             f"assuming {PROMPT_TOKENS:,} prompt and {COMPLETION_TOKENS:,} completion tokens "
             "a call, before the reply cache"
@@ -143,6 +146,10 @@ def estimate_lines(estimate: CallEstimate, config: ProjectConfig) -> list[str]:
     if unpriced:
         lines.append(f"No pricing set for {', '.join(sorted(set(unpriced)))}: not estimated")
     return lines
+
+
+def _calls(count: int) -> str:
+    return "call " if count == 1 else "calls"
 
 
 def _made(made: Mapping[UsageRole, RoleUsage]) -> list[tuple[UsageRole, RoleUsage]]:
