@@ -76,6 +76,25 @@ def test_total_cost_is_what_the_conversations_used_budget_or_not(
     assert run.total_tokens == sum(map(_tokens, in_cases))
 
 
+def test_cached_replies_cost_nothing_in_the_runs_total(agents: UsageAgents, tmp_path: Path) -> None:
+    """The judge at temperature 0: the suite's second run in the same store is served
+    every verdict from the reply cache, and its total is what its targets and
+    simulator cost."""
+    config, cases = write_suite(tmp_path, agents)
+    project = json.loads(config.read_text(encoding="utf-8"))
+    project["agents"]["judge"]["params"] = {"temperature": 0}
+    config.write_text(json.dumps(project), encoding="utf-8")
+    first = _run(config, cases)
+    assert first.total_cost == pytest.approx(_cost(agents.counted_all()), abs=1e-9)
+    agents.reset()
+    second = _run(config, cases)
+    made = agents.counted_all()
+    assert "judge" not in made and set(made) == {"target", "simulator"}
+    assert second.total_cost == pytest.approx(_cost(made), abs=1e-9)
+    assert 0 < second.total_cost < first.total_cost
+    assert second.total_tokens == _tokens(made)
+
+
 def test_runs_lists_the_whole_cost_with_generators_and_reporter(
     agents: UsageAgents, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
