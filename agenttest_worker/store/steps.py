@@ -125,7 +125,7 @@ class StepSave:
     # saved: awaiting_human); None for a step of a running conversation.
     expected_phase: str | None = None
     # (tokens, cost) to add to the run's totals with this step (runs with a budget
-    # account per turn); None: the case's tokens are added once, when it ends.
+    # account per turn); None: the case's tokens and cost are added once, when it ends.
     spend: tuple[int, float] | None = None
     # The run has a budget: the step releases its conversation's reservation
     # (store/reservations.py), and its `budget_turns` turns join the run's average
