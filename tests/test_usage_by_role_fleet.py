@@ -2,7 +2,8 @@
 play the suite of usage_kit.py, the generator called at submission and a --reporter
 agent after the run; each record, the run's usage and `status RUN` (while the run goes
 on, and after it) show what the agents counted. The embedded run is
-tests/test_usage_by_role.py.
+tests/test_usage_by_role.py. The run's stored cost, without a budget, is checked here
+too (tests/test_run_cost.py has the embedded one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from usage_kit import UsageAgents, check_status, same_usage, status_rows, write_
 
 from agenttest_worker.report.aggregation import build_report
 from agenttest_worker.report.usage_tally import run_usage, usage_dict
+from agenttest_worker.store.sql import runs, usage
 
 pytestmark = pytest.mark.fleet
 
@@ -70,6 +72,15 @@ def test_fleet_records_run_and_status_show_what_the_agents_counted(
     assert same_usage(usage_dict(total), agents.counted_all())
 
     check_status(_status(fleet, run_id), agents.counted_all(), {"generator", "reporter"})
+    # No budget: the run's total is its conversations' cost all the same, and its whole
+    # cost (what `runs`, the viewer and the exporter show) adds the generator's and the
+    # reporter's.
+    stored = runs.get_run(fleet.database_url, run_id)
+    assert stored is not None
+    in_cases = sum(u.cost for case in ("A", "S", "G1") for u in agents.counted(case).values())
+    assert stored.total_cost == pytest.approx(in_cases, abs=1e-9) and in_cases > 0
+    whole = sum(u.cost for u in agents.counted_all().values())
+    assert usage.run_cost(stored.total_cost, stored.usage) == pytest.approx(whole, abs=1e-9)
 
 
 def test_fleet_status_shows_the_calls_of_a_run_still_running(

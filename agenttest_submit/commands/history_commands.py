@@ -46,6 +46,7 @@ from agenttest_worker.settings import get_settings
 from agenttest_worker.store import run_history as history
 from agenttest_worker.store import runs as stored_runs
 from agenttest_worker.store import upgrade
+from agenttest_worker.store import usage as stored_usage
 
 if TYPE_CHECKING:
     from agenttest_worker.store import RunRow
@@ -457,6 +458,7 @@ def run_list(url: str, request: RunsRequest) -> int:
             "passed": run.passed,
             "failed": run.failed,
             "skipped": run.skipped,
+            "cost": stored_usage.run_cost(run.total_cost, run.usage),
         }
         for run in runs
     ]
@@ -467,14 +469,15 @@ def run_list(url: str, request: RunsRequest) -> int:
         print("no runs yet" + (f" in suite {printable(request.suite)}" if request.suite else ""))
         return 0
     lines = [
-        f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<11}  {'CASES':>7}  PASSED  FAILED  SKIPPED  SUITE"
+        f"{'RUN':<24}  {'DATE':<16}  {'STATUS':<11}  {'CASES':>7}  PASSED  FAILED  SKIPPED"
+        f"  {'COST':>9}  SUITE"
     ]
     for row in rows:
         cases = case_count(row["cases"], row["conversations"])
         lines.append(
             f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
             f"{row['status']:<11}  {cases:>7}  {row['passed']:>6}  {row['failed']:>6}  "
-            f"{row['skipped']:>7}  {printable(row['suite'] or '-')}"
+            f"{row['skipped']:>7}  {row['cost']:>9.4f}  {printable(row['suite'] or '-')}"
         )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

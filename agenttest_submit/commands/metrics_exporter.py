@@ -72,7 +72,7 @@ class FleetCollector:
         from prometheus_client.core import GaugeMetricFamily
         from sqlalchemy import select
 
-        from agenttest_worker.store import RunRow, session_scope
+        from agenttest_worker.store import RunRow, session_scope, usage
 
         columns = (
             RunRow.id,
@@ -86,6 +86,7 @@ class FleetCollector:
             RunRow.total_turns,
             RunRow.total_tokens,
             RunRow.total_cost,
+            RunRow.usage,
             RunRow.started_at,
         )
         with session_scope(self.database_url) as session:
@@ -108,7 +109,9 @@ class FleetCollector:
         )
         turns = family("agenttest_run_turns", "Turns of the run's ended cases")
         tokens = family("agenttest_run_tokens", "Tokens of the run so far")
-        cost = family("agenttest_run_cost", "Cost of the run so far (agents' pricing)")
+        cost = family(
+            "agenttest_run_cost", "Cost of the run so far (agents' pricing), budget or not"
+        )
         started = family(
             "agenttest_run_started_timestamp_seconds", "When the run started (Unix time)"
         )
@@ -122,7 +125,9 @@ class FleetCollector:
                 finished.add_metric([run, status], getattr(row, status) or 0)
             turns.add_metric([run], row.total_turns or 0)
             tokens.add_metric([run], row.total_tokens or 0)
-            cost.add_metric([run], row.total_cost or 0.0)
+            # Whatever its budget: the conversations' cost moves as each ends (per turn
+            # under a budget), its generators' is there from the start.
+            cost.add_metric([run], usage.run_cost(row.total_cost, row.usage))
             if row.started_at is not None:
                 started.add_metric([run], row.started_at.timestamp())
         for status, count in counts.items():

@@ -20,8 +20,9 @@ from agenttest_submit.cli.exits import EXIT_OK
 from agenttest_submit.cli.output_file import output_problem
 from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RunRequest
 from agenttest_submit.inputs.expand import CaseStream, Selection, Spool, print_warnings
-from agenttest_submit.inputs.generate import forget_generation_usage
+from agenttest_submit.inputs.generate import forget_generation_usage, take_generation_usage
 from agenttest_submit.inputs.sources import InputSource, MessageInput, parse_inputs
+from agenttest_submit.run.call_estimate import CallEstimate, count_case, estimate_lines
 from agenttest_submit.run.embedded import run_embedded
 from agenttest_submit.run.reporter_agent import reporter_problem
 from agenttest_submit.run.runner import input_label, run_options, run_suite, store_records
@@ -30,9 +31,10 @@ from agenttest_worker.agents import (
     CachePolicy,
     ProjectConfig,
     load_config,
+    parse_ref,
     warn_unverified_agents,
 )
-from agenttest_worker.cases import check_ref
+from agenttest_worker.cases import Case, check_ref
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.heap import EMBEDDED_YOUNG_THRESHOLD, YOUNG_THRESHOLD, settle
 from agenttest_worker.report import counted, printable
@@ -115,7 +117,7 @@ def submit(request: RunRequest) -> int:
         generators=functools.partial(generator_pool, request, config),
     )
     if request.dry_run:
-        return _dry_run(stream, request.output)
+        return _dry_run(stream, request, config, target)
     if request.reeval is not None:
         from agenttest_submit.run.reeval import reeval_cases  # the store: see the note at the top
 
@@ -178,14 +180,33 @@ def _json_line(record: object) -> str:
     return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
 
 
-def _dry_run(stream: CaseStream, output: str | None) -> int:
-    """Print (or write) the normalized cases, only once all of them proved valid."""
+def _dry_run(
+    stream: CaseStream, request: RunRequest, config: ProjectConfig, target: str | None
+) -> int:
+    """Print (or write) the normalized cases, only once all of them proved valid; then,
+    on stderr, the calls a run of them would make and their estimated cost
+    (call_estimate.py)."""
+    output = request.output
+    estimate = CallEstimate()
+    interactive = request.interactive and not request.skip_interactive
+
+    def printed(record: dict[str, object]) -> str:
+        count_case(
+            estimate,
+            Case.model_validate(record),
+            config,
+            target,
+            repeat=request.repeat,
+            interactive=interactive,
+        )
+        return _json_line(record)
+
     with Spool(stream, None, sources=False) as spool:
         print_warnings(stream.warnings)
         if _nothing_to_rerun(stream):
             return EXIT_OK
         _say_rerun(stream)
-        lines = (_json_line(record) for _, _, record in spool.records())
+        lines = (printed(record) for _, _, record in spool.records())
         if output:
             with Path(output).open("w", encoding="utf-8") as handle:
                 handle.writelines(lines)
@@ -194,6 +215,10 @@ def _dry_run(stream: CaseStream, output: str | None) -> int:
             sys.stdout.writelines(lines)
             where = ""
     print(f"{stream.count} case(s){where} (dry run: no target was called)", file=sys.stderr)
+    if request.reporter:
+        estimate.add("reporter", parse_ref(request.reporter, default_kind="agents").id, 1)
+    estimate.made = take_generation_usage()
+    print("\n".join(estimate_lines(estimate, config)), file=sys.stderr)
     return EXIT_OK
 
 

@@ -125,7 +125,7 @@ class StepSave:
     # saved: awaiting_human); None for a step of a running conversation.
     expected_phase: str | None = None
     # (tokens, cost) to add to the run's totals with this step (runs with a budget
-    # account per turn); None: the case's tokens are added once, when it ends.
+    # account per turn); None: the case's tokens and cost are added once, when it ends.
     spend: tuple[int, float] | None = None
     # The run has a budget: the step releases its conversation's reservation
     # (store/reservations.py), and its `budget_turns` turns join the run's average
@@ -290,13 +290,17 @@ def step_spend(spend: tuple[int, float] | None, result: CaseResult | None) -> tu
     """(tokens, cost) a step adds to its run's totals.
 
     With `spend` (runs with a budget account per turn) that; without, a case's tokens
-    are added once, when it ends.
+    and cost are added once, when it ends, from its record's usage by role: priced as
+    a budgeted run's turns are (driver/budget_counting.py), a cached call at 0, so that
+    `runs.total_cost` is the run's cost whether it had a budget or not.
     """
     if spend is not None:
         return spend
-    if result is not None and result.usage:
-        return result.usage.total_tokens, 0.0
-    return 0, 0.0
+    if result is None:
+        return 0, 0.0
+    tokens = result.usage.total_tokens if result.usage else 0
+    cost = sum(found.cost for found in (result.usage_by_role or {}).values())
+    return tokens, round(cost, 9)
 
 
 def record_rows(step: Step) -> list[dict[str, Any]]:

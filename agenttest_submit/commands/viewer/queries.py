@@ -34,7 +34,7 @@ from agenttest_worker.report import (
     sort_rows,
 )
 from agenttest_worker.results import CaseResult
-from agenttest_worker.store import CaseRow, RunRow, results, runs, session_scope
+from agenttest_worker.store import CaseRow, RunRow, results, runs, session_scope, usage
 
 RUNS_LISTED = 500
 # How stale a running run's case table may be (its progress is always current).
@@ -64,6 +64,8 @@ def run_facts(run: RunRow) -> dict[str, Any]:
         "failed": run.failed,
         "skipped": run.skipped,
         "total_turns": run.total_turns,
+        # What its agents' calls cost so far (their `pricing`), budget or not.
+        "cost": usage.run_cost(run.total_cost, run.usage),
     }
 
 

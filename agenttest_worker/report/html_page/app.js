@@ -339,9 +339,9 @@ const casePage = async (app, source, caseId) => {
 const runsPage = async (app) => {
   const { groups } = await getJSON("/api/runs");
   const sections = groups.map((group) => {
-    const head = el("tr", null, ["run", "status", "created", "agent", "cases", "passed", "failed", "skipped"].map((h) => el("th", null, h)));
+    const head = el("tr", null, ["run", "status", "created", "agent", "cases", "passed", "failed", "skipped", "cost"].map((h) => el("th", null, h)));
     const rows = group.runs.map((r) =>
-      el("tr", `run-row ${r.status}`, el("td", "id", link(`/runs/${encodeURIComponent(r.id)}`, null, r.id)), el("td", null, r.status + (r.cancelled ? " (cancelled)" : "")), el("td", null, r.created_at || ""), el("td", null, r.agent || ""), el("td", "num", r.finished_cases < r.total_cases ? `${r.cases} (${r.finished_cases}/${r.total_cases} ${r.unit} finished)` : r.cases), el("td", "num passed", String(r.passed)), el("td", "num failed", String(r.failed)), el("td", "num skipped", String(r.skipped))),
+      el("tr", `run-row ${r.status}`, el("td", "id", link(`/runs/${encodeURIComponent(r.id)}`, null, r.id)), el("td", null, r.status + (r.cancelled ? " (cancelled)" : "")), el("td", null, r.created_at || ""), el("td", null, r.agent || ""), el("td", "num", r.finished_cases < r.total_cases ? `${r.cases} (${r.finished_cases}/${r.total_cases} ${r.unit} finished)` : r.cases), el("td", "num passed", String(r.passed)), el("td", "num failed", String(r.failed)), el("td", "num skipped", String(r.skipped)), el("td", "num cost", money(r.cost))),
     );
     return el("section", "suite", el("h2", null, group.name || "(no suite)"), el("table", "runs", el("thead", null, head), el("tbody", null, rows)));
   });

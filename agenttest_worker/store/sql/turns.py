@@ -228,7 +228,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
     `step.spend` (tokens, cost) is added to the run's totals with the step, and the
     conversation's reservation released (budget_reservations.py): runs with a budget account
     per turn, so the next turn anywhere in the fleet sees it. Without,
-    tokens are added once per case when it ends (one write to the run row per case).
+    tokens and cost are added once per case when it ends (one write to the run row per case).
     """
     key = (step.run_id, step.case_id, step.expected_turn)
     known = getattr(_written, "step", None)

@@ -123,3 +123,17 @@ def add_run_usage_on(
             "total_cost": RUNS.c.total_cost + cost,
         }
     connection.execute(update(RUNS).where(RUNS.c.id == run_id).values(**values))
+
+
+# The roles only ever called outside a conversation: generators at submission, a
+# --reporter after the run. `runs.total_cost` counts the conversations' calls (what a
+# budget is spent by); these are in `runs.usage` alone.
+_OUTSIDE_CONVERSATIONS: tuple[UsageRole, ...] = ("generator", "reporter")
+
+
+def run_cost(total_cost: float | None, usage: Mapping[str, Any] | None) -> float:
+    """A run's whole cost: its conversations' (`runs.total_cost`, turns played but not
+    recorded included) and its generators' and reporter's (`runs.usage`)."""
+    outside = stored_usage(usage)
+    more = sum(outside[role].cost for role in _OUTSIDE_CONVERSATIONS if role in outside)
+    return round((total_cost or 0.0) + more, 9)
