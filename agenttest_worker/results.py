@@ -22,6 +22,9 @@ CaseStatus = Literal["passed", "failed", "skipped"]
 TurnStatus = Literal["passed", "failed", "skipped"]
 InputSource = Literal["static", "simulator", "interactive"]
 AgentRole = Literal["target", "simulator", "validator", "generator", "reporter"]
+# Why a case failed or was skipped (engine/attribution.py, report/causes.py).
+Cause = Literal["agent", "judge", "simulator", "infrastructure", "flake", "input"]
+CAUSES: tuple[Cause, ...] = ("agent", "judge", "simulator", "infrastructure", "flake", "input")
 
 
 @dataclass(frozen=True)
@@ -270,6 +273,9 @@ class CaseResult(_Record):
     repeats: int | None = None
     # Calls, tokens and cost of this conversation, by role.
     usage_by_role: dict[UsageRole, RoleUsage] | None = None
+    # Why it failed or was skipped (absent on a passed case): the target's reply, the
+    # judge, the simulator, the infrastructure, a flake or the input.
+    cause: Cause | None = None
 
     def to_json_line(self) -> str:
         return self.model_dump_json()

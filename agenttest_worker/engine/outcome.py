@@ -12,6 +12,7 @@ from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.assertions import AssertionContext
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine.assess import run_assertions
+from agenttest_worker.engine.attribution import case_cause
 from agenttest_worker.engine.documents import final_document
 from agenttest_worker.engine.state import ConversationState
 from agenttest_worker.results import (
@@ -90,7 +91,7 @@ def case_result(
         errored = [t for t in state.turns if t.error]
         error = f"turn {errored[0].turn}: {errored[0].error}" if errored else None
     usage = [t.usage for t in state.turns if t.usage is not None]
-    return CaseResult(
+    record = CaseResult(
         id=case.id,
         name=case.name,
         status=status,
@@ -112,6 +113,8 @@ def case_result(
         usage_by_role=usage_by_role((c for t in state.turns for c in t.calls or ()), config)
         or None,
     )
+    record.cause = case_cause(record)
+    return record
 
 
 # -- usage by role -------------------------------------------------------------------------

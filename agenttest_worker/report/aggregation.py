@@ -24,7 +24,9 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
     run = runs.get_run(url, run_id)
     if run is None:
         raise LookupError(f"no run {run_id}")
-    records = StoredResults(list(results.iter_result_texts(url, run_id)))
+    records = StoredResults(
+        list(results.iter_result_texts(url, run_id)), results.flaky_cases(url, run_id)
+    )
     started = run.started_at or run.created_at
     finished = run.finished_at or datetime.now(UTC)
     if started is not None and started.tzinfo is None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from agenttest_worker.engine.state import MISSING_INPUT_HINT
+from agenttest_worker.report.causes import causes_line
 from agenttest_worker.report.common import (
     asked_question,
     counted,
@@ -152,6 +153,7 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
         *_repeat_lines(summary),
         # (Judge names come from agenttest.yaml; escaped all the same.)
         *([f"  {printable(judged)}"] if (judged := judges_line(summary.judges)) else []),
+        *([f"  Causes: {caused}"] if (caused := causes_line(summary.causes)) else []),
         "",
         f"  Total turns: {summary.total_turns}",
         f"  Avg turns/test: {summary.avg_turns:.1f}",
@@ -186,7 +188,8 @@ def repeated_case_lines(
         if record.status == "passed" and not run.verbose:
             continue
         number = f"{record.repeat}/{record.repeats}" if record.repeat else "?"
-        lines.append(f"  Repetition {number}: {style.status(record.status)}")
+        cause = f" (cause: {record.cause})" if record.cause else ""
+        lines.append(f"  Repetition {number}: {style.status(record.status)}{cause}")
         branches = _CaseTree(record, run, style, verbose=run.verbose).branches()
         lines += [f"  {line}" for line in _tree(branches)]
     rule = f"pass rule: {run.pass_rule}"
