@@ -3,8 +3,8 @@ the summaries by cause every report shows.
 
 A record's own cause (`agent`, `judge`, `simulator`, `infrastructure`, `input`) is
 decided when it is built (engine/attribution.py). Two more are decided here:
-- `flake`: a failed repetition of a case another repetition of which passed in the same
-  run (`flake_cause`);
+- `flake`: a failed repetition (the target's failure, `agent`) of a case another
+  repetition of which passed in the same run (`flake_cause`);
 - `judge`, for a criterion an audit of the judges found unstable: `audited_cause` takes
   the set of unstable criteria (the text of each `criteria`), and a failed case every
   failing assertion of which is a judge's on one of them is the judge's doing. Nothing
@@ -19,12 +19,17 @@ from typing import Any
 from agenttest_worker.engine.attribution import failed_assertions
 from agenttest_worker.results import CAUSES, AssertionResult, CaseResult, Cause
 
+# The causes a failure that passed in another repetition is a flake over (None: a
+# record stored before causes were).
+FLAKES: tuple[Cause | None, ...] = ("agent", None)
+
 
 def flake_cause(record: CaseResult, passed_elsewhere: bool) -> Cause | None:
     """The record's cause once it is known whether the case passed in another
-    repetition (or another run of the history window): a failure that passed elsewhere
-    is a flake, whatever failed in it."""
-    if record.status == "failed" and passed_elsewhere:
+    repetition: the target's failure (`agent`) where it passed elsewhere is a flake.
+    A more particular cause stays (the infrastructure, the judge's split votes, the
+    simulator, the input): that is what to look at, passed elsewhere or not."""
+    if record.status == "failed" and passed_elsewhere and record.cause in FLAKES:
         return "flake"
     return record.cause
 

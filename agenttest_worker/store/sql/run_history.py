@@ -323,9 +323,9 @@ def pooled_tallies(url: str, run_ids: Sequence[str]) -> dict[str, dict[str | Non
 
 
 def failing_causes(url: str, run_id: str) -> dict[str, int]:
-    """The run's failed or skipped conversations by the cause their records give (a
-    failed repetition of a case another repetition of which passed: `flake`), one row
-    per case, status and cause."""
+    """The run's failed or skipped conversations by the cause their records give (the
+    target's failure in a repetition of a case another repetition of which passed:
+    `flake`, as report/causes.py says), one row per case, status and cause."""
     tid = test_id()
     query = (
         select(tid, CaseRow.status, CaseRow.result["cause"].as_string(), func.count())
@@ -341,7 +341,8 @@ def failing_causes(url: str, run_id: str) -> dict[str, int]:
     for case_id, status, cause, count in rows:
         if status == "passed":
             continue
-        named = "flake" if status == "failed" and case_id in passing else cause
+        flake = status == "failed" and case_id in passing and cause in ("agent", None)
+        named = "flake" if flake else cause
         if named:
             found[named] = found.get(named, 0) + count
     return found
