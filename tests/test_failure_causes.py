@@ -97,13 +97,13 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def script(agent: ScriptedAgent) -> None:
-    """Every agent's known behaviour."""
+def script(agent: ScriptedAgent, fine: str = "right") -> None:
+    """Every agent's known behaviour (`fine`: what the target answers the fine case)."""
     coin = itertools.cycle(["right", "wrong"])
     votes = itertools.cycle([True, False, False])
     lock = threading.Lock()
     answers: dict[str, Reply | str] = {
-        "fine question": "right",
+        "fine question": fine,
         "agent question": "wrong",
         "judge question": "hello",
         "infra question": fail(503, "upstream down"),
@@ -129,7 +129,9 @@ def script(agent: ScriptedAgent) -> None:
 
 
 class Project:
-    def __init__(self, agent: ScriptedAgent, tmp_path: Path, capsys: Any) -> None:
+    """agenttest.yaml and the case file for the agents `script` serves."""
+
+    def __init__(self, agent: ScriptedAgent, tmp_path: Path, capsys: Any = None) -> None:
         self.agent, self.tmp_path, self.capsys = agent, tmp_path, capsys
         gone = {"protocol": "openai", "base_url": f"http://127.0.0.1:{closed_port()}/v1"}
         agents = {
@@ -151,9 +153,12 @@ class Project:
         out, err = self.capsys.readouterr()
         return code, out, err
 
-    def run(self, *more: str) -> tuple[int, str, str]:
+    def args(self, *more: str) -> list[str]:
         args = ["-i", str(self.cases), "-n", "bot", "--config", str(self.config)]
-        return self.submit(*args, "--parallel", "1", *more)
+        return [*args, "--parallel", "1", *more]
+
+    def run(self, *more: str) -> tuple[int, str, str]:
+        return self.submit(*self.args(*more))
 
     def last_run(self) -> str:
         return str(

@@ -326,11 +326,13 @@ def failing_causes(url: str, run_id: str) -> dict[str, int]:
     """The run's failed or skipped conversations by the cause their records give (the
     target's failure in a repetition of a case another repetition of which passed:
     `flake`, as report/causes.py says), one row per case, status and cause."""
-    tid = test_id()
+    tid = test_id().label("tid")
+    # Grouped by their labels: Postgres takes a JSON path bound twice for two columns.
+    cause = CaseRow.result["cause"].as_string().label("cause")
     query = (
-        select(tid, CaseRow.status, CaseRow.result["cause"].as_string(), func.count())
+        select(tid, CaseRow.status, cause, func.count())
         .where(CaseRow.run_id == run_id, CaseRow.status.is_not(None))
-        .group_by(tid, CaseRow.status, CaseRow.result["cause"].as_string())
+        .group_by("tid", CaseRow.status, "cause")
     )
     rows: list[tuple[str, str, str | None, int]] = []
     with session_scope(url) as session:
