@@ -220,6 +220,14 @@ def test_the_history_window_pools_the_suites_runs_as_the_baseline(suite: Suite) 
     # Against the last run alone, 2/2 then 0/2 now: p = 1/6.
     assert code == 0, out + err
     assert "Likely regressed (1)" in out
+    # With the last run alone as the baseline, the target failed: the agent's doing.
+    code, out, _ = suite.submit("diff", "--confidence", "0.95", "--format", "json")
+    assert _change(json.loads(out))["cause"] == "agent"
+    # Pooled over one run, still not significant; but it passed in the window: a flake.
+    code, out, _ = suite.submit("diff", "--history-window", "1", "--format", "json")
+    assert code == 0
+    change = _change(json.loads(out))
+    assert change["category"] == "likely_regression" and change["cause"] == "flake"
     code, out, err = suite.submit("diff", "--history-window", "3", "--format", "json")
     assert code == 1, err
     document = json.loads(out)

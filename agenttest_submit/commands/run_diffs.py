@@ -17,6 +17,7 @@ from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import (
     DEFAULT_CONFIDENCE,
+    FLAKES,
     CaseChange,
     Definitions,
     PassRates,
@@ -222,6 +223,13 @@ def build_diff(
     failing_changed = [c for c in found.of("changed") if c.new == "failed"]
     explained = [*found.regressions, *found.of("likely_regression"), *failing_changed]
     _explain_regressions(url, base, new, explained)
+    if found.history_window:
+        for change in found.of("likely_regression"):
+            # It failed now but passed in the history window, and not significantly less
+            # often: the target's failure is a flake (report/causes.py).
+            passed_before = change.rates is not None and change.rates.then_passed > 0
+            if change.cause in FLAKES and passed_before:
+                change.cause = "flake"
     return found
 
 

@@ -17,6 +17,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.report.causes import (
+    FLAKES,
     audited_cause,
     causes_line,
     flake_cause,
@@ -94,6 +95,7 @@ __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_TITLE",
     "DIFF_FORMATS",
+    "FLAKES",
     "REPORTERS",
     "ROLE_ORDER",
     "TITLES",
