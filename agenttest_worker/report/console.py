@@ -153,13 +153,14 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
         *_repeat_lines(summary),
         # (Judge names come from agenttest.yaml; escaped all the same.)
         *([f"  {printable(judged)}"] if (judged := judges_line(summary.judges)) else []),
-        *([f"  Causes: {caused}"] if (caused := causes_line(summary.causes)) else []),
         "",
         f"  Total turns: {summary.total_turns}",
         f"  Avg turns/test: {summary.avg_turns:.1f}",
         f"  Total time: {format_seconds(summary.duration_s)}",
         # After the spec's summary, which stays as the spec lays it out.
         *([f"  {used}"] if (used := usage_line(summary.usage)) else []),
+        # Failed or skipped conversations by cause (report/causes.py).
+        *([f"  Causes: {caused}"] if (caused := causes_line(summary.causes)) else []),
     ]
 
 
