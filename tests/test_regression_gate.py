@@ -254,3 +254,13 @@ def test_a_bad_confidence_is_refused_before_anything_runs(suite: Suite) -> None:
     assert suite.agent.requests("bot") == []
     code, _, err = suite.submit("diff", "--history-window", "0")
     assert code == 2 and "Traceback" not in err
+
+
+def test_confidence_alone_prints_the_weighed_diff_and_keeps_the_runs_exit_code(
+    suite: Suite,
+) -> None:
+    assert suite.night([True])[0] == 0
+    code, out, err = suite.night([False], "--confidence", "0.9")
+    assert code == 1, out + err  # no --fail-on: the run's own verdict decides
+    assert "Likely regressed (1)" in out and "at 90% confidence" in out
+    assert "(90% intervals)" in out

@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="weigh each case's pass rates in the diff against the baseline: only a drop "
         "significant at P (e.g. 0.95; one-sided Fisher exact test) is a regression, one "
         "that is not is 'likely regressed' and fails nothing (default with "
-        "--history-window: 0.95)",
+        "--history-window: 0.95; implies --baseline suite)",
     )
     p.add_argument(
         "--history-window",
@@ -353,7 +353,11 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
         suite=args.suite,
-        baseline=args.baseline or (None if args.fail_on == ("any",) else "suite"),
+        # The gate and its weighing compare with a baseline: the suite's unless given.
+        baseline=args.baseline
+        or (
+            "suite" if args.fail_on != ("any",) or args.confidence or args.history_window else None
+        ),
         fail_on=args.fail_on,
         confidence=args.confidence,
         history_window=args.history_window,

@@ -72,7 +72,7 @@ def weigh(url: str, found: RunDiff, tallies: Tallies, weighing: Weighing) -> Non
     weighed (report/significance.py `gated_category`)."""
     found.confidence, found.history_window = weighing.confidence, weighing.history_window
     pooled: dict[str, dict[str | None, history.Pooled]] = {}
-    if weighing.history_window:
+    if weighing.history_window and tallies.new.suite is not None:
         runs = history.suite_runs(
             url,
             tallies.new.suite,

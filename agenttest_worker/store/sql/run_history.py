@@ -325,26 +325,28 @@ def pooled_tallies(url: str, run_ids: Sequence[str]) -> dict[str, dict[str | Non
 def failing_causes(url: str, run_id: str) -> dict[str, int]:
     """The run's failed or skipped conversations by the cause their records give (the
     target's failure in a repetition of a case another repetition of which passed:
-    `flake`, as report/causes.py says), one row per case, status and cause."""
+    `flake`, as report/causes.py says). Only failed and skipped records are read into
+    (one row per case, status and cause), so a run that mostly passed costs little."""
     tid = test_id().label("tid")
     # Grouped by their labels: Postgres takes a JSON path bound twice for two columns.
     cause = CaseRow.result["cause"].as_string().label("cause")
     query = (
         select(tid, CaseRow.status, cause, func.count())
-        .where(CaseRow.run_id == run_id, CaseRow.status.is_not(None))
+        .where(CaseRow.run_id == run_id, CaseRow.status.in_(("failed", "skipped")))
         .group_by("tid", CaseRow.status, "cause")
     )
-    rows: list[tuple[str, str, str | None, int]] = []
+    repeated_passes = (
+        select(CaseRow.test_id)
+        .where(CaseRow.run_id == run_id, CaseRow.test_id.is_not(None), CaseRow.status == "passed")
+        .distinct()
+    )
     with session_scope(url) as session:
-        for case_id, status, cause, count in session.execute(query):
-            rows.append((str(case_id), str(status), cause, int(count)))
-    passing = {case_id for case_id, status, _, _ in rows if status == "passed"}
+        rows = [(str(t), str(st), c, int(n)) for t, st, c, n in session.execute(query)]
+        passing = {str(found) for found in session.scalars(repeated_passes)} if rows else set()
     found: dict[str, int] = {}
-    for case_id, status, cause, count in rows:
-        if status == "passed":
-            continue
-        flake = status == "failed" and case_id in passing and cause in ("agent", None)
-        named = "flake" if flake else cause
+    for case_id, status, named, count in rows:
+        if status == "failed" and case_id in passing and named in ("agent", None):
+            named = "flake"
         if named:
             found[named] = found.get(named, 0) + count
     return found
