@@ -2,10 +2,10 @@
 
 One suite against agents with known behaviour, served over HTTP: a target that answers
 wrong, a judge that disagrees with itself (asked three times, it says pass once and
-fail twice), a simulator that errors and one that never reaches its goal, a target
-that answers 503 and one too slow for its timeout, a judge nobody can connect to, a
-target that asks for input nobody gives (`on_missing_input: fail`), and a coin-flip
-case whose two repetitions disagree. Each record says why; the console, JSON, JUnit,
+fail twice), a simulator that errors, one that says it left its persona and one that
+never reaches its goal, a target that answers 503 and one too slow for its timeout, a
+judge nobody can connect to, a target that asks for input nobody gives
+(`on_missing_input: fail`), and a coin-flip case whose two repetitions disagree. Each record says why; the console, JSON, JUnit,
 HTML, the viewer and the diff sum them up by cause.
 """
 
@@ -68,6 +68,11 @@ CASES: list[dict[str, Any]] = [
         "simulator": {"use": "agents:junk-sim", "metadata": {"goal": "book", "max_turns": 3}},
     },
     {
+        "id": "sim-off-persona",
+        "input": "sim question",
+        "simulator": {"use": "agents:persona-sim", "metadata": {"goal": "book", "max_turns": 3}},
+    },
+    {
         "id": "sim-never-done",
         "input": "sim question",
         "simulator": {"use": "agents:sim", "metadata": {"goal": "book", "max_turns": 2}},
@@ -82,12 +87,13 @@ EXPECTED = {
     "judge-splits": "judge",
     "judge-unreachable": "infrastructure",
     "sim-errors": "simulator",
+    "sim-off-persona": "simulator",
     "sim-never-done": "simulator",
     "infra-503": "infrastructure",
     "infra-timeout": "infrastructure",
     "input-missing": "input",
 }
-SUMMARY = {"agent": 1, "judge": 1, "simulator": 2, "infrastructure": 3, "flake": 1, "input": 1}
+SUMMARY = {"agent": 1, "judge": 1, "simulator": 3, "infrastructure": 3, "flake": 1, "input": 1}
 
 
 def closed_port() -> int:
@@ -126,6 +132,12 @@ def script(agent: ScriptedAgent, fine: str = "right") -> None:
     agent.script("judge", judge)
     agent.script("sim", lambda body: simulator_turn("Oslo"))
     agent.script("junk-sim", lambda body: say("this is not what a simulator answers"))
+    off = {
+        "input": "Sure, I can help",
+        "left_persona": True,
+        "reasoning": "I answered as the agent",
+    }
+    agent.script("persona-sim", lambda body: say(json.dumps(off)))
 
 
 class Project:
@@ -139,6 +151,7 @@ class Project:
             "grader": agent.entry("judge", max_retries=0),
             "sim": agent.entry("sim", max_retries=0),
             "junk-sim": agent.entry("junk-sim", max_retries=0),
+            "persona-sim": agent.entry("persona-sim", max_retries=0),
             "gone": {**gone, "model": "m", "timeout": 2, "max_retries": 0},
         }
         self.config = tmp_path / "agenttest.yaml"
@@ -186,10 +199,15 @@ def test_every_failed_or_skipped_case_says_why(project: Project, tmp_path: Path)
     assert causes == {"fine": None, **EXPECTED}, records
     statuses = {r["id"]: r["status"] for r in records}
     assert statuses["sim-errors"] == "skipped" and statuses["input-missing"] == "failed"
+    off = next(r for r in records if r["id"] == "sim-off-persona")
+    assert off["status"] == "skipped"
+    assert off["skip_reason"] == (
+        "simulator error: agents:persona-sim left its persona: I answered as the agent"
+    )
     # The coin's repetitions disagree: the failed one is a flake, the passed one has none.
     coin = sorted((r["status"], r.get("cause")) for r in records if r["id"] == "coin")
     assert coin == [("failed", "flake"), ("passed", None)]
-    assert "Causes: 1 agent, 1 judge, 2 simulator, 3 infrastructure, 1 flake, 1 input" in out
+    assert "Causes: 1 agent, 1 judge, 3 simulator, 3 infrastructure, 1 flake, 1 input" in out
     assert "(cause: flake)" in out  # on the coin's failed repetition
 
 
@@ -214,11 +232,11 @@ def test_summaries_by_cause_in_every_report(project: Project) -> None:
     assert "failure" in outcome["agent-fails"]
     properties = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert properties["causes"] == (
-        "1 agent, 1 judge, 2 simulator, 3 infrastructure, 1 flake, 1 input"
+        "1 agent, 1 judge, 3 simulator, 3 infrastructure, 1 flake, 1 input"
     )
     # HTML: the page's data carries the summary by cause, and each case row its cause.
     _, page, _ = project.submit("report", run_id, "--format", "html")
-    assert '"causes":{"agent":1,"judge":1,"simulator":2' in page.replace(" ", "")
+    assert '"causes":{"agent":1,"judge":1,"simulator":3' in page.replace(" ", "")
     # The viewer reads the same from the store.
     views = RunViews(get_settings().effective_database_url())
     header = views.header(run_id)
@@ -239,7 +257,7 @@ def test_the_nightly_diff_sums_up_why_cases_fail_now(project: Project) -> None:
     assert document["causes"] == SUMMARY
     _, out, _ = project.submit("diff")
     assert (
-        "Failing now, by cause: 1 agent, 1 judge, 2 simulator, 3 infrastructure, 1 flake, 1 input"
+        "Failing now, by cause: 1 agent, 1 judge, 3 simulator, 3 infrastructure, 1 flake, 1 input"
         in out
     )
     _, out, _ = project.submit("diff", "--format", "markdown")

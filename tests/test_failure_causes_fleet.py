@@ -44,7 +44,7 @@ def test_causes_and_the_noise_aware_gate_on_a_fleet(fleet: Fleet, tmp_path: Path
         assert causes == {"fine": None, **EXPECTED}, records
         coin = sorted((r["status"], r.get("cause")) for r in records if r["id"] == "coin")
         assert coin == [("failed", "flake"), ("passed", None)]
-        assert "Causes: 1 agent, 1 judge, 2 simulator, 3 infrastructure, 1 flake, 1 input" in (
+        assert "Causes: 1 agent, 1 judge, 3 simulator, 3 infrastructure, 1 flake, 1 input" in (
             first.stdout
         )
         # Night two: the fine case fails its single play. Not significant: exit 0.

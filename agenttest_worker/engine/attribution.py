@@ -9,8 +9,8 @@ The causes are tried in this order, the first that fits wins:
   timeout, no connection, an HTTP 5xx or 429 after the retries, an open circuit
   breaker), a turn's or the case's time limit, or the run stopped before the case ended
   (a budget, a cancellation, `--fail-fast`, the run's deadline);
-- `simulator`: the simulator failed (an error, a reply that is not a simulator's), or it
-  ran out of turns without reaching its goal;
+- `simulator`: the simulator failed (an error, a reply that is not a simulator's, or one
+  that says it left its persona), or it ran out of turns without reaching its goal;
 - `judge`: every failed assertion is a judge's whose votes split;
 - `agent`: anything else: an assertion about the target's reply or tools failed, or the
   target answered with something that is not a reply.

@@ -117,6 +117,10 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
             params=simulator_options.params if simulator_options else {},
             repetition=case.repetition,
         )
+        if sim.left_persona:
+            # Its own reply says the conversation stopped testing what the case meant.
+            said = f": {sim.reasoning}" if sim.reasoning else ""
+            raise AgentError("parse", f"{use} left its persona{said}")
     except AgentError as exc:
         elapsed = int((time.monotonic() - started) * 1000)
         skipped = TurnResult(
