@@ -5,8 +5,9 @@ wrong, a judge that disagrees with itself (asked three times, it says pass once 
 fail twice), a simulator that errors, one that says it left its persona and one that
 never reaches its goal, a target that answers 503 and one too slow for its timeout, a
 judge nobody can connect to, a target that asks for input nobody gives
-(`on_missing_input: fail`), and a coin-flip case whose two repetitions disagree. Each record says why; the console, JSON, JUnit,
-HTML, the viewer and the diff sum them up by cause.
+(`on_missing_input: fail`), and a coin-flip case whose two repetitions disagree. Each
+record says why; the console, JSON, JUnit, HTML, the viewer and the diff sum them up by
+cause.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def weigh(url: str, found: RunDiff, tallies: Tallies, weighing: Weighing) -> Non
         if now is None or change.category in ("new", "removed", "changed"):
             continue
         then = _then(change, tallies.then.get(change.id), pooled.get(change.id))
-        if then is None or then.runs == 0 or now.passed + now.failed == 0:
+        # (Skipped plays count on neither side: a side of only skips is not compared.)
+        if then is None or then.passed + then.failed == 0 or now.passed + now.failed == 0:
             continue
         change.rates = PassRates(
             then.passed,
@@ -96,9 +97,6 @@ def weigh(url: str, found: RunDiff, tallies: Tallies, weighing: Weighing) -> Non
             weighing.confidence,
             runs_then=then.runs,
         )
-        if change.rates.then_played == 0:
-            change.rates = None
-            continue
         change.category = gated_category(change.category, change.new, change.rates)
 
 
@@ -116,7 +114,7 @@ def _then(
             mine = list(pooled.values())
         if mine:
             return history.Pooled(
-                sum(p.passed for p in mine), sum(p.failed for p in mine), max(p.runs for p in mine)
+                sum(p.passed for p in mine), sum(p.failed for p in mine), sum(p.runs for p in mine)
             )
     if base is None:
         return None
