@@ -82,6 +82,8 @@ CASES: list[dict[str, Any]] = [
     {"id": "infra-timeout", "input": "slow question", "assertions": RIGHT},
     {"id": "input-missing", "turns": [{"input": "input question"}], "on_missing_input": "fail"},
     {"id": "coin", "input": "coin question", "repeat": 2, "assertions": RIGHT},
+    # A flaky connection: one repetition gets a 503, the other its answer.
+    {"id": "flaky-link", "input": "link question", "repeat": 2, "assertions": RIGHT},
 ]
 EXPECTED = {
     "agent-fails": "agent",
@@ -94,7 +96,7 @@ EXPECTED = {
     "infra-timeout": "infrastructure",
     "input-missing": "input",
 }
-SUMMARY = {"agent": 1, "judge": 1, "simulator": 3, "infrastructure": 3, "flake": 1, "input": 1}
+SUMMARY = {"agent": 1, "judge": 1, "simulator": 3, "infrastructure": 4, "flake": 1, "input": 1}
 
 
 def closed_port() -> int:
@@ -107,6 +109,7 @@ def closed_port() -> int:
 def script(agent: ScriptedAgent, fine: str = "right") -> None:
     """Every agent's known behaviour (`fine`: what the target answers the fine case)."""
     coin = itertools.cycle(["right", "wrong"])
+    link = itertools.cycle([fail(503, "connection reset upstream"), say("right")])
     votes = itertools.cycle([True, False, False])
     lock = threading.Lock()
     answers: dict[str, Reply | str] = {
@@ -123,6 +126,9 @@ def script(agent: ScriptedAgent, fine: str = "right") -> None:
         if "coin question" in said:
             with lock:
                 return next(coin)
+        if "link question" in said:
+            with lock:
+                return next(link)
         return next((reply for key, reply in answers.items() if key in said), ASKING)
 
     def judge(body: Body) -> Reply | str:
@@ -196,7 +202,7 @@ def test_every_failed_or_skipped_case_says_why(project: Project, tmp_path: Path)
     code, out, err = project.run("-o", str(out_file))
     assert code == 1, out + err
     records = _records(out_file)
-    causes = {r["id"]: r.get("cause") for r in records if r["id"] != "coin"}
+    causes = {r["id"]: r.get("cause") for r in records if r.get("repeats") is None}
     assert causes == {"fine": None, **EXPECTED}, records
     statuses = {r["id"]: r["status"] for r in records}
     assert statuses["sim-errors"] == "skipped" and statuses["input-missing"] == "failed"
@@ -208,7 +214,10 @@ def test_every_failed_or_skipped_case_says_why(project: Project, tmp_path: Path)
     # The coin's repetitions disagree: the failed one is a flake, the passed one has none.
     coin = sorted((r["status"], r.get("cause")) for r in records if r["id"] == "coin")
     assert coin == [("failed", "flake"), ("passed", None)]
-    assert "Causes: 1 agent, 1 judge, 3 simulator, 3 infrastructure, 1 flake, 1 input" in out
+    # The flaky connection's failed repetition is the infrastructure's, not a flake.
+    link = sorted((r["status"], r.get("cause")) for r in records if r["id"] == "flaky-link")
+    assert link == [("failed", "infrastructure"), ("passed", None)]
+    assert "Causes: 1 agent, 1 judge, 3 simulator, 4 infrastructure, 1 flake, 1 input" in out
     assert "(cause: flake)" in out  # on the coin's failed repetition
 
 
@@ -219,7 +228,7 @@ def test_summaries_by_cause_in_every_report(project: Project) -> None:
     code, out, _ = project.submit("report", run_id, "--format", "json")
     document = json.loads(out)
     assert document["summary"]["causes"] == SUMMARY
-    by_id = {r["id"]: r.get("cause") for r in document["results"] if r["id"] != "coin"}
+    by_id = {r["id"]: r.get("cause") for r in document["results"] if r.get("repeats") is None}
     assert by_id == {"fine": None, **EXPECTED}
     # JUnit: the infrastructure's failures are errors, the agent's a failure.
     _, out, _ = project.submit("report", run_id, "--format", "junit")
@@ -228,12 +237,12 @@ def test_summaries_by_cause_in_every_report(project: Project) -> None:
         (case.get("name") or "").strip("[]"): [child.tag for child in case]
         for case in root.iter("testcase")
     }
-    for case_id in ("infra-503", "infra-timeout", "judge-unreachable"):
+    for case_id in ("infra-503", "infra-timeout", "judge-unreachable", "flaky-link"):
         assert "error" in outcome[case_id], outcome
     assert "failure" in outcome["agent-fails"]
     properties = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert properties["causes"] == (
-        "1 agent, 1 judge, 3 simulator, 3 infrastructure, 1 flake, 1 input"
+        "1 agent, 1 judge, 3 simulator, 4 infrastructure, 1 flake, 1 input"
     )
     # HTML: the page's data carries the summary by cause, and each case row its cause.
     _, page, _ = project.submit("report", run_id, "--format", "html")
@@ -258,7 +267,7 @@ def test_the_nightly_diff_sums_up_why_cases_fail_now(project: Project) -> None:
     assert document["causes"] == SUMMARY
     _, out, _ = project.submit("diff")
     assert (
-        "Failing now, by cause: 1 agent, 1 judge, 3 simulator, 3 infrastructure, 1 flake, 1 input"
+        "Failing now, by cause: 1 agent, 1 judge, 3 simulator, 4 infrastructure, 1 flake, 1 input"
         in out
     )
     _, out, _ = project.submit("diff", "--format", "markdown")
