@@ -22,6 +22,9 @@ CaseStatus = Literal["passed", "failed", "skipped"]
 TurnStatus = Literal["passed", "failed", "skipped"]
 InputSource = Literal["static", "simulator", "interactive"]
 AgentRole = Literal["target", "simulator", "validator", "generator", "reporter"]
+# Why a case failed or was skipped (engine/attribution.py, report/causes.py).
+Cause = Literal["agent", "judge", "simulator", "infrastructure", "flake", "input"]
+CAUSES: tuple[Cause, ...] = ("agent", "judge", "simulator", "infrastructure", "flake", "input")
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,9 @@ class CaseResult(_Record):
     # The state the agent left in its system after the conversation (`state:`), as its
     # end state URL answered it; absent without one.
     end_state: Any = None
+    # Why it failed or was skipped (absent on a passed case): the target's reply, the
+    # judge, the simulator, the infrastructure, a flake or the input.
+    cause: Cause | None = None
 
     def to_json_line(self) -> str:
         return self.model_dump_json()

@@ -63,6 +63,8 @@ EXTRA_CASE_KEYS = {
     "line",
     # Calls, tokens and cost by role (target, judge, simulator, ...).
     "usage_by_role",
+    # Why a failed or skipped case did (agent, judge, simulator, ...).
+    "cause",
 }
 EXTRA_TURN_KEYS = {
     "error",
@@ -741,6 +743,8 @@ def _check_format(fmt: str, text: str) -> None:
             "total_turns": 8,
             "avg_turns": 2.0,
             "duration_s": 0,
+            # T002 ran out of input, T004's reply failed its assertion.
+            "causes": {"agent": 1, "input": 1},
         }
         assert [r["id"] for r in doc["results"]] == ["T001", "T002", "T003", "T004"]
         for rec in doc["results"]:

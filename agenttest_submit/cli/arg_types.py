@@ -78,6 +78,16 @@ def pass_rule(text: str) -> str:
     return text
 
 
+def confidence(text: str) -> float:
+    """`--confidence`: a level strictly between 0 and 1 (0.95)."""
+    from agenttest_worker.report import confidence_problem  # after heap.starting()
+
+    problem = confidence_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return float(text)
+
+
 def port_arg(text: str) -> int:
     try:
         value = int(text)

@@ -103,6 +103,10 @@ class RunRequest:
     suite: str | None = None
     baseline: str | None = None
     fail_on: tuple[str, ...] = ("any",)
+    # --confidence, --history-window: the noise-aware gate (report/significance.py);
+    # None and None: verdicts are compared as they are.
+    confidence: float | None = None
+    history_window: int | None = None
     # --dry-run: load, generate and check the cases, print them, call no target.
     dry_run: bool = False
     # --wait / --no-wait (distributed): watch the run and report it, or return at once.
@@ -191,6 +195,9 @@ class DiffRequest(NamedTuple):
     base: str | None = None
     window: int = 10  # the suite's runs over which a case's verdict changing is flaky
     format: str = "console"  # console, json, markdown, junit
+    # --confidence, --history-window: pass rates weighed (None and None: verdicts compared)
+    confidence: float | None = None
+    history_window: int | None = None
     output: str | None = None  # -o: written to this file (None: stdout)
 
 

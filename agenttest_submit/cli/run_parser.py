@@ -10,6 +10,7 @@ import argparse
 from agenttest_submit.cli.arg_types import (
     Once,
     Parser,
+    confidence,
     duration_arg,
     fail_on,
     formats,
@@ -205,6 +206,26 @@ def build_parser() -> argparse.ArgumentParser:
         "there and fail now), new (new or changed cases that fail), or both: regressions,new",
     )
     p.add_argument(
+        "--confidence",
+        action=Once,
+        type=confidence,
+        default=None,
+        metavar="P",
+        help="weigh each case's pass rates in the diff against the baseline: only a drop "
+        "significant at P (e.g. 0.95; one-sided Fisher exact test) is a regression, one "
+        "that is not is 'likely regressed' and fails nothing (default with "
+        "--history-window: 0.95; implies --baseline suite)",
+    )
+    p.add_argument(
+        "--history-window",
+        action=Once,
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="pool each case's plays over the suite's last N finished runs as the baseline "
+        "of the noise-aware gate (implies --confidence 0.95)",
+    )
+    p.add_argument(
         "--pass-k",
         action=Once,
         type=positive_int,
@@ -345,8 +366,14 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
         suite=args.suite,
-        baseline=args.baseline or (None if args.fail_on == ("any",) else "suite"),
+        # The gate and its weighing compare with a baseline: the suite's unless given.
+        baseline=args.baseline
+        or (
+            "suite" if args.fail_on != ("any",) or args.confidence or args.history_window else None
+        ),
         fail_on=args.fail_on,
+        confidence=args.confidence,
+        history_window=args.history_window,
         dry_run=args.dry_run,
         wait=args.wait,
         reeval=args.reeval,

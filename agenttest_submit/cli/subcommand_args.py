@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from agenttest_submit.cli.arg_types import Parser, duration_arg, formats, port_arg, positive_int
+from agenttest_submit.cli.arg_types import (
+    Parser,
+    confidence,
+    duration_arg,
+    formats,
+    port_arg,
+    positive_int,
+)
 from agenttest_submit.cli.request import (
     SCHEMA_KINDS,
     CacheRequest,
@@ -297,6 +304,21 @@ def _history_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
         help="a case whose verdict changed within the suite's last N runs is flaky (default: 10)",
     )
     diff.add_argument(
+        "--confidence",
+        type=confidence,
+        default=None,
+        metavar="P",
+        help="only a drop in a case's pass rate significant at P (e.g. 0.95) is a regression",
+    )
+    diff.add_argument(
+        "--history-window",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="pool each case's plays over the suite's last N finished runs before NEW as "
+        "the baseline (implies --confidence 0.95)",
+    )
+    diff.add_argument(
         "--format",
         choices=_diff_formats(),
         default="console",
@@ -376,6 +398,8 @@ def subcommand_request(
             base=runs[0] if runs else None,
             window=args.window,
             format=args.format,
+            confidence=args.confidence,
+            history_window=args.history_window,
             output=args.output,
         )
     if args.command == "history":

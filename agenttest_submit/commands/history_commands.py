@@ -1,9 +1,7 @@
 """Run history commands: `diff [BASE] [NEW]`, `history CASE_ID`, `runs`, and the diff a
 run prints at its end (`--baseline`, `--fail-on regressions`).
 
-A diff reads each run as one row per case (store/sql/run_history.py) and the records only of
-the regressions, whose first difference it shows; history reads one case's records
-over a suite's runs.
+A diff is built by run_diffs.py; history reads one case's records over a suite's runs.
 """
 
 from __future__ import annotations
@@ -23,25 +21,28 @@ from agenttest_submit.cli.request import (
     PromoteRequest,
     RunsRequest,
 )
+from agenttest_submit.commands.run_diffs import (
+    Weighing,
+    build_diff,
+    previous_run,
+    resolve_baseline,
+    stored_pass_rule,
+    weighing_of,
+)
 from agenttest_submit.run.runner import resolve_run
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import (
     CaseChange,
-    Definitions,
     RunDiff,
-    RunInfo,
     case_count,
     case_verdict,
-    category,
     counted,
-    difference,
     format_ms,
     one_line,
     printable,
     render_diff,
-    tally_verdict,
 )
-from agenttest_worker.results import CaseResult, CaseStatus
+from agenttest_worker.results import CaseResult
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import run_history as history
 from agenttest_worker.store import runs as stored_runs
@@ -51,132 +52,7 @@ from agenttest_worker.store import usage as stored_usage
 if TYPE_CHECKING:
     from agenttest_worker.store import RunRow
 
-DEFAULT_WINDOW = 10
 DEFAULT_LAST = 20
-
-
-def _info(run: RunRow) -> RunInfo:
-    return RunInfo(run.id, run.created_at, run.suite, run.status)
-
-
-def stored_pass_rule(run: RunRow) -> str:
-    """The --pass-rule a stored run was made with: how its repetitions make a verdict."""
-    return str((run.options or {}).get("pass_rule") or "all")
-
-
-def previous_run(url: str, run: RunRow) -> RunRow | None:
-    """The finished run of `run`'s suite before it, or None."""
-    if run.suite is None:
-        return None
-    before = [r for r in history.suite_runs(url, run.suite, finished=True, before=run.created_at)]
-    return before[0] if before else None
-
-
-SUITE_PREFIX = "suite:"
-
-
-def resolve_baseline(url: str, ref: str, new: RunRow) -> RunRow:
-    """A baseline: a run id, `last` (the newest run before `new`), `suite` (the
-    baseline of `new`'s suite: its promoted run, else its newest finished run before
-    `new` that did not fail its gate), or `suite:NAME` (the baseline of suite NAME, as
-    it was when `new` was created: e.g. the nightly run of the main branch)."""
-    if ref == "suite" or ref.startswith(SUITE_PREFIX):
-        suite = new.suite if ref == "suite" else ref.removeprefix(SUITE_PREFIX)
-        found = history.suite_baseline(url, suite, new.created_at) if suite else None
-        if found is None:
-            raise InputError(
-                InputProblem(
-                    f"suite {suite!r} has no promoted run and no finished run before "
-                    f"{new.id} that did not fail its gate",
-                    field="--baseline",
-                )
-            )
-        return found
-    if ref == "last":
-        earlier = history.suite_runs(url, None, last=1, before=new.created_at)
-        if not earlier:
-            raise InputError(InputProblem(f"no run before {new.id}", field="--baseline"))
-        return earlier[0]
-    return resolve_run(url, ref)
-
-
-def build_diff(url: str, base: RunRow, new: RunRow, window: int = DEFAULT_WINDOW) -> RunDiff:
-    """What changed from `base` to `new`, case by case (report/diff.py)."""
-    base_rule, rule = stored_pass_rule(base), stored_pass_rule(new)
-    before: dict[str, tuple[CaseStatus, str | None]] = {
-        t.id: (tally_verdict(t.played, t.passed, t.skipped, base_rule), t.definition)
-        for t in history.case_tallies(url, base.id)
-    }
-    found = RunDiff(_info(base), _info(new), window)
-    disagreeing: dict[str, str] = {}
-    for tally in history.case_tallies(url, new.id):
-        now = tally_verdict(tally.played, tally.passed, tally.skipped, rule)
-        was, was_defined = before.pop(tally.id, (None, None))
-        change = CaseChange(tally.id, category(was, now), was, now)
-        change.base_definition, change.new_definition = was_defined, tally.definition
-        found.changes.append(change)
-        if tally.played > 1 and tally.passed not in (0, tally.played):
-            disagreeing[tally.id] = (
-                f"its repetitions disagree: {tally.passed}/{tally.played} passed"
-            )
-    for case_id, (was, was_defined) in before.items():
-        found.changes.append(CaseChange(case_id, "removed", was, None))
-        found.changes[-1].base_definition = was_defined
-    runs = _window(url, new, window)
-    changing = history.changing_cases(url, [r.id for r in runs], rule)
-    for change in found.changes:
-        if change.category in ("new", "removed"):
-            continue
-        if None not in (change.base_definition, change.new_definition) and (
-            change.base_definition != change.new_definition
-        ):
-            # Another case under the same id: its verdicts are not compared.
-            change.category = "changed"
-        elif change.id in changing:
-            change.category = "flaky"
-            change.flaky_because = (
-                f"its verdict changed at least twice in the last {counted(len(runs), 'run')}"
-            )
-        elif change.id in disagreeing:
-            change.category = "flaky"
-            change.flaky_because = disagreeing[change.id]
-    failing_changed = [c for c in found.of("changed") if c.new == "failed"]
-    _explain_regressions(url, base, new, found.regressions + failing_changed)
-    return found
-
-
-def _window(url: str, new: RunRow, window: int) -> list[RunRow]:
-    """The suite's last `window` finished runs up to `new` (itself included)."""
-    earlier = history.suite_runs(url, new.suite, finished=True, before=new.created_at)
-    return [new, *earlier[: max(window - 1, 0)]] if new.suite is not None else [new]
-
-
-def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[CaseChange]) -> None:
-    """Each regression's first difference: its records read a chunk of cases at a time."""
-    for start in range(0, len(changes), history.CHUNK):
-        chunk = {c.id: c for c in changes[start : start + history.CHUNK]}
-        then = _records(url, base.id, chunk)
-        now = _records(url, new.id, chunk)
-        defined_then = history.definitions_of(url, base.id, chunk)
-        defined_now = history.definitions_of(url, new.id, chunk)
-        for case_id, change in chunk.items():
-            earlier, later = then.get(case_id, []), now.get(case_id, [])
-            if not later:
-                continue
-            change.name = later[0].name
-            failing = next((r for r in later if r.status == "failed"), later[0])
-            passing = next((r for r in earlier if r.status == "passed"), None)
-            defined, defining = defined_then.get(case_id), defined_now.get(case_id)
-            definitions = Definitions(defined, defining) if defined and defining else None
-            if passing is not None:
-                change.difference = difference(passing, failing, definitions)
-
-
-def _records(url: str, run_id: str, ids: dict[str, Any]) -> dict[str, list[CaseResult]]:
-    found: dict[str, list[CaseResult]] = {}
-    for case_id, text in history.results_of(url, run_id, ids):
-        found.setdefault(case_id, []).append(CaseResult.model_validate_json(text))
-    return found
 
 
 # -- the commands ----------------------------------------------------------------------
@@ -230,7 +106,8 @@ def run_diff(url: str, request: DiffRequest) -> int:
                 field="BASE",
             )
         )
-    found = build_diff(url, base, new, request.window)
+    weighing = weighing_of(request.confidence, request.history_window)
+    found = build_diff(url, base, new, request.window, weighing)
     if request.format == "junit":
         place(url, new, found)
     sys.stdout.write(render_diff(found, request.format))
@@ -260,6 +137,8 @@ class Gate:
     fail_on: tuple[str, ...]
     code: int
     stopped: str | None = None
+    # The noise-aware gate (--confidence, --history-window); None: verdicts compared.
+    weighing: Weighing | None = None
 
 
 def gate_failures(found: RunDiff, fail_on: tuple[str, ...]) -> list[CaseChange]:
@@ -298,8 +177,14 @@ def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
             file=sys.stderr,
         )
         return _gated(url, run_id, gating, gate.code)
-    found = build_diff(url, base, new)
+    found = build_diff(url, base, new, weighing=gate.weighing)
     sys.stdout.write("\n" + render_diff(found, "console"))
+    if likely := found.of("likely_regression"):
+        print(
+            f"note: {counted(len(likely), 'case')} likely regressed: its verdict fell, but "
+            "not significantly; it does not fail the job: repeat it (--repeat) to know",
+            file=sys.stderr,
+        )
     if not gating:
         return gate.code
     if gate.stopped:

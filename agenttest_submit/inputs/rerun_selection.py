@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from agenttest_submit.cli.request import RERUN_DEFAULT, Rerun
 from agenttest_submit.cli.services import safe_url
-from agenttest_submit.commands.history_commands import stored_pass_rule
+from agenttest_submit.commands.run_diffs import stored_pass_rule
 from agenttest_submit.inputs.case_checks import RerunIds
 from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import tally_verdict

@@ -88,8 +88,10 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
             Gate,
             print_baseline_diff,  # the store: see above
         )
+        from agenttest_submit.commands.run_diffs import weighing_of
 
-        gate = Gate(request.baseline, request.fail_on, code, summary.stopped)
+        weighing = weighing_of(request.confidence, request.history_window)
+        gate = Gate(request.baseline, request.fail_on, code, summary.stopped, weighing)
         code = print_baseline_diff(url, run_id, gate)
     return code
 

@@ -186,6 +186,9 @@ class SimulatorTurn:
     input: str
     goal_achieved: bool
     reasoning: str | None
+    # The simulator says it left its persona (`"left_persona": true` in its reply): the
+    # conversation no longer tests what the case meant.
+    left_persona: bool = False
 
 
 def transcript_of(messages: list[dict[str, Any]]) -> str:
@@ -261,7 +264,10 @@ def read_simulator_reply(content: str | None) -> SimulatorTurn:
         )
     reasoning = data.get("reasoning")
     return SimulatorTurn(
-        text or "", goal_achieved, reasoning if isinstance(reasoning, str) else None
+        text or "",
+        goal_achieved,
+        reasoning if isinstance(reasoning, str) else None,
+        left_persona=data.get("left_persona") is True,
     )
 
 

@@ -10,7 +10,10 @@ from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.case_model import Case, OnMissingInput
 from agenttest_worker.engine.outcome import finish
 from agenttest_worker.engine.state import (
+    MAX_TURNS_EXCEEDED,
+    MISSING_INPUT_FAILS,
     NO_NEXT_TURN,
+    SIMULATOR_ERROR,
     ConversationState,
     HumanPrompt,
     PendingInput,
@@ -55,7 +58,7 @@ async def choose_next(
     next_static = (pending.static_index + 1) if pending.static_index is not None else None
     if next_static is not None and next_static < len(case.turns):
         if done_turns >= limit:
-            _fail(state, f"max turns ({limit}) exceeded")
+            _fail(state, f"{MAX_TURNS_EXCEEDED}{limit}) exceeded")
             return
         state.next_input = PendingInput(
             text=case.turns[next_static].input, source="static", static_index=next_static
@@ -67,7 +70,7 @@ async def choose_next(
     ask_human = wants_human(case, options)
     has_source = case.simulator is not None or ask_human
     if has_source and done_turns >= limit:
-        _fail(state, f"max turns ({limit}) exceeded")
+        _fail(state, f"{MAX_TURNS_EXCEEDED}{limit}) exceeded")
         return
     if case.simulator is not None:
         await _simulate_next(case, state, pool, limit)
@@ -114,6 +117,10 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
             params=simulator_options.params if simulator_options else {},
             repetition=case.repetition,
         )
+        if sim.left_persona:
+            # Its own reply says the conversation stopped testing what the case meant.
+            said = f": {sim.reasoning}" if sim.reasoning else ""
+            raise AgentError("parse", f"{use} left its persona{said}")
     except AgentError as exc:
         elapsed = int((time.monotonic() - started) * 1000)
         skipped = TurnResult(
@@ -121,7 +128,7 @@ async def _simulate_next(case: Case, state: ConversationState, pool: AgentPool, 
             input=None,
             input_source="simulator",
             status="skipped",
-            skip_reason=f"simulator error: {exc.message}",
+            skip_reason=f"{SIMULATOR_ERROR}{exc.message}",
             duration_ms=elapsed,
             calls=log or None,
         )
@@ -188,7 +195,7 @@ async def apply_missing_input(
         await finish(case, state, pool)
         return
     if policy == "fail":
-        _fail(state, f"{why} (on_missing_input: fail)")
+        _fail(state, f"{why} {MISSING_INPUT_FAILS}")
         return
     state.turns.append(
         TurnResult(turn=state.turns_run + 1, input=None, status="skipped", skip_reason=why)

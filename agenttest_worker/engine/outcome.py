@@ -12,6 +12,7 @@ from agenttest_worker.agents.pool import AgentPool, RoleSession
 from agenttest_worker.assertions import AssertionContext
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine.assess import run_assertions
+from agenttest_worker.engine.attribution import case_cause
 from agenttest_worker.engine.documents import final_document
 from agenttest_worker.engine.end_state import at_end
 from agenttest_worker.engine.state import ConversationState
@@ -101,7 +102,7 @@ def case_result(
         errored = [t for t in state.turns if t.error]
         error = f"turn {errored[0].turn}: {errored[0].error}" if errored else None
     usage = [t.usage for t in state.turns if t.usage is not None]
-    return CaseResult(
+    record = CaseResult(
         id=case.id,
         name=case.name,
         status=status,
@@ -124,6 +125,8 @@ def case_result(
         or None,
         end_state=state.end_state,
     )
+    record.cause = case_cause(record)
+    return record
 
 
 # -- usage by role -------------------------------------------------------------------------

@@ -25,6 +25,11 @@ MAX_TOOL_ROUNDS = 8
 NO_NEXT_TURN = "Agent awaiting input, no next turn defined"
 NO_INITIAL_INPUT = "no initial input"
 BLANK_INITIAL_INPUT = f"{NO_INITIAL_INPUT}: the first input is blank (empty or whitespace only)"
+# How the error of a case `on_missing_input: fail` ended ends, and how a simulator's
+# failure and the turn bound begin: engine/attribution.py tells causes by them.
+MISSING_INPUT_FAILS = "(on_missing_input: fail)"
+SIMULATOR_ERROR = "simulator error: "
+MAX_TURNS_EXCEEDED = "max turns ("
 MISSING_INPUT_HINT = (
     "Add more turns, use --interactive, configure simulator, or set on_missing_input: end"
 )

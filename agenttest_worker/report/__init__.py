@@ -7,7 +7,8 @@
 - `aggregation`: once a run's conversations have ended, its reports built once and
   stored, streamed from the store;
 - `verdicts` (repeated cases), `judges` (judge agreement), `usage_tally` (calls, tokens
-  and cost by role), `diff` and `diff_formats` (what changed between two runs).
+  and cost by role), `diff` and `diff_formats` (what changed between two runs),
+  `significance` (the noise-aware gate's statistics), `causes` (why cases failed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from agenttest_worker.report.causes import (
+    FLAKES,
+    audited_cause,
+    causes_line,
+    flake_cause,
+    in_order,
+)
 from agenttest_worker.report.common import (
     asked_question,
     case_count,
@@ -33,6 +41,7 @@ from agenttest_worker.report.diff import (
     RunInfo,
     category,
     difference,
+    gated_category,
     tally_verdict,
 )
 from agenttest_worker.report.diff_formats import DIFF_FORMATS, render_diff
@@ -53,6 +62,13 @@ from agenttest_worker.report.html_page.data import (
 )
 from agenttest_worker.report.html_page.shell import page_end, page_start, policy
 from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
+from agenttest_worker.report.significance import (
+    DEFAULT_CONFIDENCE,
+    PassRates,
+    confidence_problem,
+    drop_p_value,
+    wilson,
+)
 from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
 
@@ -77,8 +93,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CATEGORIES",
+    "DEFAULT_CONFIDENCE",
     "DEFAULT_TITLE",
     "DIFF_FORMATS",
+    "FLAKES",
     "REPORTERS",
     "ROLE_ORDER",
     "STORED_FORMATS",
@@ -86,6 +104,7 @@ __all__ = [
     "CaseChange",
     "ChunkedReporter",
     "Definitions",
+    "PassRates",
     "Reporter",
     "RunData",
     "RunDiff",
@@ -95,16 +114,23 @@ __all__ = [
     "UsageTally",
     "aggregate",
     "asked_question",
+    "audited_cause",
     "build_report",
     "case_count",
     "case_row",
     "case_verdict",
     "category",
+    "causes_line",
+    "confidence_problem",
     "counted",
     "counted_cases",
     "difference",
+    "drop_p_value",
+    "flake_cause",
     "format_ms",
+    "gated_category",
     "grouped",
+    "in_order",
     "one_line",
     "page_end",
     "page_start",
@@ -119,4 +145,5 @@ __all__ = [
     "search_text",
     "sort_rows",
     "tally_verdict",
+    "wilson",
 ]

@@ -26,7 +26,9 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         raise LookupError(f"no run {run_id}")
     # Read again from the store by each pass over them: never held whole.
     records = StoredResults(
-        lambda: results.iter_result_texts(url, run_id), results.count_results(url, run_id)
+        lambda: results.iter_result_texts(url, run_id),
+        results.count_results(url, run_id),
+        results.flaky_cases(url, run_id),
     )
     started = run.started_at or run.created_at
     finished = run.finished_at or datetime.now(UTC)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from agenttest_worker.engine.state import MISSING_INPUT_HINT
+from agenttest_worker.report.causes import causes_line
 from agenttest_worker.report.common import (
     asked_question,
     counted,
@@ -158,6 +159,8 @@ def _summary_lines(summary: Summary, style: Style) -> list[str]:
         f"  Total time: {format_seconds(summary.duration_s)}",
         # After the spec's summary, which stays as the spec lays it out.
         *([f"  {used}"] if (used := usage_line(summary.usage)) else []),
+        # Failed or skipped conversations by cause (report/causes.py).
+        *([f"  Causes: {caused}"] if (caused := causes_line(summary.causes)) else []),
     ]
 
 
@@ -186,7 +189,8 @@ def repeated_case_lines(
         if record.status == "passed" and not run.verbose:
             continue
         number = f"{record.repeat}/{record.repeats}" if record.repeat else "?"
-        lines.append(f"  Repetition {number}: {style.status(record.status)}")
+        cause = f" (cause: {record.cause})" if record.cause else ""
+        lines.append(f"  Repetition {number}: {style.status(record.status)}{cause}")
         branches = _CaseTree(record, run, style, verbose=run.verbose).branches()
         lines += [f"  {line}" for line in _tree(branches)]
     rule = f"pass rule: {run.pass_rule}"

@@ -2,7 +2,9 @@
 
 Each case id falls in one category, from its verdict in the base run and in the new
 one (a repeated case's verdict under the new run's pass rule, report/verdicts.py):
-- **newly failing** (a regression): passed then, fails now;
+- **newly failing** (a regression): passed then, fails now; when the diff weighs pass
+  rates (a confidence level, report/significance.py), only a drop that is significant
+  is one, and a case whose verdict fell without one is **likely regressed**;
 - **fixed**: failed then, passes now;
 - **still failing**, **still passing**;
 - **new** (not in the base run), **removed** (not in the new run);
@@ -29,15 +31,25 @@ from typing import Any, Literal
 
 from agenttest_worker.case_definitions import CaseDefinition
 from agenttest_worker.report.common import describe_assertion, failure_reason
+from agenttest_worker.report.significance import PassRates
 from agenttest_worker.report.verdicts import verdict
 from agenttest_worker.results import AssertionResult, CaseResult, CaseStatus, TurnResult
 
 Category = Literal[
-    "regression", "fixed", "still_failing", "still_passing", "new", "removed", "flaky", "changed"
+    "regression",
+    "likely_regression",
+    "fixed",
+    "still_failing",
+    "still_passing",
+    "new",
+    "removed",
+    "flaky",
+    "changed",
 ]
 # In the order a diff lists them: what needs a look first.
 CATEGORIES: tuple[Category, ...] = (
     "regression",
+    "likely_regression",
     "flaky",
     "changed",
     "fixed",
@@ -48,6 +60,7 @@ CATEGORIES: tuple[Category, ...] = (
 )
 TITLES: dict[Category, str] = {
     "regression": "Newly failing",
+    "likely_regression": "Likely regressed",
     "fixed": "Fixed",
     "still_failing": "Still failing",
     "still_passing": "Still passing",
@@ -112,6 +125,11 @@ class CaseChange:
     # or stored before there were).
     base_definition: str | None = None
     new_definition: str | None = None
+    # Its pass rates then and now and the test of their drop, when the diff weighs them
+    # (a confidence level: report/significance.py).
+    rates: PassRates | None = None
+    # Why it fails now (report/causes.py), when it does.
+    cause: str | None = None
     # Its conversations' time in the new run, and where it is written (JUnit's `time`,
     # `file` and `line`), when the diff was asked for them.
     duration_ms: int | None = None
@@ -132,6 +150,10 @@ class CaseChange:
             found["changed_because"] = CHANGED_BECAUSE
         if self.difference is not None:
             found["difference"] = self.difference.as_dict()
+        if self.rates is not None:
+            found["stats"] = self.rates.as_dict()
+        if self.cause is not None:
+            found["cause"] = self.cause
         return found
 
 
@@ -141,6 +163,13 @@ class RunDiff:
     new: RunInfo
     window: int
     changes: list[CaseChange] = field(default_factory=list)
+    # The noise-aware gate: its confidence level (None: verdicts are compared as they
+    # are) and how many of the suite's runs were pooled as the baseline (None: the
+    # baseline run alone).
+    confidence: float | None = None
+    history_window: int | None = None
+    # The new run's failed or skipped conversations by cause (report/causes.py).
+    causes: dict[str, int] = field(default_factory=dict)
 
     def counts(self) -> dict[Category, int]:
         found: dict[Category, int] = dict.fromkeys(CATEGORIES, 0)
@@ -161,6 +190,9 @@ class RunDiff:
             "new": self.new.as_dict(),
             "window": self.window,
             "counts": self.counts(),
+            "confidence": self.confidence,
+            "history_window": self.history_window,
+            "causes": self.causes,
             "cases": [c.as_dict() for c in self.changes],
         }
 
@@ -191,6 +223,21 @@ def category(base: CaseStatus | None, new: CaseStatus | None) -> Category:
     if base == "passed":
         return "still_passing" if new == "passed" else "regression"
     return "fixed" if new == "passed" else "still_failing"
+
+
+def gated_category(found: Category, new: CaseStatus | None, rates: PassRates | None) -> Category:
+    """A case's category once its pass rates are weighed (report/significance.py): a
+    significant drop to a failing verdict is a regression, whatever the verdicts then
+    (flaky, a known failure); a verdict that went from passed to failed without a
+    significant drop is only a likely regression (repeat it to know). New, removed and
+    changed cases are not compared."""
+    if rates is None or found in ("new", "removed", "changed"):
+        return found
+    if rates.significant and new == "failed":
+        return "regression"
+    if found == "regression":
+        return "likely_regression"
+    return found
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 
+from agenttest_worker.report.causes import causes_line
 from agenttest_worker.report.common import one_line, printable, quoted
 from agenttest_worker.report.diff import (
     CATEGORIES,
@@ -24,8 +25,10 @@ DIFF_FORMATS = ("console", "json", "markdown", "junit")
 # Cases listed per category in console and Markdown (all of them in json and junit);
 # still-passing cases are counted, not listed.
 LISTED = 50
+LIKELY_BECAUSE = "its verdict fell, but not significantly: repeat it (--repeat) to know"
 _MARKS = {
     "regression": "✗",
+    "likely_regression": "?",
     "fixed": "✓",
     "flaky": "~",
     "changed": "*",
@@ -53,12 +56,31 @@ def _counts_line(diff: RunDiff) -> str:
     return "   ".join(f"{TITLES[c]}: {counts[c]}" for c in CATEGORIES)
 
 
+def _gate_lines(diff: RunDiff) -> list[str]:
+    """How the diff weighed pass rates, and why the new run's cases failed."""
+    lines = []
+    if diff.confidence is not None:
+        pooled = (
+            f", the baseline pooled over the suite's last {diff.history_window} runs"
+            if diff.history_window
+            else ""
+        )
+        lines.append(
+            f"Regressions: significant drops only (one-sided Fisher exact test at "
+            f"{diff.confidence:.0%} confidence{pooled})"
+        )
+    if caused := causes_line(diff.causes):
+        lines.append(f"Failing now, by cause: {caused}")
+    return lines
+
+
 def console(diff: RunDiff) -> str:
     lines = [
         f"Diff of run {printable(diff.new.id)} ({_when(diff.new)}) against "
         f"{printable(diff.base.id)} ({_when(diff.base)})",
         f"Suite: {printable(diff.new.suite or '(none)')}",
         f"  {_counts_line(diff)}",
+        *(f"  {line}" for line in _gate_lines(diff)),
     ]
     for kind in CATEGORIES:
         if kind == "still_passing":
@@ -82,6 +104,12 @@ def _details(
     lines = [text(change.flaky_because)] if change.flaky_because else []
     if change.category == "changed":
         lines.append(text(CHANGED_BECAUSE))
+    if change.rates is not None:
+        lines.append(text(change.rates.text()))
+        if change.category == "likely_regression":
+            lines.append(text(LIKELY_BECAUSE))
+    if change.cause is not None:
+        lines.append(f"cause: {text(change.cause)}")
     found = change.difference
     if found is None:
         return lines
@@ -134,6 +162,7 @@ def markdown(diff: RunDiff) -> str:
         f"Run `{_code(diff.new.id)}` ({_when(diff.new)}) against "
         f"`{_code(diff.base.id)}` ({_when(diff.base)}).",
         "",
+        *(f"{md(line)}\n" for line in _gate_lines(diff)),
         "| " + " | ".join(TITLES[c] for c in CATEGORIES) + " |",
         "|" + "---:|" * len(CATEGORIES),
         "| " + " | ".join(str(counts[c]) for c in CATEGORIES) + " |",
@@ -167,8 +196,12 @@ def junit_outcome(change: CaseChange) -> tuple[str, str] | None:
     """A case's one outcome in a diff's JUnit: ("failure", why) for a regression,
     ("skipped", why) for a known failure, a flaky case, a new or changed case that fails;
     None when it passes."""
+    if change.category == "regression" and change.cause == "infrastructure":
+        return "error", "passed in the baseline, fails now: the infrastructure failed it"
     if change.category == "regression":
         return "failure", "passed in the baseline, fails now"
+    if change.category == "likely_regression":
+        return "skipped", LIKELY_BECAUSE
     if change.category == "flaky":
         return "skipped", change.flaky_because or "flaky"
     if change.category == "still_failing":
@@ -191,7 +224,7 @@ def junit(diff: RunDiff) -> str:
     counts = {
         "tests": str(len(cases)),
         "failures": str(kinds.count("failure")),
-        "errors": "0",
+        "errors": str(kinds.count("error")),
         "time": _seconds(total),
     }
     root = ET.Element("testsuites", {"name": "agenttest diff", **counts})
@@ -217,8 +250,8 @@ def junit(diff: RunDiff) -> str:
         if outcome is None:
             continue
         kind, why = outcome
-        if kind == "failure":
-            failure = ET.SubElement(element, "failure", message=why, type="regression")
+        if kind in ("failure", "error"):
+            failure = ET.SubElement(element, kind, message=why, type="regression")
             failure.text = xml_text("\n".join(_details(change, str, str))) or None
         else:
             ET.SubElement(element, "skipped", message=xml_text(why))

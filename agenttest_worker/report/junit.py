@@ -3,7 +3,8 @@
 The output validates against Jenkins' junit-10.xsd (the xunit plugin's; CI services read
 the same shape). A case that could not be tested as written is an <error>: an agent
 error or timeout (an unreachable agent among them), a judge or script assertion that
-could not give a verdict, a run-level stop; a case whose checks said no is a <failure>
+could not give a verdict, a run-level stop (every failure whose cause is
+`infrastructure`, report/causes.py); a case whose checks said no is a <failure>
 (failed assertions, malformed tool calls, the agent still asking past max_turns or with
 on_missing_input: fail). Each testcase carries `file` and `line`, where the case is
 written, so CI annotations point at it. Failed and skipped cases carry their console
@@ -20,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from agenttest_worker.report.causes import causes_line, in_order
 from agenttest_worker.report.common import first_problem, problems
 from agenttest_worker.report.console import Style, case_lines, repeated_case_lines
 from agenttest_worker.report.report_model import RunReport, was_not_run
@@ -68,17 +70,18 @@ def render(run: RunReport) -> str:
     root = ET.Element("testsuites", {"name": xml_text(run.title), **counts})
     suite_counts = {**counts, "skipped": str(outcomes.count("skipped"))}
     suite = ET.SubElement(root, "testsuite", {"name": xml_text(run.input_label), **suite_counts})
-    _properties(suite, run, tally.verdicts.stats())
+    _properties(suite, run, tally.verdicts.stats(), causes_line(in_order(tally.causes)))
     for element, _ in cases:
         suite.append(element)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _properties(suite: ET.Element, run: RunReport, stats: RepeatStats | None) -> None:
+def _properties(suite: ET.Element, run: RunReport, stats: RepeatStats | None, causes: str) -> None:
     import xml.etree.ElementTree as ET
 
-    values = {"run_id": run.run_id, "agent": run.agent}
+    # `causes`: failed or skipped conversations by cause (report/causes.py).
+    values = {"run_id": run.run_id, "agent": run.agent, "causes": causes}
     if stats is not None:
         # The run's repeat statistics, where CI systems show a suite's properties.
         low, high = stats.interval
@@ -182,7 +185,10 @@ _VERDICTS = re.compile(r"^max turns \(\d+\) exceeded$|\(on_missing_input: fail\)
 
 
 def _broken(case: CaseResult) -> bool:
-    """Whether something kept the case from being tested as written (a JUnit error)."""
+    """Whether something kept the case from being tested as written (a JUnit error):
+    an infrastructure failure always did."""
+    if case.cause == "infrastructure":
+        return True
     if any(turn.error for turn in case.turns):
         return True
     checked = [*(a for turn in case.turns for a in turn.assertions), *case.final_assertions]

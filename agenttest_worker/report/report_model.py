@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
+from agenttest_worker.report.causes import flake_cause, in_order
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.usage_tally import UsageTally
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, VerdictTally
@@ -14,6 +16,7 @@ from agenttest_worker.results import (
     DEADLINE_PASSED,
     RESULT_VERSION,
     CaseResult,
+    Cause,
     RoleUsage,
     UsageRole,
 )
@@ -109,6 +112,8 @@ class Summary:
     judges: dict[str, JudgeAgreement] = field(default_factory=dict)
     # Calls, tokens and cost by role: the records' and the run's own (its generators).
     usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
+    # Failed or skipped conversations by cause (report/causes.py), when any.
+    causes: dict[str, int] = field(default_factory=dict)
 
     @property
     def run_failed(self) -> bool:
@@ -134,6 +139,8 @@ class Summary:
             del counts["deadline_cut"]
         # (The usage by role is the JSON report's own `usage_by_role`, beside the summary.)
         del counts["budget"], counts["repeats"], counts["judges"], counts["usage"]
+        if not self.causes:
+            del counts["causes"]
         if self.budget is not None:
             counts["budget"] = self.budget.as_dict()
         if self.repeats is not None:
@@ -145,6 +152,7 @@ class Summary:
 
 # How every record `model_dump_json` writes begins (its first field is the version).
 _AS_SAVED = f'{{"version":{RESULT_VERSION},"id":'
+_DECODER = json.JSONDecoder()
 # What the store writes for a NUL (U+FFFD as an escape, which the model never writes).
 _STORED_NUL = "\\ufffd"
 
@@ -165,15 +173,20 @@ class StoredResults(Sequence[CaseResult]):
     # instead of parsed again (parsing was the JSONL report's largest cost).
     _RECENT = 64
 
-    def __init__(self, texts: Callable[[], Iterable[str]], count: int) -> None:
+    def __init__(
+        self, texts: Callable[[], Iterable[str]], count: int, flaky: frozenset[str] = frozenset()
+    ) -> None:
         self._texts = texts
         self._count = count
+        # Repeated cases some repetition of which passed and another failed: their failed
+        # repetitions' cause is a flake (report/causes.py), whatever was stored.
+        self._flaky = flaky
         self._recent: OrderedDict[int, CaseResult] = OrderedDict()
 
     @classmethod
-    def held(cls, texts: list[str]) -> StoredResults:
+    def held(cls, texts: list[str], flaky: frozenset[str] = frozenset()) -> StoredResults:
         """Records whose texts are in memory already."""
-        return cls(lambda: texts, len(texts))
+        return cls(lambda: texts, len(texts), flaky)
 
     def __len__(self) -> int:
         return self._count
@@ -187,7 +200,7 @@ class StoredResults(Sequence[CaseResult]):
     def __getitem__(self, index: int | slice) -> CaseResult | Sequence[CaseResult]:
         # (Reporters read the records in order; a single one is looked for by a pass.)
         if isinstance(index, slice):
-            return StoredResults.held(list(self._texts())[index])
+            return StoredResults.held(list(self._texts())[index], self._flaky)
         position = range(self._count)[index]  # (IndexError as a list's)
         for at, text in enumerate(self._texts()):
             if at == position:
@@ -210,16 +223,26 @@ class StoredResults(Sequence[CaseResult]):
         (store/storable.py), or a reply's own backslash text; either way the parsed
         record is what the other reports show."""
         for index, text in enumerate(self._texts()):
-            if text.startswith(_AS_SAVED) and _STORED_NUL not in text:
+            if text.startswith(_AS_SAVED) and _STORED_NUL not in text and not self._reread(text):
                 yield text
             else:
                 yield self._parsed(index, text).to_json_line()
+
+    def _reread(self, text: str) -> bool:
+        """Whether a record stored as its line is written anew: a repetition of a flaky
+        case, whose cause may be a flake now (its id read alone, not the record)."""
+        if not self._flaky:
+            return False
+        found, _ = _DECODER.raw_decode(text, len(_AS_SAVED))
+        return found in self._flaky
 
     def _parsed(self, index: int, text: str) -> CaseResult:
         # (Reporters read records and never change them, so one object serves them all.)
         record = self._recent.get(index)
         if record is None:
             record = CaseResult.model_validate_json(text)
+            if self._flaky and record.id in self._flaky:
+                record.cause = flake_cause(record, passed_elsewhere=True)
             self._recent[index] = record
             if len(self._recent) > self._RECENT:
                 self._recent.popitem(last=False)
@@ -294,6 +317,7 @@ class Tally:
         self.judges = JudgeTally()
         self.usage = UsageTally(run_usage)
         self.not_run_reason: str | None = None
+        self.causes: dict[Cause, int] = {}
 
     @property
     def total(self) -> int:
@@ -315,6 +339,8 @@ class Tally:
         self.total_turns += case.total_turns
         self.judges.add(case)
         self.usage.add(case)
+        if case.status != "passed" and case.cause is not None:
+            self.causes[case.cause] = self.causes.get(case.cause, 0) + 1
         reason = case.skip_reason or ""
         if was_not_run(case):
             self.not_run += 1
@@ -341,4 +367,5 @@ class Tally:
             repeats=self.verdicts.stats(),
             judges=self.judges.agreement(),
             usage=self.usage.usage,
+            causes=dict(in_order(self.causes)),
         )

@@ -28,6 +28,7 @@ from agenttest_worker.report import (
     case_count,
     case_row,
     case_verdict,
+    flake_cause,
     grouped,
     record_notes,
     search_text,
@@ -198,6 +199,10 @@ class RunViews:
                 "message": f"not finished yet ({done}/{len(mine)} finished; {at})",
             }
         records = [CaseResult.model_validate_json(row[3]) for row in mine]
+        # A failed repetition of a case another repetition of which passed: a flake.
+        repeated_pass = len(records) > 1 and any(r.status == "passed" for r in records)
+        for record in records:
+            record.cause = flake_cause(record, repeated_pass)
         rule = (run.options or {}).get("pass_rule") or "all"
         pairs = []
         for (_, _, definition, text), record in zip(mine, records, strict=True):
@@ -205,8 +210,12 @@ class RunViews:
             attached = _attachments(definition or {}, record)
             if any(attached):
                 notes["attachments"] = attached
-            # The record exactly as stored: the JSONL line, fields added later included.
-            pairs.append([json.loads(text), notes])
+            # The record exactly as stored: the JSONL line, fields added later included
+            # (its cause as the run's reports give it).
+            stored = json.loads(text)
+            if record.cause is not None:
+                stored["cause"] = record.cause
+            pairs.append([stored, notes])
         return {
             "exists": True,
             "row": case_row(records, case_verdict(records, rule)),
@@ -218,7 +227,7 @@ def run_diff(url: str, run_id: str, base: str) -> dict[str, Any] | None:
     """What changed from a base run to `run_id`, case by case (report/diff.py): `base`
     is a run id, `last` (the run before) or `suite` (its suite's previous finished run).
     None: no such run; {"message"} alone: no base to compare with."""
-    from agenttest_submit.commands.history_commands import build_diff, resolve_baseline
+    from agenttest_submit.commands.run_diffs import build_diff, resolve_baseline
 
     new = runs.get_run(url, run_id)
     if new is None:

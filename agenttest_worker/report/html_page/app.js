@@ -105,6 +105,9 @@ const summarySection = (run) => {
   if (run.budget) notes.push(el("p", "note", `Budget: ${run.budget}`));
   for (const line of run.repeat_lines || []) notes.push(el("p", "note", line));
   if ((run.flaky || []).length) notes.push(el("p", "note", `Flaky (${run.flaky.length}): ${run.flaky.join(", ")}`));
+  // Failed or skipped conversations by cause (agent, judge, simulator, infrastructure, flake, input).
+  const causes = Object.entries(s.causes || {});
+  if (causes.length) notes.push(el("p", "note causes", `Causes: ${causes.map(([c, n]) => `${n} ${c}`).join(", ")}`));
   return el("section", "summary", cards, usageTable(run.usage), notes);
 };
 
@@ -253,6 +256,7 @@ class CaseTable {
     const status = [badge(r.status)];
     if (r.repeated) status.push(" ", el("span", "fraction", `${r.passed}/${r.played}`));
     if (r.flaky) status.push(" ", el("span", "flaky", "flaky"));
+  if (r.cause) status.push(" ", el("span", "cause", r.cause));
     const tr = el(
       "tr",
       `case-row ${statusClass(r.status)}`,
@@ -361,6 +365,8 @@ const diffPage = async (app, runId, base) => {
   else {
     const counts = found.order.filter((c) => found.counts[c]).map((c) => `${found.titles[c]}: ${found.counts[c]}`);
     parts.push(el("p", "note", counts.join(" · ") || "No cases."));
+    const causes = Object.entries(found.causes || {});
+    if (causes.length) parts.push(el("p", "note causes", `Failing now, by cause: ${causes.map(([c, n]) => `${n} ${c}`).join(", ")}`));
     for (const category of found.order) {
       const cases = found.cases.filter((c) => c.category === category);
       if (cases.length) parts.push(diffSection(category, found.titles[category], cases, runId, found.base.id));
@@ -375,6 +381,9 @@ const diffSection = (category, title, cases, runId, baseId) => {
     const where = c.category === "removed" ? baseId : runId;
     const d = c.difference;
     const why = [c.flaky_because || ""];
+    // The noise-aware gate's statistics: pass rates then and now, their intervals, the p-value.
+    if (c.stats) why.push(el("div", "dim stats", c.stats.text));
+    if (c.cause) why.push(el("div", "dim cause", `cause: ${c.cause}`));
     if (d) {
       why.push(el("div", null, d.turn ? `Turn ${d.turn}: ` : "", d.assertion || "", d.reason ? ` — ${d.reason}` : ""));
       if (d.said_then !== null && d.said_then !== undefined) why.push(el("div", "dim", "Then: ", el("q", null, d.said_then)));

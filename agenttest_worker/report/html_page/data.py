@@ -138,6 +138,8 @@ def case_row(records: Sequence[CaseResult], found: CaseVerdict) -> dict[str, Any
     }
     if found.repeated:
         row.update(repeated=True, passed=found.passed, played=found.played, flaky=found.flaky)
+    if failing is not None and failing.cause is not None:
+        row["cause"] = failing.cause  # why its first failed or skipped conversation did
     return row
 
 

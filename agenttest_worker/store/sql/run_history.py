@@ -289,3 +289,64 @@ def case_runs(url: str, case_id: str, suite: str | None, last: int) -> list[Case
     ordered = [CaseInRun(by_id[i], texts, definitions.get(i)) for i, texts in found.items()]
     ordered.sort(key=lambda found: (found.run.created_at, found.run.id), reverse=True)
     return ordered[:last]
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """A case's plays over several runs under one definition: passes, failures, runs."""
+
+    passed: int
+    failed: int
+    runs: int
+
+
+def pooled_tallies(url: str, run_ids: Sequence[str]) -> dict[str, dict[str | None, Pooled]]:
+    """Each case's passes and failures over these runs, by the hash of its definition
+    (None: stored before there were), one row per case and definition."""
+    if not run_ids:
+        return {}
+    tid = test_id()
+    passed = func.sum(case((CaseRow.status == "passed", 1), else_=0))
+    failed = func.sum(case((CaseRow.status == "failed", 1), else_=0))
+    query = (
+        select(tid, CaseRow.definition_hash, passed, failed, func.count(CaseRow.run_id.distinct()))
+        .where(CaseRow.run_id.in_(list(run_ids)), CaseRow.status.is_not(None))
+        .group_by(tid, CaseRow.definition_hash)
+    )
+    found: dict[str, dict[str | None, Pooled]] = {}
+    with session_scope(url) as session:
+        for case_id, definition, passes, failures, runs in session.execute(query):
+            found.setdefault(str(case_id), {})[definition] = Pooled(
+                int(passes or 0), int(failures or 0), int(runs)
+            )
+    return found
+
+
+def failing_causes(url: str, run_id: str) -> dict[str, int]:
+    """The run's failed or skipped conversations by the cause their records give (the
+    target's failure in a repetition of a case another repetition of which passed:
+    `flake`, as report/causes.py says). Only failed and skipped records are read into
+    (one row per case, status and cause), so a run that mostly passed costs little."""
+    tid = test_id().label("tid")
+    # Grouped by their labels: Postgres takes a JSON path bound twice for two columns.
+    cause = CaseRow.result["cause"].as_string().label("cause")
+    query = (
+        select(tid, CaseRow.status, cause, func.count())
+        .where(CaseRow.run_id == run_id, CaseRow.status.in_(("failed", "skipped")))
+        .group_by("tid", CaseRow.status, "cause")
+    )
+    repeated_passes = (
+        select(CaseRow.test_id)
+        .where(CaseRow.run_id == run_id, CaseRow.test_id.is_not(None), CaseRow.status == "passed")
+        .distinct()
+    )
+    with session_scope(url) as session:
+        rows = [(str(t), str(st), c, int(n)) for t, st, c, n in session.execute(query)]
+        passing = {str(found) for found in session.scalars(repeated_passes)} if rows else set()
+    found: dict[str, int] = {}
+    for case_id, status, named, count in rows:
+        if status == "failed" and case_id in passing and named in ("agent", None):
+            named = "flake"
+        if named:
+            found[named] = found.get(named, 0) + count
+    return found

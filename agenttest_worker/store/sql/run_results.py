@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 
-from sqlalchemy import Text, and_, cast, delete, func, or_, select, update
+from sqlalchemy import Text, and_, case, cast, delete, func, or_, select, update
 
 from agenttest_worker.results import CaseResult
 from agenttest_worker.settings import get_settings
@@ -150,6 +150,21 @@ def count_results(url: str, run_id: str) -> int:
             .where(CaseRow.run_id == run_id, CaseRow.result.is_not(None))
         ).scalar_one()
     return int(found)
+
+
+def flaky_cases(url: str, run_id: str) -> frozenset[str]:
+    """The repeated cases of the run one repetition of which passed and another failed
+    (their failed repetitions are flakes: report/causes.py)."""
+    passed = func.sum(case((CaseRow.status == "passed", 1), else_=0))
+    failed = func.sum(case((CaseRow.status == "failed", 1), else_=0))
+    query = (
+        select(CaseRow.test_id)
+        .where(CaseRow.run_id == run_id, CaseRow.test_id.is_not(None))
+        .group_by(CaseRow.test_id)
+        .having(and_(passed > 0, failed > 0))
+    )
+    with session_scope(url) as session:
+        return frozenset(str(found) for found in session.scalars(query))
 
 
 def iter_case_ids(
