@@ -31,6 +31,9 @@ def _template(reason: str) -> str:
             "total_turns": 0,
             "duration_ms": 0,
             "error": reason,
+            # A run stopped before the case ended: the infrastructure's, as
+            # engine/attribution.py says of it.
+            "cause": "infrastructure",
         }
     )
 
