@@ -6,6 +6,7 @@ subcommand_args.py; the argument types are in arg_types.py.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from agenttest_submit.cli.arg_types import (
     Once,
@@ -13,12 +14,15 @@ from agenttest_submit.cli.arg_types import (
     duration_arg,
     fail_on,
     formats,
+    max_repeat_arg,
     pass_rule,
     positive_float,
     positive_int,
+    repeat_arg,
 )
-from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RunRequest
+from agenttest_submit.cli.request import DEFAULT_MAX_REPEAT, DEFAULT_SIMULATOR, RunRequest
 from agenttest_submit.cli.subcommand_args import SUBCOMMAND_HELP
+from agenttest_worker.errors import ConfigError, InputProblem
 
 
 def _version() -> str:
@@ -163,10 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--repeat",
         action=Once,
-        type=positive_int,
+        type=repeat_arg,
         default=None,
         metavar="K",
-        help="play each case K times as independent conversations (overrides a case's repeat)",
+        help="play each case K times as independent conversations (overrides a case's "
+        "repeat); auto: until its pass rate is clearly on one side of the pass rule, at "
+        "most --max-repeat times",
+    )
+    p.add_argument(
+        "--max-repeat",
+        action=Once,
+        type=max_repeat_arg,
+        default=None,
+        metavar="K",
+        help=f"with --repeat auto: play each case at most K times (default {DEFAULT_MAX_REPEAT})",
     )
     p.add_argument(
         "--pass-rule",
@@ -300,6 +314,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _repeats(repeat: int | str | None, max_repeat: int | None) -> dict[str, Any]:
+    """--repeat and --max-repeat as the request's fields: with `auto`, `repeat` is the
+    most each case is played."""
+    if repeat == "auto":
+        return {"repeat": max_repeat or DEFAULT_MAX_REPEAT, "repeat_auto": True}
+    if max_repeat is not None:
+        raise ConfigError(
+            InputProblem("--max-repeat bounds --repeat auto: give both", field="--max-repeat")
+        )
+    return {"repeat": repeat}
+
+
 def run_request(args: argparse.Namespace) -> RunRequest:
     """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
     return RunRequest(
@@ -328,7 +354,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         fail_fast=args.fail_fast,
         cache="off" if args.no_cache else "refresh" if args.cache_refresh else "on",
         cache_target=args.cache == "target",
-        repeat=args.repeat,
+        **_repeats(args.repeat, args.max_repeat),
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
         suite=args.suite,

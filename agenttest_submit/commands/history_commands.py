@@ -452,7 +452,9 @@ def run_list(url: str, request: RunsRequest) -> int:
             "created_at": _iso(run.created_at),
             "status": run.status,
             "cases": (run.options or {}).get("distinct_cases") or run.total_cases,
-            "conversations": run.total_cases,
+            "conversations": run.passed + run.failed + run.skipped
+            if (run.options or {}).get("repeat_auto")
+            else run.total_cases,
             "passed": run.passed,
             "failed": run.failed,
             "skipped": run.skipped,

@@ -240,7 +240,12 @@ async def _drive(
                 continue
             if advance.case_done:
                 progress.case_done(advance.status)
-            return
+            if advance.added is None:
+                return
+            # --repeat auto: the case's next repetition, in this lane (it takes the place
+            # of the one that ended, as on a fleet: store/repetition_chain.py).
+            progress.total += 1
+            case_id, turn = advance.added, 1
 
     async def lane() -> None:
         for case_id, turn in queue:
@@ -250,7 +255,7 @@ async def _drive(
         """--deadline: the turns still running were cancelled; end every conversation
         left (they fail with the run's deadline as the reason, keeping their turns)."""
         await asyncio.sleep(max(deadline_at - time.time(), 0) + 0.01)
-        for case_id, _ in conversations:
+        for case_id in list(store.conversations):  # the repetitions added too
             loaded = store.load_case(run_id, case_id)
             if loaded is None or loaded.phase not in ("pending", "ready"):
                 continue

@@ -173,7 +173,7 @@ def run_cases(
         url = database_url()
         import_publisher_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
-    with Spool(stream, target, repeat=request.repeat) as spool:
+    with Spool(stream, target, repeat=request.repeat, adaptive=request.repeat_auto) as spool:
         print_warnings(stream.warnings)
         if spool.repeated:
             options = options.model_copy(update={"distinct_cases": spool.cases})

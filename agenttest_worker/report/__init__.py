@@ -52,6 +52,7 @@ from agenttest_worker.report.html_page.data import (
     sort_rows,
 )
 from agenttest_worker.report.html_page.shell import page_end, page_start, policy
+from agenttest_worker.report.repeat_stopping import START_WIDTH, next_repetition
 from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
 from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
@@ -80,6 +81,7 @@ __all__ = [
     "DIFF_FORMATS",
     "REPORTERS",
     "ROLE_ORDER",
+    "START_WIDTH",
     "TITLES",
     "CaseChange",
     "ChunkedReporter",
@@ -103,6 +105,7 @@ __all__ = [
     "difference",
     "format_ms",
     "grouped",
+    "next_repetition",
     "one_line",
     "page_end",
     "page_start",

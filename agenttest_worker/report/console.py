@@ -182,14 +182,17 @@ def repeated_case_lines(
     title = _case_title(records[0], run, with_turns=False)
     flaky = f" · {style.paint('FLAKY', _YELLOW)}" if found.flaky else ""
     lines = [f"{title} ({found.fraction()} repetitions passed){flaky}"]
-    for record in records:
+    # In order: --repeat auto stores a case's later repetitions beside its first ones.
+    for record in sorted(records, key=lambda r: r.repeat or 0):
         if record.status == "passed" and not run.verbose:
             continue
-        number = f"{record.repeat}/{record.repeats}" if record.repeat else "?"
+        number = f"{record.repeat}/{found.played}" if record.repeat else "?"
         lines.append(f"  Repetition {number}: {style.status(record.status)}")
         branches = _CaseTree(record, run, style, verbose=run.verbose).branches()
         lines += [f"  {line}" for line in _tree(branches)]
     rule = f"pass rule: {run.pass_rule}"
+    if found.max_repeat is not None:
+        rule += f"; {found.stopped()}"
     lines.append(f"  └─ Result: {style.status(found.status)} ({found.fraction()} passed, {rule})")
     return lines
 

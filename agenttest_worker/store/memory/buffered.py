@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agenttest_worker.results import RoleUsage, UsageRole, usage_spend
-from agenttest_worker.store import reservations, steps
+from agenttest_worker.store import repetition_chain, reservations, steps
 from agenttest_worker.store.memory.buffered_run import BufferedRun, RunChanges
 from agenttest_worker.store.memory.flush_batch import (
     BufferedStep,
@@ -274,11 +275,30 @@ class BufferedStore(reservations.MemoryReservations):
         self.release_reservation(case_id, step.budget_turns)
         if result is None:
             return steps.Saved(True)
-        run.finished_cases += 1
+        added = self._chain(step.repeat_plan, found) if step.repeat_plan else None
+        # A repetition that adds the next hands its place over (repetition_chain.py).
+        run.finished_cases += 0 if added else 1
         run.counters[result.status] += 1
         run.counters["total_turns"] += result.total_turns
         finished = run.status == "running" and run.finished_cases >= run.total_cases
-        return steps.Saved(True, run_finished=finished)
+        return steps.Saved(True, run_finished=finished, added=added)
+
+    def _chain(self, plan: steps.RepeatPlan, ending: _Conversation) -> str | None:
+        """The next repetition of `plan`'s case, added when its stored ones ask for it."""
+        stored = {
+            key: None if found.result is None else found.result.status
+            for key in plan.keys
+            if (found := self.conversations.get(key)) is not None
+        }
+        key = repetition_chain.next_key(plan, stored)
+        if key is None or key in self.conversations:
+            return None
+        record = repetition_chain.successor_record(ending.case, key, plan)
+        self.conversations[key] = _Conversation(record, ending.agent, "pending", 1, None, 0)
+        # Its row, copied from a stored repetition's, is written first by the next flush.
+        source = next(k for k in plan.keys if k in stored)
+        self._changes.added.append((key, source, json.dumps(record)))
+        return key
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
         if run_id != self.run_id or self.run.cancelled:

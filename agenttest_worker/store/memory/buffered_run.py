@@ -34,11 +34,15 @@ class RunChanges:
 
     cancel: str | None = None
     usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
+    # Conversations added since (repetitions of --repeat auto, repetition_chain.py), in
+    # order: (key, the stored repetition its row is copied from, its case record's text).
+    added: list[tuple[str, str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return self.cancel is not None or bool(self.usage)
+        return self.cancel is not None or bool(self.usage) or bool(self.added)
 
     def add(self, later: RunChanges) -> None:
         """Fold `later` in (a failed flush's changes put back before newer ones)."""
         self.cancel = self.cancel or later.cancel
         add_usage(self.usage, later.usage)
+        self.added += later.added
