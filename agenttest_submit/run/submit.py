@@ -101,7 +101,7 @@ def submit(request: RunRequest) -> int:
         generators=functools.partial(generator_pool, request, config),
     )
     if request.dry_run:
-        return _dry_run(stream, request.output)
+        return _dry_run(stream, request.output, request.repeat if request.repeat_auto else None)
     if request.reeval is not None:
         from agenttest_submit.run.reeval import reeval_cases  # the store: see the note at the top
 
@@ -136,8 +136,9 @@ def _json_line(record: object) -> str:
     return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
 
 
-def _dry_run(stream: CaseStream, output: str | None) -> int:
-    """Print (or write) the normalized cases, only once all of them proved valid."""
+def _dry_run(stream: CaseStream, output: str | None, max_repeat: int | None = None) -> int:
+    """Print (or write) the normalized cases, only once all of them proved valid.
+    `max_repeat`: --repeat auto's bound, said with the most conversations it may take."""
     with Spool(stream, None, sources=False) as spool:
         print_warnings(stream.warnings)
         lines = (_json_line(record) for _, _, record in spool.records())
@@ -149,6 +150,12 @@ def _dry_run(stream: CaseStream, output: str | None) -> int:
             sys.stdout.writelines(lines)
             where = ""
     print(f"{stream.count} case(s){where} (dry run: no target was called)", file=sys.stderr)
+    if max_repeat is not None:
+        print(
+            f"--repeat auto: each case played at most {max_repeat} times, at most "
+            f"{stream.count * max_repeat} conversation(s) (fewer once a case is decided)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

@@ -127,6 +127,10 @@ def _header(run: RunReport) -> list[str]:
     label = printable(run.input_label)
     # Some case repeats: the run's conversations are its cases' repetitions.
     cases = counted_cases(run.distinct_cases, run.total_cases, "test case")
+    if run.repeat_auto and run.distinct_cases is not None:
+        # As many repetitions as each case needed: "× K" would claim a fixed K.
+        played = counted(run.total_cases, "conversation")
+        cases = f"{counted(run.distinct_cases, 'test case')}, {played}, --repeat auto"
     lines.append(f"ℹ Input: {label} ({cases})")
     if run.run_id:
         lines.append(f"ℹ Run: {printable(run.run_id)}")

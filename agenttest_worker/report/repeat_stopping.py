@@ -11,8 +11,8 @@ side of its pass rule's threshold, or `--max-repeat` repetitions were played:
   when the verdict is certain whatever comes next: `all` at its first failed
   repetition, `any` at its first passed one; otherwise they are played to the bound.
 A case's first `START_WIDTH` repetitions (at most K) are played at once; each that ends
-starts one more while the case is undecided and some outcome of those still playing
-would leave it undecided. Nothing here touches a store: the step that ends a repetition
+while the case is undecided starts one more, so a case decided at n repetitions has
+played at most n + START_WIDTH - 1. Nothing here touches a store: the step that ends a repetition
 hands `next_repetition` to its store (driver/adaptive_repeats.py), which asks it with
 the case's repetitions as stored (store/repetition_chain.py).
 """
@@ -88,16 +88,10 @@ def next_repetition(rule: str, max_repeat: int, ended: Sequence[str], created: i
     more is started."""
     if "skipped" in ended or created >= max_repeat:
         return None
-    passed, played = ended.count("passed"), len(ended)
-    if decided(rule, passed, played) is not None:
+    if decided(rule, ended.count("passed"), len(ended)) is not None:
         return None
-    playing = created - played
-    # Not when every outcome of those still playing settles the case: the last of them
-    # to end asks again, and starts one if it is still undecided.
-    if playing > 0 and all(
-        decided(rule, passed + more, played + playing) is not None for more in range(playing + 1)
-    ):
-        return None
+    # Those still playing are not waited for: one repetition more settles no undecided
+    # case both ways, so each that ends undecided starts the next.
     return created + 1
 
 
