@@ -2,7 +2,7 @@
 repetitions of each case, and the step that ends one adds the next in its own
 transaction. Repetitions of one case end on both workers at once; none may be added
 twice nor missed: each case's repetitions are 1..n, each stored and played once, n as
-the stopping rule says (the same as embedded: tests/test_adaptive_repeats.py).
+the stopping rule says (the same as embedded: tests/test_adaptive_repeats.py), with or without --parallel.
 """
 
 from __future__ import annotations
@@ -38,8 +38,11 @@ def _case(case_id: str, chance: str) -> dict[str, Any]:
     }
 
 
+# Uncapped, and capped by --parallel: a repetition that adds the next hands it its place
+# among the run's conversations in flight (store/repetition_chain.py).
+@pytest.mark.parametrize("capped", [[], ["--parallel", "3"]], ids=["uncapped", "parallel-3"])
 def test_each_case_stops_as_embedded_with_no_repetition_doubled_or_missing(
-    fleet: Fleet, demo_url: str, tmp_path: Path
+    capped: list[str], fleet: Fleet, demo_url: str, tmp_path: Path
 ) -> None:
     for name in ("a", "b"):
         fleet.start(name, concurrency=4, wait=False)
@@ -56,7 +59,7 @@ def test_each_case_stops_as_embedded_with_no_repetition_doubled_or_missing(
     out = tmp_path / "out.jsonl"
     done = fleet.submit(
         ["-i", str(path), "-n", "coin", "--config", str(config), "-o", str(out)]
-        + ["--repeat", "auto", "--pass-rule", "majority", "--max-repeat", "10"]
+        + ["--repeat", "auto", "--pass-rule", "majority", "--max-repeat", "10", *capped]
     )
     assert done.returncode == 1, done.stderr  # the "never" cases fail
 
