@@ -2,7 +2,8 @@
 repetitions of each case, and the step that ends one adds the next in its own
 transaction. Repetitions of one case end on both workers at once; none may be added
 twice nor missed: each case's repetitions are 1..n, each stored and played once, n as
-the stopping rule says (the same as embedded: tests/test_adaptive_repeats.py), with or without --parallel.
+the stopping rule says (the same as embedded: tests/test_adaptive_repeats.py), with or
+without --parallel.
 """
 
 from __future__ import annotations
@@ -57,10 +58,9 @@ def test_each_case_stops_as_embedded_with_no_repetition_doubled_or_missing(
     path = tmp_path / "cases.jsonl"
     path.write_text("".join(json.dumps(c) + "\n" for c in cases), encoding="utf-8")
     out = tmp_path / "out.jsonl"
-    done = fleet.submit(
-        ["-i", str(path), "-n", "coin", "--config", str(config), "-o", str(out)]
-        + ["--repeat", "auto", "--pass-rule", "majority", "--max-repeat", "10", *capped]
-    )
+    auto = ["--repeat", "auto", "--pass-rule", "majority", "--max-repeat", "10", *capped]
+    inputs = ["-i", str(path), "-n", "coin", "--config", str(config), "-o", str(out)]
+    done = fleet.submit([*inputs, *auto])
     assert done.returncode == 1, done.stderr  # the "never" cases fail
 
     records: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -78,9 +78,7 @@ def test_each_case_stops_as_embedded_with_no_repetition_doubled_or_missing(
     with session_scope(fleet.database_url) as session:
         run = session.execute(select(RunRow).where(RunRow.id == run_id)).scalar_one()
         rows = session.execute(
-            select(CaseRow.test_id, CaseRow.case_id, CaseRow.phase).where(
-                CaseRow.run_id == run_id
-            )
+            select(CaseRow.test_id, CaseRow.case_id, CaseRow.phase).where(CaseRow.run_id == run_id)
         ).all()
         counts = (run.finished_cases, run.total_cases, run.passed + run.failed + run.skipped)
     stored: dict[str, list[str]] = defaultdict(list)
