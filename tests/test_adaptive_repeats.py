@@ -253,3 +253,23 @@ def test_bad_repeat_flags_exit_2_before_anything_runs(
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err
     assert not (tmp_path / ".agenttest").exists() or not list((tmp_path / ".agenttest").iterdir())
+
+
+def test_a_stopped_run_starts_no_more_repetitions_and_says_why(
+    demo_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = [_coin_case("never", "0")]
+    out = tmp_path / "out.jsonl"
+    args = [*_project(tmp_path, demo_url, cases), "--repeat", "auto", "--pass-rule", "majority"]
+    assert main([*args, "--fail-fast", "--parallel", "1", "-o", str(out)]) == 1
+    records = _records(out)["never"]
+    # The first failure stopped the run: the repetitions started with it end skipped,
+    # and none is started after them.
+    assert len(records) == START_WIDTH
+    assert [r["status"] for r in records] == ["failed"] + ["skipped"] * (START_WIDTH - 1)
+    assert {r["stop_reason"] for r in records} == {"stopped"}
+    run_id = capsys.readouterr().err.rsplit("(run ", 1)[1].split(")", 1)[0]
+    # `status RUN` counts the repetitions played, with none left playing.
+    assert main(["status", run_id]) == 0
+    said = capsys.readouterr().out
+    assert f"1 case, --repeat auto: {START_WIDTH} conversations finished, 0 playing" in said

@@ -95,3 +95,24 @@ def test_each_case_stops_as_embedded_with_no_repetition_doubled_or_missing(
     assert calls == played
     # The progress counted what was played.
     assert f"{played}/{played} conversations" in done.stderr
+
+
+def test_a_stopped_run_starts_no_more_repetitions_on_the_fleet(
+    fleet: Fleet, demo_url: str, tmp_path: Path
+) -> None:
+    fleet.start("a", concurrency=1)
+    config = tmp_path / "agenttest.yaml"
+    entry = {"protocol": "openai", "base_url": demo_url, "model": "coin", "timeout": 10}
+    config.write_text(json.dumps({"agents": {"coin": entry}}), encoding="utf-8")
+    path = tmp_path / "cases.jsonl"
+    path.write_text(json.dumps(_case("never", "0")) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    inputs = ["-i", str(path), "-n", "coin", "--config", str(config), "-o", str(out)]
+    auto = ["--repeat", "auto", "--pass-rule", "majority", "--fail-fast", "--parallel", "1"]
+    done = fleet.submit([*inputs, *auto])
+    assert done.returncode == 1, done.stderr
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    # The first failure stops the run in the write that ends it: the repetitions
+    # started with it end skipped, and none is added.
+    assert [r["status"] for r in records] == ["failed"] + ["skipped"] * (START_WIDTH - 1)
+    assert {r["stop_reason"] for r in records} == {"stopped"}

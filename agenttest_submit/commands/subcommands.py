@@ -39,6 +39,7 @@ from agenttest_worker.report import (
     UsageTally,
     build_report,
     case_count,
+    counted,
     printable,
     render,
 )
@@ -119,7 +120,7 @@ def _finished(run: RunRow, unit: str = "cases ") -> str:
         # repetitions are counted as they are played, none it may never need.
         played = run.passed + run.failed + run.skipped
         playing = run.total_cases - run.finished_cases
-        auto = f"{distinct} cases, --repeat auto"
+        auto = f"{counted(distinct, 'case')}, --repeat auto"
         return f"{auto}: {played} conversations finished, {playing} playing"
     cases = case_count(distinct, run.total_cases)
     return f"{cases}: {run.finished_cases}/{run.total_cases} conversations finished"

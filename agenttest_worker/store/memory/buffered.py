@@ -275,7 +275,9 @@ class BufferedStore(reservations.MemoryReservations):
         self.release_reservation(case_id, step.budget_turns)
         if result is None:
             return steps.Saved(True)
-        added = self._chain(step.repeat_plan, found) if step.repeat_plan else None
+        # (Not for a run stopping: cancelled, or by this step's --fail-fast.)
+        chains = step.repeat_plan and step.stop_run is None and not run.cancelled
+        added = self._chain(step.repeat_plan, found) if chains and step.repeat_plan else None
         # A repetition that adds the next hands its place over (repetition_chain.py).
         run.finished_cases += 0 if added else 1
         run.counters[result.status] += 1

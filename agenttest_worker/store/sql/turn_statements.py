@@ -156,7 +156,8 @@ RETURNING claimed_from, started_cases"""
 # --repeat auto (store/repetition_chain.py): the run row locked before the case's
 # repetitions are read (Postgres; SQLite's writer holds the database already), those
 # repetitions, and the next one added as a copy of one of them (`:b_record` its case).
-LOCK_RUN = "SELECT id FROM runs WHERE id = :b_run FOR UPDATE"
+RUN_STOPPING = "SELECT cancelled FROM runs WHERE id = :b_run"
+LOCK_RUN = f"{RUN_STOPPING} FOR UPDATE"
 REPETITIONS = """SELECT case_id, CASE WHEN phase = 'done' THEN status END FROM cases
 WHERE run_id = :b_run AND test_id = :b_test"""
 CASE_TEXT = 'SELECT CAST("case" AS TEXT) FROM cases WHERE run_id = :b_run AND case_id = :b_case'

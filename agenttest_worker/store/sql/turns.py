@@ -322,10 +322,11 @@ def _chain(connection: Connection, step: Step, plan: RepeatPlan) -> str | None:
     """Add the next repetition of the step's case when its stored ones ask for it
     (store/repetition_chain.py), in the step's transaction; its key, or None."""
     keys = {"b_run": step.run_id, "b_case": step.case_id}
-    if connection.dialect.name == "postgresql":
-        # Every step ending a repetition of this run waits here for the one before to
-        # commit, and so reads its end below.
-        connection.execute(_text(sql.LOCK_RUN), keys)
+    # On Postgres every step ending a repetition of this run waits here for the one
+    # before to commit, and so reads its end below. A run stopping starts nothing.
+    lock = sql.LOCK_RUN if connection.dialect.name == "postgresql" else sql.RUN_STOPPING
+    if step.stop_run is not None or connection.execute(_text(lock), keys).scalar_one():
+        return None
     found = connection.execute(_text(sql.REPETITIONS), {**keys, "b_test": plan.test_id})
     key = repetition_chain.next_key(plan, {row[0]: row[1] for row in found})
     if key is None:
