@@ -239,6 +239,7 @@ def test_dry_run_says_the_most_it_may_play(
         (["--repeat", "auto", "--max-repeat", "ten"], "--max-repeat"),
         (["--repeat", "3", "--max-repeat", "5"], "--max-repeat bounds --repeat auto"),
         (["--max-repeat", "5"], "--max-repeat bounds --repeat auto"),
+        (["--repeat", "auto", "--reeval", "last"], "--reeval plays none"),
     ],
 )
 def test_bad_repeat_flags_exit_2_before_anything_runs(

@@ -314,9 +314,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _repeats(repeat: int | str | None, max_repeat: int | None) -> dict[str, Any]:
+def _repeats(
+    repeat: int | str | None, max_repeat: int | None, reeval: str | None
+) -> dict[str, Any]:
     """--repeat and --max-repeat as the request's fields: with `auto`, `repeat` is the
     most each case is played."""
+    if repeat == "auto" and reeval is not None:
+        # Re-judging plays no repetition it could stop: a run's are re-judged as stored.
+        raise ConfigError(
+            InputProblem(
+                "--repeat auto decides how often cases are played; --reeval plays none: "
+                "re-judge without --repeat (every stored repetition is re-judged)",
+                field="--repeat",
+            )
+        )
     if repeat == "auto":
         return {"repeat": max_repeat or DEFAULT_MAX_REPEAT, "repeat_auto": True}
     if max_repeat is not None:
@@ -354,7 +365,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         fail_fast=args.fail_fast,
         cache="off" if args.no_cache else "refresh" if args.cache_refresh else "on",
         cache_target=args.cache == "target",
-        **_repeats(args.repeat, args.max_repeat),
+        **_repeats(args.repeat, args.max_repeat, args.reeval),
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
         suite=args.suite,
