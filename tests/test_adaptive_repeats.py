@@ -12,8 +12,12 @@ tests/test_adaptive_repeats_fleet.py.
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
+import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +33,11 @@ from agenttest_worker.report.repeat_stopping import (
     stop_reason,
     wilson_interval,
 )
+from agenttest_worker.results import CaseResult
 from agenttest_worker.settings import get_settings
-from agenttest_worker.store.sql.db import session_scope
+from agenttest_worker.store import SqlStore, steps
+from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql.db import session_scope, upgrade
 from agenttest_worker.store.sql.models import CaseRow, RunRow
 
 # -- the rule ---------------------------------------------------------------------------
@@ -135,17 +142,7 @@ def _decided_by(rule: str, statuses: list[str]) -> bool:
 
 
 def _stored(run_id: str) -> tuple[RunRow, dict[str, list[str]]]:
-    url = get_settings().effective_database_url()
-    with session_scope(url) as session:
-        run = session.execute(select(RunRow).where(RunRow.id == run_id)).scalar_one()
-        session.expunge(run)
-        rows = session.execute(
-            select(CaseRow.test_id, CaseRow.case_id).where(CaseRow.run_id == run_id)
-        ).all()
-    keys: dict[str, list[str]] = defaultdict(list)
-    for test_id, case_id in rows:
-        keys[test_id].append(case_id)
-    return run, dict(keys)
+    return _stored_in(get_settings().effective_database_url(), run_id)
 
 
 def test_unanimous_cases_stop_early_and_a_fair_coin_runs_on(
@@ -274,3 +271,77 @@ def test_a_stopped_run_starts_no_more_repetitions_and_says_why(
     assert main(["status", run_id]) == 0
     said = capsys.readouterr().out
     assert f"1 case, --repeat auto: {START_WIDTH} conversations finished, 0 playing" in said
+
+
+# -- the store: repetitions ending at once ----------------------------------------------
+
+
+def _ended(run_id: str, key: str, status: str, plan: steps.RepeatPlan) -> steps.Step:
+    """The step that ends repetition `key` with `status` (no turns: only its end)."""
+    case_id, number = key.split("#")
+    record = CaseResult(id=case_id, status=status, repeat=int(number), repeats=10, max_repeat=10)
+    return steps.Step(
+        run_id=run_id,
+        case_id=key,
+        expected_turn=1,
+        next_turn=1,
+        phase="done",
+        new_turns=[],
+        result=record,
+        repeat_plan=plan,
+        state={},
+    )
+
+
+def test_repetitions_ending_at_once_on_postgres_add_each_next_one_once(pg_database: str) -> None:
+    """Six repetitions of one case end at the same moment, each from a thread of its own
+    (as on six workers): every one reads the case's repetitions and may add the next. The
+    run row's lock orders them: the repetitions added are numbered on from the stored
+    ones, none twice, and each took its ender's place in the run's finished count."""
+    upgrade(pg_database)
+    run_id = f"adaptive-{uuid.uuid4().hex[:8]}"
+    options = {"repeat": 10, "repeat_auto": True, "pass_rule": "majority"}
+    runs.create_run(
+        pg_database, run_id=run_id, agent="coin", input_label="t", options=options, config={}
+    )
+    record = {**_coin_case("T", "0.5"), "repeat": 10, "max_repeat": 10}
+    keys = tuple(f"T#{n}" for n in range(1, 11))
+    first = [runs.NewCase(0, keys[n], {**record, "repetition": n + 1}, None) for n in range(6)]
+    runs.add_cases(pg_database, run_id, first)
+    runs.start_run(pg_database, run_id, len(first))
+    rule = functools.partial(next_repetition, "majority", 10)
+    plan = steps.RepeatPlan(test_id="T", keys=keys, next_repetition=rule)
+    store = SqlStore(pg_database)
+    # Three pass and three fail: 3 of 6, undecided, whatever order they are read in.
+    ending = [(keys[n], "passed" if n % 2 else "failed") for n in range(6)]
+    barrier = threading.Barrier(len(ending))
+
+    def end(key: str, status: str) -> steps.Saved:
+        barrier.wait()
+        return store.save_step(_ended(run_id, key, status, plan))
+
+    with ThreadPoolExecutor(len(ending)) as pool:
+        saved = list(pool.map(lambda pair: end(*pair), ending))
+    assert all(s.saved for s in saved)
+    added = sorted((s.added for s in saved if s.added is not None), key=keys.index)
+    # Each ender was undecided when it read (at most 5 of its 6 peers had ended), so each
+    # added one: 7 to 10, then the bound; none twice.
+    assert added == list(keys[6:10])
+    run, stored = _stored_in(pg_database, run_id)
+    assert sorted(stored["T"], key=keys.index) == list(keys)
+    # The four that added one handed it their place; the other two finished.
+    assert (run.finished_cases, run.total_cases) == (2, 6)
+    assert run.passed + run.failed == 6
+
+
+def _stored_in(url: str, run_id: str) -> tuple[RunRow, dict[str, list[str]]]:
+    with session_scope(url) as session:
+        run = session.execute(select(RunRow).where(RunRow.id == run_id)).scalar_one()
+        session.expunge(run)
+        rows = session.execute(
+            select(CaseRow.test_id, CaseRow.case_id).where(CaseRow.run_id == run_id)
+        ).all()
+    keys: dict[str, list[str]] = defaultdict(list)
+    for test_id, case_id in rows:
+        keys[test_id].append(case_id)
+    return run, dict(keys)
