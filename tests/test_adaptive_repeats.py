@@ -271,6 +271,9 @@ def test_a_stopped_run_starts_no_more_repetitions_and_says_why(
     assert main(["status", run_id]) == 0
     said = capsys.readouterr().out
     assert f"1 case, --repeat auto: {START_WIDTH} conversations finished, 0 playing" in said
+    # `runs` counts them the same way, never as a fixed number per case.
+    assert main(["runs"]) == 0
+    assert f"1 ({START_WIDTH} conversations)" in capsys.readouterr().out
 
 
 # -- the store: repetitions ending at once ----------------------------------------------
