@@ -25,6 +25,7 @@ import pytest
 from sqlalchemy import select
 
 from agenttest_submit.cli.main import main
+from agenttest_submit.commands.viewer.queries import run_facts
 from agenttest_worker.report.repeat_stopping import (
     START_WIDTH,
     decided,
@@ -274,6 +275,11 @@ def test_a_stopped_run_starts_no_more_repetitions_and_says_why(
     # `runs` counts them the same way, never as a fixed number per case.
     assert main(["runs"]) == 0
     assert f"1 ({START_WIDTH} conversations)" in capsys.readouterr().out
+    # And the viewer.
+    run, _ = _stored(run_id)
+    facts = run_facts(run)
+    assert facts["cases"] == f"1 ({START_WIDTH} conversations)"
+    assert (facts["finished_cases"], facts["total_cases"]) == (START_WIDTH, START_WIDTH)
 
 
 # -- the store: repetitions ending at once ----------------------------------------------
