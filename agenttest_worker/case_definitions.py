@@ -18,7 +18,17 @@ from typing import Any
 # Fields that name, describe or place a case, or say which of its repetitions a
 # conversation is: renaming a case or moving it in its file changes none of its plays.
 _NOT_DEFINITION = frozenset(
-    {"id", "name", "description", "tags", "source_file", "source_line", "repeat", "repetition"}
+    {
+        "id",
+        "name",
+        "description",
+        "tags",
+        "source_file",
+        "source_line",
+        "repeat",
+        "repetition",
+        "max_repeat",
+    }
 )
 # Hex digits kept of each SHA-256: enough that two definitions of one case id never meet.
 DIGITS = 20

@@ -274,6 +274,12 @@ class CaseResult(_Record):
     # record is (1-based) and K; absent for a case played once.
     repeat: int | None = None
     repeats: int | None = None
+    # Played with `--repeat auto`: the most repetitions it could take (--max-repeat);
+    # then `repeats` is how many were played and `stop_reason` why no more were
+    # ("decided", "max_repeat", "stopped"), both filled in by the report, when the
+    # case's repetitions are known (report/verdicts.py).
+    max_repeat: int | None = None
+    stop_reason: str | None = None
     # Calls, tokens and cost of this conversation, by role.
     usage_by_role: dict[UsageRole, RoleUsage] | None = None
     # The state the agent left in its system after the conversation (`state:`), as its

@@ -21,7 +21,7 @@ from agenttest_submit.commands.demo_command import main as cli_main
 from agenttest_worker.demo.demo_server import DemoServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODELS = ["expense", "user-sim", "validator", "generator", "echo"]
+MODELS = ["expense", "user-sim", "validator", "generator", "echo", "coin"]
 GREETING = "Hello! I can help you submit expense reports."
 ASK_TYPE = "What type of expense would you like to submit?"
 APPROVAL = "This requires manager approval. Please provide PO number."

@@ -98,6 +98,28 @@ def port_arg(text: str) -> int:
     return value
 
 
+# The most --max-repeat may be: a case's repetitions are read together, in memory.
+MAX_REPEAT_BOUND = 1000
+
+
+def repeat_arg(text: str) -> int | str:
+    """--repeat: a number of repetitions, or `auto`."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (a number of repetitions, or auto)") from None
+
+
+def max_repeat_arg(text: str) -> int:
+    """--max-repeat: at least 2 (one repetition decides nothing), at most MAX_REPEAT_BOUND."""
+    value = positive_int(text)
+    if not 2 <= value <= MAX_REPEAT_BOUND:
+        raise argparse.ArgumentTypeError(f"must be from 2 to {MAX_REPEAT_BOUND}")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

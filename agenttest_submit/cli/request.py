@@ -37,6 +37,10 @@ class Rerun(NamedTuple):
         return "--rerun-failed" if self.failed else "--rerun-skipped"
 
 
+# --max-repeat when --repeat auto is given without it.
+DEFAULT_MAX_REPEAT = 10
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """`agenttest-submit -i ...` (or `--reeval`): run cases, or judge stored ones again."""
@@ -94,6 +98,9 @@ class RunRequest:
     # --repeat: play each case this many times (None: each case's `repeat`, else once);
     # --pass-rule: how its repetitions make its verdict; --pass-k: the k of pass@k.
     repeat: int | None = None
+    # --repeat auto: `repeat` is --max-repeat, the most each case is played; it stops
+    # once its pass rate settles its verdict (repeat_stopping.py).
+    repeat_auto: bool = False
     pass_rule: str = "all"
     pass_k: int | None = None
     # --suite: the series of runs this one belongs to (None: derived, runner.run_suite);

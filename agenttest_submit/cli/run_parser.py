@@ -6,6 +6,7 @@ subcommand_args.py; the argument types are in arg_types.py.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from agenttest_submit.cli.arg_types import (
     Once,
@@ -14,13 +15,21 @@ from agenttest_submit.cli.arg_types import (
     duration_arg,
     fail_on,
     formats,
+    max_repeat_arg,
     pass_rule,
     positive_float,
     positive_int,
+    repeat_arg,
 )
-from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RERUN_DEFAULT, Rerun, RunRequest
+from agenttest_submit.cli.request import (
+    DEFAULT_MAX_REPEAT,
+    DEFAULT_SIMULATOR,
+    RERUN_DEFAULT,
+    Rerun,
+    RunRequest,
+)
 from agenttest_submit.cli.subcommand_args import SUBCOMMAND_HELP
-from agenttest_worker.errors import InputError, InputProblem
+from agenttest_worker.errors import ConfigError, InputError, InputProblem
 
 
 def _version() -> str:
@@ -166,10 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--repeat",
         action=Once,
-        type=positive_int,
+        type=repeat_arg,
         default=None,
         metavar="K",
-        help="play each case K times as independent conversations (overrides a case's repeat)",
+        help="play each case K times as independent conversations (overrides a case's "
+        "repeat); auto: until its pass rate is clearly on one side of the pass rule, at "
+        "most --max-repeat times",
+    )
+    p.add_argument(
+        "--max-repeat",
+        action=Once,
+        type=max_repeat_arg,
+        default=None,
+        metavar="K",
+        help=f"with --repeat auto: play each case at most K times (default {DEFAULT_MAX_REPEAT})",
     )
     p.add_argument(
         "--pass-rule",
@@ -334,6 +353,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _repeats(
+    repeat: int | str | None, max_repeat: int | None, reeval: str | None
+) -> dict[str, Any]:
+    """--repeat and --max-repeat as the request's fields: with `auto`, `repeat` is the
+    most each case is played."""
+    if repeat == "auto" and reeval is not None:
+        # Re-judging plays no repetition it could stop: a run's are re-judged as stored.
+        raise ConfigError(
+            InputProblem(
+                "--repeat auto decides how often cases are played; --reeval plays none: "
+                "re-judge without --repeat (every stored repetition is re-judged)",
+                field="--repeat",
+            )
+        )
+    if repeat == "auto":
+        return {"repeat": max_repeat or DEFAULT_MAX_REPEAT, "repeat_auto": True}
+    if max_repeat is not None:
+        raise ConfigError(
+            InputProblem("--max-repeat bounds --repeat auto: give both", field="--max-repeat")
+        )
+    return {"repeat": repeat}
+
+
 def run_request(args: argparse.Namespace) -> RunRequest:
     """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
     return RunRequest(
@@ -362,7 +404,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         fail_fast=args.fail_fast,
         cache="off" if args.no_cache else "refresh" if args.cache_refresh else "on",
         cache_target=args.cache == "target",
-        repeat=args.repeat,
+        **_repeats(args.repeat, args.max_repeat, args.reeval),
         pass_rule=args.pass_rule,
         pass_k=args.pass_k,
         suite=args.suite,

@@ -339,7 +339,11 @@ def run_list(url: str, request: RunsRequest) -> int:
             "created_at": _iso(run.created_at),
             "status": run.status,
             "cases": (run.options or {}).get("distinct_cases") or run.total_cases,
-            "conversations": run.total_cases,
+            # --repeat auto: the conversations played (its total counts chains of them).
+            "conversations": run.passed + run.failed + run.skipped
+            if (run.options or {}).get("repeat_auto")
+            else run.total_cases,
+            "repeat_auto": bool((run.options or {}).get("repeat_auto")),
             "passed": run.passed,
             "failed": run.failed,
             "skipped": run.skipped,
@@ -359,6 +363,8 @@ def run_list(url: str, request: RunsRequest) -> int:
     ]
     for row in rows:
         cases = case_count(row["cases"], row["conversations"])
+        if row["repeat_auto"]:  # as many repetitions as each case needed: never "4×5"
+            cases = f"{row['cases']} ({counted(row['conversations'], 'conversation')})"
         lines.append(
             f"{printable(row['run_id']):<24}  {row['created_at'][:16].replace('T', ' '):<16}  "
             f"{row['status']:<11}  {cases:>7}  {row['passed']:>6}  {row['failed']:>6}  "

@@ -86,8 +86,9 @@ def _one_or_many(field: str) -> Callable[[JsonSchemaValue], None]:
 
 
 def _adjust_case(schema: JsonSchemaValue) -> None:
-    # Where the case was read from: set by the readers, never written in a file.
-    for internal in ("source_file", "source_line", "repetition"):
+    # Where the case was read from, which repetition it is: set by the readers and the
+    # submitter, never written in a file.
+    for internal in ("source_file", "source_line", "repetition", "max_repeat"):
         schema["properties"].pop(internal, None)
     _one_or_many("tags")(schema)
 

@@ -39,6 +39,7 @@ from agenttest_worker.report import (
     UsageTally,
     build_report,
     case_count,
+    counted,
     printable,
     render,
 )
@@ -114,6 +115,13 @@ def _finished(run: RunRow, unit: str = "cases ") -> str:
     distinct = (run.options or {}).get("distinct_cases")
     if distinct is None or run.status == "pending":
         return f"{run.finished_cases}/{_cases_total(run)} {unit}finished"
+    if (run.options or {}).get("repeat_auto"):
+        # Its total counts chains of repetitions (store/repetition_chain.py): each case's
+        # repetitions are counted as they are played, none it may never need.
+        played = run.passed + run.failed + run.skipped
+        playing = run.total_cases - run.finished_cases
+        auto = f"{counted(distinct, 'case')}, --repeat auto"
+        return f"{auto}: {played} conversations finished, {playing} playing"
     cases = case_count(distinct, run.total_cases)
     return f"{cases}: {run.finished_cases}/{run.total_cases} conversations finished"
 

@@ -222,13 +222,15 @@ class Spool:
         *,
         sources: bool = True,
         repeat: int | None = None,
+        adaptive: bool = False,
     ) -> None:
         """`sources`: a run's records (where each case is written, and each repetition
         of a repeated case its own conversation) rather than --dry-run's cases as
-        written. `repeat`: --repeat, over each case's own `repeat`."""
+        written. `repeat`: --repeat, over each case's own `repeat`; `adaptive`: --repeat
+        auto (`repeat` the most)."""
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
         self.handle = tempfile.NamedTemporaryFile("w+b", prefix="agenttest-spool-")  # noqa: SIM115
-        writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat))
+        writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat, adaptive))
         for case in stream:
             writer.add(case)
         self.cases = writer.cases

@@ -17,6 +17,7 @@ from typing import IO, Any
 
 from agenttest_worker.case_definitions import CaseDefinition, case_definition, stored_definition
 from agenttest_worker.cases import Case, repetition_key
+from agenttest_worker.report import START_WIDTH
 from agenttest_worker.store import CaseText, StoredCase
 
 
@@ -24,11 +25,14 @@ from agenttest_worker.store import CaseText, StoredCase
 class SpoolShape:
     """How cases become conversations. `sources`: a run's records (where each case is
     written, and each repetition of a repeated case its own conversation) rather than
-    --dry-run's cases as written. `repeat`: --repeat, over each case's own `repeat`."""
+    --dry-run's cases as written. `repeat`: --repeat, over each case's own `repeat`.
+    `adaptive`: --repeat auto, `repeat` the most: only each case's first repetitions are
+    written (repeat_stopping.START_WIDTH), the rest start as those end."""
 
     target: str | None
     sources: bool = True
     repeat: int | None = None
+    adaptive: bool = False
 
 
 @dataclass
@@ -57,10 +61,16 @@ class SpoolWriter:
         # Each repetition is a conversation of its own (own key, so own session id, its
         # own chain on a fleet), stored one after the other.
         record["repeat"] = times
+        written = times
+        if self.shape.adaptive:
+            record["max_repeat"] = times
+            written = min(START_WIDTH, times)
         for number in range(1, times + 1):
             key = repetition_key(case.id, number)
+            # Every key it may take is checked, those of repetitions started later too.
             self.repeated.append((key, case.id))
-            self._write(key, agent, case.id, {**record, "repetition": number}, definition)
+            if number <= written:
+                self._write(key, agent, case.id, {**record, "repetition": number}, definition)
 
     def _write(
         self,

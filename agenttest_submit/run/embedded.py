@@ -231,12 +231,7 @@ async def _drive(
         pool = pools.for_run(run_id, loaded.run_config, options_of(loaded))
         return await answer_human(store, pool, run_id, case_id, text, why)
 
-    # The conversations a lane has taken and not yet ended (one cut short at the
-    # deadline stays here: past_deadline ends it).
-    underway: set[str] = set()
-
     async def conversation(case_id: str, turn: int) -> None:
-        underway.add(case_id)
         waiting = case_id in parked
         while True:
             if waiting:
@@ -253,8 +248,12 @@ async def _drive(
                 continue
             if advance.case_done:
                 progress.case_done(advance.status)
-            underway.discard(case_id)
-            return
+            if advance.added is None:
+                return
+            # --repeat auto: the case's next repetition, in this lane (it takes the place
+            # of the one that ended, as on a fleet: store/repetition_chain.py).
+            progress.total += 1
+            case_id, turn = advance.added, 1
 
     def past(deadline_at: float | None) -> bool:
         return deadline_at is not None and time.time() >= deadline_at
@@ -281,7 +280,7 @@ async def _drive(
         Those never started end together: a fresh run's in one statement of the
         store's next flush, a resumed run's one step each."""
         await asyncio.sleep(max(deadline_at - time.time(), 0) + 0.01)
-        for case_id in sorted(underway):
+        for case_id in list(store.conversations):  # the repetitions added too
             await end_at_deadline(case_id)
         progress.case_done("failed", store.end_unadmitted(DEADLINE_PASSED))
         for case_id, _ in queue:

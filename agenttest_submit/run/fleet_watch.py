@@ -95,6 +95,10 @@ def wait_for_run(
                 unreachable = False
             if run is None:
                 raise RuntimeError(f"run {run_id} disappeared from the database")
+            # --repeat auto: each repetition that added the next one is counted played
+            # but not finished (store/repetition_chain.py): the total grows by those.
+            ended = run.passed + run.failed + run.skipped
+            progress.total = total + max(ended - run.finished_cases, 0)
             progress.set(run.passed, run.failed, run.skipped)
             if run.status == "done":
                 return

@@ -62,6 +62,7 @@ def run_options(request: RunRequest, config: ProjectConfig, target: str | None) 
         max_tokens=request.max_tokens,
         max_cost=request.max_cost,
         repeat=request.repeat,
+        repeat_auto=request.repeat_auto,
         pass_rule=request.pass_rule,
         pass_k=request.pass_k,
         max_conversation_bytes=get_settings().max_conversation_bytes,

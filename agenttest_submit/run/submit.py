@@ -219,6 +219,13 @@ def _dry_run(
         estimate.add("reporter", parse_ref(request.reporter, default_kind="agents").id, 1)
     estimate.made = take_generation_usage()
     print("\n".join(estimate_lines(estimate, config)), file=sys.stderr)
+    max_repeat = request.repeat if request.repeat_auto else None
+    if max_repeat is not None:
+        print(
+            f"--repeat auto: each case played at most {max_repeat} times, at most "
+            f"{stream.count * max_repeat} conversation(s) (fewer once a case is decided)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -242,7 +249,7 @@ def run_cases(
 
         import_publisher_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
-    with Spool(stream, target, repeat=request.repeat) as spool:
+    with Spool(stream, target, repeat=request.repeat, adaptive=request.repeat_auto) as spool:
         print_warnings(stream.warnings)
         if _nothing_to_rerun(stream):
             return EXIT_OK

@@ -203,6 +203,9 @@ class Case(StrictModel):
     # Which of its `repeat` plays a stored conversation is (1-based), set by the
     # submitter when it stores each repetition; like source_file, not the author's.
     repetition: int | None = Field(default=None, exclude=True)
+    # Set with `repetition` when the case is played with `--repeat auto`: `repeat` is
+    # then the most it may be played (--max-repeat), not how often it is.
+    max_repeat: int | None = Field(default=None, exclude=True)
     # Where the case came from, for messages and for resolving file:// attachments.
     source_file: str | None = Field(default=None, exclude=True)
     source_line: int | None = Field(default=None, exclude=True)
@@ -361,6 +364,8 @@ class Case(StrictModel):
                 record["source_line"] = self.source_line
         if self.repetition is not None:
             record["repetition"] = self.repetition
+        if self.max_repeat is not None:
+            record["max_repeat"] = self.max_repeat
         return record
 
 

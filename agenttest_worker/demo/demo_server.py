@@ -3,7 +3,7 @@
     POST /v1/chat/completions   {"model", "messages", "metadata"?, "tools"?, "stream"?}
     GET  /v1/models             the models below, OpenAI list format
 
-`model` picks the agent: "expense", "user-sim", "validator", "generator", "echo" (see each
+`model` picks the agent: "expense", "user-sim", "validator", "generator", "echo", "coin" (see each
 module's docstring). `stream` is ignored: answers are never streamed. Errors use OpenAI's
 shape {"error": {"message", "type"}}:
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agenttest_worker.demo import echo, expense, generator, simulator, validator
+from agenttest_worker.demo import coin, echo, expense, generator, simulator, validator
 from agenttest_worker.demo.threaded import ServedOnThread, ThreadedServer, root_url, start_runner
 
 Responder = Callable[[dict[str, Any]], dict[str, Any]]
@@ -45,6 +45,7 @@ MODELS: Mapping[str, Responder] = MappingProxyType(
         validator.MODEL: validator.respond,
         generator.MODEL: generator.respond,
         echo.MODEL: echo.respond,
+        coin.MODEL: coin.respond,
     }
 )
 DELAY_HEADER = "X-Demo-Delay-Ms"

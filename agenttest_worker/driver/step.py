@@ -19,6 +19,7 @@ from agenttest_worker.agents.pool import AgentPool
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.driver import budget_counting as budget
 from agenttest_worker.driver import state_cache
+from agenttest_worker.driver.adaptive_repeats import repeat_plan
 from agenttest_worker.driver.budget_counting import budget_spent, turns_spend
 from agenttest_worker.driver.event_loops import run_sync
 
@@ -63,6 +64,8 @@ class Advance:
     # Conversations (seq first..last) to start now: this step ended one of a run capped
     # by --parallel on a fleet, and claimed the next (steps.Saved.starts).
     starts: tuple[int, int] | None = None
+    # A conversation to start now: the next repetition of a case of --repeat auto.
+    added: str | None = None
 
 
 @dataclass
@@ -282,6 +285,7 @@ def commit(
         budgeted=prepared.options.budgeted,
         budget_turns=len(new_turns) if prepared.options.budgeted else 0,
         stop_run=_fail_fast_reason(prepared, result.status if result else None),
+        repeat_plan=repeat_plan(prepared.case, prepared.options) if result else None,
     )
     saved = state_cache.save(store, loaded, prepared.archived, state, step)
     if not saved.saved:
@@ -295,6 +299,7 @@ def commit(
         case_done=result is not None,
         status=result.status if result else None,
         starts=saved.starts,
+        added=saved.added,
     )
 
 

@@ -121,6 +121,7 @@ def case_result(
         line=case.source_line,
         repeat=case.repetition,
         repeats=case.repeat if case.repetition is not None else None,
+        max_repeat=case.max_repeat if case.repetition is not None else None,
         usage_by_role=usage_by_role((c for t in state.turns for c in t.calls or ()), config)
         or None,
         end_state=state.end_state,

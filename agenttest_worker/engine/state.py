@@ -59,6 +59,8 @@ class RunOptions(BaseModel):
     # Repeats (--repeat, --pass-rule, --pass-k): how often each case is played, and how
     # the reports turn its repetitions into one verdict (report/verdicts.py).
     repeat: int | None = None
+    # --repeat auto: `repeat` is the most a case is played (repeat_stopping.py).
+    repeat_auto: bool = False
     pass_rule: str = "all"
     pass_k: int | None = None
     # How many cases the run's conversations play, when some case is played more than

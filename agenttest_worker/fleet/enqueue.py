@@ -109,10 +109,13 @@ def enqueue_aggregate(run_id: str) -> None:
 
 def follow_up(run_id: str, case_id: str, advance: Advance) -> None:
     """Enqueue what the step asked for: the next turn, the conversations it claimed to
-    start (a run capped by --parallel), the aggregation."""
+    start (a run capped by --parallel), the repetition it added (--repeat auto), the
+    aggregation."""
     if advance.next_turn is not None:
         enqueue_turn(run_id, case_id, advance.next_turn)
     if advance.starts is not None:
         enqueue_starts(run_id, *advance.starts)
+    if advance.added is not None:
+        enqueue_turn(run_id, advance.added, 1)
     if advance.run_finished:
         enqueue_aggregate(run_id)

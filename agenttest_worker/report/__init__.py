@@ -61,6 +61,7 @@ from agenttest_worker.report.html_page.data import (
     sort_rows,
 )
 from agenttest_worker.report.html_page.shell import page_end, page_start, policy
+from agenttest_worker.report.repeat_stopping import START_WIDTH, next_repetition
 from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
 from agenttest_worker.report.significance import (
     DEFAULT_CONFIDENCE,
@@ -99,6 +100,7 @@ __all__ = [
     "FLAKES",
     "REPORTERS",
     "ROLE_ORDER",
+    "START_WIDTH",
     "STORED_FORMATS",
     "TITLES",
     "CaseChange",
@@ -131,6 +133,7 @@ __all__ = [
     "gated_category",
     "grouped",
     "in_order",
+    "next_repetition",
     "one_line",
     "page_end",
     "page_start",

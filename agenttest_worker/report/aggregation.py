@@ -41,7 +41,11 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         results=records,
         agent=run.agent,
         input_label=run.input_label or "",
-        total_cases=run.total_cases,
+        # --repeat auto counts what was played: its run's total counts chains of
+        # repetitions (store/repetition_chain.py).
+        total_cases=run.passed + run.failed + run.skipped
+        if (run.options or {}).get("repeat_auto")
+        else run.total_cases,
         duration_s=max(duration, 0.0),
         verbose=verbose,
         run_id=run_id,
@@ -50,6 +54,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         pass_rule=(run.options or {}).get("pass_rule") or "all",
         pass_k=(run.options or {}).get("pass_k"),
         distinct_cases=(run.options or {}).get("distinct_cases"),
+        repeat_auto=bool((run.options or {}).get("repeat_auto")),
         # What the run used outside its conversations (its records hold the rest).
         run_usage=stored_usage(run.usage),
     )

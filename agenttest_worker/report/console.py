@@ -128,6 +128,10 @@ def _header(run: RunReport) -> list[str]:
     label = printable(run.input_label)
     # Some case repeats: the run's conversations are its cases' repetitions.
     cases = counted_cases(run.distinct_cases, run.total_cases, "test case")
+    if run.repeat_auto and run.distinct_cases is not None:
+        # As many repetitions as each case needed: "× K" would claim a fixed K.
+        played = counted(run.total_cases, "conversation")
+        cases = f"{counted(run.distinct_cases, 'test case')}, {played}, --repeat auto"
     lines.append(f"ℹ Input: {label} ({cases})")
     if run.run_id:
         lines.append(f"ℹ Run: {printable(run.run_id)}")
@@ -185,15 +189,18 @@ def repeated_case_lines(
     title = _case_title(records[0], run, with_turns=False)
     flaky = f" · {style.paint('FLAKY', _YELLOW)}" if found.flaky else ""
     lines = [f"{title} ({found.fraction()} repetitions passed){flaky}"]
-    for record in records:
+    # In order: --repeat auto stores a case's later repetitions beside its first ones.
+    for record in sorted(records, key=lambda r: r.repeat or 0):
         if record.status == "passed" and not run.verbose:
             continue
-        number = f"{record.repeat}/{record.repeats}" if record.repeat else "?"
+        number = f"{record.repeat}/{found.played}" if record.repeat else "?"
         cause = f" (cause: {record.cause})" if record.cause else ""
         lines.append(f"  Repetition {number}: {style.status(record.status)}{cause}")
         branches = _CaseTree(record, run, style, verbose=run.verbose).branches()
         lines += [f"  {line}" for line in _tree(branches)]
     rule = f"pass rule: {run.pass_rule}"
+    if found.max_repeat is not None:
+        rule += f"; {found.stopped()}"
     lines.append(f"  └─ Result: {style.status(found.status)} ({found.fraction()} passed, {rule})")
     return lines
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from agenttest_worker.report.report_model import RunReport, StoredResults
+from agenttest_worker.report.verdicts import settled_lines
 
 
 def render(run: RunReport) -> str:
@@ -18,5 +19,6 @@ def render_chunks(run: RunReport) -> Iterator[str]:
         lines = run.results.json_lines()
     else:
         lines = (case.to_json_line() for case in run.results)
-    for line in lines:
+    # Cases of --repeat auto say how many repetitions they took (report/verdicts.py).
+    for line in settled_lines(lines, run.pass_rule):
         yield f"{line}\n"

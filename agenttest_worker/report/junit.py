@@ -136,7 +136,7 @@ def _repeated(
         problem.set("type", "error" if outcome == "error" else "assertion")
         problem.text = xml_text(
             "\n".join(
-                f"repetition {r.repeat}/{r.repeats}: {'; '.join(problems(r)) or r.status}"
+                f"repetition {r.repeat}/{found.played}: {'; '.join(problems(r)) or r.status}"
                 for r in records
                 if r.status != "passed"
             )

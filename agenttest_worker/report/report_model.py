@@ -282,6 +282,8 @@ class RunReport:
     pass_k: int | None = None
     # The cases the run's `total_cases` conversations play, when some case repeats.
     distinct_cases: int | None = None
+    # --repeat auto: cases took as many repetitions as they needed (no fixed K).
+    repeat_auto: bool = False
     # The summary a reporter counted as it read every record (console, json): the exit
     # code and the reporter agent take it instead of parsing the records a second time. A report's
     # records and duration are not changed once it is rendered.

@@ -54,7 +54,7 @@ def _repeated_row(records: list[CaseResult], found: CaseVerdict) -> list[object]
     counts = [assertion_counts(r) for r in records]
     said = [(r, list(problems(r))) for r in records if r.status != "passed"]
     reason = "; ".join(
-        f"repetition {r.repeat}/{r.repeats}: {'; '.join(found_problems)}"
+        f"repetition {r.repeat}/{found.played}: {'; '.join(found_problems)}"
         for r, found_problems in said
         if found_problems
     )

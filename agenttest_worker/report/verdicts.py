@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agenttest_worker.report.common import counted
+from agenttest_worker.report.repeat_stopping import stop_reason, wilson_interval
 from agenttest_worker.results import CaseResult, CaseStatus
 
 PASS_RULES = ("all", "any", "majority")
-# Wilson's interval at 95%: the standard normal quantile of 0.975.
-_Z95 = 1.959963984540054
 
 
 def pass_rule_problem(text: str) -> str | None:
@@ -78,18 +77,6 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return math.comb(c, k) / math.comb(n, k)
 
 
-def wilson_interval(successes: int, trials: int) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion (sound near 0 and 1, and for few
-    trials, where the normal approximation is not)."""
-    if trials == 0:
-        return (0.0, 1.0)
-    p = successes / trials
-    z2 = _Z95 * _Z95
-    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
-    half = _Z95 * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 @dataclass
 class CaseVerdict:
     """One case over its repetitions."""
@@ -103,6 +90,10 @@ class CaseVerdict:
     repeats: int | None
     flaky: bool
     statuses: list[CaseStatus] = field(default_factory=list)
+    # Played with --repeat auto: at most this many repetitions, and why it stopped where
+    # it did (repeat_stopping.stop_reason); None for a fixed number of repetitions.
+    max_repeat: int | None = None
+    stop_reason: str | None = None
 
     @property
     def repeated(self) -> bool:
@@ -113,7 +104,7 @@ class CaseVerdict:
         return f"{self.passed}/{self.played}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        found = {
             "id": self.id,
             "name": self.name,
             "status": self.status,
@@ -121,12 +112,23 @@ class CaseVerdict:
             "repeats": self.played,
             "flaky": self.flaky,
         }
+        if self.max_repeat is not None:
+            found.update(max_repeat=self.max_repeat, stop_reason=self.stop_reason)
+        return found
+
+    def stopped(self) -> str:
+        """ "decided after 4 of at most 10 repetitions": why an adaptive case stopped."""
+        why = {"decided": "decided", "max_repeat": "undecided at --max-repeat"}.get(
+            self.stop_reason or "", "stopped with its run"
+        )
+        return f"{why} after {self.played} of at most {self.max_repeat} repetitions"
 
 
 def case_verdict(records: list[CaseResult], rule: str) -> CaseVerdict:
     """The verdict of one case from its records (one per repetition, same id)."""
     statuses: list[CaseStatus] = [r.status for r in records]
     first = records[0]
+    bound = first.max_repeat
     return CaseVerdict(
         id=first.id,
         name=first.name,
@@ -136,7 +138,39 @@ def case_verdict(records: list[CaseResult], rule: str) -> CaseVerdict:
         repeats=first.repeats,
         flaky=len(set(statuses)) > 1,
         statuses=statuses,
+        max_repeat=bound,
+        stop_reason=None if bound is None else stop_reason(rule, bound, statuses),
     )
+
+
+def settled_lines(lines: Iterable[str], rule: str) -> Iterator[str]:
+    """JSONL lines with each case played with --repeat auto settled: its records'
+    `repeats` say how many repetitions it took, and `stop_reason` why (a record is
+    stored as its repetition ends, before either is known). Other lines pass as they
+    are, unparsed."""
+    group: list[CaseResult] = []
+    for line in lines:
+        record = CaseResult.model_validate_json(line) if '"max_repeat":' in line else None
+        if record is not None and record.max_repeat is None:
+            record = None  # the text is in a reply, not the field
+        if group and (record is None or record.id != group[0].id):
+            yield from _settled(group, rule)
+            group = []
+        if record is None:
+            yield line
+        else:
+            group.append(record)
+    yield from _settled(group, rule)
+
+
+def _settled(group: list[CaseResult], rule: str) -> Iterator[str]:
+    if not group:
+        return
+    found = case_verdict(group, rule)
+    # In order: a case's later repetitions are stored beside its first ones.
+    for record in sorted(group, key=lambda r: r.repeat or 0):
+        changed = {"repeats": found.played, "stop_reason": found.stop_reason}
+        yield record.model_copy(update=changed).to_json_line()
 
 
 def grouped(records: Iterable[CaseResult]) -> Iterator[list[CaseResult]]:

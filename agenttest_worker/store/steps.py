@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -98,6 +98,22 @@ class LoadedCase:
 
 
 @dataclass(frozen=True, slots=True)
+class RepeatPlan:
+    """A repetition of a case played with `--repeat auto`, as the step that ends it hands
+    it to the store: the store decides, from the case's repetitions stored so far, whether
+    to add the next one (store/repetition_chain.py), in the same write as the end."""
+
+    # The case's id (the repetitions' `test_id`), and the key of each repetition it may
+    # have, in order (`keys[n - 1]` is repetition n's).
+    test_id: str
+    keys: tuple[str, ...]
+    # The stopping rule (report/repeat_stopping.py `next_repetition`, its pass rule and
+    # bound given): the number of the repetition to add, from the statuses of the case's
+    # repetitions that ended and how many exist; None: add none.
+    next_repetition: Callable[[Sequence[str], int], int | None]
+
+
+@dataclass(frozen=True, slots=True)
 class StepSave:
     """One step of a conversation to save, as the driver hands it over: where it ran, how
     it leaves the conversation and what it adds; its state is written out by the driver
@@ -135,6 +151,8 @@ class StepSave:
     # When the step ends the case: cancel the run with this reason in the same write
     # (--fail-fast after a failed case), so that the write starts nothing new.
     stop_run: str | None = None
+    # When the step ends a repetition of a case played with --repeat auto.
+    repeat_plan: RepeatPlan | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +193,9 @@ class Saved:
     # The token the step was written with (LoadedCase.step_token of the next load), when
     # the store stamps its steps; None otherwise.
     token: str | None = None
+    # The conversation this step added, to start now: the next repetition of a case
+    # played with --repeat auto (StepSave.repeat_plan).
+    added: str | None = None
 
 
 def claimed(claimed_from: int | None, started: int | None) -> tuple[int, int] | None:

@@ -28,6 +28,7 @@ from agenttest_worker.report import (
     case_count,
     case_row,
     case_verdict,
+    counted,
     flake_cause,
     grouped,
     record_notes,
@@ -45,9 +46,28 @@ KEPT_RUNS = 4
 _TIME = "%Y-%m-%d %H:%M:%S"
 
 
+def conversation_counts(run: RunRow) -> tuple[int, int]:
+    """(finished, total) conversations of the run. Under --repeat auto the run row
+    counts chains of repetitions (store/repetition_chain.py): the repetitions played
+    are added, so that neither count claims a fixed number per case."""
+    if not (run.options or {}).get("repeat_auto"):
+        return run.finished_cases, run.total_cases
+    ended = run.passed + run.failed + run.skipped
+    return ended, run.total_cases + max(ended - run.finished_cases, 0)
+
+
+def _cases(run: RunRow, total: int) -> str:
+    """ "20×2", or under --repeat auto "3 (22 conversations)": never a fixed K per case."""
+    distinct = (run.options or {}).get("distinct_cases")
+    if distinct is not None and (run.options or {}).get("repeat_auto"):
+        return f"{distinct} ({counted(total, 'conversation')})"
+    return case_count(distinct, total)
+
+
 def run_facts(run: RunRow) -> dict[str, Any]:
     """A run as the runs page and the live progress show it (never its stored
     configuration: only names, counts and times)."""
+    finished, total = conversation_counts(run)
     return {
         "id": run.id,
         "status": run.status,
@@ -55,11 +75,11 @@ def run_facts(run: RunRow) -> dict[str, Any]:
         "created_at": run.created_at.strftime(_TIME) if run.created_at else None,
         "agent": run.agent,
         "input_label": run.input_label,
-        "total_cases": run.total_cases,
-        "finished_cases": run.finished_cases,
+        "total_cases": total,
+        "finished_cases": finished,
         # Its cases as every listing shows them ("20×2": report.case_count), and what
         # its counts count: conversations when some case repeats.
-        "cases": case_count((run.options or {}).get("distinct_cases"), run.total_cases),
+        "cases": _cases(run, total),
         "unit": "cases" if (run.options or {}).get("distinct_cases") is None else "conversations",
         "passed": run.passed,
         "failed": run.failed,
@@ -111,8 +131,8 @@ class RunViews:
             "unit": "cases"
             if (run.options or {}).get("distinct_cases") is None
             else "conversations",
-            "total": run.total_cases,
-            "finished": run.finished_cases,
+            "total": conversation_counts(run)[1],
+            "finished": conversation_counts(run)[0],
             "passed": run.passed,
             "failed": run.failed,
             "skipped": run.skipped,

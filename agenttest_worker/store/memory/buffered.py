@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agenttest_worker.results import RoleUsage, UsageRole, usage_spend
-from agenttest_worker.store import reservations, steps
-from agenttest_worker.store.memory.buffered_run import BufferedRun, HeldConversation
+from agenttest_worker.store import repetition_chain, reservations, steps
+from agenttest_worker.store.memory.admission import Admission
+from agenttest_worker.store.memory.buffered_run import BufferedRun, HeldConversation, read_run
 from agenttest_worker.store.memory.flush_batch import (
     BufferedStep,
     CaseWrite,
@@ -112,10 +114,11 @@ class BufferedStore(reservations.MemoryReservations):
         # it takes them. Its steps are kept meanwhile, and written once it takes them.
         self.refusing: str | None = None
         self._refusing_since = 0.0
-        # A fresh run's cases not yet taken (`admit`), and how many were taken: the
-        # conversations are admitted in submission order, so the next one's position.
-        self._unadmitted: Iterator[steps.CaseRecord] = iter(())
-        self.admitted = len(conversations)
+        # A fresh run's cases not yet taken (`admit`): none of a stored run's.
+        self._admission = Admission(iter(()), admitted=len(conversations))
+        # The status of each repetition of --repeat auto let go of once ended: what
+        # `_chain` decides the next one from.
+        self._ended_repetitions: dict[str, str] = {}
 
     @classmethod
     def fresh(
@@ -150,7 +153,7 @@ class BufferedStore(reservations.MemoryReservations):
             counters={"passed": 0, "failed": 0, "skipped": 0, "total_turns": 0},
         )
         store = cls(url, run_id, run, {}, setup=setup)
-        store._unadmitted = iter(records)
+        store._admission = Admission(iter(records))
         return store
 
     @classmethod
@@ -158,58 +161,23 @@ class BufferedStore(reservations.MemoryReservations):
         cls, url: str, run_id: str, writes: FlushWriter | None = None
     ) -> BufferedStore:
         """A stored run as it is now (a run being resumed). `writes`: see __init__."""
-        # The store's SQLAlchemy modules only once it is used: see the module docstring.
-        from sqlalchemy import select
-
-        from agenttest_worker.store.sql.db import get_engine
-        from agenttest_worker.store.sql.shared import CASES, RUNS
-
-        with get_engine(url).connect() as connection:
-            row = connection.execute(select(RUNS).where(RUNS.c.id == run_id)).one()
-            run = BufferedRun(
-                options=row.options,
-                config=row.config,
-                cancelled=row.cancelled,
-                cancel_reason=row.cancel_reason,
-                deadline_at=row.deadline_at,
-                status=row.status,
-                total_cases=row.total_cases,
-                finished_cases=row.finished_cases,
-                total_tokens=row.total_tokens,
-                total_cost=row.total_cost,
-                counters={
-                    "passed": row.passed,
-                    "failed": row.failed,
-                    "skipped": row.skipped,
-                    "total_turns": row.total_turns,
-                },
-            )
-            conversations = {
-                c.case_id: HeldConversation(
-                    c.case, c.agent, c.phase, c.next_turn, c.state, c.deliveries
-                )
-                for c in connection.execute(
-                    select(
-                        CASES.c.case_id,
-                        CASES.c.case,
-                        CASES.c.agent,
-                        CASES.c.phase,
-                        CASES.c.next_turn,
-                        CASES.c.state,
-                        CASES.c.deliveries,
-                    ).where(CASES.c.run_id == run_id)
-                )
-            }
+        run, conversations = read_run(url, run_id)
         return cls(url, run_id, run, conversations, writes=writes)
 
     def admit(self) -> str | None:
         """The next case not yet played, now held here as a pending conversation; None
         once every case was taken."""
-        for case_id, agent, record in self._unadmitted:
-            self.conversations[case_id] = HeldConversation(record, agent, "pending", 1, None, 0)
-            self.admitted += 1
-            return case_id
-        return None
+        if (ahead := self._admission.ahead()) is not None:
+            return ahead
+        taken = self._admission.take()
+        if taken is None:
+            return None
+        self._hold(taken)
+        return taken[0]
+
+    def _hold(self, taken: steps.CaseRecord) -> None:
+        case_id, agent, record = taken
+        self.conversations[case_id] = HeldConversation(record, agent, "pending", 1, None, 0)
 
     def admitting(self) -> Iterator[tuple[str, int]]:
         """(case id, first turn) of each case as it is admitted: what the lanes take."""
@@ -220,14 +188,13 @@ class BufferedStore(reservations.MemoryReservations):
         """End every case never admitted, failed with `reason` (a --deadline): counted
         here at once, and ended in the database by one statement of the next flush
         (store/sql/unplayed.py), after the steps it holds. How many it ended."""
-        self._unadmitted = iter(())
-        ended = self.run.total_cases - self.admitted
+        admitted = self._admission.close()
+        ended = self.run.total_cases - admitted
         if ended <= 0:
             return 0
         self.run.finished_cases += ended
         self.run.counters["failed"] += ended
-        self._changes.add(RunChanges(unplayed=Unplayed(self.admitted, reason)))
-        self.admitted = self.run.total_cases
+        self._changes.add(RunChanges(unplayed=Unplayed(admitted, reason)))
         return ended
 
     def load_case(
@@ -292,11 +259,38 @@ class BufferedStore(reservations.MemoryReservations):
         self.release_reservation(case_id, step.budget_turns)
         if result is None:
             return steps.Saved(True)
-        run.finished_cases += 1
+        # (Not for a run stopping: cancelled, or by this step's --fail-fast.)
+        chains = step.repeat_plan and step.stop_run is None and not run.cancelled
+        added = self._chain(step.repeat_plan, found) if chains and step.repeat_plan else None
+        # A repetition that adds the next hands its place over (repetition_chain.py).
+        run.finished_cases += 0 if added else 1
         run.counters[result.status] += 1
         run.counters["total_turns"] += result.total_turns
         finished = run.status == "running" and run.finished_cases >= run.total_cases
-        return steps.Saved(True, run_finished=finished)
+        return steps.Saved(True, run_finished=finished, added=added)
+
+    def _chain(self, plan: steps.RepeatPlan, ending: HeldConversation) -> str | None:
+        """The next repetition of `plan`'s case, added when its stored ones ask for it."""
+        # Its first repetitions, written one after the other, are all held before the
+        # decision, as they are all stored on a fleet (`admit` hands them out next).
+        for taken in self._admission.take_ahead(plan.test_id):
+            self._hold(taken)
+        stored: dict[str, str | None] = {}
+        for key in plan.keys:
+            if (found := self.conversations.get(key)) is not None:
+                stored[key] = None if found.result is None else found.result.status
+            elif key in self._ended_repetitions:
+                stored[key] = self._ended_repetitions[key]
+        added = repetition_chain.next_key(plan, stored)
+        if added is None or added in stored:
+            return None
+        key = added
+        record = repetition_chain.successor_record(ending.case, key, plan)
+        self.conversations[key] = HeldConversation(record, ending.agent, "pending", 1, None, 0)
+        # Its row, copied from a stored repetition's, is written first by the next flush.
+        source = next(k for k in plan.keys if k in stored)
+        self._changes.added.append((key, source, json.dumps(record)))
+        return key
 
     def cancel_run(self, run_id: str, reason: str) -> bool:
         if run_id != self.run_id or self.run.cancelled:
@@ -412,9 +406,14 @@ class BufferedStore(reservations.MemoryReservations):
         finds it gone, as it would find it ended: nothing to play.)"""
         for case_id in written:
             conversation = self.conversations.get(case_id)
-            ended = conversation is not None and conversation.phase == "done"
-            if ended and case_id not in self._unwritten:
-                del self.conversations[case_id]
+            if conversation is None or conversation.phase != "done":
+                continue
+            if case_id in self._unwritten:
+                continue
+            if conversation.result is not None and "#" in case_id:
+                # (A repetition's key, repetition_key: only those are chained.)
+                self._ended_repetitions[case_id] = conversation.result.status
+            del self.conversations[case_id]
 
     def _refused_for_now(self, exc: BaseException) -> bool:
         """Whether the write failed with the database refusing it for now, not for

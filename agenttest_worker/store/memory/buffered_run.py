@@ -43,3 +43,50 @@ class HeldConversation:
 
     def values(self) -> CaseValues:
         return CaseValues(self.next_turn, self.phase, self.state, self.result)
+
+
+def read_run(url: str, run_id: str) -> tuple[BufferedRun, dict[str, HeldConversation]]:
+    """A stored run and its conversations as they are now (a run being resumed)."""
+    # The store's SQLAlchemy modules only once it is used: see buffered.py.
+    from sqlalchemy import select
+
+    from agenttest_worker.store.sql.db import get_engine
+    from agenttest_worker.store.sql.shared import CASES, RUNS
+
+    with get_engine(url).connect() as connection:
+        row = connection.execute(select(RUNS).where(RUNS.c.id == run_id)).one()
+        run = BufferedRun(
+            options=row.options,
+            config=row.config,
+            cancelled=row.cancelled,
+            cancel_reason=row.cancel_reason,
+            deadline_at=row.deadline_at,
+            status=row.status,
+            total_cases=row.total_cases,
+            finished_cases=row.finished_cases,
+            total_tokens=row.total_tokens,
+            total_cost=row.total_cost,
+            counters={
+                "passed": row.passed,
+                "failed": row.failed,
+                "skipped": row.skipped,
+                "total_turns": row.total_turns,
+            },
+        )
+        conversations = {
+            c.case_id: HeldConversation(
+                c.case, c.agent, c.phase, c.next_turn, c.state, c.deliveries
+            )
+            for c in connection.execute(
+                select(
+                    CASES.c.case_id,
+                    CASES.c.case,
+                    CASES.c.agent,
+                    CASES.c.phase,
+                    CASES.c.next_turn,
+                    CASES.c.state,
+                    CASES.c.deliveries,
+                ).where(CASES.c.run_id == run_id)
+            )
+        }
+    return run, conversations

@@ -32,15 +32,24 @@ class RunChanges:
 
     cancel: str | None = None
     usage: dict[UsageRole, RoleUsage] = field(default_factory=dict)
+    # Conversations added since (repetitions of --repeat auto, repetition_chain.py), in
+    # order: (key, the stored repetition its row is copied from, its case record's text).
+    added: list[tuple[str, str, str]] = field(default_factory=list)
     unplayed: Unplayed | None = None
 
     def __bool__(self) -> bool:
-        return self.cancel is not None or bool(self.usage) or self.unplayed is not None
+        return (
+            self.cancel is not None
+            or bool(self.usage)
+            or bool(self.added)
+            or self.unplayed is not None
+        )
 
     def add(self, later: RunChanges) -> None:
         """Fold `later` in (a failed flush's changes put back before newer ones)."""
         self.cancel = self.cancel or later.cancel
         add_usage(self.usage, later.usage)
+        self.added += later.added
         self.unplayed = self.unplayed or later.unplayed
 
 

@@ -11,7 +11,7 @@ import json
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Text, Update, bindparam, update
+from sqlalchemy import Connection, Text, Update, bindparam, text, update
 
 from agenttest_worker.store import steps
 from agenttest_worker.store.memory.flush_batch import (
@@ -23,6 +23,7 @@ from agenttest_worker.store.memory.flush_batch import (
 )
 from agenttest_worker.store.sql.db import get_engine, unstorable_reason
 from agenttest_worker.store.sql.shared import CASES, JSON_OR_NULL, RUNS
+from agenttest_worker.store.sql.turn_statements import add_repetition
 from agenttest_worker.store.sql.turns import insert_step_rows
 from agenttest_worker.store.sql.unplayed import end_unplayed
 from agenttest_worker.store.sql.usage import add_run_usage_on
@@ -71,6 +72,7 @@ def _write_whole(url: str, batch: FlushBatch) -> None:
         for step in case.steps:
             rows.add(step.rows)
     with get_engine(url).begin() as connection:
+        _add_conversations(connection, batch)
         if batch.cases:
             sqlite = connection.dialect.name == "sqlite"
             connection.execute(
@@ -85,6 +87,7 @@ def _write_each(url: str, batch: FlushBatch) -> list[StepRefused]:
     refused: list[StepRefused] = []
     run = copy.deepcopy(batch.run)
     with get_engine(url).begin() as connection:
+        _add_conversations(connection, batch)
         sqlite = connection.dialect.name == "sqlite"
         for case in batch.cases:
             for index, step in enumerate(case.steps):
@@ -103,6 +106,15 @@ def _write_each(url: str, batch: FlushBatch) -> list[StepRefused]:
         # The refused steps taken off: the run's counters without them.
         _write_run(connection, batch, run)
     return refused
+
+
+def _add_conversations(connection: Connection, batch: FlushBatch) -> None:
+    """The conversations added since the last flush (buffered_run.RunChanges.added),
+    before the steps that move them are written."""
+    statement = text(add_repetition(connection.dialect.name))
+    for key, source, record in batch.changes.added:
+        values = {"b_run": batch.run_id, "b_key": key, "b_case": source, "b_record": record}
+        connection.execute(statement, values)
 
 
 def _case_values(run_id: str, case_id: str, now: CaseValues, sqlite: bool) -> dict[str, Any]:

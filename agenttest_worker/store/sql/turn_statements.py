@@ -131,13 +131,16 @@ def _started_after_claim(finished: str, stopping: str) -> str:
 # ends starts the next ones in the same statement: none is started twice, none lost (the
 # range is claimed_from..started_cases). In SET, every column named is its value before.
 _STOP = "CAST(:b_stop AS TEXT)"
-_CASE_ENDED = f"""UPDATE runs SET finished_cases = finished_cases + 1,
+# `:b_chained` is 1 when the step added the next repetition of its case (--repeat auto),
+# which takes its place in the count (store/repetition_chain.py), else 0.
+_ENDS = "finished_cases + 1 - CAST(:b_chained AS INTEGER)"
+_CASE_ENDED = f"""UPDATE runs SET finished_cases = {_ENDS},
   total_turns = total_turns + :b_turns, total_tokens = total_tokens + :b_tokens,
   total_cost = total_cost + :b_cost, passed = passed + :b_passed,
   failed = failed + :b_failed, skipped = skipped + :b_skipped,
   cancelled = (cancelled OR {_STOP} IS NOT NULL),
   cancel_reason = CASE WHEN cancelled THEN cancel_reason ELSE {_STOP} END,
-  started_cases = {_started_after_claim("finished_cases + 1", f"{_STOP} IS NOT NULL")},
+  started_cases = {_started_after_claim(_ENDS, f"{_STOP} IS NOT NULL")},
   claimed_from = started_cases
 WHERE id = :b_run"""
 _ENDED_COUNTS = "finished_cases, total_cases, status, claimed_from, started_cases"
@@ -149,6 +152,27 @@ CLAIM_STARTS = f"""UPDATE runs SET
   claimed_from = started_cases
 WHERE id = :b_run
 RETURNING claimed_from, started_cases"""
+
+# --repeat auto (store/repetition_chain.py): the run row locked before the case's
+# repetitions are read (Postgres; SQLite's writer holds the database already), those
+# repetitions, and the next one added as a copy of one of them (`:b_record` its case).
+RUN_STOPPING = "SELECT cancelled FROM runs WHERE id = :b_run"
+LOCK_RUN = f"{RUN_STOPPING} FOR UPDATE"
+REPETITIONS = """SELECT case_id, CASE WHEN phase = 'done' THEN status END FROM cases
+WHERE run_id = :b_run AND test_id = :b_test"""
+CASE_TEXT = 'SELECT CAST("case" AS TEXT) FROM cases WHERE run_id = :b_run AND case_id = :b_case'
+
+
+def add_repetition(dialect: str) -> str:
+    """The INSERT of the next repetition in `dialect` (the case is `json` on Postgres)."""
+    record = "CAST(:b_record AS json)" if dialect == "postgresql" else ":b_record"
+    return f"""INSERT INTO cases (run_id, case_id, test_id, seq, "case", agent, phase,
+  next_turn, deliveries, reserved_tokens, reserved_cost, definition_hash, assertion_hashes)
+SELECT run_id, :b_key, test_id, seq, {record}, agent, 'pending', 1, 0, 0, 0,
+  definition_hash, assertion_hashes
+FROM cases WHERE run_id = :b_run AND case_id = :b_case
+ON CONFLICT DO NOTHING"""
+
 
 CASE_TOKEN = "SELECT step_token FROM cases WHERE run_id = :b_run AND case_id = :b_case"
 # A case that ends stores its whole state: its turn records are no longer needed.

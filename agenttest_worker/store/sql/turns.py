@@ -29,12 +29,14 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from agenttest_worker.results import CaseResult
+from agenttest_worker.store import repetition_chain
 from agenttest_worker.store.sql import budget_reservations as budget
 from agenttest_worker.store.sql import turn_statements as sql
 from agenttest_worker.store.sql.db import connection_lost, reconnecting, retrying
 from agenttest_worker.store.steps import (
     JsonDocument,
     LoadedCase,
+    RepeatPlan,
     Saved,
     Step,
     StepRows,
@@ -257,6 +259,7 @@ def save_step(engine: Engine, step: Step) -> Saved:
         "b_passed": int(result is not None and result.status == "passed"),
         "b_failed": int(result is not None and result.status == "failed"),
         "b_skipped": int(result is not None and result.status == "skipped"),
+        "b_chained": 0,
     }
     tokens, cost = step_spend(step.spend, result)
     params.update(b_tokens=tokens, b_cost=cost)
@@ -265,8 +268,9 @@ def save_step(engine: Engine, step: Step) -> Saved:
 
     # A budgeted step also releases its conversation's reservation (budget_reservations.py):
     # that takes the transaction below, and Postgres's one-statement save is kept for
-    # steps without a budget, the hot path.
-    if postgres and not step.budgeted:
+    # steps without a budget, the hot path. So is the end of a repetition of --repeat
+    # auto, which may add the next (`_chain`).
+    if postgres and not step.budgeted and step.repeat_plan is None:
         params.update(
             b_ended=result is not None,
             b_spent=result is None and bool(tokens or cost),
@@ -300,6 +304,8 @@ def save_step(engine: Engine, step: Step) -> Saved:
                 connection.execute(_text(sql.SPEND), params)
             return Saved(True, token=known[3])
         connection.execute(_text(sql.FORGET_RECORDS), params)
+        added = None if step.repeat_plan is None else _chain(connection, step, step.repeat_plan)
+        params["b_chained"] = int(added is not None)
         finished, total, status, claimed_from, started = connection.execute(
             _text(sql.CASE_ENDED), params
         ).one()
@@ -308,7 +314,29 @@ def save_step(engine: Engine, step: Step) -> Saved:
             run_finished=status == "running" and finished >= total,
             starts=claimed(claimed_from, started),
             token=known[3],
+            added=added,
         )
+
+
+def _chain(connection: Connection, step: Step, plan: RepeatPlan) -> str | None:
+    """Add the next repetition of the step's case when its stored ones ask for it
+    (store/repetition_chain.py), in the step's transaction; its key, or None."""
+    keys = {"b_run": step.run_id, "b_case": step.case_id}
+    # On Postgres every step ending a repetition of this run waits here for the one
+    # before to commit, and so reads its end below. A run stopping starts nothing.
+    lock = sql.LOCK_RUN if connection.dialect.name == "postgresql" else sql.RUN_STOPPING
+    if step.stop_run is not None or connection.execute(_text(lock), keys).scalar_one():
+        return None
+    found = connection.execute(_text(sql.REPETITIONS), {**keys, "b_test": plan.test_id})
+    key = repetition_chain.next_key(plan, {row[0]: row[1] for row in found})
+    if key is None:
+        return None
+    case = connection.execute(_text(sql.CASE_TEXT), keys).scalar_one()
+    record = repetition_chain.successor_text(case, key, plan)
+    statement = sql.add_repetition(connection.dialect.name)
+    params = {**keys, "b_key": key, "b_record": record}
+    added = connection.execute(_text(statement), params).rowcount
+    return key if added else None
 
 
 def _by_table(rows: StepRows) -> dict[str, list[dict[str, Any]]]:
