@@ -1,8 +1,8 @@
 """The parser of every subcommand (`SUBCOMMAND_HELP`: status, report, resume, cancel,
-runs, diff, history, view, metrics, prune, cache, db, schema) and the requests it builds
-(request.py); the run's own parser is in main.py. Options a user pastes from a run
-(`--config`, `--format`, `-o`) are taken where they mean something and refused with the
-reason elsewhere (`PASTED_REASONS`)."""
+runs, diff, history, view, metrics, prune, cache, db, schema, audit-judges, label) and
+the requests it builds (request.py); the run's own parser is in main.py. Options a user
+pastes from a run (`--config`, `--format`, `-o`) are taken where they mean something and
+refused with the reason elsewhere (`PASTED_REASONS`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,17 @@ from collections.abc import Callable, Sequence
 
 from agenttest_submit.cli.arg_types import Parser, duration_arg, formats, port_arg, positive_int
 from agenttest_submit.cli.request import (
+    AUDIT_TIMES,
+    AUDIT_TIMES_MAX,
     SCHEMA_KINDS,
+    AuditRequest,
     CacheRequest,
     CancelRequest,
     DbRequest,
     DiffRequest,
     HistoryCommandRequest,
     HistoryRequest,
+    LabelRequest,
     MetricsRequest,
     PromoteRequest,
     PruneRequest,
@@ -57,6 +61,14 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
     "cache": (
         "cache stats|clear [--agent NAME] [--older-than D]",
         "the agents' cached replies: how many by agent, or remove them",
+    ),
+    "audit-judges": (
+        "audit-judges RUN [--times N] [--format F] [-o FILE]",
+        "ask a run's judges again on the same transcripts: how often they change their minds",
+    ),
+    "label": (
+        "label RUN CASE TURN pass|fail [--note TEXT] [--assertion K]",
+        "a person's verdict on a judged assertion, for audit-judges to compare judges with",
     ),
     "db": ("db upgrade", "bring the database to the current schema"),
     "schema": (
@@ -120,6 +132,12 @@ PASTED_REASONS: dict[str, dict[str, str]] = {
     "cache": {
         "--config": "cache reads the store (AGENTTEST_DATABASE_URL, else AGENTTEST_HOME), "
         "where every project's cached replies are kept, by agent name",
+        "--format": _PRINTS_WHAT_IT_DID,
+        "-o": _PRINTS_WHAT_IT_DID,
+    },
+    "audit-judges": {"--config": _CONFIG_READ_FROM_STORE},
+    "label": {
+        "--config": _CONFIG_READ_FROM_STORE,
         "--format": _PRINTS_WHAT_IT_DID,
         "-o": _PRINTS_WHAT_IT_DID,
     },
@@ -266,6 +284,7 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         "non-loopback --host (or AGENTTEST_METRICS_TOKEN)",
     )
     _history_parsers(add)
+    _audit_parsers(add)
     view = add("view")
     view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
     view.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
@@ -326,6 +345,57 @@ def _history_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
     promote.add_argument("run", metavar="RUN", help=RUN_HELP)
 
 
+def _times(text: str) -> int:
+    times = positive_int(text)
+    if times > AUDIT_TIMES_MAX:
+        raise argparse.ArgumentTypeError(f"at most {AUDIT_TIMES_MAX}, not {times}")
+    return times
+
+
+def _turn(text: str) -> int:
+    if text == "final":
+        return 0
+    return positive_int(text)
+
+
+def _audit_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
+    audit = add("audit-judges")
+    audit.add_argument("run", metavar="RUN", help=RUN_HELP)
+    audit.add_argument(
+        "--times",
+        type=_times,
+        default=AUDIT_TIMES,
+        metavar="N",
+        help=f"ask each judge N more times (default: {AUDIT_TIMES}; at most {AUDIT_TIMES_MAX})",
+    )
+    audit.add_argument(
+        "--format", choices=("console", "json"), default="console", help="console or json"
+    )
+    audit.add_argument("-o", "--output", metavar="FILE", help="write the audit to FILE")
+    audit.add_argument(
+        "--parallel",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="conversations judged again at a time (default: 10)",
+    )
+    label = add("label")
+    label.add_argument("run", metavar="RUN", help=RUN_HELP)
+    label.add_argument("case_id", metavar="CASE", help="the case's id (a repetition's: ID#N)")
+    label.add_argument(
+        "turn", type=_turn, metavar="TURN", help="the turn's number, or final (final assertions)"
+    )
+    label.add_argument("label", choices=("pass", "fail"), help="what the verdict should be")
+    label.add_argument("--note", metavar="TEXT", help="why, kept with the label")
+    label.add_argument(
+        "--assertion",
+        type=positive_int,
+        metavar="K",
+        help="the K-th assertion of the turn (needed when it has more than one judged one)",
+    )
+    label.add_argument("--by", metavar="NAME", help="who labels (default: USER@HOST)")
+
+
 def subcommand_request(
     args: argparse.Namespace,
 ) -> SubcommandRequest | HistoryCommandRequest | ViewRequest | MetricsRequest:
@@ -358,6 +428,24 @@ def subcommand_request(
                 )
             )
         return CacheRequest(action=args.action, agent=args.agent, older_than=args.older_than)
+    if args.command == "audit-judges":
+        return AuditRequest(
+            run=args.run,
+            times=args.times,
+            format=args.format,
+            output=args.output,
+            parallel=args.parallel,
+        )
+    if args.command == "label":
+        return LabelRequest(
+            run=args.run,
+            case_id=args.case_id,
+            turn=args.turn,
+            label=args.label == "pass",
+            note=args.note,
+            assertion=args.assertion,
+            by=args.by,
+        )
     if args.command == "cancel":
         return CancelRequest(run=args.run, reason=args.reason)
     if args.command == "resume":

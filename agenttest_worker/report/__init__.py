@@ -6,8 +6,10 @@
 - `report_model`: what every format renders (`RunReport`), `common` what they share;
 - `aggregation`: once a run's conversations have ended, its reports built once and
   stored, streamed from the store;
-- `verdicts` (repeated cases), `judges` (judge agreement), `usage_tally` (calls, tokens
-  and cost by role), `diff` and `diff_formats` (what changed between two runs).
+- `verdicts` (repeated cases), `judges` (judge agreement), `audit_stats` (a judge
+  audit's flip rates and agreement, and Cohen's kappa against people's labels),
+  `usage_tally` (calls, tokens and cost by role), `diff` and `diff_formats` (what
+  changed between two runs).
 """
 
 from __future__ import annotations
@@ -15,6 +17,18 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from agenttest_worker.report.audit_stats import (
+    FINAL_TURN,
+    UNSTABLE_FLIP_RATE,
+    Audit,
+    Judged,
+    Label,
+    Spot,
+    audit,
+    cohen_kappa,
+    judged_at,
+    judged_spots,
+)
 from agenttest_worker.report.common import (
     asked_question,
     case_count,
@@ -78,31 +92,41 @@ __all__ = [
     "CATEGORIES",
     "DEFAULT_TITLE",
     "DIFF_FORMATS",
+    "FINAL_TURN",
     "REPORTERS",
     "ROLE_ORDER",
     "TITLES",
+    "UNSTABLE_FLIP_RATE",
+    "Audit",
     "CaseChange",
     "ChunkedReporter",
     "Definitions",
+    "Judged",
+    "Label",
     "Reporter",
     "RunData",
     "RunDiff",
     "RunInfo",
     "RunReport",
+    "Spot",
     "Summary",
     "UsageTally",
     "aggregate",
     "asked_question",
+    "audit",
     "build_report",
     "case_count",
     "case_row",
     "case_verdict",
     "category",
+    "cohen_kappa",
     "counted",
     "counted_cases",
     "difference",
     "format_ms",
     "grouped",
+    "judged_at",
+    "judged_spots",
     "one_line",
     "page_end",
     "page_start",
