@@ -82,6 +82,10 @@ def test_flip_rate_and_agreement_of_known_verdicts() -> None:
     # A tie among 2 verdicts counts half of them as agreeing.
     tie = audit("r", [{a: judged(True)}, {a: judged(False)}])
     assert tie.criteria["crit"].agreement == 0.5
+    # An asking whose judge calls all failed gave no verdict: counted apart, not a flip.
+    failed = Judged("crit", None, {})
+    quiet = audit("r", [{a: judged(True)}, {a: failed}, {a: judged(True)}])
+    assert (quiet.criteria["crit"].flipped, quiet.criteria["crit"].unanswered) == (0, 1)
 
 
 # -- a run against judges of known behaviour ------------------------------------------------
@@ -234,6 +238,22 @@ def test_label_and_audit_refuse_what_is_not_there(
     ):
         code, _out, err = _run(capsys, *argv)
         assert code == 2 and said in err and "Traceback" not in err, (argv, err)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(
+        json.dumps(
+            {
+                "id": "p",
+                "input": "hi [case c1]",
+                "assertions": [{"type": "contains", "value": "answer"}],
+            }
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    code, _out, err = _run(capsys, "-i", str(plain), "-n", "bot")
+    assert code == 0, err
+    code, _out, err = _run(capsys, "audit-judges", "last")
+    assert code == 2 and "no judged (agent) assertion" in err, err
 
 
 def test_the_viewer_keeps_a_label_posted_from_its_own_page(
@@ -272,8 +292,18 @@ def test_the_viewer_keeps_a_label_posted_from_its_own_page(
             assert client.post(f"{root}/api/runs/{run_id}", json=body).status_code == 405
     finally:
         viewer.stop()
+    # Behind a token, a label needs it like every request.
+    guarded = Viewer(["--port", "0", "--token", "t0ken"], env, tmp_path)
+    try:
+        labels = f"{guarded.root()}/api/runs/{run_id}/labels"
+        assert httpx.post(labels, json=body).status_code == 401
+        good = httpx.post(labels, json=body, headers={"Authorization": "Bearer t0ken"})
+        assert good.status_code == 201, good.text
+    finally:
+        guarded.stop()
     url = f"sqlite:///{tmp_path / '.agenttest' / 'agenttest.db'}"
     stored = judge_labels.labels_of(url, run_id)
+    # Labelled twice by the same person: the newest label replaced the first.
     assert [(s.case_id, s.turn, s.position, s.label, s.note) for s in stored] == [
         ("c2", 1, 2, False, "<b>x</b>")
     ]

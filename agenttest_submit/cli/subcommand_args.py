@@ -9,19 +9,23 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from agenttest_submit.cli.arg_types import Parser, duration_arg, formats, port_arg, positive_int
+from agenttest_submit.cli.arg_types import (
+    RUN_HELP,
+    Parser,
+    duration_arg,
+    formats,
+    port_arg,
+    positive_int,
+)
+from agenttest_submit.cli.audit_args import add_audit_parsers, audit_request
 from agenttest_submit.cli.request import (
-    AUDIT_TIMES,
-    AUDIT_TIMES_MAX,
     SCHEMA_KINDS,
-    AuditRequest,
     CacheRequest,
     CancelRequest,
     DbRequest,
     DiffRequest,
     HistoryCommandRequest,
     HistoryRequest,
-    LabelRequest,
     MetricsRequest,
     PromoteRequest,
     PruneRequest,
@@ -49,7 +53,7 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
     "promote": ("promote RUN", "make a finished run its suite's baseline (--baseline suite)"),
     "diff": ("diff [BASE] [NEW] [--format F]", "what changed between two runs, case by case"),
     "history": ("history CASE_ID [--suite S]", "a case's verdict run after run"),
-    "view": ("view [RUN] [--port P]", "a local read-only web viewer of the stored runs"),
+    "view": ("view [RUN] [--port P]", "a local web viewer of the stored runs (writes only labels)"),
     "metrics": (
         "metrics [--port P] [--host H] [--token T]",
         "serve the fleet's progress and queues to Prometheus",
@@ -78,7 +82,6 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
 }
 SUBCOMMANDS = tuple(SUBCOMMAND_HELP)
 
-RUN_HELP = "a run id as printed when it started, or last (the newest run)"
 
 # Options a user pastes from a run's command line into a subcommand that has no use for
 # them: accepted by the parser, then refused with the reason (`refused_pasted`).
@@ -284,7 +287,7 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         "non-loopback --host (or AGENTTEST_METRICS_TOKEN)",
     )
     _history_parsers(add)
-    _audit_parsers(add)
+    add_audit_parsers(add)
     view = add("view")
     view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
     view.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
@@ -345,57 +348,6 @@ def _history_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
     promote.add_argument("run", metavar="RUN", help=RUN_HELP)
 
 
-def _times(text: str) -> int:
-    times = positive_int(text)
-    if times > AUDIT_TIMES_MAX:
-        raise argparse.ArgumentTypeError(f"at most {AUDIT_TIMES_MAX}, not {times}")
-    return times
-
-
-def _turn(text: str) -> int:
-    if text == "final":
-        return 0
-    return positive_int(text)
-
-
-def _audit_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
-    audit = add("audit-judges")
-    audit.add_argument("run", metavar="RUN", help=RUN_HELP)
-    audit.add_argument(
-        "--times",
-        type=_times,
-        default=AUDIT_TIMES,
-        metavar="N",
-        help=f"ask each judge N more times (default: {AUDIT_TIMES}; at most {AUDIT_TIMES_MAX})",
-    )
-    audit.add_argument(
-        "--format", choices=("console", "json"), default="console", help="console or json"
-    )
-    audit.add_argument("-o", "--output", metavar="FILE", help="write the audit to FILE")
-    audit.add_argument(
-        "--parallel",
-        type=positive_int,
-        default=10,
-        metavar="N",
-        help="conversations judged again at a time (default: 10)",
-    )
-    label = add("label")
-    label.add_argument("run", metavar="RUN", help=RUN_HELP)
-    label.add_argument("case_id", metavar="CASE", help="the case's id (a repetition's: ID#N)")
-    label.add_argument(
-        "turn", type=_turn, metavar="TURN", help="the turn's number, or final (final assertions)"
-    )
-    label.add_argument("label", choices=("pass", "fail"), help="what the verdict should be")
-    label.add_argument("--note", metavar="TEXT", help="why, kept with the label")
-    label.add_argument(
-        "--assertion",
-        type=positive_int,
-        metavar="K",
-        help="the K-th assertion of the turn (needed when it has more than one judged one)",
-    )
-    label.add_argument("--by", metavar="NAME", help="who labels (default: USER@HOST)")
-
-
 def subcommand_request(
     args: argparse.Namespace,
 ) -> SubcommandRequest | HistoryCommandRequest | ViewRequest | MetricsRequest:
@@ -428,24 +380,8 @@ def subcommand_request(
                 )
             )
         return CacheRequest(action=args.action, agent=args.agent, older_than=args.older_than)
-    if args.command == "audit-judges":
-        return AuditRequest(
-            run=args.run,
-            times=args.times,
-            format=args.format,
-            output=args.output,
-            parallel=args.parallel,
-        )
-    if args.command == "label":
-        return LabelRequest(
-            run=args.run,
-            case_id=args.case_id,
-            turn=args.turn,
-            label=args.label == "pass",
-            note=args.note,
-            assertion=args.assertion,
-            by=args.by,
-        )
+    if args.command in ("audit-judges", "label"):
+        return audit_request(args)
     if args.command == "cancel":
         return CancelRequest(run=args.run, reason=args.reason)
     if args.command == "resume":

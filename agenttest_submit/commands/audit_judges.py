@@ -45,7 +45,17 @@ def audit_command(url: str, run: RunRow, request: AuditRequest) -> int:
             InputProblem(f"run {run.id} has no finished conversations to audit", field="RUN")
         )
     config = config_from_stored(run.config or {})
+    print(
+        f"run {run.id}: asking the judges of {len(stored)} conversation(s) again, "
+        f"{request.times} time(s) (no target is called)",
+        file=sys.stderr,
+        flush=True,
+    )
     askings = run_async(_askings(stored, config, request.times, request.parallel))
+    if not askings[0]:
+        raise InputError(
+            InputProblem(f"run {run.id} has no judged (agent) assertion to audit", field="RUN")
+        )
     labels = [
         Label(Spot(s.case_id, s.turn, s.position), s.criterion, s.judge_verdict, s.label)
         for s in judge_labels.labels_of(url, run.id)
@@ -77,6 +87,8 @@ async def _askings(
         askings[0].update(
             judged_spots(case.key, state.turns, state.final_assertions, default_judge)
         )
+    if not askings[0]:
+        return askings[:1]  # nothing judged: nothing to ask again
     # No reply cache (`replies` unset): every judge is called again.
     pool = AgentPool(config)
     work = iter([(i, a) for i in range(len(stored)) for a in range(1, times + 1)])
@@ -119,6 +131,9 @@ def audit_text(found: Audit) -> str:
                 f"{_share(row.flip_rate):>9}  {_share(row.agreement):>9}{mark}"
             )
         lines.append("")
+    unanswered = sum(c.unanswered for c in found.criteria.values())
+    if unanswered:
+        lines += [f"{unanswered} asking(s) gave no verdict: every judge call failed.", ""]
     unstable = found.unstable()
     if unstable:
         lines.append(f"Unstable criteria (verdicts flipped on over {UNSTABLE_FLIP_RATE:.0%}):")

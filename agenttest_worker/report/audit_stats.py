@@ -130,8 +130,11 @@ class Stability:
     verdicts: int = 0
     agreeing: float = 0.0
     flips: list[Spot] = field(default_factory=list)
+    # Askings that gave no verdict: every judge call of it failed.
+    unanswered: int = 0
 
-    def add(self, spot: Spot, verdicts: Sequence[bool]) -> None:
+    def add(self, spot: Spot, verdicts: Sequence[bool], unanswered: int = 0) -> None:
+        self.unanswered += unanswered
         if not verdicts:
             return
         self.items += 1
@@ -162,6 +165,7 @@ class Stability:
             "verdicts": self.verdicts,
             "agreement": round(self.agreement, 4),
             "unstable": self.unstable,
+            "unanswered": self.unanswered,
             "flips": [s.document() for s in sorted(self.flips)],
         }
 
@@ -263,7 +267,9 @@ def audit(
         verdicts = [j.verdict for j in asked if j.verdict is not None]
         if verdicts:
             found.items += 1
-        found.criteria.setdefault(criterion, Stability(criterion)).add(spot, verdicts)
+        found.criteria.setdefault(criterion, Stability(criterion)).add(
+            spot, verdicts, len(askings) - len(verdicts)
+        )
         judges = sorted({name for j in asked for name in j.by_judge})
         for judge in judges:
             votes = [v for j in asked for v in j.by_judge.get(judge, [])]
