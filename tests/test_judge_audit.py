@@ -256,6 +256,37 @@ def test_label_and_audit_refuse_what_is_not_there(
     assert code == 2 and "no judged (agent) assertion" in err, err
 
 
+def test_repetitions_are_audited_each_as_its_own_transcript(
+    agent: ScriptedAgent,
+    demo_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(capsys, *write_project(tmp_path, agent, demo_url), "--repeat", "2")
+    assert code == 1, out + err
+    code, out, err = _run(capsys, "audit-judges", "last", "--times", "1", "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["items"] == 2 * 2 * len(CASES)
+    stable = _by_name(document["criteria"])[STABLE]
+    assert (stable["items"], stable["flipped"]) == (2 * len(CASES), 0)
+    code, out, err = _run(capsys, "label", "last", "c1#2", "1", "pass", "--assertion", "2")
+    assert code == 0, err
+    assert "c1#2 turn 1 assertion 2" in out and "agrees with the judge's pass" in out
+
+
+def test_a_single_judge_is_named_as_a_panel_names_it() -> None:
+    from agenttest_worker.report.audit_stats import judge_of
+    from agenttest_worker.results import AssertionResult
+
+    asked = AssertionResult(type="agent", passed=True)
+    assert judge_of(asked, "agents:grader") == judge_of(asked, "grader") == "agents:grader"
+    used = AssertionResult.model_validate({"type": "agent", "passed": True, "use": "agents:x"})
+    assert judge_of(used, "grader") == "agents:x"
+
+
 def test_the_viewer_keeps_a_label_posted_from_its_own_page(
     agent: ScriptedAgent, demo_url: str, tmp_path: Path
 ) -> None:

@@ -83,10 +83,10 @@ async def _askings(
     cases = [Case.model_validate(s.case) for s in stored]
     states = [ConversationState.model_validate(s.state) for s in stored]
     askings: list[dict[Spot, Judged]] = [{} for _ in range(times + 1)]
-    for case, state in zip(cases, states, strict=True):
-        askings[0].update(
-            judged_spots(case.key, state.turns, state.final_assertions, default_judge)
-        )
+    # A conversation's key is the stored one: a repetition's (ID#N) is not in its case.
+    keys = [s.case_id for s in stored]
+    for key, state in zip(keys, states, strict=True):
+        askings[0].update(judged_spots(key, state.turns, state.final_assertions, default_judge))
     if not askings[0]:
         return askings[:1]  # nothing judged: nothing to ask again
     # No reply cache (`replies` unset): every judge is called again.
@@ -95,10 +95,9 @@ async def _askings(
 
     async def lane() -> None:
         for index, asking in work:
-            case = cases[index]
-            again = await reevaluate(case, states[index], pool)
+            again = await reevaluate(cases[index], states[index], pool)
             askings[asking].update(
-                judged_spots(case.key, again.turns, again.final_assertions, default_judge)
+                judged_spots(keys[index], again.turns, again.final_assertions, default_judge)
             )
 
     try:

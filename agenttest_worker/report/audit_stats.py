@@ -77,7 +77,9 @@ def judge_of(assertion: AssertionResult, default_judge: str | None) -> str:
         use = use[0]
     if isinstance(use, str) and use:
         return use if ":" in use else f"agents:{use}"
-    return f"agents:{default_judge}" if default_judge else "(default judge)"
+    if not default_judge:
+        return "(default judge)"
+    return f"agents:{default_judge.removeprefix('agents:')}"
 
 
 def judged_at(assertion: AssertionResult, default_judge: str | None) -> Judged:
