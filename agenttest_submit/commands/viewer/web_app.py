@@ -216,8 +216,8 @@ def _label_request(run: str, body: Any) -> LabelRequest | str:
         return 'turn: a turn number, or "final"'
     if label not in ("pass", "fail"):
         return 'label: "pass" or "fail"'
-    if note is not None and not isinstance(note, str):
-        return "note: text"
+    if note is not None and (not isinstance(note, str) or len(note) > 4000):
+        return "note: text (at most 4000 characters)"
     if assertion is not None and (not isinstance(assertion, int) or assertion < 1):
         return "assertion: the assertion's position in its turn, from 1"
     if by is not None and (not isinstance(by, str) or len(by) > 200):
