@@ -6,8 +6,8 @@ calls, judge reasons and case names carry XSS payloads: embedded (SQLite) here, 
 a fleet (Postgres, marked `fleet`). The pages list the runs, a run's cases (sorted,
 filtered, searched), its progress live while it runs, and a case's conversation with
 every payload shown as text; nothing runs, nothing is fetched from elsewhere, every
-response has a Content-Security-Policy, nothing but GET is answered, and a non-loopback
-address is refused without a token.
+response has a Content-Security-Policy, nothing but GET is answered (but a label's POST,
+tests/test_judge_audit.py), and a non-loopback address is refused without a token.
 """
 
 from __future__ import annotations
@@ -256,7 +256,12 @@ def test_nothing_but_get_is_answered(run: Run, viewer: Viewer) -> None:
     from agenttest_submit.commands.viewer.web_app import make_app
 
     routes = make_app("sqlite://").router.routes()
-    assert {route.method for route in routes} == {"GET", "HEAD"}
+    assert {route.method for route in routes} == {"GET", "HEAD", "POST"}
+    # The one route that writes: a person's label of a judged verdict (test_judge_audit.py).
+    posts = [
+        route.resource.canonical for route in routes if route.method == "POST" and route.resource
+    ]
+    assert posts == ["/api/runs/{run}/labels"]
 
 
 def test_a_request_for_another_host_is_refused(viewer: Viewer) -> None:

@@ -45,6 +45,10 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+# What every RUN argument takes.
+RUN_HELP = "a run id as printed when it started, or last (the newest run)"
+
+
 def formats() -> list[str]:
     """The `--format` choices: every format in the report registry, as registered now."""
     from agenttest_worker.report import REPORTERS  # after heap.starting(): see the top

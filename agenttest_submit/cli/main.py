@@ -7,7 +7,7 @@
     agenttest-submit status RUN | report RUN [-o FILE] | resume RUN | cancel RUN | db upgrade
     agenttest-submit prune --older-than 30d [--suite S] [--keep-last N] [--dry-run]
     agenttest-submit schema [cases|yaml|config]     (JSON Schemas for editors)
-    agenttest-submit view [RUN] [--host H --port P --token T]   (read-only web viewer)
+    agenttest-submit view [RUN] [--host H --port P --token T]   (web viewer; writes labels)
     (every subcommand: subcommand_args.SUBCOMMAND_HELP, listed by --help)
 
 Exit codes: 0 nothing failed, 1 a case failed, 2 a usage or input error (every problem

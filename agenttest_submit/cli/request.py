@@ -251,6 +251,33 @@ class MetricsRequest(NamedTuple):
     token: str | None = None  # None: AGENTTEST_METRICS_TOKEN
 
 
+# How often `audit-judges` asks each judge again, by default and at most.
+AUDIT_TIMES = 3
+AUDIT_TIMES_MAX = 20
+
+
+class AuditRequest(NamedTuple):
+    """`agenttest-submit audit-judges RUN [--times N] [--format F] [-o FILE]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    times: int = AUDIT_TIMES
+    format: Literal["console", "json"] = "console"
+    output: str | None = None  # -o: written to this file (None: stdout)
+    parallel: int = 10  # conversations re-judged at a time
+
+
+class LabelRequest(NamedTuple):
+    """`agenttest-submit label RUN CASE TURN pass|fail [--note TEXT] [--assertion K]`."""
+
+    run: str  # a run id, or "last" for the newest run
+    case_id: str  # the conversation's key (a repetition's: ID#N)
+    turn: int  # the turn number; 0: the conversation's final assertions
+    label: bool  # pass: True
+    note: str | None = None
+    assertion: int | None = None  # the position among the turn's assertions (from 1)
+    by: str | None = None  # who labels; None: USER@HOST
+
+
 HistoryCommandRequest = DiffRequest | HistoryRequest | RunsRequest | PromoteRequest
 SubcommandRequest = (
     StatusRequest
@@ -261,4 +288,6 @@ SubcommandRequest = (
     | SchemaRequest
     | CancelRequest
     | PruneRequest
+    | AuditRequest
+    | LabelRequest
 )

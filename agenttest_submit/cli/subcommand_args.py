@@ -1,8 +1,8 @@
 """The parser of every subcommand (`SUBCOMMAND_HELP`: status, report, resume, cancel,
-runs, diff, history, view, metrics, prune, cache, db, schema) and the requests it builds
-(request.py); the run's own parser is in main.py. Options a user pastes from a run
-(`--config`, `--format`, `-o`) are taken where they mean something and refused with the
-reason elsewhere (`PASTED_REASONS`)."""
+runs, diff, history, view, metrics, prune, cache, db, schema, audit-judges, label) and
+the requests it builds (request.py); the run's own parser is in main.py. Options a user
+pastes from a run (`--config`, `--format`, `-o`) are taken where they mean something and
+refused with the reason elsewhere (`PASTED_REASONS`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Callable, Sequence
 
 from agenttest_submit.cli.arg_types import (
+    RUN_HELP,
     Parser,
     confidence,
     duration_arg,
@@ -17,6 +18,7 @@ from agenttest_submit.cli.arg_types import (
     port_arg,
     positive_int,
 )
+from agenttest_submit.cli.audit_args import add_audit_parsers, audit_request
 from agenttest_submit.cli.request import (
     SCHEMA_KINDS,
     CacheRequest,
@@ -52,7 +54,7 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
     "promote": ("promote RUN", "make a finished run its suite's baseline (--baseline suite)"),
     "diff": ("diff [BASE] [NEW] [--format F]", "what changed between two runs, case by case"),
     "history": ("history CASE_ID [--suite S]", "a case's verdict run after run"),
-    "view": ("view [RUN] [--port P]", "a local read-only web viewer of the stored runs"),
+    "view": ("view [RUN] [--port P]", "a local web viewer of the stored runs (writes only labels)"),
     "metrics": (
         "metrics [--port P] [--host H] [--token T]",
         "serve the fleet's progress and queues to Prometheus",
@@ -65,6 +67,14 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
         "cache stats|clear [--agent NAME] [--older-than D]",
         "the agents' cached replies: how many by agent, or remove them",
     ),
+    "audit-judges": (
+        "audit-judges RUN [--times N] [--format F] [-o FILE]",
+        "ask a run's judges again on the same transcripts: how often they change their minds",
+    ),
+    "label": (
+        "label RUN CASE TURN pass|fail [--note TEXT] [--assertion K]",
+        "a person's verdict on a judged assertion, for audit-judges to compare judges with",
+    ),
     "db": ("db upgrade", "bring the database to the current schema"),
     "schema": (
         "schema [cases|yaml|config] [-o FILE]",
@@ -73,7 +83,6 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
 }
 SUBCOMMANDS = tuple(SUBCOMMAND_HELP)
 
-RUN_HELP = "a run id as printed when it started, or last (the newest run)"
 
 # Options a user pastes from a run's command line into a subcommand that has no use for
 # them: accepted by the parser, then refused with the reason (`refused_pasted`).
@@ -127,6 +136,12 @@ PASTED_REASONS: dict[str, dict[str, str]] = {
     "cache": {
         "--config": "cache reads the store (AGENTTEST_DATABASE_URL, else AGENTTEST_HOME), "
         "where every project's cached replies are kept, by agent name",
+        "--format": _PRINTS_WHAT_IT_DID,
+        "-o": _PRINTS_WHAT_IT_DID,
+    },
+    "audit-judges": {"--config": _CONFIG_READ_FROM_STORE},
+    "label": {
+        "--config": _CONFIG_READ_FROM_STORE,
         "--format": _PRINTS_WHAT_IT_DID,
         "-o": _PRINTS_WHAT_IT_DID,
     },
@@ -273,6 +288,7 @@ def build_subcommand_parser() -> argparse.ArgumentParser:
         "non-loopback --host (or AGENTTEST_METRICS_TOKEN)",
     )
     _history_parsers(add)
+    add_audit_parsers(add)
     view = add("view")
     view.add_argument("run", nargs="?", metavar="RUN", help="open at this run (or last)")
     view.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
@@ -380,6 +396,8 @@ def subcommand_request(
                 )
             )
         return CacheRequest(action=args.action, agent=args.agent, older_than=args.older_than)
+    if args.command in ("audit-judges", "label"):
+        return audit_request(args)
     if args.command == "cancel":
         return CancelRequest(run=args.run, reason=args.reason)
     if args.command == "resume":

@@ -1,5 +1,6 @@
 """Subcommands: `status RUN`, `report RUN`, `resume RUN`, `cancel RUN` (cancel.py),
-`prune` (prune.py), `db upgrade`, `schema [KIND]`.
+`prune` (prune.py), `audit-judges RUN` (audit_judges.py), `label RUN ...`
+(judge_labelling.py), `db upgrade`, `schema [KIND]`.
 
 RUN is a run id as printed when the run started, or `last` for the newest run.
 `run_subcommand` carries out the request the command line was parsed into. `status`
@@ -15,9 +16,11 @@ from typing import cast
 
 from agenttest_submit.cli.output_file import output_problem, written_to
 from agenttest_submit.cli.request import (
+    AuditRequest,
     CacheRequest,
     CancelRequest,
     DbRequest,
+    LabelRequest,
     PruneRequest,
     ReportRequest,
     ResumeRequest,
@@ -67,7 +70,9 @@ def run_subcommand(request: SubcommandRequest) -> int:
         upgrade(url)
         print(f"database {safe_url(url)} is at the current schema")
         return 0
-    if isinstance(request, ReportRequest) and (problem := output_problem(request.output)):
+    if isinstance(request, ReportRequest | AuditRequest) and (
+        problem := output_problem(request.output)
+    ):
         raise InputError(problem)
     url = _url()
     if isinstance(request, PruneRequest):
@@ -95,6 +100,14 @@ def run_subcommand(request: SubcommandRequest) -> int:
             )
             return max(code, 1)
         return code
+    if isinstance(request, AuditRequest):
+        from agenttest_submit.commands.audit_judges import audit_command  # only here
+
+        return audit_command(url, run, request)
+    if isinstance(request, LabelRequest):
+        from agenttest_submit.commands.judge_labelling import label_command  # only here
+
+        return label_command(url, run.id, request)
     if isinstance(request, CancelRequest):
         from agenttest_submit.commands.cancel import cancel_run  # its imports: only here
 

@@ -6,9 +6,11 @@
 - `report_model`: what every format renders (`RunReport`), `common` what they share;
 - `aggregation`: once a run's conversations have ended, its reports built once and
   stored, streamed from the store;
-- `verdicts` (repeated cases), `judges` (judge agreement), `usage_tally` (calls, tokens
-  and cost by role), `diff` and `diff_formats` (what changed between two runs),
-  `significance` (the noise-aware gate's statistics), `causes` (why cases failed).
+- `verdicts` (repeated cases), `judges` (judge agreement), `audit_stats` (a judge
+  audit's flip rates and agreement, and Cohen's kappa against people's labels),
+  `usage_tally` (calls, tokens and cost by role), `diff` and `diff_formats` (what
+  changed between two runs), `significance` (the noise-aware gate's statistics),
+  `causes` (why cases failed).
 """
 
 from __future__ import annotations
@@ -16,6 +18,18 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from agenttest_worker.report.audit_stats import (
+    FINAL_TURN,
+    UNSTABLE_FLIP_RATE,
+    Audit,
+    Judged,
+    Label,
+    Spot,
+    audit,
+    cohen_kappa,
+    judged_at,
+    judged_spots,
+)
 from agenttest_worker.report.causes import (
     FLAKES,
     audited_cause,
@@ -97,25 +111,32 @@ __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_TITLE",
     "DIFF_FORMATS",
+    "FINAL_TURN",
     "FLAKES",
     "REPORTERS",
     "ROLE_ORDER",
     "START_WIDTH",
     "STORED_FORMATS",
     "TITLES",
+    "UNSTABLE_FLIP_RATE",
+    "Audit",
     "CaseChange",
     "ChunkedReporter",
     "Definitions",
+    "Judged",
+    "Label",
     "PassRates",
     "Reporter",
     "RunData",
     "RunDiff",
     "RunInfo",
     "RunReport",
+    "Spot",
     "Summary",
     "UsageTally",
     "aggregate",
     "asked_question",
+    "audit",
     "audited_cause",
     "build_report",
     "case_count",
@@ -123,6 +144,7 @@ __all__ = [
     "case_verdict",
     "category",
     "causes_line",
+    "cohen_kappa",
     "confidence_problem",
     "counted",
     "counted_cases",
@@ -133,6 +155,8 @@ __all__ = [
     "gated_category",
     "grouped",
     "in_order",
+    "judged_at",
+    "judged_spots",
     "next_repetition",
     "one_line",
     "page_end",

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agenttest_worker.store.conversation_store import ConversationStore, SqlStore
     from agenttest_worker.store.memory.buffered import BufferedStore
-    from agenttest_worker.store.sql import pruning, recovery, run_history, runs, usage
+    from agenttest_worker.store.sql import (
+        judge_labels,
+        pruning,
+        recovery,
+        run_history,
+        runs,
+        usage,
+    )
     from agenttest_worker.store.sql import run_results as results
     from agenttest_worker.store.sql.db import (
         error_reason,
@@ -36,6 +43,7 @@ if TYPE_CHECKING:
         session_scope,
         upgrade,
     )
+    from agenttest_worker.store.sql.judge_labels import UnstableCriterion, unstable_criteria
     from agenttest_worker.store.sql.models import CaseRow, RunRow
     from agenttest_worker.store.sql.stored_conversations import (
         StoredConversation,
@@ -84,6 +92,8 @@ _EXPORTS = {
     "session_scope": f"{_SQL}.db",
     "upgrade": f"{_SQL}.db",
     "CaseRow": f"{_SQL}.models",
+    "UnstableCriterion": f"{_SQL}.judge_labels",
+    "unstable_criteria": f"{_SQL}.judge_labels",
     "RunRow": f"{_SQL}.models",
     "StoredConversation": f"{_SQL}.stored_conversations",
     "stored_conversations": f"{_SQL}.stored_conversations",
@@ -100,6 +110,7 @@ _EXPORTS = {
 }
 # Subjects exported whole, as namespaces (`store.runs.get_run(...)`), by module.
 _SUBJECTS = {
+    "judge_labels": "judge_labels",
     "pruning": "pruning",
     "recovery": "recovery",
     "reply_cache": "cached_replies",
@@ -131,12 +142,14 @@ __all__ = [
     "Step",
     "StoredCase",
     "StoredConversation",
+    "UnstableCriterion",
     "add_run_usage",
     "as_object",
     "error_reason",
     "is_connection_lost",
     "is_sqlite",
     "is_transient",
+    "judge_labels",
     "new_run_id",
     "open_store",
     "pruning",
@@ -148,6 +161,7 @@ __all__ = [
     "runs",
     "session_scope",
     "stored_conversations",
+    "unstable_criteria",
     "upgrade",
     "usage",
     "usage_document",

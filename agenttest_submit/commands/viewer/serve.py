@@ -100,7 +100,8 @@ async def _serve(database_url: str, host: str, port: int, token: str | None, pat
         listening = runner.addresses[0][1] if runner.addresses else port
         auth = " (token required)" if token else ""
         print(
-            f"agenttest viewer: {url_of(host, listening, path)}{auth} (read-only; Ctrl-C stops it)",
+            f"agenttest viewer: {url_of(host, listening, path)}{auth} "
+            "(read-only but for labels; Ctrl-C stops it)",
             file=sys.stderr,
             flush=True,
         )

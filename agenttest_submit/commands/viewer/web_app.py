@@ -1,4 +1,4 @@
-"""The viewer's aiohttp application: pages and their JSON API, read-only.
+"""The viewer's aiohttp application: pages and their JSON API, read-only but for labels.
 
     /                       the runs, grouped, newest first
     /runs/RUN               a run: summary, live progress while it runs, the case table
@@ -9,9 +9,17 @@
     /api/runs/RUN/cases     {"rows": [...]} (?q=TEXT: {"ids": [...]} of the cases matching)
     /api/runs/RUN/case?id=  {"exists", "row", "records": [[record, notes], ...]}
     /api/runs/RUN/diff?base= the `diff` command's JSON, case by case
+    POST /api/runs/RUN/labels  a person's pass or fail for one judged assertion
+                            ({"case", "turn" (a number or "final"), "label": "pass" or
+                            "fail", "note", "assertion", "by"}), as `label` keeps it
 
-Every request passes `guard` first: only GET and HEAD are served (anything else is 405
-before routing, so no handler can be reached by a method that might change something);
+Every request passes `guard` first: only GET and HEAD are served, and POST to the one
+path that writes (anything else is 405 before routing, so no other handler can be
+reached by a method that might change something). A POST must be JSON
+(`Content-Type: application/json`, which no cross-site form can send without the
+browser asking first, and this server never allows it) and, when the browser says
+where it comes from (`Origin`, `Sec-Fetch-Site`), come from the viewer's own pages: a
+page elsewhere cannot label through a visitor's browser, even one that holds the token;
 with a token, the request must carry it (`Authorization: Bearer TOKEN`, or basic auth
 with TOKEN as the password, which a browser asks for); without one the server is on a
 loopback address and answers only requests addressed to one, so that a web page the
@@ -28,7 +36,10 @@ from typing import Any
 
 from aiohttp import web
 
+from agenttest_submit.cli.request import LabelRequest
+from agenttest_submit.commands.judge_labelling import label_verdict
 from agenttest_submit.commands.viewer.queries import RunViews, run_diff, runs_page
+from agenttest_worker.errors import InputError
 from agenttest_worker.observe import authorized
 from agenttest_worker.report import page_end, page_start, policy
 
@@ -38,6 +49,7 @@ _RUN = "{run:[A-Za-z0-9._-]{1,64}}"
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 _API_POLICY = "default-src 'none'; frame-ancestors 'none'"
 _HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:]*)(:\d+)?$")
+_LABELS = re.compile(r"^/api/runs/[A-Za-z0-9._-]{1,64}/labels$")
 VIEWS = web.AppKey("views", RunViews)
 
 
@@ -57,6 +69,7 @@ def make_app(url: str, *, token: str | None = None, host: str = "127.0.0.1") -> 
     app.router.add_get(f"/api/runs/{_RUN}/cases", _api_cases)
     app.router.add_get(f"/api/runs/{_RUN}/case", _api_case)
     app.router.add_get(f"/api/runs/{_RUN}/diff", _api_diff)
+    app.router.add_post(f"/api/runs/{_RUN}/labels", _api_label)
     return app
 
 
@@ -64,7 +77,8 @@ def _guard(token: str | None, hosts: set[str]) -> Any:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if request.method not in ("GET", "HEAD"):
+            writes = request.method == "POST" and bool(_LABELS.match(request.path))
+            if request.method not in ("GET", "HEAD") and not writes:
                 raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"], text="read-only")
             if token is not None:
                 if not authorized(request.headers.get("Authorization", ""), token):
@@ -78,6 +92,8 @@ def _guard(token: str | None, hosts: set[str]) -> Any:
                 raise web.HTTPMisdirectedRequest(
                     text="this viewer answers only to " + ", ".join(sorted(hosts))
                 )
+            if writes:
+                _same_origin(request)
             response = await handler(request)
         except web.HTTPException as error:
             _secure(request, error)
@@ -86,6 +102,17 @@ def _guard(token: str | None, hosts: set[str]) -> Any:
         return response
 
     return guard
+
+
+def _same_origin(request: web.Request) -> None:
+    """A write comes as JSON from the viewer's own pages (see the module docstring)."""
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(text="a label is sent as application/json")
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != f"{request.scheme}://{request.host}":
+        raise web.HTTPForbidden(text="labels come from this viewer's own pages")
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        raise web.HTTPForbidden(text="labels come from this viewer's own pages")
 
 
 def _host(header: str) -> str:
@@ -173,3 +200,54 @@ async def _api_diff(request: web.Request) -> web.StreamResponse:
     if found is None:
         return _no_run(request)
     return _json(found, status=404 if "cases" not in found else 200)
+
+
+def _label_request(run: str, body: Any) -> LabelRequest | str:
+    """The label a POST's JSON asks for, or what is wrong with it."""
+    if not isinstance(body, dict):
+        return "a label is a JSON object"
+    case, turn, label = body.get("case"), body.get("turn"), body.get("label")
+    note, assertion, by = body.get("note"), body.get("assertion"), body.get("by")
+    if not isinstance(case, str) or not case:
+        return "case: the case's id"
+    if turn == "final":
+        turn = 0
+    if not isinstance(turn, int) or isinstance(turn, bool) or turn < 0:
+        return 'turn: a turn number, or "final"'
+    if label not in ("pass", "fail"):
+        return 'label: "pass" or "fail"'
+    if note is not None and (not isinstance(note, str) or len(note) > 4000):
+        return "note: text (at most 4000 characters)"
+    if assertion is not None and (not isinstance(assertion, int) or assertion < 1):
+        return "assertion: the assertion's position in its turn, from 1"
+    if by is not None and (not isinstance(by, str) or len(by) > 200):
+        return "by: a name (at most 200 characters)"
+    return LabelRequest(run, case, turn, label == "pass", note, assertion, by)
+
+
+async def _api_label(request: web.Request) -> web.StreamResponse:
+    run = request.match_info["run"]
+    try:
+        body = await request.json()
+    except ValueError:
+        return _json({"message": "the body is not JSON"}, status=400)
+    asked = _label_request(run, body)
+    if isinstance(asked, str):
+        return _json({"message": asked}, status=400)
+    if await _read(_views(request).header, run) is None:
+        return _no_run(request)
+    try:
+        kept = await _read(label_verdict, _views(request).url, run, asked)
+    except InputError as error:
+        return _json({"message": "; ".join(p.message for p in error.problems)}, status=400)
+    return _json(
+        {
+            "case": kept.case_id,
+            "turn": kept.turn,
+            "assertion": kept.position,
+            "criterion": kept.criterion,
+            "judge_verdict": "pass" if kept.judge_verdict else "fail",
+            "label": "pass" if kept.label else "fail",
+        },
+        status=201,
+    )

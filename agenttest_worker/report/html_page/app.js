@@ -65,6 +65,13 @@ const viewerSource = (runId) => {
     caseData: async (id) => getJSON(`${api}/case?id=${encodeURIComponent(id)}`, true),
     pairs: async (row) => (await getJSON(`${api}/case?id=${encodeURIComponent(row.id)}`)).records,
     search: async (query) => new Set((await getJSON(`${api}/cases?q=${encodeURIComponent(query)}`)).ids),
+    // JSON from this page only: the viewer refuses a label sent any other way.
+    label: async (body) => {
+      const response = await fetch(`${api}/labels`, { method: "POST", headers: { "Content-Type": "application/json", Accept: "application/json" }, body: JSON.stringify(body) });
+      const answer = await response.json();
+      if (!response.ok) throw new Error(answer.message || `HTTP ${response.status}`);
+      return answer;
+    },
     caseHref: (id) => `/runs/${encodeURIComponent(runId)}/case?id=${encodeURIComponent(id)}`,
     runHref: () => `/runs/${encodeURIComponent(runId)}`,
     diffHref: () => `/runs/${encodeURIComponent(runId)}/diff`,

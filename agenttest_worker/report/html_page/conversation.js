@@ -26,12 +26,35 @@ const caseSection = (source, row, pairs) => {
   }
   for (const [rec, notes] of pairs) {
     if (pairs.length > 1 || rec.repeat) section.appendChild(el("h3", null, `Repetition ${rec.repeat || "?"}/${rec.repeats || pairs.length} `, badge(rec.status)));
-    section.appendChild(recordView(rec, notes || {}));
+    section.appendChild(recordView(rec, notes || {}, source.label ? labeller(source, rec) : null));
   }
   return section;
 };
 
-const recordView = (rec, notes) => {
+// The viewer's label buttons: a person's pass or fail for one judged assertion, sent to
+// the viewer (which keeps it as `agenttest-submit label` does); the report has none.
+const labeller = (source, rec) => (turn, position, item) => {
+  const key = rec.repeat ? `${rec.id}#${rec.repeat}` : rec.id;
+  const said = el("span", "dim", "");
+  const button = (verdict) => {
+    const b = el("button", "label-button", `label ${verdict}`);
+    b.type = "button";
+    b.dataset.label = verdict;
+    b.addEventListener("click", async () => {
+      said.textContent = " …";
+      try {
+        const kept = await source.label({ case: key, turn, assertion: position, label: verdict });
+        said.textContent = ` labelled ${kept.label} (the judge said ${kept.judge_verdict})`;
+      } catch (error) {
+        said.textContent = ` not labelled: ${shown(error.message || error)}`;
+      }
+    });
+    return b;
+  };
+  item.appendChild(el("div", "labels", button("pass"), " ", button("fail"), said));
+};
+
+const recordView = (rec, notes, label) => {
   const facts = [];
   if (rec.agent) facts.push(field("Agent", rec.agent));
   if (rec.simulator) facts.push(field("Simulator", rec.simulator));
@@ -44,12 +67,12 @@ const recordView = (rec, notes) => {
   const chat = el("div", "chat");
   (rec.turns || []).forEach((turn, index) => {
     const skip = (notes.skips || {})[String(index)];
-    chat.appendChild(skip ? skipNotice(skip) : turnView(turn, index, notes));
+    chat.appendChild(skip ? skipNotice(skip) : turnView(turn, index, notes, label));
   });
   if (notes.end_skip) chat.appendChild(skipNotice(notes.end_skip));
   const parts = [el("div", "facts", facts), usageTable(rec.usage_by_role), chat];
   if ((rec.final_assertions || []).length) {
-    parts.push(el("h4", null, "Final assertions"), assertionList(rec.final_assertions, notes.final_labels || []));
+    parts.push(el("h4", null, "Final assertions"), assertionList(rec.final_assertions, notes.final_labels || [], label && ((position, item) => label("final", position, item))));
   }
   const result = [el("span", "label", "Result "), badge(rec.status)];
   if (rec.error) result.push(pre("error", rec.error));
@@ -69,7 +92,7 @@ const skipNotice = (skip) =>
     skip.advice ? el("div", "advice", skip.advice) : null,
   );
 
-const turnView = (turn, index, notes) => {
+const turnView = (turn, index, notes, label) => {
   const marker = ((notes.markers || [])[index]) || "";
   const status = turn.error ? "failed" : turn.status;
   const head = [el("span", "turn-no", `Turn ${turn.turn}`), " "];
@@ -105,14 +128,16 @@ const turnView = (turn, index, notes) => {
   if (turn.simulator_reasoning) box.appendChild(el("div", "note", `Simulator: ${turn.simulator_reasoning}`));
   for (const problem of turn.problems || []) box.appendChild(pre("error", `Problem: ${problem}`));
   if (turn.error) box.appendChild(pre("error", `Error: ${turn.error}`));
-  if ((turn.assertions || []).length) box.appendChild(assertionList(turn.assertions, (notes.labels || [])[index] || []));
+  const judged = label && !turn.error ? (position, item) => label(turn.turn, position, item) : null;
+  if ((turn.assertions || []).length) box.appendChild(assertionList(turn.assertions, (notes.labels || [])[index] || [], judged));
   if ((turn.calls || []).length) box.appendChild(callsView(turn.calls));
   return box;
 };
 
 const message = (role, label, ...body) => el("div", `msg ${role}`, el("div", "who", label), body);
 
-const assertionList = (assertions, labels) =>
+// `label(position, item)`: the viewer's label buttons, added to each judged assertion.
+const assertionList = (assertions, labels, label) =>
   el(
     "ul",
     "assertions",
@@ -127,6 +152,7 @@ const assertionList = (assertions, labels) =>
       if (a.plan) item.appendChild(el("details", "judge-plan", el("summary", null, "Judge's plan"), pre("text", a.plan)));
       if (a.thinking) item.appendChild(el("details", "judge-thinking", el("summary", null, "Judge's thinking"), pre("text", a.thinking)));
       if ((a.votes || []).length) item.appendChild(votesTable(a.votes));
+      if (label && a.type === "agent") label(i + 1, item);
       return item;
     }),
   );

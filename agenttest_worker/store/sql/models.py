@@ -13,6 +13,8 @@
 - run_reports: the aggregator's reports, stored with the run.
 - reply_cache: agents' replies kept to be served again, by the sha256 of what
   determines them, shared by every run (store/sql/cached_replies.py).
+- judge_labels, judge_audits: people's verdicts on a run's judged assertions, and
+  the judge audits of a run (store/sql/judge_labels.py).
 """
 
 from __future__ import annotations
@@ -274,3 +276,38 @@ class ReplyCacheRow(Base):
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_reply_cache_created_at", "created_at"),)
+
+
+class JudgeLabelRow(Base):
+    """A person's pass or fail for one judged verdict of a run, beside the judge's."""
+
+    __tablename__ = "judge_labels"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(40), ForeignKey("runs.id", ondelete="CASCADE"))
+    case_id: Mapped[str] = mapped_column(String(300))
+    # 0 for final_assertions, else the turn number; the assertion's position from 1.
+    turn: Mapped[int] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(Integer)
+    criterion: Mapped[str] = mapped_column(Text)
+    judge_verdict: Mapped[bool] = mapped_column(Boolean)
+    label: Mapped[bool] = mapped_column(Boolean)
+    note: Mapped[str | None] = mapped_column(Text)
+    labelled_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (Index("ix_judge_labels_run_id", "run_id"),)
+
+
+class JudgeAuditRow(Base):
+    """A judge audit of a run, as `audit-judges --format json` prints it."""
+
+    __tablename__ = "judge_audits"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(40), ForeignKey("runs.id", ondelete="CASCADE"))
+    times: Mapped[int] = mapped_column(Integer)
+    result: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (Index("ix_judge_audits_run_id", "run_id"),)

@@ -22,6 +22,8 @@ from agenttest_worker.store.sql.models import (
     AssertionResultRow,
     Base,
     CaseRow,
+    JudgeAuditRow,
+    JudgeLabelRow,
     RunReportRow,
     RunRow,
     TurnRecordRow,
@@ -40,6 +42,8 @@ RUN_TABLES: tuple[type[Base], ...] = (
     TurnRow,
     CaseRow,
     RunReportRow,
+    JudgeLabelRow,
+    JudgeAuditRow,
 )
 
 
