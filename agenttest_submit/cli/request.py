@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
 
 if TYPE_CHECKING:
     from agenttest_worker.cases import OnMissingInput
+    from agenttest_worker.golden_conversations import GoldenMatch
 
 # `--simulator` given alone: agenttest.yaml's defaults.simulator (known once it is loaded).
 DEFAULT_SIMULATOR = "\0defaults.simulator"
@@ -94,6 +95,11 @@ class RunRequest:
     reeval: str | None = None
     # --reporter: a reporter agent that is sent the results.
     reporter: str | None = None
+    # --golden [MATCH]: every case compared with its golden conversation (exact, tools,
+    # judge; None: only cases with a `golden` assertion); --update-golden: each passing
+    # case's conversation recorded as its golden conversation.
+    golden: GoldenMatch | None = None
+    update_golden: bool = False
 
 
 class StatusRequest(NamedTuple):

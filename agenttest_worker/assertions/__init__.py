@@ -10,7 +10,8 @@
   `latency`: how fast the target answered (its time to first token and to the end of
   its reply; the engine gives it a TimedContext). `trajectory`: tool_sequence,
   tool_count, turn_count (the calls made, the turns played). `groups`: not, any, all
-  (assertions made of assertions).
+  (assertions made of assertions). `golden`: the conversation compared with its
+  golden conversation (exact, tools, or a judge on the replies).
 
 `Assertion` is what the case model validates assertions against: the discriminated
 union of the registered spec models, so an unknown `type` or a misspelt field is a
@@ -51,6 +52,7 @@ from agenttest_worker.assertions.trajectory import (
     TurnCountAssertion,
 )
 from agenttest_worker.assertions.groups import AllAssertion, AnyAssertion, NotAssertion
+from agenttest_worker.assertions.golden import GoldenAssertion
 
 # isort: on
 
@@ -69,6 +71,7 @@ __all__ = [
     "AssertionSpec",
     "ContainsAssertion",
     "EqualsAssertion",
+    "GoldenAssertion",
     "JsonPathAssertion",
     "LatencyAssertion",
     "NotAssertion",
