@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.assertions.checking import (
@@ -45,15 +45,39 @@ _QUOTE_AT_MOST = 160
 
 
 class GoldenAssertion(AssertionSpec):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"type": "golden"},
+                {"type": "golden", "match": "exact"},
+                {"type": "golden", "match": "tools", "args": "ignore"},
+                {"type": "golden", "match": "judge", "use": "agents:judge"},
+            ]
+        }
+    )
+
     type: Literal["golden"]
-    match: GoldenMatch = "tools"
-    # Tool call arguments compared (exact, as JSON) or only the tools' names.
-    args: Literal["exact", "ignore"] = "exact"
-    # The judge of `match: judge` (None: `defaults.judge`).
-    use: str | None = None
+    match: GoldenMatch = Field(
+        default="tools",
+        description="exact: the same replies and tool calls per turn; tools: the same tool "
+        "calls in order; judge: a judge decides whether each reply means the same",
+    )
+    args: Literal["exact", "ignore"] = Field(
+        default="exact",
+        description="compare the tool calls' arguments (exact) or only their names (ignore)",
+    )
+    use: str | None = Field(
+        default=None, description="the judge of match: judge (default: defaults.judge)"
+    )
     # Filled in by the submitter from the case's golden file (written inline, used as is).
-    recorded: GoldenConversation | None = None
-    golden_file: str | None = None
+    recorded: GoldenConversation | None = Field(
+        default=None,
+        description="the golden conversation; read from <case file>.golden/<id>.json when "
+        "not given",
+    )
+    golden_file: str | None = Field(
+        default=None, description="where the golden conversation was read from (set by the run)"
+    )
 
     @field_validator("use")
     @classmethod
