@@ -9,12 +9,14 @@ compare unchanged, edit the agent, compare with exact, tools and judge.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from browser import IMG, SCRIPT, chromium, not_pwned, open_page
 from scripted_agent import Body, Reply, ScriptedAgent, call, last_user_text, say
 
 from agenttest_submit.cli.main import main
@@ -323,3 +325,34 @@ def test_a_hostile_id_cannot_write_outside_the_golden_folder(
     code, records, _, _ = run(project, capsys, "--golden", "exact")
     assert code == 0
     assert all(golden_of(records, i)["passed"] for i in hostile)
+
+
+def test_the_diff_is_shown_as_text_in_the_html_report(
+    project: Path, travel: Travel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project, [trip({"type": "golden", "match": "exact"})])
+    assert run(project, capsys, "--update-golden")[0] == 0
+    travel.wording = f"Flight {SCRIPT} {IMG}"
+    travel.city = "Lyon"
+    report = project / "report.html"
+    code = main(["-i", "cases.jsonl", "-n", TARGET, "--format", "html", "-o", str(report)])
+    err = capsys.readouterr().err
+    assert code == 1
+    run_id = re.search(r"\(run (\S+)\)", err)
+    assert run_id, err
+    with chromium() as browser:
+        page, seen = open_page(browser, f"{report.as_uri()}#case=G1")
+        page.wait_for_selector("#conversation table.golden")
+        heading = page.inner_text("#conversation .golden-diff h4")
+        assert heading == "Golden | new: golden exact"
+        rows = [
+            [cell.inner_text() for cell in row.query_selector_all("td")]
+            for row in page.query_selector_all("#conversation table.golden tbody tr")
+        ]
+        assert rows[0][0] == "1 ≠ reply, tool calls"
+        assert rows[0][1] == 'I found flight AF123 to Paris.\nsearch_flights({"to": "Paris"})'
+        assert rows[0][2] == f'Flight {SCRIPT} {IMG}\nsearch_flights({{"to": "Lyon"}})'
+        same = "You are welcome. Goodbye!\nno tool calls"
+        assert rows[1] == ["2 =", same, same]
+        not_pwned(page, f"agenttest · run {run_id.group(1)}")
+        assert all(url.startswith(report.as_uri()) for url in seen), seen
