@@ -20,7 +20,7 @@ from browser import IMG, SCRIPT, chromium, not_pwned, open_page
 from scripted_agent import Body, Reply, ScriptedAgent, call, last_user_text, say
 
 from agenttest_submit.cli.main import main
-from agenttest_worker.golden_conversations import golden_name
+from agenttest_worker.assertions import golden_name
 
 TARGET = "travel"
 MOCKS = {"search_flights": {"flights": ["AF123"]}}

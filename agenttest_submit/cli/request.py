@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
 
 if TYPE_CHECKING:
+    from agenttest_worker.assertions import GoldenMatch
     from agenttest_worker.cases import OnMissingInput
-    from agenttest_worker.golden_conversations import GoldenMatch
 
 # `--simulator` given alone: agenttest.yaml's defaults.simulator (known once it is loaded).
 DEFAULT_SIMULATOR = "\0defaults.simulator"

@@ -20,10 +20,15 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agenttest_worker.assertions import AssertionSpec, GoldenAssertion
+from agenttest_worker.assertions import (
+    AssertionSpec,
+    GoldenAssertion,
+    GoldenConversation,
+    GoldenMatch,
+    golden_path,
+)
 from agenttest_worker.cases import Case
 from agenttest_worker.errors import InputError, InputProblem
-from agenttest_worker.golden_conversations import GoldenConversation, GoldenMatch, golden_path
 
 # A golden file is a conversation's text: anything this large is not one.
 MAX_GOLDEN_BYTES = 20 * 1024 * 1024

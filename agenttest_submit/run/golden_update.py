@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agenttest_worker.golden_conversations import (
+from agenttest_worker.assertions import (
     GoldenConversation,
     conversation_of,
     golden_folder,

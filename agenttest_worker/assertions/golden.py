@@ -26,7 +26,7 @@ from agenttest_worker.assertions.checking import (
     AssertionSpec,
     register,
 )
-from agenttest_worker.golden_conversations import (
+from agenttest_worker.assertions.golden_conversations import (
     GoldenConversation,
     GoldenMatch,
     GoldenTurn,

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agenttest_worker.golden_conversations import (
+from agenttest_worker.assertions.golden_conversations import (
     GoldenConversation,
     GoldenTurn,
     TurnDiff,
