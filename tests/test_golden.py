@@ -34,13 +34,15 @@ class Travel:
         self.wording = "I found flight AF123 to Paris."
         self.city = "Paris"
         self.tool = "search_flights"
+        # Replies used one by one (then `wording`), one per conversation.
+        self.replies: list[str] = []
 
     def __call__(self, body: Body) -> Reply:
         messages = body["messages"]
         if "flight" in last_user_text(body):
             if messages[-1]["role"] != "tool":
                 return call(self.tool, {"to": self.city})
-            return say(self.wording)
+            return say(self.replies.pop(0) if self.replies else self.wording)
         return say("You are welcome. Goodbye!")
 
 
@@ -356,3 +358,18 @@ def test_the_diff_is_shown_as_text_in_the_html_report(
         assert rows[1] == ["2 =", same, same]
         not_pwned(page, f"agenttest · run {run_id.group(1)}")
         assert all(url.startswith(report.as_uri()) for url in seen), seen
+
+
+def test_a_repeated_case_is_recorded_from_its_first_passing_repetition(
+    project: Path, travel: Travel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One conversation at a time: repetition 1 fails (no AF123), 2 and 3 pass.
+    travel.replies = ["No flight found.", "Flight AF123, the second.", "Flight AF123, the third."]
+    case = trip()
+    case["turns"][0]["assertions"] = [{"type": "contains", "value": "AF123"}]
+    write(project, [case])
+    code, _, _, err = run(project, capsys, "--update-golden", "--repeat", "3", "--parallel", "1")
+    assert code == 1, err
+    assert "golden: 1 conversation(s) recorded" in err, err
+    recorded = json.loads((project / "cases.jsonl.golden" / "G1.json").read_text("utf-8"))
+    assert recorded["turns"][0]["reply"] == "Flight AF123, the second."
