@@ -373,3 +373,16 @@ def test_a_repeated_case_is_recorded_from_its_first_passing_repetition(
     assert "golden: 1 conversation(s) recorded" in err, err
     recorded = json.loads((project / "cases.jsonl.golden" / "G1.json").read_text("utf-8"))
     assert recorded["turns"][0]["reply"] == "Flight AF123, the second."
+
+
+def test_a_golden_file_shows_what_a_terminal_would_obey_as_escapes(
+    project: Path, travel: Travel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    travel.wording = "Paris \u202etxe.exe\x1b[2J é"
+    write(project, [trip({"type": "golden", "match": "exact"})])
+    assert run(project, capsys, "--update-golden")[0] == 0
+    text = (project / "cases.jsonl.golden" / "G1.json").read_text(encoding="utf-8")
+    assert '"reply": "Paris \\u202etxe.exe\\u001b[2J é"' in text
+    assert "\u202e" not in text and "\x1b" not in text
+    code, records, _, _ = run(project, capsys)
+    assert code == 0 and golden_of(records, "G1")["passed"]

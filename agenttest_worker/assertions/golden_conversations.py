@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,11 @@ _MAX_NAME = 150
 _KEPT = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 GoldenMatch = Literal["exact", "tools", "judge"]
+
+# What json.dumps(ensure_ascii=False) leaves raw and a terminal showing the file (`cat`,
+# `git diff`) would obey: DEL, the C1 controls and the bidirectional marks, overrides and
+# isolates. Written \uXXXX: the JSON reads back the same, the rest stays readable.
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 class GoldenCall(BaseModel):
@@ -66,7 +72,8 @@ class GoldenConversation(BaseModel):
     def to_json(self) -> str:
         """The file's text: sorted keys, indent 2, a newline at the end."""
         data = self.model_dump(mode="json")
-        return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+        text = json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False)
+        return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
 
 
 def played_turns(turns: Iterable[TurnResult]) -> list[GoldenTurn]:
