@@ -386,3 +386,19 @@ def test_a_golden_file_shows_what_a_terminal_would_obey_as_escapes(
     assert "\u202e" not in text and "\x1b" not in text
     code, records, _, _ = run(project, capsys)
     assert code == 0 and golden_of(records, "G1")["passed"]
+
+
+def test_golden_judge_without_a_judge_and_update_without_wait_are_refused(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project, [trip()])
+    config = yaml.safe_load((project / "agenttest.yaml").read_text(encoding="utf-8"))
+    del config["defaults"]
+    (project / "agenttest.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["-i", "cases.jsonl", "-n", TARGET, "--golden", "judge"]) == 2
+    assert "--golden: judge needs a judge: set defaults.judge" in capsys.readouterr().err
+    assert main(["-i", "cases.jsonl", "-n", TARGET, "--update-golden", "--no-wait"]) == 2
+    assert "--update-golden: records at the run's end: it needs --wait" in capsys.readouterr().err
+    assert main(["-i", "cases.jsonl", "-n", TARGET, "--update-golden", "--golden"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err

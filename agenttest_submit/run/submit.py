@@ -82,6 +82,12 @@ def submit(request: RunRequest) -> int:
             )
     if simulator is not None and (message := check_ref(config, simulator, "simulator")):
         problems.append(InputProblem(message, field="--simulator"))
+    if request.golden == "judge" and config.defaults.judge is None:
+        problems.append(
+            InputProblem(
+                "judge needs a judge: set defaults.judge in agenttest.yaml", field="--golden"
+            )
+        )
     if request.update_golden and not request.wait:
         # The golden files are written from the run's records once it has ended.
         problems.append(
