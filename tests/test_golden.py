@@ -23,7 +23,7 @@ from agenttest_submit.cli.main import main
 from agenttest_worker.assertions import golden_name
 
 TARGET = "travel"
-MOCKS = {"search_flights": {"flights": ["AF123"]}}
+MOCKS = {"search_flights": {"flights": ["AF123"]}, "search_trains": {"trains": []}}
 
 
 class Travel:
@@ -402,3 +402,25 @@ def test_golden_judge_without_a_judge_and_update_without_wait_are_refused(
     assert "--update-golden: records at the run's end: it needs --wait" in capsys.readouterr().err
     assert main(["-i", "cases.jsonl", "-n", TARGET, "--update-golden", "--golden"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_exact_names_a_turn_whose_tools_differ_and_a_conversation_of_another_length(
+    project: Path, travel: Travel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project, [trip({"type": "golden", "match": "exact"})])
+    assert run(project, capsys, "--update-golden")[0] == 0
+    travel.tool = "search_trains"
+    code, records, _, _ = run(project, capsys)
+    assert code == 1
+    assert golden_of(records, "G1")["reason"] == (
+        'turn 1: the tool calls differ from the golden ones: golden search_flights({"to": '
+        '"Paris"}); new search_trains({"to": "Paris"})'
+    )
+    shorter = trip({"type": "golden", "match": "exact"})
+    shorter["turns"] = shorter["turns"][:1]
+    write(project, [shorter])
+    code, records, _, _ = run(project, capsys, "--golden", "judge")
+    assert code == 1
+    assert golden_of(records, "G1")["reason"] == (
+        "the golden conversation has 2 turn(s), this one 1"
+    )

@@ -160,7 +160,8 @@ def _tools(
 def _exact(
     spec: GoldenAssertion, golden: list[GoldenTurn], new: list[GoldenTurn]
 ) -> AssertionOutcome:
-    for row in compare(golden, new, args=spec.args == "exact"):
+    args = spec.args == "exact"
+    for row in compare(golden, new, args=args):
         assert row.golden is not None and row.new is not None
         if row.reply_differs:
             return AssertionOutcome(
@@ -172,8 +173,8 @@ def _exact(
             return AssertionOutcome(
                 False,
                 f"turn {row.turn}: the tool calls differ from the golden ones: golden "
-                f"{describe_calls(row.golden.tool_calls)}; "
-                f"new {describe_calls(row.new.tool_calls)}",
+                f"{describe_calls(row.golden.tool_calls, args=args)}; "
+                f"new {describe_calls(row.new.tool_calls, args=args)}",
             )
     return AssertionOutcome(
         True, f"the golden conversation's replies and tool calls ({len(new)} turn(s))"
