@@ -16,6 +16,7 @@ from agenttest_worker.assertions import (
     AgentAssertion,
     ContainsAssertion,
     EqualsAssertion,
+    GoldenAssertion,
     JsonPathAssertion,
     RegexAssertion,
     ScriptAssertion,
@@ -30,7 +31,7 @@ SPEC = Path(__file__).parent / "fixtures" / "spec"
 KNOWN = (
     "contains, equals, regex, not_contains, not_regex, json_path, type, tool_called, "
     "tool_not_called, agent, script, latency, tool_sequence, tool_count, turn_count, "
-    "not, any, all"
+    "not, any, all, golden"
 )
 JSON_TYPES = "'string', 'number', 'integer', 'boolean', 'array', 'object' or 'null'"
 
@@ -152,6 +153,16 @@ def test_spec_assertion_examples() -> None:
             ScriptAssertion,
             {"use": "scripts:tests.validate-expense", "options": None},
         ),
+        (
+            {"type": "golden"},
+            GoldenAssertion,
+            {"match": "tools", "args": "exact", "use": None, "recorded": None},
+        ),
+        (
+            {"type": "golden", "match": "judge", "use": "validator"},
+            GoldenAssertion,
+            {"match": "judge", "use": "agents:validator"},
+        ),
     ],
 )
 def test_valid_assertions(assertion: dict[str, Any], model: type, fields: dict[str, Any]) -> None:
@@ -222,6 +233,10 @@ def test_valid_assertions(assertion: dict[str, Any], model: type, fields: dict[s
             {"type": "script", "use": "scripts:x", "metadata": {}},
             [("assertions[0].metadata", "unknown field (a typo?)")],
         ),
+        (
+            {"type": "golden", "mtach": "exact"},
+            [("assertions[0].mtach", "unknown field (a typo?)")],
+        ),
     ],
 )
 def test_typos_in_each_type(assertion: dict[str, Any], problems: list[tuple[str, str]]) -> None:
@@ -273,6 +288,14 @@ def test_typos_in_each_type(assertion: dict[str, Any], problems: list[tuple[str,
         (
             {"type": "tool_called", "name": "x", "args": ["amount"]},
             ("assertions[0].args", "Input should be a valid dictionary"),
+        ),
+        (
+            {"type": "golden", "match": "fuzzy"},
+            ("assertions[0].match", "Input should be 'exact', 'tools' or 'judge'"),
+        ),
+        (
+            {"type": "golden", "use": "scripts:x"},
+            ("assertions[0].use", "'scripts:x': the judge of a golden assertion is agents:NAME"),
         ),
     ],
 )

@@ -109,6 +109,8 @@ GOOD_CASES: list[Any] = [
     {"id": "f", "input": "Hi", "simulator": {"use": "sim", "metadata": {"max_turns": 3}}},
     [{"id": "g", "input": "Hi"}, {"id": "h", "input": "Ho"}],
     {"cases": [{"id": "i", "input": "Hi"}]},
+    {"id": "j", "input": "Hi", "final_assertions": [{"type": "golden", "match": "exact"}]},
+    {"id": "k", "input": "Hi", "final_assertions": [{"type": "golden", "args": "ignore"}]},
 ]
 BAD_CASES: list[tuple[Any, str]] = [
     ({"id": "a", "inptu": "Hi"}, "typo in a field"),
@@ -119,6 +121,7 @@ BAD_CASES: list[tuple[Any, str]] = [
     ({"input": "Hi"}, "no id"),
     ({"id": "e", "turns": [{"input": "Hi"}], "interactive": {"timeout": "soon"}}, "duration"),
     ({"id": "f", "input": "Hi", "max_turns": 0}, "max_turns"),
+    ({"id": "g", "input": "Hi", "final_assertions": [{"type": "golden", "match": "x"}]}, "golden"),
     ([], "no cases"),
     ({"$schema": "./agenttest-cases.json", "id": "h", "input": "Hi"}, "$schema in a case"),
 ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
 
 if TYPE_CHECKING:
+    from agenttest_worker.assertions import GoldenMatch
     from agenttest_worker.cases import OnMissingInput
 
 # `--simulator` given alone: agenttest.yaml's defaults.simulator (known once it is loaded).
@@ -125,6 +126,11 @@ class RunRequest:
     rerun: Rerun | None = None
     # --reporter: a reporter agent that is sent the results.
     reporter: str | None = None
+    # --golden [MATCH]: every case compared with its golden conversation (exact, tools,
+    # judge; None: only cases with a `golden` assertion); --update-golden: each passing
+    # case's conversation recorded as its golden conversation.
+    golden: GoldenMatch | None = None
+    update_golden: bool = False
 
 
 class StatusRequest(NamedTuple):

@@ -350,6 +350,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="AMOUNT",
         help="start no new turn once the run cost this much (agents' `pricing`)",
     )
+    golden = p.add_mutually_exclusive_group()
+    golden.add_argument(
+        "--golden",
+        action=Once,
+        nargs="?",
+        const="tools",
+        choices=("exact", "tools", "judge"),
+        default=None,
+        metavar="MATCH",
+        help="compare every case with its golden conversation (<case file>.golden/<id>.json): "
+        "exact, tools (the default) or judge",
+    )
+    golden.add_argument(
+        "--update-golden",
+        action="store_true",
+        help="record each passing case's conversation as its golden conversation",
+    )
     return p
 
 
@@ -421,6 +438,8 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         reeval=args.reeval,
         rerun=_rerun(args.rerun_failed, args.rerun_skipped),
         reporter=args.reporter,
+        golden=args.golden,
+        update_golden=args.update_golden,
     )
 
 

@@ -1,7 +1,8 @@
 """What is checked of each case once it is read, whatever else is in the input.
 
 A case read without problems is selected (--tag, --id, a rerun's ids), given its simulator, checked
-against agenttest.yaml and warned about, and its attachments are read in. None of it
+against agenttest.yaml and warned about, and its attachments and golden conversation
+are read in. None of it
 depends on the other cases; what does (duplicate ids) stays in `expand.CaseStream`.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from agenttest_submit.inputs.golden_inputs import GoldenUse, with_golden
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.assertions import AgentAssertion
 from agenttest_worker.cases import Case, check_case_refs, inline_attachments
@@ -65,6 +67,7 @@ class CaseChecker:
     target: str | None
     simulator: str | None
     selection: Selection
+    golden: GoldenUse = field(default_factory=GoldenUse)
 
     def check(self, case: Case, problems: list[InputProblem], warnings: list[str]) -> Case | None:
         """The case as it runs, or None when it is not selected or has problems (added to
@@ -74,6 +77,12 @@ class CaseChecker:
         if self.simulator is not None:
             case = case.with_default_simulator(self.simulator)
         case = case.with_simulator_named(self.config.defaults.simulator)
+        try:
+            # Before the checks: the golden assertion --golden adds is checked too.
+            case = with_golden(case, self.golden)
+        except InputError as exc:
+            problems.extend(exc.problems)
+            return None
         found = list(check_case_refs(case, self.config, self.target))
         problems.extend(found)
         warnings.extend(case_warnings(case, self.config))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agenttest_submit.inputs.case_checks import CaseChecker, RerunIds, Selection
 from agenttest_submit.inputs.generate import PoolMaker, generate_cases
+from agenttest_submit.inputs.golden_inputs import GoldenUse
 from agenttest_submit.inputs.sources import (
     STDIN_NAME,
     FileInput,
@@ -93,6 +94,7 @@ class CaseStream:
         simulator: str | None = None,
         selection: Selection | None = None,
         generators: PoolMaker | None = None,
+        golden: GoldenUse | None = None,
     ) -> None:
         self.sources = list(sources)
         # The pool `agents:` generators are called through (None: one without a cache).
@@ -101,7 +103,7 @@ class CaseStream:
         self.target = target
         self.simulator = simulator
         self.selection = selection or Selection()
-        self.checker = CaseChecker(config, target, simulator, self.selection)
+        self.checker = CaseChecker(config, target, simulator, self.selection, golden or GoldenUse())
         self.problems: list[InputProblem] = []
         self.warnings: list[str] = []
         self.count = 0

@@ -1,8 +1,9 @@
 """A run's report where the user asked for it: stdout, `-o FILE`, a reporter agent.
 
 `emit_report` renders the run's report in the `--format` chosen (console on stdout by
-default, jsonl in -o), writes it, sends it to the `--reporter` agent, and says the exit
-code; whether -o can be written is checked before anything runs (cli/output_file.py).
+default, jsonl in -o), writes it, sends it to the `--reporter` agent, records the
+golden conversations (`--update-golden`), and says the exit code; whether -o can be
+written is checked before anything runs (cli/output_file.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
+from agenttest_submit.run.golden_update import say_written, write_golden
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
 from agenttest_worker.report import STORED_FORMATS, RunReport, printable, render_chunks
@@ -80,6 +82,8 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         print(f"results written to {request.output} (run {run_id})", file=sys.stderr)
     if request.reporter:
         _custom_report(url, run_id, request.reporter, report)
+    if request.update_golden:
+        say_written(write_golden(report.results))
     summary = report.summary()
     code = EXIT_FAILED if summary.run_failed else EXIT_OK
     if request.baseline:

@@ -21,6 +21,7 @@ from agenttest_submit.cli.output_file import output_problem
 from agenttest_submit.cli.request import DEFAULT_SIMULATOR, RunRequest
 from agenttest_submit.inputs.expand import CaseStream, Selection, Spool, print_warnings
 from agenttest_submit.inputs.generate import forget_generation_usage, take_generation_usage
+from agenttest_submit.inputs.golden_inputs import GoldenUse
 from agenttest_submit.inputs.sources import InputSource, MessageInput, parse_inputs
 from agenttest_submit.run.call_estimate import CallEstimate, count_case, estimate_lines
 from agenttest_submit.run.embedded import run_embedded
@@ -91,6 +92,17 @@ def submit(request: RunRequest) -> int:
             )
     if simulator is not None and (message := check_ref(config, simulator, "simulator")):
         problems.append(InputProblem(message, field="--simulator"))
+    if request.golden == "judge" and config.defaults.judge is None:
+        problems.append(
+            InputProblem(
+                "judge needs a judge: set defaults.judge in agenttest.yaml", field="--golden"
+            )
+        )
+    if request.update_golden and not request.wait:
+        # The golden files are written from the run's records once it has ended.
+        problems.append(
+            InputProblem("records at the run's end: it needs --wait", field="--update-golden")
+        )
     if reporter := reporter_problem(config, request.reporter):
         problems.append(reporter)  # not found out after the whole run
     if problems:
@@ -115,6 +127,7 @@ def submit(request: RunRequest) -> int:
         simulator=simulator,
         selection=Selection(tags=list(request.tags), ids=list(request.ids), rerun=rerun),
         generators=functools.partial(generator_pool, request, config),
+        golden=GoldenUse(request.golden, request.update_golden),
     )
     if request.dry_run:
         return _dry_run(stream, request, config, target)

@@ -10,7 +10,10 @@
   `latency`: how fast the target answered (its time to first token and to the end of
   its reply; the engine gives it a TimedContext). `trajectory`: tool_sequence,
   tool_count, turn_count (the calls made, the turns played). `groups`: not, any, all
-  (assertions made of assertions).
+  (assertions made of assertions). `golden`: the conversation compared with its
+  golden conversation (exact, tools, or a judge on the replies); `golden_conversations`:
+  the golden file's model, its name and folder, and the turn-by-turn comparison (which
+  the reports show too).
 
 `Assertion` is what the case model validates assertions against: the discriminated
 union of the registered spec models, so an unknown `type` or a misspelt field is a
@@ -51,6 +54,15 @@ from agenttest_worker.assertions.trajectory import (
     TurnCountAssertion,
 )
 from agenttest_worker.assertions.groups import AllAssertion, AnyAssertion, NotAssertion
+from agenttest_worker.assertions.golden import GoldenAssertion
+from agenttest_worker.assertions.golden_conversations import (
+    GoldenConversation,
+    GoldenMatch,
+    conversation_of,
+    golden_folder,
+    golden_name,
+    golden_path,
+)
 
 # isort: on
 
@@ -69,6 +81,9 @@ __all__ = [
     "AssertionSpec",
     "ContainsAssertion",
     "EqualsAssertion",
+    "GoldenAssertion",
+    "GoldenConversation",
+    "GoldenMatch",
     "JsonPathAssertion",
     "LatencyAssertion",
     "NotAssertion",
@@ -85,7 +100,11 @@ __all__ = [
     "TurnCountAssertion",
     "TypeAssertion",
     "assertion_types",
+    "conversation_of",
     "evaluate",
+    "golden_folder",
+    "golden_name",
+    "golden_path",
     "on_change",
     "register",
 ]

@@ -43,7 +43,7 @@ from agenttest_worker.results import AssertionOutcome as AssertionOutcome
 
 if TYPE_CHECKING:
     from agenttest_worker.agents.options import Options
-    from agenttest_worker.results import ToolCall
+    from agenttest_worker.results import ToolCall, TurnResult
 
 
 class AssertionSpec(BaseModel):
@@ -105,7 +105,8 @@ class AssertionContext:
 
     `document` is what json_path and type assertions read (DESIGN.md): per turn, the
     output parsed as JSON when it is JSON, else {"content", "tool_calls"}; finally,
-    {"turns", "last_output", "tool_results", "state"}.
+    {"turns", "last_output", "tool_results", "state"}. `turns`: for the final
+    assertions, the turns played (what a golden assertion compares); none per turn.
     """
 
     output: str | None
@@ -117,6 +118,7 @@ class AssertionContext:
     case_id: str
     metadata: dict[str, Any] = field(default_factory=dict)
     roles: RoleCaller | None = None
+    turns: list[TurnResult] = field(default_factory=list)
 
 
 # -- the registry ----------------------------------------------------------------------

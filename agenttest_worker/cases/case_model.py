@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from agenttest_worker.agents.options import Options
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.agents.state_endpoint import StateEndpoint
-from agenttest_worker.assertions import AgentAssertion, Assertion, on_change
+from agenttest_worker.assertions import AgentAssertion, Assertion, GoldenAssertion, on_change
 from agenttest_worker.assertions.checking import walk
 from agenttest_worker.durations import parse_duration
 from agenttest_worker.errors import FieldPath, InputProblem, format_field
@@ -338,7 +338,11 @@ class Case(StrictModel):
         return [found for a in outer for _, found in walk(a)]
 
     def needs_default_judge(self) -> bool:
-        return any(isinstance(a, AgentAssertion) and a.use is None for a in self.iter_assertions())
+        return any(
+            (isinstance(a, AgentAssertion) and a.use is None)
+            or (isinstance(a, GoldenAssertion) and a.match == "judge" and a.use is None)
+            for a in self.iter_assertions()
+        )
 
     def to_record(self) -> dict[str, Any]:
         """The normalized case as JSON-ready data: what --dry-run prints and -o writes.

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 from agenttest_worker.agents.config import ProjectConfig
 from agenttest_worker.agents.refs import parse_ref
 from agenttest_worker.agents.script_loader import ScriptError, ScriptRole, resolve_script
-from agenttest_worker.assertions import AgentAssertion, Assertion, AssertionSpec, ScriptAssertion
+from agenttest_worker.assertions import (
+    AgentAssertion,
+    Assertion,
+    AssertionSpec,
+    GoldenAssertion,
+    ScriptAssertion,
+)
 from agenttest_worker.assertions.checking import walk
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.errors import FieldPath, InputProblem
@@ -62,6 +68,12 @@ def check_case_refs(
                         "turn_count counts the conversation's turns: put it in final_assertions",
                         (*path, "type"),
                     )
+                if assertion.type == "golden" and path != ("final_assertions", j):
+                    yield case.problem(
+                        "golden compares the whole conversation: put it in final_assertions "
+                        "(not in a turn's assertions or a group)",
+                        (*path, "type"),
+                    )
 
 
 def _assertion_refs(
@@ -80,6 +92,15 @@ def _assertion_refs(
             for k, judge in enumerate(assertion.use):
                 if msg := check_ref(config, judge, "assertion"):
                     yield case.problem(msg, (*path, k))
+    elif isinstance(assertion, GoldenAssertion) and assertion.match == "judge":
+        if assertion.use is None and config.defaults.judge is None:
+            yield case.problem(
+                "golden's match: judge needs a judge: set `use`, or defaults.judge in "
+                "agenttest.yaml",
+                path,
+            )
+        elif assertion.use is not None and (msg := check_ref(config, assertion.use, "assertion")):
+            yield case.problem(msg, path)
     elif isinstance(assertion, ScriptAssertion) and (
         msg := check_ref(config, assertion.use, "assertion")
     ):

@@ -39,6 +39,7 @@ def final_context(case: Case, state: ConversationState, roles: RoleSession) -> A
         case_id=case.id,
         metadata=dict(case.options.metadata) if case.options else {},
         roles=roles,
+        turns=ran,
     )
 
 

@@ -203,6 +203,9 @@ def _trajectory_label(kind: str, extras: dict[str, Any]) -> str | None:
         return f"tool_count{f' {quote(name)}' if name else ''} {_bounds(extras)}"
     if kind == "turn_count":
         return f"turn_count {_bounds(extras)}"
+    if kind == "golden":
+        # Not the recorded conversation it carries: that is what the diff shows.
+        return f"golden {extras.get('match', 'tools')}"
     return None
 
 

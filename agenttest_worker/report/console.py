@@ -33,6 +33,7 @@ from agenttest_worker.report.common import (
     printable,
     quoted,
 )
+from agenttest_worker.report.golden_view import console_lines, golden_rows
 from agenttest_worker.report.judges import judges_line
 from agenttest_worker.report.report_model import RunReport, Summary
 from agenttest_worker.report.usage_tally import usage_line
@@ -363,6 +364,9 @@ class _CaseTree:
             branch = _Branch(head, _FINAL_INDENT)
             for assertion in case.final_assertions:
                 branch.details += assertion_lines(assertion, self.style)
+                rows = golden_rows(assertion, case)
+                if rows:
+                    branch.details += [f"  {line}" for line in console_lines(rows)]
             branches.append(branch)
         if case.status != "passed":
             branches.append(self._result())

@@ -74,6 +74,7 @@ const recordView = (rec, notes, label) => {
   if ((rec.final_assertions || []).length) {
     parts.push(el("h4", null, "Final assertions"), assertionList(rec.final_assertions, notes.final_labels || [], label && ((position, item) => label("final", position, item))));
   }
+  for (const diff of notes.golden || []) parts.push(goldenDiff(diff));
   const result = [el("span", "label", "Result "), badge(rec.status)];
   if (rec.error) result.push(pre("error", rec.error));
   if (rec.skip_reason && !notes.end_skip && !Object.keys(notes.skips || {}).length) result.push(el("div", "reason", `Reason: ${rec.skip_reason}`));
@@ -156,6 +157,16 @@ const assertionList = (assertions, labels, label) =>
       return item;
     }),
   );
+
+// A failed golden assertion's comparison: golden | new, turn by turn.
+const goldenDiff = (diff) => {
+  const side = (turn) => (turn ? [turn.reply ? el("div", null, turn.reply) : null, el("div", "dim", turn.tools)] : el("span", "dim", "(no such turn)"));
+  const head = el("tr", null, ["turn", "golden", "new"].map((h) => el("th", null, h)));
+  const rows = diff.rows.map((r) =>
+    el("tr", r.differs ? "differs" : "same", el("td", null, `${r.turn} ${r.differs ? "≠ " + r.differs : "="}`), el("td", null, side(r.golden)), el("td", null, side(r.new))),
+  );
+  return el("div", "golden-diff", el("h4", null, `Golden | new: ${diff.label}`), el("table", "golden", el("thead", null, head), el("tbody", null, rows)));
+};
 
 const votesTable = (votes) => {
   const head = el("tr", null, ["judge", "vote", "score", "reason"].map((h) => el("th", null, h)));

@@ -23,6 +23,7 @@ from agenttest_worker.report.common import (
     first_problem,
     js_value,
 )
+from agenttest_worker.report.golden_view import golden_rows, page_rows
 from agenttest_worker.report.report_model import RunReport, Tally
 from agenttest_worker.report.usage_tally import usage_dict
 from agenttest_worker.report.verdicts import CaseVerdict
@@ -61,6 +62,13 @@ def record_notes(case: CaseResult, simulated: bool = False) -> dict[str, Any]:
         notes["labels"] = labels
     if case.final_assertions:
         notes["final_labels"] = [describe_assertion(a) for a in case.final_assertions]
+        golden = [
+            {"label": describe_assertion(a), "rows": page_rows(rows)}
+            for a in case.final_assertions
+            if (rows := golden_rows(a, case))
+        ]
+        if golden:
+            notes["golden"] = golden
     skips, end_skip = _skips(case, simulated)
     if skips:
         notes["skips"] = skips
