@@ -45,6 +45,7 @@ from agenttest_worker.driver import (
 )
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
+from agenttest_worker.observe import flush_traces
 from agenttest_worker.report import printable
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store import BufferedStore, CaseRecord
@@ -119,6 +120,7 @@ def run_embedded(
     from agenttest_worker.report import aggregate
 
     built = aggregate(url, run.run_id)
+    flush_traces()  # the run's spans exported before this process may end
     if request.wait:
         return emit_report(url, run.run_id, request, built)
     # --no-wait: this process plays the run, so it returns when the run has ended; as

@@ -47,6 +47,7 @@ from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
 from agenttest_worker.fleet.metered import metered
 from agenttest_worker.heap import settle
+from agenttest_worker.observe import tracing
 from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.conversation_store import SqlStore
@@ -87,6 +88,7 @@ def _migrate_on_start(**_: Any) -> None:
 @worker_process_shutdown.connect
 def _close_io(**_: Any) -> None:
     shutdown()
+    tracing.flush()  # a pool's child ends without the exit handlers that would export
 
 
 @app.task(name=START)

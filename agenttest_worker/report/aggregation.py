@@ -6,9 +6,11 @@ redelivered aggregation task) still produce exactly one aggregation.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
+from agenttest_worker.observe import tracing
 from agenttest_worker.report.formats import render_chunks
 from agenttest_worker.report.report_model import Budget, RunReport, StoredResults
 from agenttest_worker.store.sql import run_results as results
@@ -76,4 +78,15 @@ def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> R
     report.rendered = results.complete_run(
         url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS}
     )
+    _run_span(run_id, report)
     return report
+
+
+def _run_span(run_id: str, report: RunReport) -> None:
+    """The run's span (observe/tracing.py), emitted once, by the aggregation that won."""
+    ended_ns = time.time_ns()
+    attributes = {
+        "agenttest.run.cases": report.total_cases,
+        "agenttest.run.agent": report.agent or "",
+    }
+    tracing.end_run(run_id, ended_ns - int(report.duration_s * 1e9), attributes)
