@@ -41,7 +41,9 @@ from agenttest_worker.driver import (
     end_refused,
     inline,
     options_of,
+    receive_spans,
     run_step,
+    stored_spans,
 )
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
@@ -101,6 +103,16 @@ def run_embedded(
         suite=run_suite(request, target),
         started_at=datetime.now(UTC),
     )
+    try:
+        receiver = receive_spans(url, expected=[run.run_id])
+    except OSError as exc:
+        port = settings.otlp_receiver_port
+        raise ConfigError(
+            InputProblem(
+                f"cannot receive spans on port {port}: {exc.strerror or exc}",
+                field="AGENTTEST_OTLP_RECEIVER_PORT",
+            )
+        ) from None
     store = BufferedStore.fresh(
         url,
         run.run_id,
@@ -114,7 +126,11 @@ def run_embedded(
     label = "cases" if options.distinct_cases is None else "conversations"
     progress = Progress(len(records), label=label)
     conversations = [(case_id, 1) for case_id, _, _ in records]
-    run_async(drive(url, run.run_id, conversations, request.parallel, progress, store=store))
+    try:
+        run_async(drive(url, run.run_id, conversations, request.parallel, progress, store=store))
+    finally:
+        if receiver is not None:
+            receiver.stop()
     progress.close()
     # The store: see the note at the top.
     from agenttest_worker.report import aggregate
@@ -182,7 +198,9 @@ async def _drive(
 ) -> None:
     if store is None:
         store = BufferedStore.from_database(url, run_id)
-    pools = PoolCache(replies=functools.partial(_reply_cache, url))
+    pools = PoolCache(
+        replies=functools.partial(_reply_cache, url), spans=functools.partial(stored_spans, url)
+    )
     asker = TerminalAsker(progress)
     queue = iter(conversations)
     ended_refused: set[str] = set()

@@ -9,7 +9,9 @@
   agent decides. `script`: a Python callable from the scripts folder decides.
   `latency`: how fast the target answered (its time to first token and to the end of
   its reply; the engine gives it a TimedContext). `trajectory`: tool_sequence,
-  tool_count, turn_count (the calls made, the turns played). `groups`: not, any, all
+  tool_count, turn_count (the calls made, the turns played). `traces`: trace_tool_called,
+  trace_span_count, trace_error_spans, trace_duration (the spans the agent sent of its
+  turn, received over OTLP). `groups`: not, any, all
   (assertions made of assertions).
 
 `Assertion` is what the case model validates assertions against: the discriminated
@@ -50,6 +52,12 @@ from agenttest_worker.assertions.trajectory import (
     ToolSequenceAssertion,
     TurnCountAssertion,
 )
+from agenttest_worker.assertions.traces import (
+    TraceDurationAssertion,
+    TraceErrorSpansAssertion,
+    TraceSpanCountAssertion,
+    TraceToolCalledAssertion,
+)
 from agenttest_worker.assertions.groups import AllAssertion, AnyAssertion, NotAssertion
 
 # isort: on
@@ -82,6 +90,10 @@ __all__ = [
     "ToolCountAssertion",
     "ToolNotCalledAssertion",
     "ToolSequenceAssertion",
+    "TraceDurationAssertion",
+    "TraceErrorSpansAssertion",
+    "TraceSpanCountAssertion",
+    "TraceToolCalledAssertion",
     "TurnCountAssertion",
     "TypeAssertion",
     "assertion_types",

@@ -473,8 +473,7 @@ def play(pools: PoolCache, prepared: Prepared) -> Coroutine[Any, Any, Conversati
     pool = _pool_or_failure(pools, prepared)
     if isinstance(pool, ConversationState):
         return _ready(pool)
-    work = execute_until_deadline(prepared, pool)
-    return traced_turn(prepared.state, prepared.loaded.run_id, prepared.turn, work)
+    return traced_turn(prepared, execute_until_deadline(prepared, pool), pools.spans())
 
 
 async def _ready(state: ConversationState) -> ConversationState:

@@ -34,6 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from agenttest_worker.observe.received_spans import note_target_call
 from agenttest_worker.results import AgentCallRecord, AssertionResult, TurnResult
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -77,8 +78,15 @@ _ACTIVE: ContextVar[SpanIds | None] = ContextVar("agenttest_active_span", defaul
 _PRESET: ContextVar[SpanIds | None] = ContextVar("agenttest_preset_ids", default=None)
 
 
-def new_conversation_trace() -> ConversationTrace:
-    return ConversationTrace(trace_id=_trace_id(), span_id=_span_id(), started_ns=time.time_ns())
+def new_conversation_trace(run_id: str) -> ConversationTrace:
+    """A conversation's trace: its id's first half names the run (`run_trace_prefix`),
+    so that the receiver knows whose spans it is sent; the second half is random."""
+    trace_id = run_trace_prefix(run_id) + secrets.token_hex(8)
+    return ConversationTrace(trace_id=trace_id, span_id=_span_id(), started_ns=time.time_ns())
+
+
+def run_trace_prefix(run_id: str) -> str:
+    return hashlib.sha256(b"agenttest-trace\0" + run_id.encode()).hexdigest()[:16]
 
 
 def run_span_ids(run_id: str) -> SpanIds:
@@ -86,10 +94,6 @@ def run_span_ids(run_id: str) -> SpanIds:
     random id: as random as it)."""
     digest = hashlib.sha256(b"agenttest-run\0" + run_id.encode()).hexdigest()
     return SpanIds(digest[:32], digest[32:48])
-
-
-def _trace_id() -> str:
-    return secrets.token_hex(16)
 
 
 def _span_id() -> str:
@@ -343,6 +347,8 @@ def call_span(target: CallTarget, messages: list[dict[str, Any]]) -> Iterator[Ca
             yield CallSpan(None)
             return
         ids = SpanIds(current.trace_id, _span_id(), current.tracestate, target.role == "target")
+        if ids.propagate:
+            note_target_call(ids.span_id)
         token = _ACTIVE.set(ids)
         try:
             yield CallSpan(None)
@@ -368,7 +374,10 @@ def call_span(target: CallTarget, messages: list[dict[str, Any]]) -> Iterator[Ca
     ) as span:
         current = _ACTIVE.get()
         ids = _ids_of(span, current.tracestate if current else "")
-        token = _ACTIVE.set(dataclasses.replace(ids, propagate=target.role == "target"))
+        ids = dataclasses.replace(ids, propagate=target.role == "target")
+        if ids.propagate:
+            note_target_call(ids.span_id)
+        token = _ACTIVE.set(ids)
         try:
             yield CallSpan(span)
         finally:

@@ -13,6 +13,8 @@
 - run_reports: the aggregator's reports, stored with the run.
 - reply_cache: agents' replies kept to be served again, by the sha256 of what
   determines them, shared by every run (store/sql/cached_replies.py).
+- agent_spans: the spans agents sent of their conversations' traces (OTLP, received
+  by driver/span_intake.py), read by trace assertions and shown with their turns.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -272,3 +275,24 @@ class ReplyCacheRow(Base):
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_reply_cache_created_at", "created_at"),)
+
+
+class AgentSpanRow(Base):
+    """A span an agent sent, of a trace of one of the run's conversations (untrusted)."""
+
+    __tablename__ = "agent_spans"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    span_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    parent_span_id: Mapped[str | None] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(256))
+    start_ns: Mapped[int] = mapped_column(BigInteger)
+    end_ns: Mapped[int] = mapped_column(BigInteger)
+    error: Mapped[bool] = mapped_column(Boolean, default=False)
+    status_message: Mapped[str | None] = mapped_column(Text)
+    turn: Mapped[int | None] = mapped_column(Integer)
+    service: Mapped[str | None] = mapped_column(String(256))
+    attributes: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+
+    __table_args__ = (Index("ix_agent_spans_trace", "trace_id"),)

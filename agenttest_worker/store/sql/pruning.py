@@ -19,6 +19,7 @@ from sqlalchemy.orm import aliased
 from agenttest_worker.store.sql.db import session_scope
 from agenttest_worker.store.sql.models import (
     AgentCallRow,
+    AgentSpanRow,
     AssertionResultRow,
     Base,
     CaseRow,
@@ -40,6 +41,7 @@ RUN_TABLES: tuple[type[Base], ...] = (
     TurnRow,
     CaseRow,
     RunReportRow,
+    AgentSpanRow,
 )
 
 

@@ -1,0 +1,237 @@
+"""Spans in: an agent instrumented with the official OpenTelemetry SDK continues the
+trace agenttest sends it and exports its spans to agenttest's OTLP/HTTP receiver
+(AGENTTEST_OTLP_RECEIVER_PORT), as protobuf and as JSON; the trace assertions read the
+turn's spans (its internal tool calls) and pass and fail as they should. The receiver
+keeps only spans of a run in progress and refuses what it cannot read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fleet import free_port
+from instrumented_agent import InstrumentedAgent, Step
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from agenttest_worker.driver.span_intake import SpanIntake
+from agenttest_worker.observe.span_receiver import SpanReceiver
+from agenttest_worker.store.sql.agent_spans import spans_of_run
+from agenttest_worker.store.sql.db import upgrade
+
+PLAN: dict[str, list[Step]] = {
+    "refund order A1": [
+        ("lookup_order", {"order_id": "A1"}, False),
+        ("issue_refund", {"order_id": "A1", "amount": 20}, False),
+    ],
+    "look up A2": [("lookup_order", {"order_id": "A2"}, False)],
+    "then refund it": [("issue_refund", {"order_id": "A2", "amount": 5}, False)],
+    "close my account": [("delete_account", {"user": "u1"}, True)],
+}
+
+CASES: list[dict[str, Any]] = [
+    {
+        "id": "refund",
+        "input": "refund order A1",
+        "assertions": [
+            {"type": "trace_tool_called", "name": "lookup_order", "args": {"order_id": "A1"}},
+            {
+                "type": "tool_sequence",
+                "source": "trace",
+                "calls": [{"name": "lookup_order"}, {"name": "issue_refund"}],
+            },
+            {"type": "trace_span_count", "name": "execute_tool *", "min": 2, "max": 2},
+            {"type": "trace_error_spans", "max": 0},
+            {"type": "trace_duration", "name": "execute_tool *", "max": "5s"},
+        ],
+    },
+    {
+        "id": "two-turns",
+        "turns": [
+            {
+                "input": "look up A2",
+                "assertions": [{"type": "trace_tool_called", "name": "lookup_order"}],
+            },
+            {
+                "input": "then refund it",
+                "assertions": [
+                    # Turn 2's spans alone: lookup_order was turn 1's.
+                    {
+                        "type": "tool_sequence",
+                        "source": "trace",
+                        "calls": [{"name": "issue_refund", "args": {"order_id": "A2"}}],
+                    }
+                ],
+            },
+        ],
+        "final_assertions": [
+            {
+                "type": "tool_sequence",
+                "source": "trace",
+                "calls": [{"name": "lookup_order"}, {"name": "issue_refund"}],
+            }
+        ],
+    },
+    {
+        "id": "wrong-tool",
+        "input": "close my account",
+        "assertions": [
+            {"type": "trace_tool_called", "name": "lookup_order"},
+            {"type": "trace_error_spans"},
+            {"type": "trace_tool_called", "name": "delete_account"},
+        ],
+    },
+]
+
+
+@pytest.fixture(params=["protobuf", "json"])
+def encoding(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def agent(port: int, encoding: str) -> Iterator[InstrumentedAgent]:
+    with InstrumentedAgent(f"http://127.0.0.1:{port}/v1/traces", PLAN, encoding) as served:
+        yield served
+
+
+def _submit(
+    tmp_path: Path, agent: InstrumentedAgent, port: int
+) -> subprocess.CompletedProcess[str]:
+    config = {
+        "agents": {"bot": {"protocol": "openai", "base_url": agent.base_url, "model": "refund-bot"}}
+    }
+    (tmp_path / "agenttest.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("".join(json.dumps(c) + "\n" for c in CASES), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["AGENTTEST_OTLP_RECEIVER_PORT"] = str(port)
+    env["AGENTTEST_TRACE_WAIT"] = "8"
+    args = ["-i", str(cases), "-n", "bot", "-o", str(tmp_path / "out.jsonl"), "--format", "jsonl"]
+    return subprocess.run(
+        [sys.executable, "-m", "agenttest_submit.cli", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _outcomes(record: dict[str, Any]) -> list[list[tuple[str, bool]]]:
+    return [[(a["type"], a["passed"]) for a in turn["assertions"]] for turn in record["turns"]]
+
+
+def test_trace_assertions_read_the_agents_internal_tool_calls(
+    agent: InstrumentedAgent, port: int, tmp_path: Path
+) -> None:
+    done = _submit(tmp_path, agent, port)
+    assert done.returncode == 1, done.stderr  # wrong-tool fails, the others pass
+    lines = (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
+    records = {r["id"]: r for r in map(json.loads, lines)}
+
+    refund = records["refund"]
+    assert refund["status"] == "passed", json.dumps(refund["turns"], indent=1)
+    assert _outcomes(refund) == [
+        [
+            ("trace_tool_called", True),
+            ("tool_sequence", True),
+            ("trace_span_count", True),
+            ("trace_error_spans", True),
+            ("trace_duration", True),
+        ]
+    ]
+    two = records["two-turns"]
+    assert two["status"] == "passed", two
+    assert _outcomes(two) == [[("trace_tool_called", True)], [("tool_sequence", True)]]
+    assert [(a["type"], a["passed"]) for a in two["final_assertions"]] == [("tool_sequence", True)]
+
+    wrong = records["wrong-tool"]
+    assert wrong["status"] == "failed"
+    assert _outcomes(wrong) == [
+        [("trace_tool_called", False), ("trace_error_spans", False), ("trace_tool_called", True)]
+    ]
+    reasons = [a["reason"] for a in wrong["turns"][0]["assertions"]]
+    assert "lookup_order was not called" in reasons[0] and "delete_account" in reasons[0]
+    assert "1 spans ended in error" in reasons[1] and "delete_account failed" in reasons[1]
+
+    # Every target call carried a traceparent.
+    assert len(agent.traceparents) == 4 and all(agent.traceparents)
+
+
+def _post(port: int, body: bytes, kind: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/traces", data=body, headers={"Content-Type": kind}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _json_export(trace_id: str, count: int = 1) -> bytes:
+    spans = [
+        {
+            "traceId": trace_id,
+            "spanId": f"{n + 1:016x}",
+            "name": "<script>alert(1)</script>",
+            "startTimeUnixNano": "1000",
+            "endTimeUnixNano": "2000",
+            "traceState": "agenttest=turn:1",
+            "status": {"code": 2, "message": "boom"},
+            "attributes": [{"key": "k", "value": {"stringValue": "v"}}],
+        }
+        for n in range(count)
+    ]
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+
+
+def test_the_receiver_keeps_spans_of_runs_in_progress_only(tmp_path: Path) -> None:
+    from agenttest_worker.observe.tracing import run_trace_prefix
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    receiver = SpanReceiver(SpanIntake(url, expected=["run-1"]), "127.0.0.1", 0)
+    receiver.start()
+    try:
+        ours = run_trace_prefix("run-1") + "00000000000000aa"
+        status, body = _post(receiver.port, _json_export(ours, 2), "application/json")
+        assert (status, json.loads(body)) == (200, {})
+        foreign = "ab" * 16
+        status, body = _post(receiver.port, _json_export(foreign), "application/json")
+        assert status == 200
+        assert json.loads(body)["partialSuccess"]["rejectedSpans"] == "1"
+        # Protobuf: an empty request is a valid one, answered in protobuf.
+        status, body = _post(receiver.port, b"", "application/x-protobuf")
+        assert status == 200
+        assert ExportTraceServiceResponse.FromString(body).partial_success.rejected_spans == 0
+        assert _post(receiver.port, b"{not json", "application/json")[0] == 400
+        assert _post(receiver.port, b"\xff\x00garbage", "application/x-protobuf")[0] == 400
+        assert _post(receiver.port, b"x", "text/plain")[0] == 415
+        bad_id = json.dumps(
+            {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "1"}]}]}]}
+        ).encode()
+        assert _post(receiver.port, bad_id, "application/json")[0] == 400
+    finally:
+        receiver.stop()
+    kept = spans_of_run(url, "run-1")
+    assert list(kept) == [ours]
+    assert [(s.name, s.turn, s.error, s.status_message) for s in kept[ours]] == [
+        ("<script>alert(1)</script>", 1, True, "boom")
+    ] * 2
+    assert spans_of_run(url, "run-2") == {}
