@@ -270,6 +270,9 @@ class CaseResult(_Record):
     repeats: int | None = None
     # Calls, tokens and cost of this conversation, by role.
     usage_by_role: dict[UsageRole, RoleUsage] | None = None
+    # The conversation's trace (docs/opentelemetry.md): 32 hex digits, as trace UIs
+    # take it; absent for a conversation that ended before its first turn.
+    trace_id: str | None = None
 
     def to_json_line(self) -> str:
         return self.model_dump_json()

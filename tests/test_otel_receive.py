@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from browser import chromium, open_page
 from fleet import free_port
 from instrumented_agent import InstrumentedAgent, Step
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -28,6 +29,8 @@ from agenttest_worker.observe.span_receiver import SpanReceiver
 from agenttest_worker.store.sql.agent_spans import spans_of_run
 from agenttest_worker.store.sql.db import upgrade
 
+IMG = "<img src=x onerror=window.__pwned=1>"
+TRACE_UI = "https://jaeger.example/trace/{trace_id}"
 PLAN: dict[str, list[Step]] = {
     "refund order A1": [
         ("lookup_order", {"order_id": "A1"}, False),
@@ -35,7 +38,7 @@ PLAN: dict[str, list[Step]] = {
     ],
     "look up A2": [("lookup_order", {"order_id": "A2"}, False)],
     "then refund it": [("issue_refund", {"order_id": "A2", "amount": 5}, False)],
-    "close my account": [("delete_account", {"user": "u1"}, True)],
+    "close my account": [("delete_account", {"user": "u1"}, True), (IMG, {}, False)],
 }
 
 CASES: list[dict[str, Any]] = [
@@ -109,6 +112,25 @@ def agent(port: int, encoding: str) -> Iterator[InstrumentedAgent]:
         yield served
 
 
+def _env(port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["AGENTTEST_OTLP_RECEIVER_PORT"] = str(port)
+    env["AGENTTEST_TRACE_WAIT"] = "8"
+    env["AGENTTEST_TRACE_URL"] = TRACE_UI
+    return env
+
+
+def _cli(args: list[str], tmp_path: Path, port: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agenttest_submit.cli", *args],
+        env=_env(port),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def _submit(
     tmp_path: Path, agent: InstrumentedAgent, port: int
 ) -> subprocess.CompletedProcess[str]:
@@ -118,18 +140,8 @@ def _submit(
     (tmp_path / "agenttest.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     cases = tmp_path / "cases.jsonl"
     cases.write_text("".join(json.dumps(c) + "\n" for c in CASES), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["AGENTTEST_OTLP_RECEIVER_PORT"] = str(port)
-    env["AGENTTEST_TRACE_WAIT"] = "8"
     args = ["-i", str(cases), "-n", "bot", "-o", str(tmp_path / "out.jsonl"), "--format", "jsonl"]
-    return subprocess.run(
-        [sys.executable, "-m", "agenttest_submit.cli", *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return _cli(args, tmp_path, port)
 
 
 def _outcomes(record: dict[str, Any]) -> list[list[tuple[str, bool]]]:
@@ -169,8 +181,32 @@ def test_trace_assertions_read_the_agents_internal_tool_calls(
     assert "lookup_order was not called" in reasons[0] and "delete_account" in reasons[0]
     assert "1 spans ended in error" in reasons[1] and "delete_account failed" in reasons[1]
 
-    # Every target call carried a traceparent.
+    # Every target call carried a traceparent of its conversation's trace.
     assert len(agent.traceparents) == 4 and all(agent.traceparents)
+    sent = {str(header).split("-")[1] for header in agent.traceparents}
+    assert sent == {r["trace_id"] for r in records.values()}
+
+    # The HTML report links each conversation to its trace and draws its spans.
+    page_file = tmp_path / "report.html"
+    report = _cli(["report", "last", "--format", "html", "-o", str(page_file)], tmp_path, port)
+    assert report.returncode == 1, report.stderr
+    with chromium() as browser:
+        page, seen = open_page(browser, f"{page_file.as_uri()}#case=refund")
+        page.wait_for_selector("#conversation .waterfall")
+        href = page.get_attribute("#conversation a.trace-link", "href")
+        assert href == TRACE_UI.replace("{trace_id}", refund["trace_id"])
+        page.click("#conversation .waterfall summary")
+        drawn = page.inner_text("#conversation .waterfall")
+        assert "Agent spans (3)" in drawn
+        assert "execute_tool lookup_order" in drawn and "execute_tool issue_refund" in drawn
+        page.goto(f"{page_file.as_uri()}#case=wrong-tool")
+        page.wait_for_selector("#conversation .waterfall")
+        page.click("#conversation .waterfall summary")
+        drawn = page.inner_text("#conversation .waterfall")
+        assert "Agent spans (3, 1 in error)" in drawn and f"execute_tool {IMG}" in drawn
+        assert page.evaluate("() => window.__pwned") is None
+        assert page.evaluate("() => document.querySelectorAll('#app img').length") == 0
+        assert set(seen) == {page_file.as_uri()}, seen  # nothing fetched from elsewhere
 
 
 def _post(port: int, body: bytes, kind: str) -> tuple[int, bytes]:

@@ -111,6 +111,7 @@ def case_result(
         repeats=case.repeat if case.repetition is not None else None,
         usage_by_role=usage_by_role((c for t in state.turns for c in t.calls or ()), config)
         or None,
+        trace_id=state.trace.trace_id if state.trace else None,
     )
 
 

@@ -52,6 +52,7 @@ from agenttest_worker.report.html_page.data import (
     sort_rows,
 )
 from agenttest_worker.report.html_page.shell import page_end, page_start, policy
+from agenttest_worker.report.html_page.waterfall import trace_notes
 from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
 from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
@@ -117,4 +118,5 @@ __all__ = [
     "search_text",
     "sort_rows",
     "tally_verdict",
+    "trace_notes",
 ]

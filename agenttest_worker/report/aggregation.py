@@ -15,6 +15,7 @@ from agenttest_worker.report.formats import render_chunks
 from agenttest_worker.report.report_model import Budget, RunReport, StoredResults
 from agenttest_worker.store.sql import run_results as results
 from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql.agent_spans import spans_of_run
 from agenttest_worker.store.sql.usage import stored_usage
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
@@ -49,6 +50,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         distinct_cases=(run.options or {}).get("distinct_cases"),
         # What the run used outside its conversations (its records hold the rest).
         run_usage=stored_usage(run.usage),
+        agent_spans=spans_of_run(url, run_id),
     )
 
 

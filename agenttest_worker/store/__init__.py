@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agenttest_worker.store.memory.buffered import BufferedStore
     from agenttest_worker.store.sql import pruning, recovery, run_history, runs, usage
     from agenttest_worker.store.sql import run_results as results
+    from agenttest_worker.store.sql.agent_spans import StoredSpans
     from agenttest_worker.store.sql.db import (
         error_reason,
         is_connection_lost,
@@ -89,6 +90,7 @@ _EXPORTS = {
     "stored_conversations": f"{_SQL}.stored_conversations",
     "add_run_usage": f"{_SQL}.usage",
     "reply_cache_at": f"{_SQL}.cached_replies",
+    "StoredSpans": f"{_SQL}.agent_spans",
     "usage_document": f"{_SQL}.usage",
     "CaseRecord": "agenttest_worker.store.steps",
     "CaseText": "agenttest_worker.store.steps",
@@ -131,6 +133,7 @@ __all__ = [
     "Step",
     "StoredCase",
     "StoredConversation",
+    "StoredSpans",
     "add_run_usage",
     "as_object",
     "error_reason",
