@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -17,10 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from browser import chromium, open_page
-from fleet import free_port
+from fleet import free_port, lines_read, wait_until
 from instrumented_agent import InstrumentedAgent, Step
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -29,6 +32,7 @@ from agenttest_worker.observe.span_receiver import SpanReceiver
 from agenttest_worker.store.sql.agent_spans import spans_of_run
 from agenttest_worker.store.sql.db import upgrade
 
+_LISTENING = re.compile(r"agenttest viewer: (http://\S+)")
 IMG = "<img src=x onerror=window.__pwned=1>"
 TRACE_UI = "https://jaeger.example/trace/{trace_id}"
 PLAN: dict[str, list[Step]] = {
@@ -207,6 +211,46 @@ def test_trace_assertions_read_the_agents_internal_tool_calls(
         assert page.evaluate("() => window.__pwned") is None
         assert page.evaluate("() => document.querySelectorAll('#app img').length") == 0
         assert set(seen) == {page_file.as_uri()}, seen  # nothing fetched from elsewhere
+
+    # The viewer serves the same: the case's notes carry the link and the bars.
+    notes = _viewer_notes(tmp_path, port, "refund")
+    assert notes["trace_url"] == TRACE_UI.replace("{trace_id}", refund["trace_id"])
+    [bars] = notes["spans"]
+    assert [(b["name"], b["depth"], b["error"]) for b in bars] == [
+        ("POST /v1/chat/completions", 0, False),
+        ("execute_tool lookup_order", 1, False),
+        ("execute_tool issue_refund", 1, False),
+    ]
+
+
+def _viewer_notes(tmp_path: Path, port: int, case_id: str) -> dict[str, Any]:
+    """The notes `agenttest-submit view last` serves with the case's record."""
+    viewer = subprocess.Popen(
+        [sys.executable, "-m", "agenttest_submit.cli", "view", "last", "--port", "0"],
+        env=_env(port),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        lines, _ = lines_read(viewer.stderr)
+
+        def listening() -> str | None:
+            found = [m.group(1) for m in map(_LISTENING.search, lines) if m]
+            return found[0] if found else None
+
+        url: str = wait_until(listening, 20, "the viewer to listen", step=0.05)
+        match = re.match(r"(http://[^/]+)/runs/([^/?#]+)", url)
+        assert match, url
+        root, run_id = match.groups()
+        case = httpx.get(f"{root}/api/runs/{run_id}/case", params={"id": case_id}).json()
+        notes: dict[str, Any] = case["records"][0][1]
+        return notes
+    finally:
+        viewer.send_signal(signal.SIGTERM)
+        viewer.wait(10)
 
 
 def _post(port: int, body: bytes, kind: str) -> tuple[int, bytes]:
