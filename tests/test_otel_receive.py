@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -315,3 +316,15 @@ def test_the_receiver_keeps_spans_of_runs_in_progress_only(tmp_path: Path) -> No
         ("<script>alert(1)</script>", 1, True, "boom")
     ] * 2
     assert spans_of_run(url, "run-2") == {}
+
+
+def test_a_receiver_port_in_use_is_an_input_error_before_anything_runs(tmp_path: Path) -> None:
+    config = {"agents": {"bot": {"protocol": "openai", "base_url": "http://127.0.0.1:9/v1"}}}
+    (tmp_path / "agenttest.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = _cli(["-m", "hello", "-n", "bot"], tmp_path, taken.getsockname()[1])
+    assert done.returncode == 2, done.stderr
+    assert "AGENTTEST_OTLP_RECEIVER_PORT: cannot receive spans on port" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -4,7 +4,7 @@ run and each worker serve an OTLP/HTTP receiver on AGENTTEST_OTLP_RECEIVER_PORT
 
 Whose a span is, is read from its trace id: a conversation's trace id starts with its
 run's prefix (observe/tracing.py `run_trace_prefix`); the runs in progress are asked
-of the store at most once a second, when a span names a prefix not yet known. The
+of the store at most four times a second, when a span names a prefix not yet known. The
 spans of any other trace are refused (counted in the reply's `partialSuccess`)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_REFRESH_SECONDS = 1.0
+_REFRESH_SECONDS = 0.25
 
 
 class SpanIntake:

@@ -165,7 +165,7 @@ async def received(whole_trace: bool) -> list[AgentSpan]:
     arrived as the module docstring says; NoSpans when nothing can be read."""
     trace = _CURRENT.get()
     if trace is None:
-        raise NoSpans("no trace: the conversation's turn is not traced here")
+        raise NoSpans("no spans to read: they are read while the turn is played, not re-judged")
     if trace.reader is None:
         raise NoSpans(
             "no spans are received: set AGENTTEST_OTLP_RECEIVER_PORT and point the "

@@ -277,7 +277,11 @@ def turn_span(trace: ConversationTrace, run_id: str, case_id: str, turn: int) ->
     }
     parent = _parent(SpanIds(trace.trace_id, trace.span_id))
     with tracer.start_as_current_span(
-        "agenttest.turn", context=parent, attributes=attributes
+        # No exception recorded: its text is not the report's, whose secrets are masked.
+        "agenttest.turn",
+        context=parent,
+        attributes=attributes,
+        record_exception=False,
     ) as span:
         token = _ACTIVE.set(_ids_of(span, state))
         try:
