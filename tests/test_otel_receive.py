@@ -308,13 +308,23 @@ def test_the_receiver_keeps_spans_of_runs_in_progress_only(tmp_path: Path) -> No
             {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "1"}]}]}]}
         ).encode()
         assert _post(receiver.port, bad_id, "application/json")[0] == 400
+        # Bounds: spans per request, the body's size, an attribute's length.
+        assert _post(receiver.port, _json_export(ours, 5001), "application/json")[0] == 400
+        huge = b'{"resourceSpans": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+        assert _post(receiver.port, huge, "application/json")[0] == 413
+        long = json.loads(_json_export(ours))
+        span = long["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        span["spanId"] = "00000000000000ff"
+        span["attributes"] = [{"key": "k", "value": {"stringValue": "y" * 10_000}}]
+        assert _post(receiver.port, json.dumps(long).encode(), "application/json")[0] == 200
     finally:
         receiver.stop()
     kept = spans_of_run(url, "run-1")
     assert list(kept) == [ours]
     assert [(s.name, s.turn, s.error, s.status_message) for s in kept[ours]] == [
         ("<script>alert(1)</script>", 1, True, "boom")
-    ] * 2
+    ] * 3
+    assert sorted(len(s.attributes["k"]) for s in kept[ours]) == [1, 1, 2048]
     assert spans_of_run(url, "run-2") == {}
 
 
