@@ -282,15 +282,20 @@ def _json_export(trace_id: str, count: int = 1) -> bytes:
     return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
 
 
-def test_the_receiver_keeps_spans_of_runs_in_progress_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_the_receiver_keeps_spans_of_runs_in_progress_only(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     from agenttest_worker.observe.tracing import run_trace_prefix
 
-    url = f"sqlite:///{tmp_path / 'store.db'}"
+    sqlite = f"sqlite:///{tmp_path / 'store.db'}"
+    url = sqlite if store == "sqlite" else str(request.getfixturevalue("pg_database"))
     upgrade(url)
-    receiver = SpanReceiver(SpanIntake(url, expected=["run-1"]), "127.0.0.1", 0)
+    run_id = f"run-{tmp_path.name}"  # the session's Postgres database holds other runs
+    receiver = SpanReceiver(SpanIntake(url, expected=[run_id]), "127.0.0.1", 0)
     receiver.start()
     try:
-        ours = run_trace_prefix("run-1") + "00000000000000aa"
+        ours = run_trace_prefix(run_id) + "00000000000000aa"
         status, body = _post(receiver.port, _json_export(ours, 2), "application/json")
         assert (status, json.loads(body)) == (200, {})
         foreign = "ab" * 16
@@ -317,15 +322,29 @@ def test_the_receiver_keeps_spans_of_runs_in_progress_only(tmp_path: Path) -> No
         span["spanId"] = "00000000000000ff"
         span["attributes"] = [{"key": "k", "value": {"stringValue": "y" * 10_000}}]
         assert _post(receiver.port, json.dumps(long).encode(), "application/json")[0] == 200
+        # Out of the store's range: times past a signed 64-bit, a turn past its column,
+        # a parent id that is no span's.
+        odd = json.loads(_json_export(ours))
+        span = odd["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        span.update(
+            spanId="00000000000000ee",
+            endTimeUnixNano=str(2**64 - 1),
+            traceState="agenttest=turn:99999999999",
+            parentSpanId="abcd",
+        )
+        assert _post(receiver.port, json.dumps(odd).encode(), "application/json")[0] == 200
     finally:
         receiver.stop()
-    kept = spans_of_run(url, "run-1")
+    kept = spans_of_run(url, run_id)
     assert list(kept) == [ours]
-    assert [(s.name, s.turn, s.error, s.status_message) for s in kept[ours]] == [
+    spans = {s.span_id: s for s in kept[ours]}
+    odd_span = spans.pop("00000000000000ee")
+    assert (odd_span.end_ns, odd_span.turn, odd_span.parent_span_id) == (2**63 - 1, None, None)
+    assert [(s.name, s.turn, s.error, s.status_message) for s in spans.values()] == [
         ("<script>alert(1)</script>", 1, True, "boom")
     ] * 3
-    assert sorted(len(s.attributes["k"]) for s in kept[ours]) == [1, 1, 2048]
-    assert spans_of_run(url, "run-2") == {}
+    assert sorted(len(s.attributes["k"]) for s in spans.values()) == [1, 1, 2048]
+    assert spans_of_run(url, f"{run_id}-other") == {}
 
 
 def test_a_receiver_port_in_use_is_an_input_error_before_anything_runs(tmp_path: Path) -> None:

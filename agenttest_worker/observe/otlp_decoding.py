@@ -22,6 +22,7 @@ MAX_ATTRIBUTES = 64
 MAX_TEXT = 2048
 MAX_NAME = 256
 _STATUS_ERROR = 2
+_MAX_TIME = 2**63 - 1
 
 
 def decode(body: bytes, content_type: str) -> list[AgentSpan]:
@@ -47,16 +48,22 @@ def _span(fields: dict[str, Any], attributes: dict[str, Any], service: str | Non
     return AgentSpan(
         trace_id=trace_id,
         span_id=span_id,
-        parent_span_id=fields["parent_span_id"] or None,
+        # (An id of another length than a span's is none: the parent is not a span here.)
+        parent_span_id=fields["parent_span_id"] if len(fields["parent_span_id"]) == 16 else None,
         name=_cut(fields["name"], MAX_NAME),
-        start_ns=int(fields["start"]),
-        end_ns=int(fields["end"]),
+        start_ns=_time(fields["start"]),
+        end_ns=_time(fields["end"]),
         error=int(fields["status_code"] or 0) == _STATUS_ERROR,
         status_message=_cut(fields["status_message"]) or None,
         turn=turn_of(str(fields["trace_state"] or "")),
         service=_cut(service, MAX_NAME) if service is not None else None,
         attributes=dict(list(attributes.items())[:MAX_ATTRIBUTES]),
     )
+
+
+def _time(value: int) -> int:
+    """A time as the store's 64-bit signed column holds it (OTLP's is unsigned)."""
+    return min(max(int(value), 0), _MAX_TIME)
 
 
 def _bounded(spans: list[AgentSpan]) -> list[AgentSpan]:

@@ -65,8 +65,9 @@ def turn_of(tracestate: str) -> int | None:
     """The turn agenttest's entry of a W3C tracestate names, if any."""
     for member in tracestate.split(","):
         key, _, value = member.strip().partition("=")
-        if key == TURN_ENTRY and value.startswith("turn:") and value[5:].isdigit():
-            return int(value[5:])
+        number = value[5:]
+        if key == TURN_ENTRY and value.startswith("turn:") and number.isdigit() and len(number) < 9:
+            return int(number)
     return None
 
 
