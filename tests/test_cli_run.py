@@ -63,6 +63,8 @@ EXTRA_CASE_KEYS = {
     "line",
     # Calls, tokens and cost by role (target, judge, simulator, ...).
     "usage_by_role",
+    # The conversation's trace (docs/opentelemetry.md).
+    "trace_id",
 }
 EXTRA_TURN_KEYS = {
     "error",
