@@ -125,13 +125,9 @@ _provider: Any = None
 _provider_pid: int | None = None
 
 
-def exporting() -> bool:
-    """Whether this process exports spans: an OTLP endpoint is set, the SDK is not
-    disabled, no other exporter is chosen, and the `otel` extra is installed."""
-    return _tracer() is not None
-
-
 def _wanted() -> bool:
+    """Whether this process exports spans: an OTLP endpoint is set, the SDK is not
+    disabled and no other exporter is chosen (the `otel` extra is asked for after)."""
     if not any(os.environ.get(name, "").strip() for name in _ENDPOINT_ENVS):
         return False
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
