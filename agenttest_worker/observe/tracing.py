@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import secrets
 import threading
@@ -36,6 +37,8 @@ from pydantic import BaseModel
 
 from agenttest_worker.observe.received_spans import note_target_call
 from agenttest_worker.results import AgentCallRecord, AssertionResult, TurnResult
+
+log = logging.getLogger(__name__)
 
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -122,6 +125,7 @@ def capture_content() -> bool:
 
 _lock = threading.Lock()
 _provider: Any = None
+_provider_tracer: Any = None
 _provider_pid: int | None = None
 
 
@@ -138,17 +142,18 @@ def _wanted() -> bool:
 def _tracer() -> Any:
     """The SDK's tracer of this process, built on first use (after a fork, again: a
     forked child does not inherit the parent's export thread), or None."""
-    global _provider, _provider_pid
+    global _provider, _provider_tracer, _provider_pid
     pid = os.getpid()
-    if _provider is not None and _provider_pid == pid:
-        return _provider.get_tracer("agenttest")
-    if _provider_pid == pid or not _wanted():
+    if _provider_pid == pid:
+        return _provider_tracer
+    if not _wanted():
         return None
     with _lock:
         if _provider_pid != pid:
             _provider = _build_provider()
+            _provider_tracer = _provider.get_tracer("agenttest") if _provider else None
             _provider_pid = pid
-    return _provider.get_tracer("agenttest") if _provider is not None else None
+    return _provider_tracer
 
 
 def _build_provider() -> Any:
@@ -159,6 +164,10 @@ def _build_provider() -> Any:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
     except ImportError:
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set, but the OpenTelemetry SDK is not installed: "
+            "no spans are exported (pip install 'agenttest[otel]')"
+        )
         return None
 
     class PresetIds(IdGenerator):
