@@ -288,6 +288,9 @@ class CaseResult(_Record):
     # Why it failed or was skipped (absent on a passed case): the target's reply, the
     # judge, the simulator, the infrastructure, a flake or the input.
     cause: Cause | None = None
+    # The conversation's trace (docs/opentelemetry.md): 32 hex digits, as trace UIs
+    # take it; absent for a conversation that ended before its first turn.
+    trace_id: str | None = None
 
     def to_json_line(self) -> str:
         return self.model_dump_json()

@@ -168,6 +168,28 @@ class Settings(BaseModel):
         description="Token every scrape of a worker's or the exporter's metrics must carry "
         "(Authorization: Bearer TOKEN, or the password of Basic auth)",
     )
+    otlp_receiver_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port agenttest-submit (embedded) and each worker receive agents' "
+        "OTLP/HTTP spans on (POST /v1/traces, protobuf or JSON); unset: none received",
+    )
+    otlp_receiver_host: str = Field(
+        default="127.0.0.1",
+        description="Address the OTLP receiver listens on (0.0.0.0 for agents on other hosts)",
+    )
+    trace_wait: float = Field(
+        default=10.0,
+        ge=0,
+        description="Seconds a trace assertion waits for its turn's spans to arrive (agents "
+        "export in batches); it reads them once none came for half a second",
+    )
+    trace_url: str | None = Field(
+        default=None,
+        description="A trace UI's address with {trace_id}, linked from each conversation in "
+        "the HTML report and the viewer (https://jaeger.example/trace/{trace_id})",
+    )
     event_loop: EventLoopChoice = Field(
         default="auto",
         description="The event loop a fleet worker plays its turns on: uvloop's (about a "
@@ -176,7 +198,15 @@ class Settings(BaseModel):
     )
     debug: bool = Field(default=False, description="Print tracebacks for internal errors")
 
-    @field_validator("scripts_dir", "metrics_port", "metrics_token", "celery_config", mode="before")
+    @field_validator(
+        "scripts_dir",
+        "metrics_port",
+        "metrics_token",
+        "celery_config",
+        "otlp_receiver_port",
+        "trace_url",
+        mode="before",
+    )
     @classmethod
     def _unset_when_empty(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value

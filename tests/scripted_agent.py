@@ -168,6 +168,7 @@ class ScriptedAgent(ServedOnThread):
         self._rules: dict[str, Rule] = {}
         self._used: dict[str, int] = {}
         self._requests: dict[str, list[Body]] = {}
+        self._headers: dict[str, list[dict[str, str]]] = {}
         self._lock = threading.Lock()
         # A handler whose client gave up (a timed-out call) is cancelled, so that a long
         # `delay` does not hold up `stop()`.
@@ -188,6 +189,11 @@ class ScriptedAgent(ServedOnThread):
         """Every request body received for `model`, in order."""
         with self._lock:
             return list(self._requests.get(model, []))
+
+    def request_headers(self, model: str) -> list[dict[str, str]]:
+        """The headers of every request received for `model` (names in lower case)."""
+        with self._lock:
+            return list(self._headers.get(model, []))
 
     def entry(self, model: str, **settings: Any) -> Body:
         """An agenttest.yaml agent entry for `model` (timeout 2s, one retry unless given)."""
@@ -224,6 +230,9 @@ class ScriptedAgent(ServedOnThread):
         except ValueError:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
         model = str(body.get("model"))
+        with self._lock:
+            headers = {name.lower(): value for name, value in request.headers.items()}
+            self._headers.setdefault(model, []).append(headers)
         try:
             reply, index = self._next_reply(model, body)
         except Exception as exc:  # a broken rule in a test: answer, and say what broke

@@ -31,7 +31,7 @@ SPEC = Path(__file__).parent / "fixtures" / "spec"
 KNOWN = (
     "contains, equals, regex, not_contains, not_regex, json_path, type, tool_called, "
     "tool_not_called, agent, script, latency, tool_sequence, tool_count, turn_count, "
-    "not, any, all, golden"
+    "trace_tool_called, trace_span_count, trace_error_spans, trace_duration, not, any, all, golden"
 )
 JSON_TYPES = "'string', 'number', 'integer', 'boolean', 'array', 'object' or 'null'"
 

@@ -65,6 +65,8 @@ EXTRA_CASE_KEYS = {
     "usage_by_role",
     # Why a failed or skipped case did (agent, judge, simulator, ...).
     "cause",
+    # The conversation's trace (docs/opentelemetry.md).
+    "trace_id",
 }
 EXTRA_TURN_KEYS = {
     "error",

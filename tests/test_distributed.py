@@ -65,8 +65,9 @@ def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Ite
 
 
 def _normalized(value: Any) -> Any:
-    """A result record minus what differs between two runs of the same cases."""
-    volatile = {"duration_ms", "latency_ms", "usage"}
+    """A result record minus what differs between two runs of the same cases (times,
+    usage, the trace drawn for each conversation)."""
+    volatile = {"duration_ms", "latency_ms", "usage", "trace_id"}
     if isinstance(value, dict):
         return {k: _normalized(v) for k, v in value.items() if k not in volatile}
     if isinstance(value, list):

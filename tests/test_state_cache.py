@@ -145,9 +145,9 @@ def _three_turns_read_back(
 
 
 def _comparable(result: Any) -> str:
-    """The record as JSON text, minus what differs between two plays (times) and the
-    run it was played in."""
-    volatile = {"duration_ms", "latency_ms", "response_ms", "first_token_ms"}
+    """The record as JSON text, minus what differs between two plays (times, the trace
+    drawn for it) and the run it was played in."""
+    volatile = {"duration_ms", "latency_ms", "response_ms", "first_token_ms", "trace_id"}
 
     def strip(value: Any) -> Any:
         if isinstance(value, dict):

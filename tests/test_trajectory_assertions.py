@@ -455,7 +455,8 @@ def test_bad_new_specs_are_refused_with_file_line_and_field(
         "bad.jsonl:9 (test 'B9'): assertions[0].assertion: unknown assertion type 'containz' "
         "(known: contains, equals, regex, not_contains, not_regex, json_path, type, "
         "tool_called, tool_not_called, agent, script, latency, tool_sequence, tool_count, "
-        "turn_count, not, any, all, golden)",
+        "turn_count, trace_tool_called, trace_span_count, trace_error_spans, trace_duration, "
+        "not, any, all, golden)",
         "bad.jsonl:10 (test 'B10'): assertions[0]: min (3) is greater than max (2)",
     ]
 

@@ -42,10 +42,13 @@ from agenttest_worker.driver import (
     end_refused,
     inline,
     options_of,
+    receive_spans,
     run_step,
+    stored_spans,
 )
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError, InputProblem
+from agenttest_worker.observe import flush_traces
 from agenttest_worker.report import printable
 from agenttest_worker.results import DEADLINE_PASSED
 from agenttest_worker.settings import get_settings
@@ -106,6 +109,16 @@ def run_embedded(
         parent_run_id=parent_run_id,
         started_at=datetime.now(UTC),
     )
+    try:
+        receiver = receive_spans(url, expected=[run.run_id])
+    except OSError as exc:
+        port = settings.otlp_receiver_port
+        raise ConfigError(
+            InputProblem(
+                f"cannot receive spans on port {port}: {exc.strerror or exc}",
+                field="AGENTTEST_OTLP_RECEIVER_PORT",
+            )
+        ) from None
     # The cases are read from the spool twice, each on a handle of its own: once as
     # the conversations are played, once as the store's thread writes them.
     store = BufferedStore.fresh(
@@ -121,12 +134,19 @@ def run_embedded(
     # A run of repeated cases counts its conversations (each repetition is one).
     label = "cases" if options.distinct_cases is None else "conversations"
     progress = Progress(spool.conversations, label=label)
-    run_async(drive(url, run.run_id, store.admitting(), request.parallel, progress, store=store))
+    try:
+        run_async(
+            drive(url, run.run_id, store.admitting(), request.parallel, progress, store=store)
+        )
+    finally:
+        if receiver is not None:
+            receiver.stop()
     progress.close()
     # The store: see the note at the top.
     from agenttest_worker.report import aggregate
 
     built = aggregate(url, run.run_id)
+    flush_traces()  # the run's spans exported before this process may end
     if request.wait:
         return emit_report(url, run.run_id, request, built)
     # --no-wait: this process plays the run, so it returns when the run has ended; as
@@ -188,7 +208,9 @@ async def _drive(
 ) -> None:
     if store is None:
         store = BufferedStore.from_database(url, run_id)
-    pools = PoolCache(replies=functools.partial(_reply_cache, url))
+    pools = PoolCache(
+        replies=functools.partial(_reply_cache, url), spans=functools.partial(stored_spans, url)
+    )
     asker = TerminalAsker(progress)
     queue = iter(conversations)
     ended_refused: set[str] = set()

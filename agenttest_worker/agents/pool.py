@@ -53,6 +53,7 @@ from agenttest_worker.agents.roles import (
 )
 from agenttest_worker.agents.script_loader import ScriptError, call_script, load_script
 from agenttest_worker.errors import redact
+from agenttest_worker.observe import tracing
 from agenttest_worker.results import AgentCallRecord, AssertionOutcome
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,22 @@ class RoleSession:
         return request_key(entry, request)
 
     async def _call_agent(self, agent: str, request: AgentRequest) -> AgentReply:
+        with tracing.call_span(self._call_target(agent, request), request.messages) as span:
+            try:
+                reply = await self._complete(agent, request)
+            except AgentError as exc:
+                span.failed(exc.message, exc.call)
+                raise
+            span.finish(reply.content, reply.finish_reason, reply.call)
+            return reply
+
+    def _call_target(self, agent: str, request: AgentRequest) -> tracing.CallTarget:
+        ident = agent.removeprefix("agents:")
+        entry = self.pool.config.agents.get(ident)
+        protocol, model = (entry.protocol, entry.model) if entry is not None else ("", None)
+        return tracing.CallTarget(request.role, ident, protocol, model)
+
+    async def _complete(self, agent: str, request: AgentRequest) -> AgentReply:
         try:
             reply = await self.pool.client(agent).complete(request)
         except AgentError as exc:

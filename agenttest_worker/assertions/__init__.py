@@ -9,11 +9,12 @@
   agent decides. `script`: a Python callable from the scripts folder decides.
   `latency`: how fast the target answered (its time to first token and to the end of
   its reply; the engine gives it a TimedContext). `trajectory`: tool_sequence,
-  tool_count, turn_count (the calls made, the turns played). `groups`: not, any, all
-  (assertions made of assertions). `golden`: the conversation compared with its
-  golden conversation (exact, tools, or a judge on the replies); `golden_conversations`:
-  the golden file's model, its name and folder, and the turn-by-turn comparison (which
-  the reports show too).
+  tool_count, turn_count (the calls made, the turns played). `traces`: trace_tool_called,
+  trace_span_count, trace_error_spans, trace_duration (the spans the agent sent of its
+  turn, received over OTLP). `groups`: not, any, all (assertions made of assertions).
+  `golden`: the conversation compared with its golden conversation (exact, tools, or a
+  judge on the replies); `golden_conversations`: the golden file's model, its name and
+  folder, and the turn-by-turn comparison (which the reports show too).
 
 `Assertion` is what the case model validates assertions against: the discriminated
 union of the registered spec models, so an unknown `type` or a misspelt field is a
@@ -52,6 +53,12 @@ from agenttest_worker.assertions.trajectory import (
     ToolCountAssertion,
     ToolSequenceAssertion,
     TurnCountAssertion,
+)
+from agenttest_worker.assertions.traces import (
+    TraceDurationAssertion,
+    TraceErrorSpansAssertion,
+    TraceSpanCountAssertion,
+    TraceToolCalledAssertion,
 )
 from agenttest_worker.assertions.groups import AllAssertion, AnyAssertion, NotAssertion
 from agenttest_worker.assertions.golden import GoldenAssertion
@@ -97,6 +104,10 @@ __all__ = [
     "ToolCountAssertion",
     "ToolNotCalledAssertion",
     "ToolSequenceAssertion",
+    "TraceDurationAssertion",
+    "TraceErrorSpansAssertion",
+    "TraceSpanCountAssertion",
+    "TraceToolCalledAssertion",
     "TurnCountAssertion",
     "TypeAssertion",
     "assertion_types",

@@ -7,7 +7,7 @@ the order made; a turn's calls include those of every mocked tool round of it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -20,6 +20,7 @@ from agenttest_worker.assertions.checking import (
 )
 from agenttest_worker.assertions.tools import args_match
 from agenttest_worker.json_values import json_equal
+from agenttest_worker.observe import received_spans
 from agenttest_worker.results import ToolCall
 
 ArgsMode = Literal["exact", "subset", "ignore"]
@@ -51,6 +52,9 @@ class ToolSequenceAssertion(AssertionSpec):
     calls: list[ExpectedCall]
     order: Literal["exact", "in_order", "any_order", "subset", "superset"] = "exact"
     args: ArgsMode = "subset"
+    # "trace": the tool executions among the spans the agent sent (its internal calls,
+    # observe/received_spans.py) instead of the tool calls in its replies.
+    source: Literal["reply", "trace"] = "reply"
 
 
 def _bounds_given(data: Any) -> Any:
@@ -179,14 +183,30 @@ def _sequence_failure(spec: ToolSequenceAssertion, calls: list[ToolCall]) -> str
 
 
 @register(ToolSequenceAssertion)
-def check_tool_sequence(spec: ToolSequenceAssertion, ctx: AssertionContext) -> AssertionOutcome:
-    failure = _sequence_failure(spec, ctx.tool_calls)
+def check_tool_sequence(
+    spec: ToolSequenceAssertion, ctx: AssertionContext
+) -> AssertionOutcome | Awaitable[AssertionOutcome]:
+    if spec.source == "trace":
+        return _traced_sequence(spec, ctx)
+    return _sequence_outcome(spec, ctx.tool_calls)
+
+
+async def _traced_sequence(spec: ToolSequenceAssertion, ctx: AssertionContext) -> AssertionOutcome:
+    try:
+        spans = await received_spans.received(ctx.final)
+    except received_spans.NoSpans as exc:
+        return AssertionOutcome(False, str(exc), error=str(exc))
+    return _sequence_outcome(spec, received_spans.tool_calls_of(spans))
+
+
+def _sequence_outcome(spec: ToolSequenceAssertion, calls: list[ToolCall]) -> AssertionOutcome:
+    failure = _sequence_failure(spec, calls)
     order = spec.order.replace("_", " ")
     if failure is None:
-        return AssertionOutcome(True, f"calls match ({order}): {_listed(ctx.tool_calls)}")
+        return AssertionOutcome(True, f"calls match ({order}): {_listed(calls)}")
     return AssertionOutcome(
         False,
-        f"{failure}; expected ({order}): {_listed(spec.calls)}; called: {_listed(ctx.tool_calls)}",
+        f"{failure}; expected ({order}): {_listed(spec.calls)}; called: {_listed(calls)}",
     )
 
 

@@ -13,6 +13,7 @@ from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.rejudge import reevaluate
 from agenttest_worker.driver.run_cache import options_of
 from agenttest_worker.driver.run_cancels import RUN_CANCELS
+from agenttest_worker.driver.span_intake import receive_spans, stored_spans
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
@@ -31,7 +32,9 @@ __all__ = [
     "end_refused",
     "inline",
     "options_of",
+    "receive_spans",
     "reevaluate",
     "run_step",
     "run_step_sync",
+    "stored_spans",
 ]

@@ -21,6 +21,7 @@ from agenttest_worker.agents.reply_cache import CachePolicy, ReplyCacheStore
 from agenttest_worker.cases.case_model import Case
 from agenttest_worker.engine import RunOptions
 from agenttest_worker.errors import ConfigError
+from agenttest_worker.observe.received_spans import SpanReader
 from agenttest_worker.store import steps
 
 M = TypeVar("M", bound=BaseModel)
@@ -30,15 +31,26 @@ class PoolCache:
     """Agent pools by run, so that a worker serving many runs reuses clients.
 
     `replies` makes the reply cache the pools share (made on first use; None: no cache),
-    used as each run's options say."""
+    used as each run's options say; `spans` makes where trace assertions read the spans
+    agents sent (observe/received_spans.py; None: nowhere)."""
 
     def __init__(
-        self, size: int = 32, replies: Callable[[], ReplyCacheStore] | None = None
+        self,
+        size: int = 32,
+        replies: Callable[[], ReplyCacheStore] | None = None,
+        spans: Callable[[], SpanReader] | None = None,
     ) -> None:
         self.size = size
         self._pools: OrderedDict[str, AgentPool] = OrderedDict()
         self._make_replies = replies
         self._replies: ReplyCacheStore | None = None
+        self._make_spans = spans
+        self._spans: SpanReader | None = None
+
+    def spans(self) -> SpanReader | None:
+        if self._spans is None and self._make_spans is not None:
+            self._spans = self._make_spans()
+        return self._spans
 
     def for_run(
         self, run_id: str, config: dict[str, Any], options: RunOptions | None = None

@@ -32,6 +32,7 @@ from agenttest_worker.driver.run_cache import (
     run_config,
 )
 from agenttest_worker.driver.state_cache import session_id as session_id
+from agenttest_worker.driver.turn_spans import conversation_ended, traced_turn
 from agenttest_worker.driver.unrecorded_calls import count_unrecorded, refused_for_now
 from agenttest_worker.durations import format_duration
 from agenttest_worker.engine import (
@@ -291,6 +292,8 @@ def commit(
     if not saved.saved:
         count_unrecorded(store, loaded, new_turns)
         return Advance(saved=False)
+    if result is not None:
+        conversation_ended(loaded.run_id, state, result)
     return Advance(
         saved=True,
         next_turn=next_turn if state.phase == "ready" else None,
@@ -475,7 +478,7 @@ def play(pools: PoolCache, prepared: Prepared) -> Coroutine[Any, Any, Conversati
     pool = _pool_or_failure(pools, prepared)
     if isinstance(pool, ConversationState):
         return _ready(pool)
-    return execute_until_deadline(prepared, pool)
+    return traced_turn(prepared, execute_until_deadline(prepared, pool), pools.spans())
 
 
 async def _ready(state: ConversationState) -> ConversationState:

@@ -126,6 +126,7 @@ def case_result(
         usage_by_role=usage_by_role((c for t in state.turns for c in t.calls or ()), config)
         or None,
         end_state=state.end_state,
+        trace_id=state.trace.trace_id if state.trace else None,
     )
     record.cause = case_cause(record)
     return record

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from agenttest_worker.agents.config import DEFAULT_AWAITING_TOOLS
 from agenttest_worker.cases.case_model import Case, OnMissingInput
 from agenttest_worker.json_values import compact_json
+from agenttest_worker.observe.tracing import ConversationTrace
 from agenttest_worker.results import (
     AgentCallRecord,
     AssertionResult,
@@ -137,6 +138,9 @@ class ConversationState(BaseModel):
     # its agent is sent them; the stored state holds those after the first
     # `earlier_messages`. None (left out) when the state stores every message.
     earlier_messages: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    # The conversation's trace (observe/tracing.py): drawn when its first turn is played,
+    # so that every turn, on whatever worker, continues it; left out while None.
+    trace: ConversationTrace | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @property
     def turns_run(self) -> int:

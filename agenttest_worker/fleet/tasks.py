@@ -23,6 +23,7 @@ from celery.signals import (
 from agenttest_worker.agents.limits.waiting import WAITING, current_turn
 from agenttest_worker.driver.event_loops import shutdown
 from agenttest_worker.driver.loop_step import TurnAddress, run_step
+from agenttest_worker.driver.span_intake import receive_spans, stored_spans
 from agenttest_worker.driver.step import Advance, PoolCache, run_step_sync
 
 # Registers the remote-control command that cuts a cancelled run's turns in flight.
@@ -47,6 +48,7 @@ from agenttest_worker.fleet.liveness import TurnInFlight
 from agenttest_worker.fleet.loop_pool import DEFERRED, defer, offload, plays_on_loop
 from agenttest_worker.fleet.metered import metered
 from agenttest_worker.heap import settle
+from agenttest_worker.observe import tracing
 from agenttest_worker.report.aggregation import aggregate
 from agenttest_worker.settings import get_settings
 from agenttest_worker.store.conversation_store import SqlStore
@@ -63,7 +65,9 @@ def database_url() -> str:
     return url
 
 
-_pools = PoolCache(replies=lambda: reply_cache_at(database_url()))
+_pools = PoolCache(
+    replies=lambda: reply_cache_at(database_url()), spans=lambda: stored_spans(database_url())
+)
 
 
 _stores: dict[str, SqlStore] = {}
@@ -87,6 +91,7 @@ def _migrate_on_start(**_: Any) -> None:
 @worker_process_shutdown.connect
 def _close_io(**_: Any) -> None:
     shutdown()
+    tracing.flush()  # a pool's child ends without the exit handlers that would export
 
 
 @app.task(name=START)
@@ -197,4 +202,15 @@ def _warm_up(sender: Any = None, **_: Any) -> None:
             connect_publisher()
         except Exception as exc:
             log.warning("could not connect at start-up; the first task will: %s", error_reason(exc))
+        _receive_spans()
+    elif get_settings().otlp_receiver_port is not None:
+        log.warning("AGENTTEST_OTLP_RECEIVER_PORT: a prefork worker receives no spans")
     settle()
+
+
+def _receive_spans() -> None:
+    """Serve the OTLP receiver (driver/span_intake.py) for as long as the worker runs."""
+    try:
+        receive_spans(get_settings().effective_database_url())
+    except OSError as exc:
+        log.warning("AGENTTEST_OTLP_RECEIVER_PORT: cannot receive spans: %s", exc)

@@ -75,6 +75,7 @@ from agenttest_worker.report.html_page.data import (
     sort_rows,
 )
 from agenttest_worker.report.html_page.shell import page_end, page_start, policy
+from agenttest_worker.report.html_page.waterfall import trace_notes
 from agenttest_worker.report.repeat_stopping import START_WIDTH, next_repetition
 from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
 from agenttest_worker.report.significance import (
@@ -172,5 +173,6 @@ __all__ = [
     "search_text",
     "sort_rows",
     "tally_verdict",
+    "trace_notes",
     "wilson",
 ]

@@ -6,13 +6,16 @@ redelivered aggregation task) still produce exactly one aggregation.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
+from agenttest_worker.observe import tracing
 from agenttest_worker.report.formats import render_chunks
 from agenttest_worker.report.report_model import Budget, RunReport, StoredResults
 from agenttest_worker.store.sql import run_results as results
 from agenttest_worker.store.sql import runs
+from agenttest_worker.store.sql.agent_spans import spans_of_run
 from agenttest_worker.store.sql.usage import stored_usage
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
@@ -57,6 +60,7 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         repeat_auto=bool((run.options or {}).get("repeat_auto")),
         # What the run used outside its conversations (its records hold the rest).
         run_usage=stored_usage(run.usage),
+        agent_spans=spans_of_run(url, run_id),
     )
 
 
@@ -85,4 +89,15 @@ def aggregate(url: str, run_id: str, *, lease_seconds: float | None = None) -> R
     # (store/sql/report_copy.py). A caller printing one with the stored defaults reads
     # it back (results.report_parts) instead of rendering it again.
     results.complete_run(url, run_id, {fmt: render_chunks(fmt, report) for fmt in STORED_FORMATS})
+    _run_span(run_id, report)
     return report
+
+
+def _run_span(run_id: str, report: RunReport) -> None:
+    """The run's span (observe/tracing.py), emitted once, by the aggregation that won."""
+    ended_ns = time.time_ns()
+    attributes = {
+        "agenttest.run.cases": report.total_cases,
+        "agenttest.run.agent": report.agent or "",
+    }
+    tracing.end_run(run_id, ended_ns - int(report.duration_s * 1e9), attributes)

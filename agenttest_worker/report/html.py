@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 
 from agenttest_worker.report.html_page.data import RunData, record_notes, script_text, sort_rows
 from agenttest_worker.report.html_page.shell import data_element, data_open, page_end, page_start
+from agenttest_worker.report.html_page.waterfall import trace_notes
 from agenttest_worker.report.report_model import RunReport
 from agenttest_worker.report.verdicts import grouped
 from agenttest_worker.results import CaseResult
@@ -56,5 +57,6 @@ def _records(run: RunReport, data: RunData) -> Iterable[str]:
 
 def _pair(record: CaseResult, run: RunReport, *, first: bool) -> str:
     notes = record_notes(record, simulated=record.id in run.simulators)
+    notes.update(trace_notes(record, run.agent_spans.get(record.trace_id or "")))
     text = f"[{record.to_json_line()},{json.dumps(notes, ensure_ascii=False)}]"
     return ("" if first else ",") + script_text(text)

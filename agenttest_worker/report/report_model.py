@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
+from agenttest_worker.observe.received_spans import AgentSpan
 from agenttest_worker.report.causes import flake_cause, in_order
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.usage_tally import UsageTally
@@ -288,6 +289,9 @@ class RunReport:
     # code and the reporter agent take it instead of parsing the records a second time. A report's
     # records and duration are not changed once it is rendered.
     counted: Summary | None = field(default=None, repr=False, compare=False)
+    # The spans agents sent of the run's conversations, by trace id (the HTML report
+    # draws each turn's as a waterfall): read from the store where it is at hand.
+    agent_spans: dict[str, list[AgentSpan]] = field(default_factory=dict, repr=False)
 
     def tally(self) -> Tally:
         """A tally under this run's pass rule, for a reporter that reads the records."""

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         usage,
     )
     from agenttest_worker.store.sql import run_results as results
+    from agenttest_worker.store.sql.agent_spans import StoredSpans
     from agenttest_worker.store.sql.db import (
         error_reason,
         is_connection_lost,
@@ -99,6 +100,7 @@ _EXPORTS = {
     "stored_conversations": f"{_SQL}.stored_conversations",
     "add_run_usage": f"{_SQL}.usage",
     "reply_cache_at": f"{_SQL}.cached_replies",
+    "StoredSpans": f"{_SQL}.agent_spans",
     "usage_document": f"{_SQL}.usage",
     "CaseRecord": "agenttest_worker.store.steps",
     "CaseText": "agenttest_worker.store.steps",
@@ -142,6 +144,7 @@ __all__ = [
     "Step",
     "StoredCase",
     "StoredConversation",
+    "StoredSpans",
     "UnstableCriterion",
     "add_run_usage",
     "as_object",

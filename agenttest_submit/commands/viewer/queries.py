@@ -34,9 +34,18 @@ from agenttest_worker.report import (
     record_notes,
     search_text,
     sort_rows,
+    trace_notes,
 )
 from agenttest_worker.results import CaseResult
-from agenttest_worker.store import CaseRow, RunRow, results, runs, session_scope, usage
+from agenttest_worker.store import (
+    CaseRow,
+    RunRow,
+    StoredSpans,
+    results,
+    runs,
+    session_scope,
+    usage,
+)
 
 RUNS_LISTED = 500
 # How stale a running run's case table may be (its progress is always current).
@@ -227,6 +236,8 @@ class RunViews:
         pairs = []
         for (_, _, definition, text), record in zip(mine, records, strict=True):
             notes = record_notes(record)
+            spans = StoredSpans(self.url).spans_of(record.trace_id) if record.trace_id else None
+            notes.update(trace_notes(record, spans))
             attached = _attachments(definition or {}, record)
             if any(attached):
                 notes["attachments"] = attached

@@ -37,7 +37,7 @@ from agenttest_worker.agents.limits.retry import RetryPolicy, is_retryable_statu
 from agenttest_worker.agents.limits.waiting import waiting
 from agenttest_worker.errors import redact, url_secrets
 from agenttest_worker.json_values import nested_deeper_than, too_deep_message
-from agenttest_worker.observe import metrics
+from agenttest_worker.observe import metrics, tracing
 from agenttest_worker.results import AgentCallRecord, AgentRole
 
 _SNIPPET = 200
@@ -144,6 +144,8 @@ async def post_json(
         all_headers = {
             **({"Content-Type": "application/json"} if body is not None else {}),
             "Accept": accept or "application/json",
+            # The turn's trace context (observe/tracing.py); an agent's own headers win.
+            **tracing.propagation_headers(),
             **headers,
         }
         started = time.monotonic()

@@ -10,7 +10,7 @@ const TURN_FIELDS = new Set([
 const CASE_FIELDS = new Set([
   "version", "id", "name", "status", "agent", "turns", "final_assertions", "total_turns",
   "duration_ms", "error", "skip_reason", "goal_achieved", "simulator", "tags", "usage",
-  "file", "line", "repeat", "repeats", "usage_by_role",
+  "file", "line", "repeat", "repeats", "usage_by_role", "trace_id",
 ]);
 
 // -- a case: its records' conversations ----------------------------------------------
@@ -63,6 +63,7 @@ const recordView = (rec, notes, label) => {
   facts.push(field("Turns", String(rec.total_turns)), field("Time", ms(rec.duration_ms)));
   if (rec.usage) facts.push(field("Tokens", number(rec.usage.total_tokens)));
   if (rec.goal_achieved !== undefined && rec.goal_achieved !== null) facts.push(field("Goal achieved", rec.goal_achieved ? "yes" : "no"));
+  if (rec.trace_id) facts.push(field("Trace", notes.trace_url ? outLink(notes.trace_url, "trace-link", rec.trace_id) : rec.trace_id));
   for (const [key, value] of Object.entries(rec)) if (!CASE_FIELDS.has(key)) facts.push(field(key, json(value)));
   const chat = el("div", "chat");
   (rec.turns || []).forEach((turn, index) => {
@@ -132,7 +133,30 @@ const turnView = (turn, index, notes, label) => {
   const judged = label && !turn.error ? (position, item) => label(turn.turn, position, item) : null;
   if ((turn.assertions || []).length) box.appendChild(assertionList(turn.assertions, (notes.labels || [])[index] || [], judged));
   if ((turn.calls || []).length) box.appendChild(callsView(turn.calls));
+  const bars = (notes.spans || [])[index] || [];
+  if (bars.length) box.appendChild(waterfall(bars));
   return box;
+};
+
+// A turn's spans (sent by the agent) as bars on one time axis, nested by ancestry.
+const waterfall = (bars) => {
+  const drawn = bars.filter((b) => b.more === undefined);
+  const end = Math.max(1, ...drawn.map((b) => b.start_ms + b.duration_ms));
+  const rows = drawn.map((b) => {
+    const label = el("span", "span-name", b.name);
+    label.style.paddingLeft = `${Math.min(b.depth, 16) * 12}px`;
+    const bar = el("span", b.error ? "span-bar error" : "span-bar");
+    bar.style.left = `${(100 * b.start_ms) / end}%`;
+    bar.style.width = `${Math.max((100 * b.duration_ms) / end, 0.5)}%`;
+    const row = el("div", "span-row", label, el("span", "span-track", bar), el("span", "span-time", `${b.duration_ms.toFixed(1)}ms`));
+    row.title = b.service ? `${b.service}: ${b.name}` : b.name;
+    return row;
+  });
+  const more = bars.find((b) => b.more !== undefined);
+  if (more) rows.push(el("div", "dim", `${more.more} more spans not drawn`));
+  const errors = drawn.filter((b) => b.error).length;
+  const summary = `Agent spans (${drawn.length}${errors ? `, ${errors} in error` : ""})`;
+  return el("details", "waterfall", el("summary", null, summary), rows);
 };
 
 const message = (role, label, ...body) => el("div", `msg ${role}`, el("div", "who", label), body);

@@ -42,6 +42,16 @@ const link = (href, cls, ...children) => {
   a.href = href;
   return a;
 };
+// A link out of the page, to the trace UI agenttest is configured with (never to an
+// address from a run's data): http(s) only, opened apart, telling it nothing of the page.
+const outLink = (href, cls, ...children) => {
+  if (!/^https?:\/\//i.test(href)) return el("span", cls, ...children);
+  const a = el("a", cls, ...children);
+  a.href = href;
+  a.target = "_blank";
+  a.rel = "noopener noreferrer";
+  return a;
+};
 const badge = (status) => el("span", `badge ${statusClass(status)}`, String(status).toUpperCase());
 const statusClass = (status) => (STATUS_ORDER.includes(status) ? status : "other");
 const json = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 2));

@@ -31,7 +31,7 @@ from agenttest_worker.store.storable import dumps_storable
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The schema revision this code reads and writes (tests/test_migrations.py checks it
 # against Alembic's head): a database already there is recognized without Alembic.
-HEAD_REVISION = "0016"
+HEAD_REVISION = "0017"
 # Any constant works; it only has to be the same in every process.
 _ADVISORY_LOCK_KEY = 0x61677474  # "agtt"
 

@@ -15,6 +15,8 @@
   determines them, shared by every run (store/sql/cached_replies.py).
 - judge_labels, judge_audits: people's verdicts on a run's judged assertions, and
   the judge audits of a run (store/sql/judge_labels.py).
+- agent_spans: the spans agents sent of their conversations' traces (OTLP, received
+  by driver/span_intake.py), read by trace assertions and shown with their turns.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -311,3 +314,24 @@ class JudgeAuditRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (Index("ix_judge_audits_run_id", "run_id"),)
+
+
+class AgentSpanRow(Base):
+    """A span an agent sent, of a trace of one of the run's conversations (untrusted)."""
+
+    __tablename__ = "agent_spans"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    trace_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    span_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    parent_span_id: Mapped[str | None] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(256))
+    start_ns: Mapped[int] = mapped_column(BigInteger)
+    end_ns: Mapped[int] = mapped_column(BigInteger)
+    error: Mapped[bool] = mapped_column(Boolean, default=False)
+    status_message: Mapped[str | None] = mapped_column(Text)
+    turn: Mapped[int | None] = mapped_column(Integer)
+    service: Mapped[str | None] = mapped_column(String(256))
+    attributes: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+
+    __table_args__ = (Index("ix_agent_spans_trace", "trace_id"),)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import aliased
 from agenttest_worker.store.sql.db import session_scope
 from agenttest_worker.store.sql.models import (
     AgentCallRow,
+    AgentSpanRow,
     AssertionResultRow,
     Base,
     CaseRow,
@@ -44,6 +45,7 @@ RUN_TABLES: tuple[type[Base], ...] = (
     RunReportRow,
     JudgeLabelRow,
     JudgeAuditRow,
+    AgentSpanRow,
 )
 
 

@@ -24,6 +24,7 @@ from agenttest_worker.case_definitions import CaseDefinition, case_definition
 from agenttest_worker.store.sql.db import is_sqlite, session_scope
 from agenttest_worker.store.sql.models import (
     AgentCallRow,
+    AgentSpanRow,
     AssertionResultRow,
     CaseRow,
     RunRow,
@@ -239,6 +240,7 @@ def delete_run(url: str, run_id: str) -> None:
         session.execute(delete(TurnRow).where(TurnRow.run_id == run_id))
         session.execute(delete(AssertionResultRow).where(AssertionResultRow.run_id == run_id))
         session.execute(delete(AgentCallRow).where(AgentCallRow.run_id == run_id))
+        session.execute(delete(AgentSpanRow).where(AgentSpanRow.run_id == run_id))
         session.execute(delete(RunRow).where(RunRow.id == run_id))
 
 
