@@ -9,6 +9,7 @@ Importing it imports no SQLAlchemy: the store it is handed brings its own.
 """
 
 from agenttest_worker.driver.budget_counting import budget_spent
+from agenttest_worker.driver.human_reply import answer_human
 from agenttest_worker.driver.loop_step import TurnAddress, inline, run_step
 from agenttest_worker.driver.rejudge import reevaluate
 from agenttest_worker.driver.run_cache import options_of
@@ -17,7 +18,6 @@ from agenttest_worker.driver.span_intake import receive_spans, stored_spans
 from agenttest_worker.driver.step import (
     Advance,
     PoolCache,
-    answer_human,
     end_refused,
     run_step_sync,
 )

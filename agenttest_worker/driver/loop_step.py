@@ -19,11 +19,11 @@ from agenttest_worker.driver.step import (
     PoolCache,
     Prepared,
     _after_commit,
-    _stopped,
     commit_or_fail,
     end_without_running,
     play,
     prepare,
+    stopped,
 )
 from agenttest_worker.engine import ConversationState
 from agenttest_worker.store.conversation_store import ConversationStore
@@ -85,7 +85,7 @@ async def run_step(
         if then is not None:
             await offload(then, prepared)
         return prepared
-    state = _stopped(prepared, turn.max_deliveries)
+    state = stopped(prepared, turn.max_deliveries)
     if state is None and (
         spent := await budget.reserve(store, prepared.loaded, prepared.options, offload)
     ):

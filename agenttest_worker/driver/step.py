@@ -39,7 +39,6 @@ from agenttest_worker.engine import (
     ConversationState,
     RunOptions,
     case_result,
-    give_human_input,
     run_turn,
 )
 from agenttest_worker.errors import ConfigError
@@ -128,17 +127,17 @@ def prepare(
         # spawning a second copy of the rest of the conversation.
         resend = redelivered and loaded.phase == "ready" and loaded.next_turn == turn + 1
         return Advance(saved=False, next_turn=loaded.next_turn if resend else None)
-    return _prepared(store, loaded, turn, count) or Advance(saved=False)
+    return prepared_for(store, loaded, turn, count) or Advance(saved=False)
 
 
-def _prepared(
+def prepared_for(
     store: ConversationStore, loaded: steps.LoadedCase, turn: int, counted: bool = False
 ) -> Prepared | None:
     """Turn `turn` of `loaded` with its state (state_cache.load), or None: moved on.
 
     A stored state that cannot be read (nested past the parser's limit, stored before
     replies were bounded) would fail each time the turn is played: it comes with a new
-    state and `unreadable` saying why, and `_stopped` ends it failed."""
+    state and `unreadable` saying why, and `stopped` ends it failed."""
     try:
         found = state_cache.load(store, loaded)
     except (ValueError, RecursionError) as exc:
@@ -322,7 +321,7 @@ def commit_or_fail(
     is played again, and the run would never finish."""
     loaded = prepared.loaded
     try:
-        return _saved_or_refused(
+        return saved_or_refused(
             store,
             loaded.run_id,
             loaded.case_id,
@@ -337,7 +336,7 @@ def commit_or_fail(
         raise
 
 
-def _saved_or_refused(
+def saved_or_refused(
     store: ConversationStore,
     run_id: str,
     case_id: str,
@@ -369,7 +368,7 @@ def end_refused(
     loaded = store.load_case(run_id, case_id)
     if loaded is None or loaded.phase == "done" or loaded.next_turn != turn:
         return Advance(saved=False)  # recorded meanwhile by a copy of this message, or ended
-    before = _prepared(store, loaded, turn)
+    before = prepared_for(store, loaded, turn)
     if before is None:
         return Advance(saved=False)
     message = f"turn {turn} could not be stored: {reason}"
@@ -378,60 +377,7 @@ def end_refused(
     return commit(store, before, end_without_running(before, "fail", message), parked)
 
 
-async def answer_human(
-    store: ConversationStore,
-    pool: AgentPool,
-    run_id: str,
-    case_id: str,
-    text: str | None,
-    reason: str | None = None,
-) -> Advance:
-    """A person's reply (or None: no reply came) to a conversation parked for input."""
-    loaded = store.load_case(run_id, case_id)
-    if loaded is None or loaded.phase != "awaiting_human":
-        return Advance(saved=False)
-    parked = (
-        _prepared(store, loaded, loaded.next_turn) if loaded.state or loaded.state_kept else None
-    )
-    if parked is None:
-        return Advance(saved=False)
-    if (unreadable := _stopped(parked, None)) is not None and parked.unreadable is not None:
-        return commit(store, parked, unreadable, "awaiting_human")  # as its turn would end
-    loaded, case, options = parked.loaded, parked.case, parked.options
-    new_state = await give_human_input(case, parked.state, text, pool, options, reason)
-    result = None
-    if new_state.phase == "done":
-        result = case_result(case, new_state, loaded.agent, pricing_config(loaded))
-    skipped_rows = [t for t in new_state.turns if t.turn >= loaded.next_turn]
-
-    def save() -> Advance:
-        step = steps.StepSave(
-            run_id=run_id,
-            case_id=case_id,
-            expected_turn=loaded.next_turn,
-            next_turn=loaded.next_turn,
-            phase=new_state.phase,
-            new_turns=skipped_rows,
-            final_assertions=new_state.final_assertions if result else (),
-            result=result,
-            expected_phase="awaiting_human",
-        )
-        saved = state_cache.save(store, loaded, parked.archived, new_state, step)
-        if not saved.saved:
-            return Advance(saved=False)
-        return Advance(
-            saved=True,
-            next_turn=loaded.next_turn if new_state.phase == "ready" else None,
-            run_finished=saved.run_finished,
-            case_done=result is not None,
-            status=result.status if result else None,
-            starts=saved.starts,
-        )
-
-    return _saved_or_refused(store, run_id, case_id, loaded.next_turn, save)
-
-
-def _stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationState | None:
+def stopped(prepared: Prepared, max_deliveries: int | None) -> ConversationState | None:
     if prepared.unreadable is not None:
         message = f"turn {prepared.turn} could not be played: {prepared.unreadable}"
         return end_without_running(prepared, "fail", message)
@@ -464,7 +410,7 @@ def run_step_sync(
     prepared = prepare(store, run_id, case_id, turn, max_deliveries, redelivered)
     if isinstance(prepared, Advance):
         return prepared
-    state = _stopped(prepared, max_deliveries)
+    state = stopped(prepared, max_deliveries)
     if state is None and (spent := budget.reserve_sync(store, prepared.loaded, prepared.options)):
         state = end_without_running(prepared, "skip", spent)
     if state is None:

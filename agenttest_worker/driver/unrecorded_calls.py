@@ -27,7 +27,7 @@ def count_unrecorded(
 def refused_for_now(exc: BaseException) -> bool:
     """Whether `exc` is the database refusing a write for now (db.is_transient)."""
     # Imported here, not above: an embedded run's first steps must not wait for
-    # SQLAlchemy's import (see driver/step.py `_saved_or_refused`).
+    # SQLAlchemy's import (see driver/step.py `saved_or_refused`).
     from sqlalchemy.exc import DBAPIError
 
     from agenttest_worker.store.sql.db import is_transient
