@@ -166,7 +166,8 @@ def test_a_conversation_shows_every_payload_as_text(run: Run, browser: Any) -> N
     page.wait_for_selector("#conversation .assertions")
     text = page.inner_text("#conversation")
     assert f"The reply was not polite: {SCRIPT_END} {IMG}" in text
-    assert f"agent: {LINK}" in text  # the judge's criteria, as the console labels it
+    # The judge's criteria, labelled in words ("judge", not the case file's "agent").
+    assert f"judge: {LINK}" in text
     page.goto(f"{run.url}#case=xss-ask")
     page.wait_for_selector("#conversation .skip")
     skip = page.inner_text("#conversation .skip")

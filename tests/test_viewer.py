@@ -223,7 +223,7 @@ def test_the_api_serves_json_with_a_policy_on_every_response(run: Run, viewer: V
         case = client.get(f"{api}/case", params={"id": "xss-tool"}).json()
         record, notes = case["records"][0]
         assert record["turns"][0]["tool_calls"][0]["args"] == {"query": SCRIPT_END, "html": IMG}
-        assert notes["labels"] == [['tool_called "lookup"']]
+        assert notes["labels"] == [['tool called "lookup"']]  # in words, not the code
         assert client.get(f"{api}/case", params={"id": "nope"}).status_code == 404
         assert client.get(f"{root}/api/runs/nope").status_code == 404
         for path in [

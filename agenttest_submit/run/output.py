@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
+from agenttest_worker.errors import InputError
 from agenttest_worker.report import RunReport, printable, render
 
 
@@ -44,6 +46,10 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         # What the aggregator rendered was for the stored defaults, not these options.
         report.verbose, report.color, report.only_failures = chosen
         report.rendered = {}
+    if request.baseline and request.format == "html":
+        # The page shows what changed since the baseline the run is compared with.
+        report.baseline_diff = baseline_diff(url, run_id, request.baseline)
+        report.rendered.pop("html", None)
     stdout_format = request.format if request.format and not request.output else "console"
     sys.stdout.write(_rendered(stdout_format, report))
     sys.stdout.flush()
@@ -76,6 +82,21 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         gate = Gate(request.baseline, request.fail_on, code, summary.stopped)
         code = print_baseline_diff(url, run_id, gate)
     return code
+
+
+def baseline_diff(url: str, run_id: str, baseline: str) -> dict[str, Any] | None:
+    """The run's diff against `baseline` (--baseline) as the `diff` command's JSON; None
+    when there is no baseline to compare with (the end of the run says why)."""
+    # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
+    from agenttest_submit.commands.history_commands import build_diff, resolve_baseline
+    from agenttest_submit.run.runner import resolve_run
+
+    new = resolve_run(url, run_id)
+    try:
+        base = resolve_baseline(url, baseline, new)
+    except InputError:
+        return None
+    return build_diff(url, base, new).as_dict()
 
 
 def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:

@@ -253,6 +253,9 @@ class RunReport:
     # code and the reporter agent take it instead of parsing the records a second time. A report's
     # records and duration are not changed once it is rendered.
     counted: Summary | None = field(default=None, repr=False, compare=False)
+    # What changed since the run's baseline (--baseline), as the `diff` command's JSON
+    # (RunDiff.as_dict): the HTML report shows it; None: the run had no baseline.
+    baseline_diff: dict[str, Any] | None = None
 
     def tally(self) -> Tally:
         """A tally under this run's pass rule, for a reporter that reads the records."""

@@ -23,10 +23,12 @@ from agenttest_worker.report.common import (
     first_problem,
     js_value,
 )
+from agenttest_worker.report.diff import CATEGORIES, TITLES
 from agenttest_worker.report.report_model import RunReport, Tally
 from agenttest_worker.report.usage_tally import usage_dict
 from agenttest_worker.report.verdicts import CaseVerdict
-from agenttest_worker.results import CaseResult, TurnResult
+from agenttest_worker.report.wording import words
+from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 
 # The table's order: what needs reading first.
 STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
@@ -56,11 +58,11 @@ def record_notes(case: CaseResult, simulated: bool = False) -> dict[str, Any]:
     markers = [_marker(turn) if dynamic else "" for turn in case.turns]
     if any(markers):
         notes["markers"] = markers
-    labels = [[describe_assertion(a) for a in turn.assertions] for turn in case.turns]
+    labels = [[page_label(a) for a in turn.assertions] for turn in case.turns]
     if any(labels):
         notes["labels"] = labels
     if case.final_assertions:
-        notes["final_labels"] = [describe_assertion(a) for a in case.final_assertions]
+        notes["final_labels"] = [page_label(a) for a in case.final_assertions]
     skips, end_skip = _skips(case, simulated)
     if skips:
         notes["skips"] = skips
@@ -70,6 +72,16 @@ def record_notes(case: CaseResult, simulated: bool = False) -> dict[str, Any]:
     if any(calls):
         notes["calls"] = calls
     return notes
+
+
+def page_label(assertion: AssertionResult) -> str:
+    """The console's label of an assertion (`not_contains "x"`) with its type in words
+    (`does not contain "x"`): a page says what was checked, not the case file's code."""
+    label = describe_assertion(assertion)
+    kind = assertion.type
+    if label.startswith(kind) and label[len(kind) : len(kind) + 1] in ("", " ", ":"):
+        return words("assertion", kind) + label[len(kind) :]
+    return label
 
 
 def _marker(turn: TurnResult) -> str:
@@ -138,6 +150,16 @@ def case_row(records: Sequence[CaseResult], found: CaseVerdict) -> dict[str, Any
     }
     if found.repeated:
         row.update(repeated=True, passed=found.passed, played=found.played, flaky=found.flaky)
+    # What the table filters by: the agent, why it failed (a record's `cause`, when
+    # records carry one), and the kinds of checks it ran.
+    row["agent"] = first.agent or ""
+    cause = next((getattr(r, "cause", None) for r in records if r.status != "passed"), None)
+    if cause:
+        row["cause"] = str(cause)
+    row["checks"] = sorted(
+        {a.type for r in records for t in r.turns for a in t.assertions}
+        | {a.type for r in records for a in r.final_assertions}
+    )
     return row
 
 
@@ -155,6 +177,11 @@ def search_text(records: Sequence[CaseResult]) -> str:
             parts += [a.reason for a in turn.assertions]
         parts += [a.reason for a in record.final_assertions]
     return "\n".join(parts).lower()
+
+
+def diff_words() -> dict[str, Any]:
+    """What a page needs beside a diff's JSON: each category's title, in their order."""
+    return {"titles": dict(TITLES), "order": list(CATEGORIES)}
 
 
 def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -205,6 +232,10 @@ class RunData:
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "statuses": {s: sum(1 for r in self.rows if r["status"] == s) for s in STATUS_ORDER},
             "tags": sorted({tag for row in self.rows for tag in row["tags"]}),
+            # The choices of the table's other filters.
+            "agents": sorted({row["agent"] for row in self.rows if row["agent"]}),
+            "causes": sorted({row["cause"] for row in self.rows if row.get("cause")}),
+            "checks": sorted({kind for row in self.rows for kind in row["checks"]}),
         }
         found.update(more)
         return found
