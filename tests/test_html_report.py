@@ -262,3 +262,46 @@ def test_repetitions_votes_markers_and_fields_added_later(tmp_path: Path, browse
     assert "agents:b\tfail\t0\trude" in votes_text and f"fine {IMG}" in votes_text
     assert "agreement 50.0%" in text
     not_pwned(page, "agenttest · run r-1")
+
+
+def test_a_run_with_a_baseline_reports_what_changed_in_its_html(
+    tmp_path: Path, browser: Any
+) -> None:
+    """`--baseline suite --format html -o FILE`: the page shows the diff against the
+    suite's previous run (a regression, with what the agent said, as text) and links
+    each case still in the run to its conversation; a run without one shows none."""
+    replies = {"greet": "Hello."}
+    with ScriptedAgent() as agent:
+        agent.script("target", lambda body: replies["greet"] if "greet" in str(body) else "Hello")
+        config = tmp_path / "agenttest.yaml"
+        config.write_text(json.dumps({"agents": {"target": agent.entry("target")}}))
+        cases = tmp_path / "cases.jsonl"
+        written = [
+            {"id": c, "input": f"{c} me", "assertions": [{"type": "contains", "value": "Hello"}]}
+            for c in ("greet", "other")
+        ]
+        cases.write_text("".join(json.dumps(c) + "\n" for c in written))
+        env = environment(tmp_path / ".agenttest")
+        args = ["-i", str(cases), "-n", "target", "--config", str(config), "--format", "html"]
+        before = tmp_path / "before.html"
+        first = submit([*args, "--baseline", "suite", "-o", str(before)], env, tmp_path)
+        assert first.returncode == 0, first.stderr  # no baseline yet: none shown
+        replies["greet"] = f"Bye. {SCRIPT}"
+        report = tmp_path / "report.html"
+        second = submit([*args, "--baseline", "suite", "-o", str(report)], env, tmp_path)
+        assert second.returncode == 1, second.stderr
+    base = re.search(r"\(run (\S+)\)", first.stderr)
+    assert base, first.stderr
+    page, seen = open_page(browser, report.as_uri())
+    section = page.inner_text("#baseline-diff")
+    assert f"What changed since the baseline (run {base.group(1)})" in section
+    assert "Newly failing: 1" in section and "Still passing: 1" in section
+    regression = page.inner_text("#baseline-diff section[data-category=regression]")
+    assert "greet" in regression and f"Now: Bye. {SCRIPT}" in regression
+    page.click("#baseline-diff a:text('greet')")
+    page.wait_for_selector("#conversation")
+    assert f"Bye. {SCRIPT}" in page.inner_text("#conversation")
+    not_pwned(page, page.title())
+    assert {url.split("#")[0] for url in seen} == {report.as_uri()}
+    page, _ = open_page(browser, before.as_uri())
+    assert page.locator("#baseline-diff").count() == 0

@@ -17,7 +17,7 @@ from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
 from agenttest_worker.errors import InputError
-from agenttest_worker.report import RunReport, printable, render
+from agenttest_worker.report import RunReport, printable, render, worded_diff
 
 
 def _rendered(fmt: str, report: RunReport) -> str:
@@ -96,7 +96,7 @@ def baseline_diff(url: str, run_id: str, baseline: str) -> dict[str, Any] | None
         base = resolve_baseline(url, baseline, new)
     except InputError:
         return None
-    return build_diff(url, base, new).as_dict()
+    return worded_diff(build_diff(url, base, new).as_dict())
 
 
 def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:

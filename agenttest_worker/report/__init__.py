@@ -7,7 +7,8 @@
 - `aggregation`: once a run's conversations have ended, its reports built once and
   stored, streamed from the store;
 - `verdicts` (repeated cases), `judges` (judge agreement), `usage_tally` (calls, tokens
-  and cost by role), `diff` and `diff_formats` (what changed between two runs).
+  and cost by role), `diff` and `diff_formats` (what changed between two runs),
+  `wording` (the words pages show for the codes records carry).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from agenttest_worker.report.html_page.shell import page_end, page_start, policy
 from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
 from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
+from agenttest_worker.report.wording import WORDS, worded_diff, worded_label, words
 
 if TYPE_CHECKING:
     from agenttest_worker.report.aggregation import aggregate, build_report
@@ -81,6 +83,7 @@ __all__ = [
     "REPORTERS",
     "ROLE_ORDER",
     "TITLES",
+    "WORDS",
     "CaseChange",
     "ChunkedReporter",
     "Definitions",
@@ -117,4 +120,7 @@ __all__ = [
     "search_text",
     "sort_rows",
     "tally_verdict",
+    "worded_diff",
+    "worded_label",
+    "words",
 ]

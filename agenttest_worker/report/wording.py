@@ -8,6 +8,8 @@ words. One table, embedded in every page (html_page/shell.py) and read by its sc
 
 from __future__ import annotations
 
+from typing import Any
+
 # Why a turn waits for input, or why the conversation ended (engine/awaiting.py).
 AWAITING = {
     "agent_declared": "the agent said it waits for input",
@@ -103,3 +105,21 @@ def words(kind: str, code: str | None) -> str:
     if not code:
         return ""
     return WORDS.get(kind, {}).get(code, code.replace("_", " "))
+
+
+def worded_label(label: str) -> str:
+    """An assertion's label as the console writes it (`not_contains "x"`, `agent:
+    polite`) with its type in words (`does not contain "x"`, `judge: polite`)."""
+    for code in sorted(ASSERTIONS, key=len, reverse=True):
+        if label.startswith(code) and label[len(code) : len(code) + 1] in ("", " ", ":"):
+            return ASSERTIONS[code] + label[len(code) :]
+    return label
+
+
+def worded_diff(found: dict[str, Any]) -> dict[str, Any]:
+    """A diff's JSON (RunDiff.as_dict) with each difference's assertion in words."""
+    for case in found.get("cases") or []:
+        difference = case.get("difference")
+        if difference and difference.get("assertion"):
+            difference["assertion"] = worded_label(difference["assertion"])
+    return found

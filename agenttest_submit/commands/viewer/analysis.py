@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.report import CATEGORIES, TITLES
+from agenttest_worker.report import CATEGORIES, TITLES, worded_diff
 from agenttest_worker.store import run_history as history
 from agenttest_worker.store import runs
 
@@ -99,7 +99,7 @@ def compare(views: RunViews, a_id: str, b_id: str) -> dict[str, Any] | None:
     a, b = runs.get_run(url, a_id), runs.get_run(url, b_id)
     if a is None or b is None:
         return None
-    found = build_diff(url, a, b).as_dict()
+    found = worded_diff(build_diff(url, a, b).as_dict())
     rows_a = {r["id"]: r for r in views.rows(a_id) or []}
     rows_b = {r["id"]: r for r in views.rows(b_id) or []}
     for case in found["cases"]:

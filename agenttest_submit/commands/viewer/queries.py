@@ -32,6 +32,7 @@ from agenttest_worker.report import (
     record_notes,
     search_text,
     sort_rows,
+    worded_diff,
 )
 from agenttest_worker.results import CaseResult
 from agenttest_worker.store import CaseRow, RunRow, results, runs, session_scope
@@ -225,8 +226,8 @@ def run_diff(url: str, run_id: str, base: str) -> dict[str, Any] | None:
         found = resolve_baseline(url, base or "suite", new)
     except InputError as exc:
         return {"message": "; ".join(p.message for p in exc.problems)}
-    diff = build_diff(url, found, new)
-    return {**diff.as_dict(), "titles": TITLES, "order": list(CATEGORIES)}
+    diff = worded_diff(build_diff(url, found, new).as_dict())
+    return {**diff, "titles": TITLES, "order": list(CATEGORIES)}
 
 
 def _attachments(definition: dict[str, Any], record: CaseResult) -> list[list[str]]:

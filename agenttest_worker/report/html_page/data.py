@@ -27,7 +27,7 @@ from agenttest_worker.report.diff import CATEGORIES, TITLES
 from agenttest_worker.report.report_model import RunReport, Tally
 from agenttest_worker.report.usage_tally import usage_dict
 from agenttest_worker.report.verdicts import CaseVerdict
-from agenttest_worker.report.wording import words
+from agenttest_worker.report.wording import worded_label
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 
 # The table's order: what needs reading first.
@@ -77,11 +77,7 @@ def record_notes(case: CaseResult, simulated: bool = False) -> dict[str, Any]:
 def page_label(assertion: AssertionResult) -> str:
     """The console's label of an assertion (`not_contains "x"`) with its type in words
     (`does not contain "x"`): a page says what was checked, not the case file's code."""
-    label = describe_assertion(assertion)
-    kind = assertion.type
-    if label.startswith(kind) and label[len(kind) : len(kind) + 1] in ("", " ", ":"):
-        return words("assertion", kind) + label[len(kind) :]
-    return label
+    return worded_label(describe_assertion(assertion))
 
 
 def _marker(turn: TurnResult) -> str:
@@ -146,7 +142,7 @@ def case_row(records: Sequence[CaseResult], found: CaseVerdict) -> dict[str, Any
         "tags": first.tags or [],
         "turns": sum(r.total_turns for r in records),
         "ms": sum(r.duration_ms for r in records),
-        "problem": first_problem(failing) if failing is not None else "",
+        "problem": first_problem(failing, page_label) if failing is not None else "",
     }
     if found.repeated:
         row.update(repeated=True, passed=found.passed, played=found.played, flaky=found.flaky)
