@@ -472,6 +472,14 @@ def test_the_viewer_over_a_fleets_store(fleet: Fleet, tmp_path: Path, browser: A
             assert f"Tool {SCRIPT}" in text and TEXTAREA in text and SCRIPT_END in text
             not_pwned(page, "agenttest · case")
             screenshot(page, tmp_path / "artifacts", "viewer-fleet.png")
+            # A judged assertion keeps the judge's prompt and reply on a fleet too.
+            page.goto(f"{viewer.root()}/runs/{run_id}/case?id=xss-judge")
+            page.wait_for_selector("#conversation")
+            page.click("details.judge-prompt summary")
+            assert "[system]" in page.inner_text("details.judge-prompt pre")
+            page.click("details.judge-reply summary")
+            assert '"passed": false' in page.inner_text("details.judge-reply pre")
+            not_pwned(page, "agenttest · case")
             _local(seen, viewer.root())
         finally:
             viewer.stop()
