@@ -291,3 +291,24 @@ def test_the_screenshot_script_draws_every_page(tmp_path: Path) -> None:
         path = tmp_path / name
         assert path.exists(), name
         assert 10_000 < path.stat().st_size < 300_000, (name, path.stat().st_size)
+
+
+def test_codes_have_words_by_kind_and_unknown_ones_lose_their_underscores() -> None:
+    from agenttest_worker.report import worded_label, words
+
+    assert words("awaiting", "content_is_question") == "the reply asks a question"
+    # One code, two kinds: an `agent` check is a judge's; an `agent` cause is the agent.
+    assert words("assertion", "agent") == "judge" and words("cause", "agent") == "the agent"
+    assert words("stop", "some_new_reason") == "some new reason"
+    assert worded_label('not_contains "x"') == 'does not contain "x"'
+    assert worded_label("agent: polite") == "judge: polite"
+    assert worded_label("$.total = 3") == "$.total = 3"  # a json_path label has no code
+
+
+def test_the_wilson_interval_holds_the_rate_and_stays_within_0_and_1() -> None:
+    from agenttest_submit.commands.viewer.analysis import wilson
+
+    low, high = wilson(9, 10)
+    assert 0.59 < low < 0.6 and 0.98 < high < 0.99
+    assert wilson(10, 10)[1] == 1.0 and wilson(0, 10)[0] == 0.0
+    assert wilson(0, 0) == (0.0, 1.0)

@@ -78,6 +78,13 @@ CHANGES = {
     "changed": "definition changed",
 }
 
+# Where a conversation is while it runs (engine/state.py's phases).
+PHASES = {
+    "ready": "ready for its next turn",
+    "awaiting_human": "waiting for a person's input",
+    "done": "finished",
+}
+
 # Why a case failed or was skipped (a record's `cause`, when it has one).
 CAUSES = {
     "agent": "the agent",
@@ -97,6 +104,7 @@ WORDS: dict[str, dict[str, str]] = {
     "stop": STOP_REASONS,
     "change": CHANGES,
     "cause": CAUSES,
+    "phase": PHASES,
 }
 
 

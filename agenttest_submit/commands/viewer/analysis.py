@@ -36,7 +36,8 @@ def wilson(passed: int, total: int) -> tuple[float, float]:
     denominator = 1 + _Z**2 / total
     centre = (p + _Z**2 / (2 * total)) / denominator
     half = _Z * math.sqrt(p * (1 - p) / total + _Z**2 / (4 * total**2)) / denominator
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # (Rounded: 10 of 10 gives 1 as its upper bound, not 0.9999999999999999.)
+    return (round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6))
 
 
 def trend_point(url: str, run: RunRow) -> dict[str, Any]:

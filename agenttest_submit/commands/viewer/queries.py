@@ -33,6 +33,7 @@ from agenttest_worker.report import (
     search_text,
     sort_rows,
     worded_diff,
+    words,
 )
 from agenttest_worker.results import CaseResult
 from agenttest_worker.store import CaseRow, RunRow, results, runs, session_scope
@@ -190,7 +191,7 @@ class RunViews:
         waiting = [row for row in mine if row[3] is None]
         if waiting:
             done = len(mine) - len(waiting)
-            at = f"{waiting[0][0]}, next turn {waiting[0][1]}"
+            at = f"{words('phase', waiting[0][0])}, next turn {waiting[0][1]}"
             return {
                 "exists": True,
                 "row": None,

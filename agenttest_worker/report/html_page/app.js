@@ -96,7 +96,8 @@ const summarySection = (run) => {
     card("skipped", number(s.skipped), "skipped"),
     card("pass rate", percent(s.pass_rate)),
     card("duration", seconds(s.duration_s || 0)),
-    card("turns", `${number(s.total_turns)} (${(s.avg_turns || 0).toFixed(1)}/case)`),
+    // The average is over conversations: a repeated case's repetitions each count.
+    card("turns", `${number(s.total_turns)} (${(s.avg_turns || 0).toFixed(1)}/${run.distinct_cases ? "conversation" : "case"})`),
     card("tokens", number(run.tokens)),
     cost ? card("cost", money(cost)) : null,
   );
