@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from browser import (
     submit,
     xss_project,
 )
+from fleet import Fleet, fleet_on
 from scripted_agent import ScriptedAgent
 
 
@@ -264,12 +266,11 @@ def test_repetitions_votes_markers_and_fields_added_later(tmp_path: Path, browse
     not_pwned(page, "agenttest · run r-1")
 
 
-def test_a_run_with_a_baseline_reports_what_changed_in_its_html(
-    tmp_path: Path, browser: Any
+def _baseline_report(
+    tmp_path: Path, browser: Any, play: Callable[[list[str]], subprocess.CompletedProcess[str]]
 ) -> None:
-    """`--baseline suite --format html -o FILE`: the page shows the diff against the
-    suite's previous run (a regression, with what the agent said, as text) and links
-    each case still in the run to its conversation; a run without one shows none."""
+    """Two runs of one suite made by `play` (the CLI), the second failing a case that
+    passed: the second run's page shows the diff against the first."""
     replies = {"greet": "Hello."}
     with ScriptedAgent() as agent:
         agent.script("target", lambda body: replies["greet"] if "greet" in str(body) else "Hello")
@@ -281,14 +282,13 @@ def test_a_run_with_a_baseline_reports_what_changed_in_its_html(
             for c in ("greet", "other")
         ]
         cases.write_text("".join(json.dumps(c) + "\n" for c in written))
-        env = environment(tmp_path / ".agenttest")
         args = ["-i", str(cases), "-n", "target", "--config", str(config), "--format", "html"]
         before = tmp_path / "before.html"
-        first = submit([*args, "--baseline", "suite", "-o", str(before)], env, tmp_path)
+        first = play([*args, "--baseline", "suite", "-o", str(before)])
         assert first.returncode == 0, first.stderr  # no baseline yet: none shown
         replies["greet"] = f"Bye. {SCRIPT}"
         report = tmp_path / "report.html"
-        second = submit([*args, "--baseline", "suite", "-o", str(report)], env, tmp_path)
+        second = play([*args, "--baseline", "suite", "-o", str(report)])
         assert second.returncode == 1, second.stderr
     base = re.search(r"\(run (\S+)\)", first.stderr)
     assert base, first.stderr
@@ -305,3 +305,28 @@ def test_a_run_with_a_baseline_reports_what_changed_in_its_html(
     assert {url.split("#")[0] for url in seen} == {report.as_uri()}
     page, _ = open_page(browser, before.as_uri())
     assert page.locator("#baseline-diff").count() == 0
+
+
+def test_a_run_with_a_baseline_reports_what_changed_in_its_html(
+    tmp_path: Path, browser: Any
+) -> None:
+    """`--baseline suite --format html -o FILE`: the page shows the diff against the
+    suite's previous run (a regression, with what the agent said, as text) and links
+    each case still in the run to its conversation; a run without one shows none."""
+    env = environment(tmp_path / ".agenttest")
+    _baseline_report(tmp_path, browser, lambda args: submit(args, env, tmp_path))
+
+
+@pytest.fixture
+def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+@pytest.mark.fleet
+def test_a_fleet_run_with_a_baseline_reports_what_changed_in_its_html(
+    fleet: Fleet, tmp_path: Path, browser: Any
+) -> None:
+    """The same on a fleet: the diff is read from Postgres once the run is done."""
+    fleet.start("html", concurrency=2)
+    (tmp_path / "project").mkdir()
+    _baseline_report(tmp_path / "project", browser, fleet.submit)
