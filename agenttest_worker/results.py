@@ -45,6 +45,10 @@ class AssertionOutcome:
     # and its reasoning.
     plan: str | None = None
     thinking: str | None = None
+    # What the judge was sent (its messages as text) and what it answered, as it said
+    # it, so that a reader can check a verdict against both.
+    judge_prompt: str | None = None
+    judge_reply: str | None = None
 
 
 class _Record(BaseModel):
@@ -153,6 +157,9 @@ class AssertionResult(_Record):
     # A judge's plan and thinking beside its verdict (tdx's evaluator), when it gave them.
     plan: str | None = None
     thinking: str | None = None
+    # A judge's prompt and raw reply (in a panel, those of the judge whose reason is given).
+    judge_prompt: str | None = None
+    judge_reply: str | None = None
 
 
 class TurnResult(_Record):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from browser import (
     submit,
     xss_project,
 )
+from fleet import Fleet, fleet_on
 from scripted_agent import ScriptedAgent
 
 
@@ -166,7 +168,8 @@ def test_a_conversation_shows_every_payload_as_text(run: Run, browser: Any) -> N
     page.wait_for_selector("#conversation .assertions")
     text = page.inner_text("#conversation")
     assert f"The reply was not polite: {SCRIPT_END} {IMG}" in text
-    assert f"agent: {LINK}" in text  # the judge's criteria, as the console labels it
+    # The judge's criteria, labelled in words ("judge", not the case file's "agent").
+    assert f"judge: {LINK}" in text
     page.goto(f"{run.url}#case=xss-ask")
     page.wait_for_selector("#conversation .skip")
     skip = page.inner_text("#conversation .skip")
@@ -261,3 +264,69 @@ def test_repetitions_votes_markers_and_fields_added_later(tmp_path: Path, browse
     assert "agents:b\tfail\t0\trude" in votes_text and f"fine {IMG}" in votes_text
     assert "agreement 50.0%" in text
     not_pwned(page, "agenttest · run r-1")
+
+
+def _baseline_report(
+    tmp_path: Path, browser: Any, play: Callable[[list[str]], subprocess.CompletedProcess[str]]
+) -> None:
+    """Two runs of one suite made by `play` (the CLI), the second failing a case that
+    passed: the second run's page shows the diff against the first."""
+    replies = {"greet": "Hello."}
+    with ScriptedAgent() as agent:
+        agent.script("target", lambda body: replies["greet"] if "greet" in str(body) else "Hello")
+        config = tmp_path / "agenttest.yaml"
+        config.write_text(json.dumps({"agents": {"target": agent.entry("target")}}))
+        cases = tmp_path / "cases.jsonl"
+        written = [
+            {"id": c, "input": f"{c} me", "assertions": [{"type": "contains", "value": "Hello"}]}
+            for c in ("greet", "other")
+        ]
+        cases.write_text("".join(json.dumps(c) + "\n" for c in written))
+        args = ["-i", str(cases), "-n", "target", "--config", str(config), "--format", "html"]
+        before = tmp_path / "before.html"
+        first = play([*args, "--baseline", "suite", "-o", str(before)])
+        assert first.returncode == 0, first.stderr  # no baseline yet: none shown
+        replies["greet"] = f"Bye. {SCRIPT}"
+        report = tmp_path / "report.html"
+        second = play([*args, "--baseline", "suite", "-o", str(report)])
+        assert second.returncode == 1, second.stderr
+    base = re.search(r"\(run (\S+)\)", first.stderr)
+    assert base, first.stderr
+    page, seen = open_page(browser, report.as_uri())
+    section = page.inner_text("#baseline-diff")
+    assert f"What changed since the baseline (run {base.group(1)})" in section
+    assert "Newly failing: 1" in section and "Still passing: 1" in section
+    regression = page.inner_text("#baseline-diff section[data-category=regression]")
+    assert "greet" in regression and f"Now: Bye. {SCRIPT}" in regression
+    page.click("#baseline-diff a:text('greet')")
+    page.wait_for_selector("#conversation")
+    assert f"Bye. {SCRIPT}" in page.inner_text("#conversation")
+    not_pwned(page, page.title())
+    assert {url.split("#")[0] for url in seen} == {report.as_uri()}
+    page, _ = open_page(browser, before.as_uri())
+    assert page.locator("#baseline-diff").count() == 0
+
+
+def test_a_run_with_a_baseline_reports_what_changed_in_its_html(
+    tmp_path: Path, browser: Any
+) -> None:
+    """`--baseline suite --format html -o FILE`: the page shows the diff against the
+    suite's previous run (a regression, with what the agent said, as text) and links
+    each case still in the run to its conversation; a run without one shows none."""
+    env = environment(tmp_path / ".agenttest")
+    _baseline_report(tmp_path, browser, lambda args: submit(args, env, tmp_path))
+
+
+@pytest.fixture
+def fleet(redis_db: str, pg_database: str, demo_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    yield from fleet_on(redis_db, pg_database, demo_url, tmp_path)
+
+
+@pytest.mark.fleet
+def test_a_fleet_run_with_a_baseline_reports_what_changed_in_its_html(
+    fleet: Fleet, tmp_path: Path, browser: Any
+) -> None:
+    """The same on a fleet: the diff is read from Postgres once the run is done."""
+    fleet.start("html", concurrency=2)
+    (tmp_path / "project").mkdir()
+    _baseline_report(tmp_path / "project", browser, fleet.submit)

@@ -223,7 +223,7 @@ def test_the_api_serves_json_with_a_policy_on_every_response(run: Run, viewer: V
         case = client.get(f"{api}/case", params={"id": "xss-tool"}).json()
         record, notes = case["records"][0]
         assert record["turns"][0]["tool_calls"][0]["args"] == {"query": SCRIPT_END, "html": IMG}
-        assert notes["labels"] == [['tool_called "lookup"']]
+        assert notes["labels"] == [['tool called "lookup"']]  # in words, not the code
         assert client.get(f"{api}/case", params={"id": "nope"}).status_code == 404
         assert client.get(f"{root}/api/runs/nope").status_code == 404
         for path in [
@@ -477,6 +477,14 @@ def test_the_viewer_over_a_fleets_store(fleet: Fleet, tmp_path: Path, browser: A
             assert f"Tool {SCRIPT}" in text and TEXTAREA in text and SCRIPT_END in text
             not_pwned(page, "agenttest · case")
             screenshot(page, tmp_path / "artifacts", "viewer-fleet.png")
+            # A judged assertion keeps the judge's prompt and reply on a fleet too.
+            page.goto(f"{viewer.root()}/runs/{run_id}/case?id=xss-judge")
+            page.wait_for_selector("#conversation")
+            page.click("details.judge-prompt summary")
+            assert "[system]" in page.inner_text("details.judge-prompt pre")
+            page.click("details.judge-reply summary")
+            assert '"passed": false' in page.inner_text("details.judge-reply pre")
+            not_pwned(page, "agenttest · case")
             _local(seen, viewer.root())
         finally:
             viewer.stop()

@@ -12,6 +12,7 @@ import functools
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.cli.request import RunRequest
@@ -19,7 +20,14 @@ from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.golden_update import say_written, write_golden
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
-from agenttest_worker.report import STORED_FORMATS, RunReport, printable, render_chunks
+from agenttest_worker.errors import InputError
+from agenttest_worker.report import (
+    STORED_FORMATS,
+    RunReport,
+    printable,
+    render_chunks,
+    worded_diff,
+)
 
 
 def _pieces(
@@ -60,6 +68,9 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
     if (report.verbose, report.color, report.only_failures) != chosen:
         report.verbose, report.color, report.only_failures = chosen
         stored = None
+    if request.baseline and request.format == "html":
+        # The page shows what changed since the baseline the run is compared with.
+        report.baseline_diff = baseline_diff(url, run_id, request.baseline)
     stdout_format = request.format if request.format and not request.output else "console"
     for piece in _pieces(stdout_format, report, stored):
         sys.stdout.write(piece)
@@ -98,6 +109,21 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         gate = Gate(request.baseline, request.fail_on, code, summary.stopped, weighing)
         code = print_baseline_diff(url, run_id, gate)
     return code
+
+
+def baseline_diff(url: str, run_id: str, baseline: str) -> dict[str, Any] | None:
+    """The run's diff against `baseline` (--baseline) as the `diff` command's JSON; None
+    when there is no baseline to compare with (the end of the run says why)."""
+    # The store (SQLAlchemy) is imported where it is used: see embedded.run_embedded.
+    from agenttest_submit.commands.run_diffs import build_diff, resolve_baseline
+    from agenttest_submit.run.runner import resolve_run
+
+    new = resolve_run(url, run_id)
+    try:
+        base = resolve_baseline(url, baseline, new)
+    except InputError:
+        return None
+    return worded_diff(build_diff(url, base, new).as_dict())
 
 
 def _custom_report(url: str, run_id: str, use: str, report: RunReport) -> None:

@@ -42,7 +42,9 @@ from agenttest_worker.agents.roles import (
     ReplyParseError,
     SimulatorTurn,
     Verdict,
+    bounded,
     generator_request,
+    judge_prompt,
     last_response_of,
     parse_failure,
     read_generator_reply,
@@ -325,11 +327,19 @@ class RoleSession:
             reply = await self.call(name, request, read_validator_reply)
         except AgentError as exc:
             return AssertionOutcome(False, f"judge {name} failed: {exc.message}", error=exc.message)
+        # What it was sent and what it said, kept with the verdict for the reader.
+        prompt, said = judge_prompt(request.messages), bounded(reply.content)
         try:
             verdict: Verdict = read_validator_reply(reply.content)
         except ReplyParseError as exc:
             failure = parse_failure("judge", name, exc, reply.call)
-            return AssertionOutcome(False, failure.message, error=failure.message)
+            return AssertionOutcome(
+                False,
+                failure.message,
+                error=failure.message,
+                judge_prompt=prompt,
+                judge_reply=said,
+            )
         return AssertionOutcome(
             passed=verdict.passed,
             reason=verdict.reason or ("passed" if verdict.passed else "failed"),
@@ -337,6 +347,8 @@ class RoleSession:
             suggestions=verdict.suggestions,
             plan=verdict.plan,
             thinking=verdict.thinking,
+            judge_prompt=prompt,
+            judge_reply=said,
         )
 
     async def run_script_assertion(

@@ -286,6 +286,27 @@ def validator_request(
     )
 
 
+# How much of a judge's prompt and reply a record keeps (each).
+JUDGE_TEXT_LIMIT = 20_000
+
+
+def bounded(text: str | None, limit: int = JUDGE_TEXT_LIMIT) -> str | None:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n… ({len(text) - limit} more characters not kept)"
+
+
+def judge_prompt(messages: list[dict[str, Any]]) -> str | None:
+    """A judge's messages as one text: each under its role, as the judge read them."""
+    parts = []
+    for message in messages:
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        parts.append(f"[{message.get('role', '?')}]\n{text}")
+    return bounded("\n\n".join(parts))
+
+
 @dataclass
 class Verdict:
     passed: bool

@@ -148,6 +148,8 @@ def decide(spec: AgentAssertion, asks: list[tuple[str, AssertionOutcome]]) -> As
         suggestions=said.suggestions,
         plan=said.plan,
         thinking=said.thinking,
+        judge_prompt=said.judge_prompt,
+        judge_reply=said.judge_reply,
         votes=votes,
         agreement=len(agreeing) / n,
     )

@@ -50,6 +50,8 @@ async def run_assertions(
                     "agreement": outcome.agreement,
                     "plan": outcome.plan,
                     "thinking": outcome.thinking,
+                    "judge_prompt": outcome.judge_prompt,
+                    "judge_reply": outcome.judge_reply,
                 }
             )
         )

@@ -10,7 +10,8 @@
   audit's flip rates and agreement, and Cohen's kappa against people's labels),
   `usage_tally` (calls, tokens and cost by role), `diff` and `diff_formats` (what
   changed between two runs), `significance` (the noise-aware gate's statistics),
-  `causes` (why cases failed).
+  `causes` (why cases failed),
+  `wording` (the words pages show for the codes records carry).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ from agenttest_worker.report.significance import (
 )
 from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
+from agenttest_worker.report.wording import WORDS, worded_diff, worded_label, words
 
 if TYPE_CHECKING:
     from agenttest_worker.report.aggregation import STORED_FORMATS, aggregate, build_report
@@ -120,6 +122,7 @@ __all__ = [
     "STORED_FORMATS",
     "TITLES",
     "UNSTABLE_FLIP_RATE",
+    "WORDS",
     "Audit",
     "CaseChange",
     "ChunkedReporter",
@@ -175,4 +178,7 @@ __all__ = [
     "tally_verdict",
     "trace_notes",
     "wilson",
+    "worded_diff",
+    "worded_label",
+    "words",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -248,8 +248,12 @@ def executed_turns(case: CaseResult) -> list[TurnResult]:
     return [t for t in case.turns if not (t.status == "skipped" and t.input is None)]
 
 
-def problems(case: CaseResult) -> Iterator[str]:
-    """What went wrong in a case, in conversation order, one line each."""
+def problems(
+    case: CaseResult, label: Callable[[AssertionResult], str] | None = None
+) -> Iterator[str]:
+    """What went wrong in a case, in conversation order, one line each (each assertion
+    named by `label`: the console's `describe_assertion` unless a page gives its own)."""
+    label = label or describe_assertion
     for turn in case.turns:
         if turn.error:
             yield f"turn {turn.turn}: {one_line(turn.error)}"
@@ -257,11 +261,10 @@ def problems(case: CaseResult) -> Iterator[str]:
             yield f"turn {turn.turn}: {one_line(problem)}"
         for assertion in turn.assertions:
             if not assertion.passed:
-                label = describe_assertion(assertion)
-                yield f"turn {turn.turn}: {label}: {failure_reason(assertion)}"
+                yield f"turn {turn.turn}: {label(assertion)}: {failure_reason(assertion)}"
     for assertion in case.final_assertions:
         if not assertion.passed:
-            yield f"final: {describe_assertion(assertion)}: {failure_reason(assertion)}"
+            yield f"final: {label(assertion)}: {failure_reason(assertion)}"
     # The case's error is often the failing turn's, as is or as "turn N: ...": say it once.
     copies = {t.error for t in case.turns} | {f"turn {t.turn}: {t.error}" for t in case.turns}
     if case.error and case.error not in copies:
@@ -272,8 +275,8 @@ def problems(case: CaseResult) -> Iterator[str]:
         yield from (one_line(t.skip_reason) for t in case.turns if t.skip_reason)
 
 
-def first_problem(case: CaseResult) -> str:
-    return next(problems(case), "")
+def first_problem(case: CaseResult, label: Callable[[AssertionResult], str] | None = None) -> str:
+    return next(problems(case, label), "")
 
 
 def asked_question(

@@ -13,7 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from agenttest_worker.report.html_page.data import RunData, record_notes, script_text, sort_rows
+from agenttest_worker.report.html_page.data import (
+    RunData,
+    diff_words,
+    record_notes,
+    script_text,
+    sort_rows,
+)
 from agenttest_worker.report.html_page.shell import data_element, data_open, page_end, page_start
 from agenttest_worker.report.html_page.waterfall import trace_notes
 from agenttest_worker.report.report_model import RunReport
@@ -38,6 +44,9 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     yield from _records(run, data)
     yield "]</script>\n"
     yield data_element("agenttest-run", {"run": data.header(), "rows": sort_rows(data.rows)})
+    if run.baseline_diff is not None:
+        # What changed since the baseline (--baseline), shown above the summary.
+        yield data_element("agenttest-diff", {**run.baseline_diff, **diff_words()})
     yield page_end()
 
 

@@ -292,6 +292,9 @@ class RunReport:
     # The spans agents sent of the run's conversations, by trace id (the HTML report
     # draws each turn's as a waterfall): read from the store where it is at hand.
     agent_spans: dict[str, list[AgentSpan]] = field(default_factory=dict, repr=False)
+    # What changed since the run's baseline (--baseline), as the `diff` command's JSON
+    # (RunDiff.as_dict): the HTML report shows it; None: the run had no baseline.
+    baseline_diff: dict[str, Any] | None = None
 
     def tally(self) -> Tally:
         """A tally under this run's pass rule, for a reporter that reads the records."""

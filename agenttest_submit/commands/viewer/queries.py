@@ -35,6 +35,8 @@ from agenttest_worker.report import (
     search_text,
     sort_rows,
     trace_notes,
+    worded_diff,
+    words,
 )
 from agenttest_worker.results import CaseResult
 from agenttest_worker.store import (
@@ -221,7 +223,7 @@ class RunViews:
         waiting = [row for row in mine if row[3] is None]
         if waiting:
             done = len(mine) - len(waiting)
-            at = f"{waiting[0][0]}, next turn {waiting[0][1]}"
+            at = f"{words('phase', waiting[0][0])}, next turn {waiting[0][1]}"
             return {
                 "exists": True,
                 "row": None,
@@ -267,8 +269,8 @@ def run_diff(url: str, run_id: str, base: str) -> dict[str, Any] | None:
         found = resolve_baseline(url, base or "suite", new)
     except InputError as exc:
         return {"message": "; ".join(p.message for p in exc.problems)}
-    diff = build_diff(url, found, new)
-    return {**diff.as_dict(), "titles": TITLES, "order": list(CATEGORIES)}
+    diff = worded_diff(build_diff(url, found, new).as_dict())
+    return {**diff, "titles": TITLES, "order": list(CATEGORIES)}
 
 
 def _attachments(definition: dict[str, Any], record: CaseResult) -> list[list[str]]:

@@ -4,7 +4,11 @@
     /runs/RUN               a run: summary, live progress while it runs, the case table
     /runs/RUN/case?id=ID    a case's conversation (every repetition of a repeated case)
     /runs/RUN/diff?base=B   what changed since B (a run id, last, or suite: the default)
-    /api/runs               {"groups": [{"name", "runs": [...]}]}
+    /compare?a=A&b=B        any two runs compared: their cases by change
+    /compare/case?a=&b=&id= one case of both runs side by side, turn by turn
+    /api/runs               {"groups": [{"name", "runs": [...], "trend": [...]}]}
+    /api/compare?a=&b=      the `diff` command's JSON from A to B, rows joined, labels
+    /api/compare/labels?a=&b= only the two sides' labels and runs
     /api/runs/RUN           the run's header, summary and progress
     /api/runs/RUN/cases     {"rows": [...]} (?q=TEXT: {"ids": [...]} of the cases matching)
     /api/runs/RUN/case?id=  {"exists", "row", "records": [[record, notes], ...]}
@@ -38,6 +42,7 @@ from aiohttp import web
 
 from agenttest_submit.cli.request import LabelRequest
 from agenttest_submit.commands.judge_labelling import label_verdict
+from agenttest_submit.commands.viewer.analysis import compare, pair_labels, trends
 from agenttest_submit.commands.viewer.queries import RunViews, run_diff, runs_page
 from agenttest_worker.errors import InputError
 from agenttest_worker.observe import authorized
@@ -48,6 +53,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _RUN = "{run:[A-Za-z0-9._-]{1,64}}"
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 _API_POLICY = "default-src 'none'; frame-ancestors 'none'"
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _HOST_PORT = re.compile(r"^(\[[^\]]*\]|[^:]*)(:\d+)?$")
 _LABELS = re.compile(r"^/api/runs/[A-Za-z0-9._-]{1,64}/labels$")
 VIEWS = web.AppKey("views", RunViews)
@@ -64,6 +70,10 @@ def make_app(url: str, *, token: str | None = None, host: str = "127.0.0.1") -> 
     app.router.add_get(f"/runs/{_RUN}", _page("run"))
     app.router.add_get(f"/runs/{_RUN}/case", _page("case"))
     app.router.add_get(f"/runs/{_RUN}/diff", _page("diff"))
+    app.router.add_get("/compare", _page("compare"))
+    app.router.add_get("/compare/case", _page("pair"))
+    app.router.add_get("/api/compare", _api_compare)
+    app.router.add_get("/api/compare/labels", _api_compare)
     app.router.add_get("/api/runs", _api_runs)
     app.router.add_get(f"/api/runs/{_RUN}", _api_run)
     app.router.add_get(f"/api/runs/{_RUN}/cases", _api_cases)
@@ -135,7 +145,11 @@ def _page(kind: str) -> Handler:
     async def page(request: web.Request) -> web.StreamResponse:
         config: dict[str, Any] = {"page": kind}
         title = "agenttest"
-        if kind != "runs":
+        if kind in ("compare", "pair"):
+            config["a"], config["b"] = request.query.get("a", ""), request.query.get("b", "")
+            config["case"] = request.query.get("id", "")
+            title = "agenttest · compare"
+        elif kind != "runs":
             config["run"] = request.match_info["run"]
             title = f"agenttest · run {config['run']}"
         if kind == "case":
@@ -166,8 +180,27 @@ def _no_run(request: web.Request) -> web.Response:
     return _json({"message": f"no run {request.match_info['run']}"}, status=404)
 
 
+def _runs_with_trends(url: str) -> dict[str, Any]:
+    found = runs_page(url)
+    trends(url, found["groups"])
+    return found
+
+
 async def _api_runs(request: web.Request) -> web.StreamResponse:
-    return _json(await _read(runs_page, _views(request).url))
+    return _json(await _read(_runs_with_trends, _views(request).url))
+
+
+async def _api_compare(request: web.Request) -> web.StreamResponse:
+    a, b = request.query.get("a", ""), request.query.get("b", "")
+    if not (_RUN_ID.fullmatch(a) and _RUN_ID.fullmatch(b)):
+        return _json({"message": "pick two runs to compare (?a=RUN&b=RUN)"}, status=404)
+    if request.path.endswith("/labels"):
+        found = await _read(pair_labels, _views(request).url, a, b)
+    else:
+        found = await _read(compare, _views(request), a, b)
+    if found is None:
+        return _json({"message": f"no run {a} or no run {b}"}, status=404)
+    return _json(found)
 
 
 async def _api_run(request: web.Request) -> web.StreamResponse:

@@ -103,7 +103,8 @@ const summarySection = (run) => {
     card("skipped", number(s.skipped), "skipped"),
     card("pass rate", percent(s.pass_rate)),
     card("duration", seconds(s.duration_s || 0)),
-    card("turns", `${number(s.total_turns)} (${(s.avg_turns || 0).toFixed(1)}/case)`),
+    // The average is over conversations: a repeated case's repetitions each count.
+    card("turns", `${number(s.total_turns)} (${(s.avg_turns || 0).toFixed(1)}/${run.distinct_cases ? "conversation" : "case"})`),
     card("tokens", number(run.tokens)),
     cost ? card("cost", money(cost)) : null,
   );
@@ -115,7 +116,7 @@ const summarySection = (run) => {
   // Failed or skipped conversations by cause (agent, judge, simulator, infrastructure, flake, input).
   const causes = Object.entries(s.causes || {});
   if (causes.length) notes.push(el("p", "note causes", `Causes: ${causes.map(([c, n]) => `${n} ${c}`).join(", ")}`));
-  return el("section", "summary", cards, usageTable(run.usage), notes);
+  return el("section", "summary", cards, wrapped(usageTable(run.usage)), notes);
 };
 
 const usageTable = (usage) => {
@@ -152,8 +153,19 @@ const progressSection = () => {
   };
 };
 
+// The case table's columns: what each sorts by.
+const CASE_COLUMNS = [
+  ["status", (r) => STATUS_ORDER.indexOf(r.status)],
+  ["id", (r) => r.id],
+  ["name", (r) => r.name || ""],
+  ["tags", (r) => r.tags.join(" ")],
+  ["turns", (r) => r.turns],
+  ["time", (r) => r.ms],
+  ["what went wrong", (r) => r.problem || ""],
+];
+
 class CaseTable {
-  constructor(source, rows, statuses, tags) {
+  constructor(source, rows, statuses, tags, run) {
     this.source = source;
     this.rows = rows;
     this.filter = { status: "all", tag: "", query: "" };
@@ -179,13 +191,20 @@ class CaseTable {
       clearTimeout(timer);
       timer = setTimeout(() => this.set({ query: this.searchBox.value.trim() }), 200);
     });
-    this.setChoices(statuses, tags);
-    const head = el("tr", null, ["status", "id", "name", "tags", "turns", "time", "what went wrong"].map((h) => el("th", null, h)));
+    this.sort = null;
+    this.filterSlot = el("span", "filter-slot");
+    this.setChoices(statuses, tags, run);
+    const head = el("tr", null, CASE_COLUMNS.map(([h]) => el("th", null, h)));
+    const table = el("table", "case-table", el("thead", null, head), this.body);
+    sortable(table, (index, direction) => {
+      this.sort = [CASE_COLUMNS[index][1], direction];
+      this.apply();
+    });
     this.section = el(
       "section",
       "cases",
-      el("div", "controls", this.statusButtons, this.tagSelect, this.searchBox, this.count),
-      el("table", "case-table", el("thead", null, head), this.body),
+      el("div", "controls", this.statusButtons, this.tagSelect, this.filterSlot, this.searchBox, this.count),
+      el("div", "table-wrap", table),
       this.more,
     );
     // Rows are added as the reader scrolls near the end, never all at once.
@@ -198,7 +217,18 @@ class CaseTable {
     }
   }
 
-  setChoices(statuses, tags) {
+  setChoices(statuses, tags, run) {
+    // Cause, agent, assertion type, flaky: kept as chosen when a running run's rows come.
+    const kept = this.filters ? this.filters.values : {};
+    const flaky = this.rows.some((r) => r.flaky);
+    this.filters = new FilterBar(caseFilters({ ...(run || {}), flaky }), () => this.apply());
+    for (const [key, value] of Object.entries(kept)) {
+      const control = this.filters.node.querySelector(`#${key}-filter`);
+      if (control && control.type === "checkbox") control.checked = value === "yes";
+      else if (control) control.value = value;
+      this.filters.values[key] = value;
+    }
+    this.filterSlot.replaceChildren(this.filters.node);
     this.statusButtons.replaceChildren();
     const total = Object.values(statuses || {}).reduce((a, b) => a + b, 0);
     for (const status of ["all", ...STATUS_ORDER]) {
@@ -229,9 +259,9 @@ class CaseTable {
     this.apply();
   }
 
-  replace(rows, statuses, tags) {
+  replace(rows, statuses, tags, run) {
     this.rows = rows;
-    this.setChoices(statuses, tags);
+    this.setChoices(statuses, tags, run);
     this.set({ query: this.filter.query });
   }
 
@@ -241,8 +271,10 @@ class CaseTable {
       (r) =>
         (status === "all" || r.status === status) &&
         (!tag || r.tags.includes(tag)) &&
+        this.filters.matches(r) &&
         (this.matches === null || this.matches.has(r.id)),
     );
+    if (this.sort) this.filtered = sortedBy(this.filtered, ...this.sort);
     this.body.replaceChildren();
     this.shown = 0;
     this.page();
@@ -255,7 +287,10 @@ class CaseTable {
     this.body.appendChild(fragment);
     this.shown = end;
     this.more.hidden = this.shown >= this.filtered.length;
-    this.count.textContent = `${this.shown} shown of ${this.filtered.length} matching (${this.rows.length} cases)`;
+    // Cases, and their conversations when some repeat: the counts every page gives.
+    const played = this.rows.reduce((sum, r) => sum + (r.repeated ? r.played : 1), 0);
+    const reps = played !== this.rows.length ? `, ${played} repetitions` : "";
+    this.count.textContent = `${this.shown} shown of ${this.filtered.length} matching (${this.rows.length} cases${reps})`;
   }
 
   row(r) {
@@ -293,10 +328,12 @@ const runPage = async (app, source) => {
   const header = headerSection(run);
   let summary = summarySection(run);
   const progress = source.live ? progressSection() : null;
-  const table = new CaseTable(source, rows, run.statuses, run.tags);
+  const table = new CaseTable(source, rows, run.statuses, run.tags, run);
   // The viewer links to what changed since the suite's previous run (its diff page).
   const compare = source.diffHref ? el("p", "compare", link(source.diffHref(), null, "What changed since the previous run of its suite")) : null;
-  view.append(header, ...(progress ? [progress.section] : []), ...(compare ? [compare] : []), summary, table.section);
+  // The report of a run made with --baseline: what changed since the baseline.
+  const baseline = source.live ? null : baselineSection(readData("agenttest-diff"), table.rows);
+  view.append(header, ...(progress ? [progress.section] : []), ...(compare ? [compare] : []), ...(baseline ? [baseline] : []), summary, table.section);
   const caseView = el("div", "case-view");
   app.replaceChildren(view, caseView);
   table.apply();
@@ -311,7 +348,7 @@ const runPage = async (app, source) => {
         const fresh = summarySection(now);
         summary.replaceWith(fresh);
         summary = fresh;
-        table.replace(await source.rows(), now.statuses, now.tags);
+        table.replace(await source.rows(), now.statuses, now.tags, now);
       }
       if (now.status !== "done" && !now.cancelled) setTimeout(poll, POLL_MS);
     };
@@ -327,6 +364,7 @@ const runPage = async (app, source) => {
       caseView.replaceChildren();
       if (row) {
         caseView.appendChild(caseSection(source, row, await source.pairs(row)));
+        sortTables(caseView);
         window.scrollTo(0, 0);
       }
     };
@@ -343,22 +381,9 @@ const casePage = async (app, source, caseId) => {
   if (found.row) parts.push(caseSection(source, found.row, found.records));
   else parts.push(el("section", "case", link(source.runHref(), "back", "← all cases"), el("p", "note", found.message || "This case has not finished yet.")));
   app.replaceChildren(...parts);
+  sortTables(app);
   document.title = "agenttest · case";
   if (!found.row && found.exists) setTimeout(() => casePage(app, source, caseId), POLL_MS);
-};
-
-const runsPage = async (app) => {
-  const { groups } = await getJSON("/api/runs");
-  const sections = groups.map((group) => {
-    const head = el("tr", null, ["run", "status", "created", "agent", "cases", "passed", "failed", "skipped", "cost"].map((h) => el("th", null, h)));
-    const rows = group.runs.map((r) =>
-      el("tr", `run-row ${r.status}`, el("td", "id", link(`/runs/${encodeURIComponent(r.id)}`, null, r.id)), el("td", null, r.status + (r.cancelled ? " (cancelled)" : "")), el("td", null, r.created_at || ""), el("td", null, r.agent || ""), el("td", "num", r.finished_cases < r.total_cases ? `${r.cases} (${r.finished_cases}/${r.total_cases} ${r.unit} finished)` : r.cases), el("td", "num passed", String(r.passed)), el("td", "num failed", String(r.failed)), el("td", "num skipped", String(r.skipped)), el("td", "num cost", money(r.cost))),
-    );
-    return el("section", "suite", el("h2", null, group.name || "(no suite)"), el("table", "runs", el("thead", null, head), el("tbody", null, rows)));
-  });
-  app.replaceChildren(el("header", "run-header", el("h1", null, "agenttest runs")), ...(sections.length ? sections : [el("p", "note", "No runs yet.")]));
-  document.title = "agenttest · runs";
-  if (groups.some((g) => g.runs.some((r) => r.status !== "done" && !r.cancelled))) setTimeout(() => runsPage(app), POLL_MS * 2);
 };
 
 // What changed from a base run to this one, by category (report/diff.py): each case's
@@ -376,16 +401,17 @@ const diffPage = async (app, runId, base) => {
     if (causes.length) parts.push(el("p", "note causes", `Failing now, by cause: ${causes.map(([c, n]) => `${n} ${c}`).join(", ")}`));
     for (const category of found.order) {
       const cases = found.cases.filter((c) => c.category === category);
-      if (cases.length) parts.push(diffSection(category, found.titles[category], cases, runId, found.base.id));
+      const hrefOf = (c) => `/runs/${encodeURIComponent(c.category === "removed" ? found.base.id : runId)}/case?id=${encodeURIComponent(c.id)}`;
+      if (cases.length) parts.push(diffSection(category, found.titles[category], cases, hrefOf));
     }
   }
   app.replaceChildren(...parts);
   document.title = "agenttest · diff";
 };
 
-const diffSection = (category, title, cases, runId, baseId) => {
+// `hrefOf(case)`: where a case's row links (null: nowhere).
+const diffSection = (category, title, cases, hrefOf) => {
   const rows = cases.map((c) => {
-    const where = c.category === "removed" ? baseId : runId;
     const d = c.difference;
     const why = [c.flaky_because || ""];
     // The noise-aware gate's statistics: pass rates then and now, their intervals, the p-value.
@@ -396,14 +422,14 @@ const diffSection = (category, title, cases, runId, baseId) => {
       if (d.said_then !== null && d.said_then !== undefined) why.push(el("div", "dim", "Then: ", el("q", null, d.said_then)));
       if (d.said_now !== null && d.said_now !== undefined) why.push(el("div", "dim", "Now: ", el("q", null, d.said_now)));
     }
-    const href = `/runs/${encodeURIComponent(where)}/case?id=${encodeURIComponent(c.id)}`;
+    const href = hrefOf(c);
     const verdicts = el("td", null, c.base ? badge(c.base) : "–", " → ", c.new ? badge(c.new) : "–");
-    const tr = el("tr", `diff-row ${category}`, el("td", "id", link(href, null, c.id)), el("td", null, c.name || ""), verdicts, el("td", null, why));
+    const tr = el("tr", `diff-row ${category}`, el("td", "id", href ? link(href, null, c.id) : c.id), el("td", null, c.name || ""), verdicts, el("td", null, why));
     tr.dataset.caseId = c.id;
     return tr;
   });
   const head = el("tr", null, ["id", "name", "then → now", "why"].map((h) => el("th", null, h)));
-  const section = el("section", `diff ${category}`, el("h2", null, `${title} (${cases.length})`), el("table", "diff-table", el("thead", null, head), el("tbody", null, rows)));
+  const section = el("section", `diff ${category}`, el("h2", null, `${title} (${cases.length})`), el("div", "table-wrap", el("table", "diff-table", el("thead", null, head), el("tbody", null, rows))));
   section.dataset.category = category;
   return section;
 };
@@ -417,6 +443,9 @@ const start = async () => {
     else if (config.page === "run") await runPage(app, viewerSource(config.run));
     else if (config.page === "case") await casePage(app, viewerSource(config.run), config.case);
     else if (config.page === "diff") await diffPage(app, config.run, config.base);
+    else if (config.page === "compare") await comparePage(app, config.a, config.b);
+    else if (config.page === "pair") await pairPage(app, config.a, config.b, config.case);
+    sortTables(app);
     app.dataset.ready = "true";
   } catch (error) {
     failure(app, error);

@@ -10,7 +10,7 @@ const TURN_FIELDS = new Set([
 const CASE_FIELDS = new Set([
   "version", "id", "name", "status", "agent", "turns", "final_assertions", "total_turns",
   "duration_ms", "error", "skip_reason", "goal_achieved", "simulator", "tags", "usage",
-  "file", "line", "repeat", "repeats", "usage_by_role", "trace_id",
+  "file", "line", "repeat", "repeats", "usage_by_role", "trace_id", "cause",
 ]);
 
 // -- a case: its records' conversations ----------------------------------------------
@@ -60,6 +60,7 @@ const recordView = (rec, notes, label) => {
   if (rec.simulator) facts.push(field("Simulator", rec.simulator));
   if (rec.file) facts.push(field("File", rec.line ? `${rec.file}:${rec.line}` : rec.file));
   if ((rec.tags || []).length) facts.push(field("Tags", rec.tags.join(", ")));
+  if (rec.cause && rec.status !== "passed") facts.push(field("Cause", word("cause", rec.cause)));
   facts.push(field("Turns", String(rec.total_turns)), field("Time", ms(rec.duration_ms)));
   if (rec.usage) facts.push(field("Tokens", number(rec.usage.total_tokens)));
   if (rec.goal_achieved !== undefined && rec.goal_achieved !== null) facts.push(field("Goal achieved", rec.goal_achieved ? "yes" : "no"));
@@ -114,7 +115,7 @@ const turnView = (turn, index, notes, label) => {
   const calls = (notes.calls || [])[index] || [];
   if (turn.output !== null || (turn.tool_calls || []).length) {
     const body = [];
-    if (turn.output) body.push(pre("text", turn.output));
+    if (turn.output) body.push(replyView(turn.output));
     else if (!(turn.tool_calls || []).length) body.push(el("div", "dim", "(empty reply)"));
     (turn.tool_calls || []).forEach((call, n) => {
       body.push(el("div", "tool-call", el("span", "label", "calls "), el("code", null, calls[n] || call.name), el("details", null, el("summary", null, "arguments"), pre("args", json(call.args)))));
@@ -124,8 +125,8 @@ const turnView = (turn, index, notes, label) => {
   for (const [name, result] of Object.entries(turn.tool_results || {})) {
     box.appendChild(message("tool", `Tool ${name} (mocked result)`, pre("text", json(result))));
   }
-  if (turn.awaiting_input) box.appendChild(el("div", "note", `Awaiting input${turn.awaiting_reason ? ` (${turn.awaiting_reason})` : ""}`));
-  if (turn.awaiting_reason === "response_truncated") box.appendChild(el("div", "note", `Cut off by its length (finish reason: ${turn.finish_reason})`));
+  if (turn.awaiting_input) box.appendChild(el("div", "note", `Awaiting input${turn.awaiting_reason ? ` (${word("awaiting", turn.awaiting_reason)})` : ""}`));
+  if (turn.awaiting_reason === "response_truncated") box.appendChild(el("div", "note", `Cut off by its length (${word("stop", turn.finish_reason)})`));
   if (turn.input_hint) box.appendChild(el("div", "note", `Input hint: ${turn.input_hint}`));
   if (turn.simulator_reasoning) box.appendChild(el("div", "note", `Simulator: ${turn.simulator_reasoning}`));
   for (const problem of turn.problems || []) box.appendChild(pre("error", `Problem: ${problem}`));
@@ -159,6 +160,20 @@ const waterfall = (bars) => {
   return el("details", "waterfall", el("summary", null, summary), rows);
 };
 
+// A reply formatted (Markdown, or pretty JSON), with a button to see it as written.
+const replyView = (text) => {
+  const box = el("div", "reply", replyText(text, false));
+  const toggle = el("button", "reply-mode", "as written");
+  toggle.type = "button";
+  toggle.addEventListener("click", () => {
+    const plain = toggle.textContent === "as written";
+    box.firstChild.replaceWith(replyText(text, plain));
+    toggle.textContent = plain ? "formatted" : "as written";
+  });
+  box.appendChild(toggle);
+  return box;
+};
+
 const message = (role, label, ...body) => el("div", `msg ${role}`, el("div", "who", label), body);
 
 // `label(position, item)`: the viewer's label buttons, added to each judged assertion.
@@ -167,7 +182,7 @@ const assertionList = (assertions, labels, label) =>
     "ul",
     "assertions",
     assertions.map((a, i) => {
-      const item = el("li", a.passed ? "pass" : "fail", el("span", "mark", a.passed ? "✓" : "✗"), " ", el("span", "check", labels[i] || a.type));
+      const item = el("li", a.passed ? "pass" : "fail", el("span", "mark", a.passed ? "✓" : "✗"), " ", el("span", "check", labels[i] || word("assertion", a.type)));
       if (a.reason) item.appendChild(el("div", "reason", a.reason));
       if (a.score !== null && a.score !== undefined) item.appendChild(el("span", "dim", `score ${a.score}`));
       if (a.agreement !== null && a.agreement !== undefined) item.appendChild(el("span", "dim", ` · agreement ${percent(a.agreement)}`));
@@ -176,6 +191,9 @@ const assertionList = (assertions, labels, label) =>
       // A judge's plan and thinking (tdx's evaluator), folded: they are long.
       if (a.plan) item.appendChild(el("details", "judge-plan", el("summary", null, "Judge's plan"), pre("text", a.plan)));
       if (a.thinking) item.appendChild(el("details", "judge-thinking", el("summary", null, "Judge's thinking"), pre("text", a.thinking)));
+      // What the judge was sent and what it answered, word for word.
+      if (a.judge_prompt) item.appendChild(el("details", "judge-prompt", el("summary", null, "Judge's prompt"), pre("text", a.judge_prompt)));
+      if (a.judge_reply) item.appendChild(el("details", "judge-reply", el("summary", null, "Judge's reply, as it said it"), pre("text", a.judge_reply)));
       if ((a.votes || []).length) item.appendChild(votesTable(a.votes));
       if (label && a.type === "agent") label(i + 1, item);
       return item;
@@ -203,7 +221,7 @@ const votesTable = (votes) => {
 const callsView = (calls) => {
   const head = el("tr", null, ["role", "agent", "latency", "attempts", "status", "tokens", "error"].map((h) => el("th", null, h)));
   const rows = calls.map((c) =>
-    el("tr", null, el("td", null, c.role), el("td", null, c.agent), el("td", "num", c.cached ? "(cached)" : `${c.latency_ms}ms`), el("td", "num", c.cached ? "0" : String(c.attempts || 1)), el("td", "num", c.status_code ? String(c.status_code) : ""), el("td", "num", c.usage ? number(c.usage.total_tokens) : ""), el("td", null, c.error || "", c.reply ? pre("reply", c.reply) : null)),
+    el("tr", null, el("td", null, word("role", c.role)), el("td", null, c.agent), el("td", "num", c.cached ? "(cached)" : `${c.latency_ms}ms`), el("td", "num", c.cached ? "0" : String(c.attempts || 1)), el("td", "num", c.status_code ? String(c.status_code) : ""), el("td", "num", c.usage ? number(c.usage.total_tokens) : ""), el("td", null, c.error || "", c.reply ? pre("reply", c.reply) : null)),
   );
   return el("details", "calls", el("summary", null, `Agent calls (${calls.length})`), el("table", null, el("thead", null, head), el("tbody", null, rows)));
 };

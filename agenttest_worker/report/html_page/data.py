@@ -23,11 +23,13 @@ from agenttest_worker.report.common import (
     first_problem,
     js_value,
 )
+from agenttest_worker.report.diff import CATEGORIES, TITLES
 from agenttest_worker.report.golden_view import golden_rows, page_rows
 from agenttest_worker.report.report_model import RunReport, Tally
 from agenttest_worker.report.usage_tally import usage_dict
 from agenttest_worker.report.verdicts import CaseVerdict
-from agenttest_worker.results import CaseResult, TurnResult
+from agenttest_worker.report.wording import worded_label
+from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
 
 # The table's order: what needs reading first.
 STATUS_ORDER = {"failed": 0, "skipped": 1, "passed": 2}
@@ -57,11 +59,11 @@ def record_notes(case: CaseResult, simulated: bool = False) -> dict[str, Any]:
     markers = [_marker(turn) if dynamic else "" for turn in case.turns]
     if any(markers):
         notes["markers"] = markers
-    labels = [[describe_assertion(a) for a in turn.assertions] for turn in case.turns]
+    labels = [[page_label(a) for a in turn.assertions] for turn in case.turns]
     if any(labels):
         notes["labels"] = labels
     if case.final_assertions:
-        notes["final_labels"] = [describe_assertion(a) for a in case.final_assertions]
+        notes["final_labels"] = [page_label(a) for a in case.final_assertions]
         golden = [
             {"label": describe_assertion(a), "rows": page_rows(rows)}
             for a in case.final_assertions
@@ -78,6 +80,12 @@ def record_notes(case: CaseResult, simulated: bool = False) -> dict[str, Any]:
     if any(calls):
         notes["calls"] = calls
     return notes
+
+
+def page_label(assertion: AssertionResult) -> str:
+    """The console's label of an assertion (`not_contains "x"`) with its type in words
+    (`does not contain "x"`): a page says what was checked, not the case file's code."""
+    return worded_label(describe_assertion(assertion))
 
 
 def _marker(turn: TurnResult) -> str:
@@ -142,12 +150,19 @@ def case_row(records: Sequence[CaseResult], found: CaseVerdict) -> dict[str, Any
         "tags": first.tags or [],
         "turns": sum(r.total_turns for r in records),
         "ms": sum(r.duration_ms for r in records),
-        "problem": first_problem(failing) if failing is not None else "",
+        "problem": first_problem(failing, page_label) if failing is not None else "",
     }
     if found.repeated:
         row.update(repeated=True, passed=found.passed, played=found.played, flaky=found.flaky)
+    # What the table filters by: the agent, why it failed (why its first failed or
+    # skipped conversation did), and the kinds of checks it ran.
+    row["agent"] = first.agent or ""
     if failing is not None and failing.cause is not None:
-        row["cause"] = failing.cause  # why its first failed or skipped conversation did
+        row["cause"] = failing.cause
+    row["checks"] = sorted(
+        {a.type for r in records for t in r.turns for a in t.assertions}
+        | {a.type for r in records for a in r.final_assertions}
+    )
     return row
 
 
@@ -165,6 +180,11 @@ def search_text(records: Sequence[CaseResult]) -> str:
             parts += [a.reason for a in turn.assertions]
         parts += [a.reason for a in record.final_assertions]
     return "\n".join(parts).lower()
+
+
+def diff_words() -> dict[str, Any]:
+    """What a page needs beside a diff's JSON: each category's title, in their order."""
+    return {"titles": dict(TITLES), "order": list(CATEGORIES)}
 
 
 def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -215,6 +235,10 @@ class RunData:
             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "statuses": {s: sum(1 for r in self.rows if r["status"] == s) for s in STATUS_ORDER},
             "tags": sorted({tag for row in self.rows for tag in row["tags"]}),
+            # The choices of the table's other filters.
+            "agents": sorted({row["agent"] for row in self.rows if row["agent"]}),
+            "causes": sorted({row["cause"] for row in self.rows if row.get("cause")}),
+            "checks": sorted({kind for row in self.rows for kind in row["checks"]}),
         }
         found.update(more)
         return found

@@ -18,12 +18,13 @@ from importlib.resources import files
 from typing import Any
 
 from agenttest_worker.report.html_page.data import script_json
+from agenttest_worker.report.wording import WORDS
 
 _PACKAGE = "agenttest_worker.report.html_page"
 
 
 # The page's one script, in this order; each file's names are visible to the next.
-_SCRIPTS = ("dom.js", "conversation.js", "app.js")
+_SCRIPTS = ("dom.js", "markdown.js", "tables.js", "conversation.js", "analysis.js", "app.js")
 
 
 @cache
@@ -77,6 +78,8 @@ def page_start(title: str, config: dict[str, Any], *, served: bool = False) -> s
         f"<title>{html.escape(title)}</title><style>{style}</style></head>\n<body>"
         '<noscript>This page shows its results with JavaScript.</noscript><main id="app"></main>\n'
         f"{data_element('agenttest-config', config)}\n"
+        # The words the page shows for codes (report/wording.py).
+        f"{data_element('agenttest-words', WORDS)}\n"
     )
 
 

@@ -1,0 +1,132 @@
+"""What the viewer's analysis pages read: each suite's trend, and two runs compared.
+
+A trend point is one finished run: its pass rate (of its conversations: with repeated
+cases each repetition is a sample, and the point carries the Wilson score interval of
+that rate), its cost (runs.total_cost) and how many of its cases were flaky (their
+repetitions disagreed). A comparison is the `diff` command's (report/diff.py) between
+any two runs, each case joined with its rows of both runs' case tables (tags, agent,
+cause, checks) so that the page can filter it, and labelled "then | now" when both
+runs are of one suite and agent, else "A | B" after each run's agent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from agenttest_worker.report import CATEGORIES, TITLES, worded_diff
+from agenttest_worker.store import run_history as history
+from agenttest_worker.store import runs
+
+if TYPE_CHECKING:
+    from agenttest_submit.commands.viewer.queries import RunViews
+    from agenttest_worker.store import RunRow
+
+# Runs per suite a trend draws (the newest).
+TREND_RUNS = 30
+# The 95% interval's z.
+_Z = 1.959964
+
+
+def wilson(passed: int, total: int) -> tuple[float, float]:
+    """The Wilson score interval (95%) of `passed` out of `total`."""
+    if total <= 0:
+        return (0.0, 1.0)
+    p = passed / total
+    denominator = 1 + _Z**2 / total
+    centre = (p + _Z**2 / (2 * total)) / denominator
+    half = _Z * math.sqrt(p * (1 - p) / total + _Z**2 / (4 * total**2)) / denominator
+    # (Rounded: 10 of 10 gives 1 as its upper bound, not 0.9999999999999999.)
+    return (round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6))
+
+
+def trend_point(url: str, run: RunRow) -> dict[str, Any]:
+    """One run of a trend (oldest first in the list the page draws)."""
+    total = run.passed + run.failed + run.skipped
+    repeated = (run.options or {}).get("distinct_cases") is not None
+    flaky = 0
+    if repeated:
+        flaky = sum(
+            1
+            for t in history.case_tallies(url, run.id)
+            if t.played > 1 and t.passed not in (0, t.played)
+        )
+    point: dict[str, Any] = {
+        "id": run.id,
+        "created_at": run.created_at.strftime("%Y-%m-%d %H:%M") if run.created_at else "",
+        "agent": run.agent or "",
+        "passed": run.passed,
+        "total": total,
+        "rate": run.passed / total if total else None,
+        "cost": float(run.total_cost or 0.0),
+        "flaky": flaky,
+        "repeated": repeated,
+    }
+    if repeated and total:
+        point["low"], point["high"] = wilson(run.passed, total)
+    return point
+
+
+def trends(url: str, groups: list[dict[str, Any]]) -> None:
+    """Each group of the runs page gains its `trend`: its newest finished runs, oldest
+    first (the runs listed are already read; only a repeated run's tallies are read)."""
+    for group in groups:
+        ids = [r["id"] for r in group["runs"] if r["status"] == "done"][:TREND_RUNS]
+        found = [runs.get_run(url, run_id) for run_id in reversed(ids)]
+        group["trend"] = [trend_point(url, run) for run in found if run is not None]
+
+
+def labels(a: RunRow, b: RunRow) -> tuple[str, str]:
+    """How the two sides are called: then | now for two runs of one suite and agent (the
+    older first), else A | B after each run's agent."""
+    if a.suite == b.suite and a.agent == b.agent:
+        return ("then", "now")
+    return (f"A: {a.agent or a.id}", f"B: {b.agent or b.id}")
+
+
+def pair_labels(url: str, a_id: str, b_id: str) -> dict[str, Any] | None:
+    """The two sides' labels and runs (the side-by-side page's heading)."""
+    a, b = runs.get_run(url, a_id), runs.get_run(url, b_id)
+    if a is None or b is None:
+        return None
+    return {"labels": list(labels(a, b)), "runs": [_side(a), _side(b)]}
+
+
+def compare(views: RunViews, a_id: str, b_id: str) -> dict[str, Any] | None:
+    """Run `a_id` against run `b_id`, case by case; None: either run does not exist."""
+    from agenttest_submit.commands.run_diffs import build_diff
+
+    url = views.url
+    a, b = runs.get_run(url, a_id), runs.get_run(url, b_id)
+    if a is None or b is None:
+        return None
+    found = worded_diff(build_diff(url, a, b).as_dict())
+    rows_a = {r["id"]: r for r in views.rows(a_id) or []}
+    rows_b = {r["id"]: r for r in views.rows(b_id) or []}
+    for case in found["cases"]:
+        row = rows_b.get(case["id"]) or rows_a.get(case["id"]) or {}
+        case["tags"] = row.get("tags", [])
+        case["agent"] = row.get("agent", "")
+        case["checks"] = row.get("checks", [])
+        case["flaky"] = bool(row.get("flaky")) or case["category"] == "flaky"
+        if row.get("cause"):
+            case["cause"] = row["cause"]
+        if not case.get("name"):
+            case["name"] = row.get("name") or ""
+    left, right = labels(a, b)
+    return {
+        **found,
+        "titles": TITLES,
+        "order": list(CATEGORIES),
+        "labels": [left, right],
+        "runs": [_side(a), _side(b)],
+    }
+
+
+def _side(run: RunRow) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "agent": run.agent or "",
+        "suite": run.suite or "",
+        "created_at": run.created_at.strftime("%Y-%m-%d %H:%M") if run.created_at else "",
+    }
