@@ -223,8 +223,12 @@ def test_a_run_page_filters_by_check_agent_flaky_and_cause(
     page.select_option("#check-filter", "")
     page.select_option("#agent-filter", "target")
     assert len(_ids(page, "tr.case-row")) == 5
-    # No record says its cause (yet): the cause filter is not offered.
-    assert page.is_hidden("#cause-filter")
+    # The failed repetitions' cause: a flake (another repetition of the case passed).
+    options = page.eval_on_selector_all("#cause-filter option", "els => els.map(e => e.value)")
+    assert [o for o in options if o] == ["flake"]
+    page.select_option("#cause-filter", "flake")
+    assert _ids(page, "tr.case-row") == ["greet"]
+    page.select_option("#cause-filter", "")
     page.click("button[data-status=failed]")
     assert _ids(page, "tr.case-row") == ["greet"]
     _no_codes(page)
