@@ -15,6 +15,7 @@ from pathlib import Path
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
+from agenttest_submit.run.github import on_github, report_to_github
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
 from agenttest_worker.report import STORED_FORMATS, RunReport, printable, render_chunks
@@ -93,6 +94,8 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         weighing = weighing_of(request.confidence, request.history_window)
         gate = Gate(request.baseline, request.fail_on, code, summary.stopped, weighing)
         code = print_baseline_diff(url, run_id, gate)
+    if on_github():
+        report_to_github(report, code)
     return code
 
 
