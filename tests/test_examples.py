@@ -134,7 +134,9 @@ def test_every_case_file_has_a_command() -> None:
 def test_ci_examples_use_the_action_and_the_gate() -> None:
     import yaml
 
-    workflow = yaml.safe_load((EXAMPLES / "ci" / "github-workflow.yml").read_text())
+    workflow = yaml.safe_load(
+        (EXAMPLES / "ci" / ".github" / "workflows" / "agenttest.yml").read_text()
+    )
     action = yaml.safe_load((ROOT / "action.yml").read_text())
     steps = workflow["jobs"]["agents"]["steps"]
     used = [s for s in steps if str(s.get("uses", "")).startswith("your-org/agenttest@")]
@@ -142,7 +144,7 @@ def test_ci_examples_use_the_action_and_the_gate() -> None:
     for step in used:
         assert set(step["with"]) <= set(action["inputs"]), "inputs action.yml does not take"
         assert "cases" in step["with"]
-    gitlab = yaml.safe_load((EXAMPLES / "ci" / "gitlab-ci.yml").read_text())
+    gitlab = yaml.safe_load((EXAMPLES / "ci" / ".gitlab-ci.yml").read_text())
     job = gitlab["agenttest"]
     assert job["artifacts"]["reports"]["junit"] == "results.xml"
     script = " ".join(job["script"])
