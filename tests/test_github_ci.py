@@ -304,7 +304,8 @@ def test_the_action_runs_gates_reports_and_comments(
     assert log.count("::error file=cases/expense.jsonl,line=") == 2
     assert (demo / "agenttest-report.html").read_text().startswith("<!DOCTYPE html>")
     text = summary.read_text()
-    assert text.startswith("### agenttest — failed\n") and "#### Still failing (2)" in text
+    # The run wrote its summary and its diff against main's baseline, once.
+    assert text.startswith("### agenttest — failed\n") and text.count("#### Still failing (2)") == 1
     assert comment.startswith(MARKER + "\n### agenttest — failed\n")
     assert "- **T005** (failed → failed)" in comment
     assert "**T004**" in comment and "Run `" in comment and "against" in comment

@@ -1,6 +1,6 @@
 """A run's end on GitHub Actions (GITHUB_ACTIONS=true): an error annotation per failed
-case at its file and line, the Markdown summary in $GITHUB_STEP_SUMMARY, and the run's
-id and exit code in $GITHUB_OUTPUT.
+case at its file and line, the Markdown summary (and the diff against the baseline) in
+$GITHUB_STEP_SUMMARY, and the run's id and exit code in $GITHUB_OUTPUT.
 
 The same code ends an embedded run and a fleet's (run/output.py). Annotations are
 workflow commands (`::error file=…,line=…,title=…::message`) written to stderr, which
@@ -17,7 +17,15 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from agenttest_worker.report import RunReport, grouped, printable, problems, render
+from agenttest_worker.report import (
+    RunDiff,
+    RunReport,
+    grouped,
+    printable,
+    problems,
+    render,
+    render_diff,
+)
 from agenttest_worker.results import CaseResult
 
 # GitHub shows at most 10 error annotations per step (and 50 per job): each failed
@@ -86,14 +94,23 @@ def _append(path: str | None, text: str) -> None:
             handle.write(text)
 
 
-def report_to_github(report: RunReport, code: int, environ: Mapping[str, str] = os.environ) -> None:
-    """Annotations, step summary and step outputs for a run that ended with `code`."""
+def report_to_github(
+    report: RunReport,
+    code: int,
+    diff: RunDiff | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> None:
+    """Annotations, step summary and step outputs for a run that ended with `code`;
+    `diff`: against its baseline (--baseline), added to the summary."""
     workspace = environ.get("GITHUB_WORKSPACE")
     for line in annotation_lines(report, Path(workspace) if workspace else None):
         print(line, file=sys.stderr)
     sys.stderr.flush()
     if report.color:
         report.color, report.rendered = False, {}
-    _append(environ.get("GITHUB_STEP_SUMMARY"), render("markdown", report) + "\n")
+    summary = render("markdown", report)
+    if diff is not None:
+        summary += "\n" + render_diff(diff, "markdown")
+    _append(environ.get("GITHUB_STEP_SUMMARY"), summary + "\n")
     # One value per line: a run id is ours (no newline), the code a number.
     _append(environ.get("GITHUB_OUTPUT"), f"run-id={report.run_id or ''}\nexit-code={code}\n")

@@ -18,7 +18,7 @@ from agenttest_submit.cli.terminal import color_wanted
 from agenttest_submit.run.github import on_github, report_to_github
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
-from agenttest_worker.report import STORED_FORMATS, RunReport, printable, render_chunks
+from agenttest_worker.report import STORED_FORMATS, RunDiff, RunReport, printable, render_chunks
 
 
 def _pieces(
@@ -83,6 +83,7 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         _custom_report(url, run_id, request.reporter, report)
     summary = report.summary()
     code = EXIT_FAILED if summary.run_failed else EXIT_OK
+    found: RunDiff | None = None
     if request.baseline:
         # After the report: what changed since the baseline, and --fail-on's exit code.
         from agenttest_submit.commands.history_commands import (
@@ -93,9 +94,9 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
 
         weighing = weighing_of(request.confidence, request.history_window)
         gate = Gate(request.baseline, request.fail_on, code, summary.stopped, weighing)
-        code = print_baseline_diff(url, run_id, gate)
+        code, found = print_baseline_diff(url, run_id, gate)
     if on_github():
-        report_to_github(report, code)
+        report_to_github(report, code, found)
     return code
 
 
