@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,9 @@ from typing import Any
 
 import pytest
 
+# A tag pytest can take as a marker's name (an ini `markers` line is "NAME: text"):
+# others stay keywords only.
+_MARKER_NAME = re.compile(r"[A-Za-z][\w.-]*")
 PATTERN_SUFFIXES = (".agenttest.jsonl", ".agenttest.json", ".agenttest.yaml", ".agenttest.yml")
 
 
@@ -112,8 +116,11 @@ class CaseFile(pytest.File):
             seen.add(case.id)
             item = CaseItem.from_parent(self, name=case.id, line=case.source_line)
             for tag in case.tags:
-                _register_marker(self.config, tag)
-                item.add_marker(tag)
+                # Every tag is a keyword (-k); one a marker can be named by, a marker (-m).
+                item.extra_keyword_matches.add(tag)
+                if _MARKER_NAME.fullmatch(tag):
+                    _register_marker(self.config, tag)
+                    item.add_marker(tag)
             yield item
 
 

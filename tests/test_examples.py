@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agenttest_submit.commands.demo_command import main as demo_main
 
@@ -132,8 +133,6 @@ def test_every_case_file_has_a_command() -> None:
 
 
 def test_ci_examples_use_the_action_and_the_gate() -> None:
-    import yaml
-
     workflow = yaml.safe_load(
         (EXAMPLES / "ci" / ".github" / "workflows" / "agenttest.yml").read_text()
     )

@@ -18,7 +18,7 @@ AGENT = "--agenttest-agent=assistants.expense"
 TAGGED = {
     "id": "T010",
     "input": "Hello",
-    "tags": ["smoke"],
+    "tags": ["smoke", "slow:path"],
     "assertions": [{"type": "contains", "value": "expense"}],
 }
 
@@ -74,6 +74,9 @@ def test_k_m_and_x_select_and_stop(project: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, failed=1)
     tagged = project.runpytest_subprocess("cases", AGENT, "-m", "smoke", "--strict-markers")
     tagged.assert_outcomes(passed=1)
+    # A tag no marker can be named by is a keyword still.
+    keyword = project.runpytest_subprocess("cases", AGENT, "-k", "slow", "--strict-markers")
+    keyword.assert_outcomes(passed=1)
     # -x: T004 fails, T010 after it is never played.
     stopped = project.runpytest_subprocess("cases", AGENT, "-x")
     stopped.assert_outcomes(passed=1, failed=1)
