@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -131,6 +132,21 @@ def _register_marker(config: pytest.Config, tag: str) -> None:
         config.addinivalue_line("markers", line)
 
 
+@contextlib.contextmanager
+def _not_on_github() -> Iterator[None]:
+    """A run per item writes no GitHub step summary or outputs: on GitHub, the session's
+    results are pytest's (its JUnit report), not one summary per case."""
+    was = os.environ.get("GITHUB_ACTIONS")
+    os.environ["GITHUB_ACTIONS"] = "false"
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["GITHUB_ACTIONS"]
+        else:
+            os.environ["GITHUB_ACTIONS"] = was
+
+
 class CaseFailed(Exception):
     """A case that did not pass, with the console report's tree of its conversation."""
 
@@ -157,7 +173,11 @@ class CaseItem(pytest.Item):
             if agent := self.config.getoption("agenttest_agent"):
                 argv += ["-n", agent]
             said = io.StringIO()
-            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            with (
+                contextlib.redirect_stdout(said),
+                contextlib.redirect_stderr(said),
+                _not_on_github(),
+            ):
                 code = main(argv)
             text = output.read_text(encoding="utf-8") if output.exists() else ""
         records = [CaseResult.model_validate_json(line) for line in text.splitlines() if line]

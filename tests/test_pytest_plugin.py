@@ -90,14 +90,19 @@ def test_last_failed_replays_only_the_failed_case(project: pytest.Pytester) -> N
     assert "::T001" not in again.stdout.str() and "::T010" not in again.stdout.str()
 
 
-def test_junit_and_xdist(project: pytest.Pytester) -> None:
+def test_junit_and_xdist(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     junit = project.path / "results.xml"
+    # On GitHub the session reports through pytest: no step summary per case.
+    summary = project.path / "summary.md"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     result = project.runpytest_subprocess("cases", AGENT, "-n", "2", f"--junitxml={junit}")
     result.assert_outcomes(passed=2, failed=1)
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
     assert set(cases) == {"T001", "T004", "T010"}
     failure = cases["T004"].find("failure")
     assert failure is not None and "► [T004]" in (failure.text or "")
+    assert not summary.exists()
 
 
 def test_a_case_file_with_errors_is_a_collection_error(project: pytest.Pytester) -> None:
