@@ -106,8 +106,6 @@ def report_to_github(
     for line in annotation_lines(report, Path(workspace) if workspace else None):
         print(line, file=sys.stderr)
     sys.stderr.flush()
-    if report.color:
-        report.color, report.rendered = False, {}
     summary = render("markdown", report)
     if diff is not None:
         summary += "\n" + render_diff(diff, "markdown")
