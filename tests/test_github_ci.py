@@ -74,6 +74,7 @@ def test_a_run_on_github_annotates_failed_cases_at_their_lines(
     summary = files["SUMMARY"].read_text()
     assert summary.startswith("### agenttest — failed\n")
     assert "| 5 | 2 | 2 | 1 |" in summary  # T002 awaits input: skipped
+    assert "\nCauses: " in summary and "(cause: agent)" in summary
     assert "**T004** — Greeting mentions refunds (cases/expense\\.jsonl:4)" in summary
     # Markdown escaped, and on one line: the name's CR LF shown, not obeyed.
     assert "100%\\\\x0d\\\\x0a::warning::owned, file=x:1 (cases/expense\\.jsonl:5)" in summary

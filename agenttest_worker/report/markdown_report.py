@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from agenttest_worker.report.causes import causes_line
 from agenttest_worker.report.common import first_problem, format_seconds
 from agenttest_worker.report.diff_formats import md
 from agenttest_worker.report.report_model import RunReport
@@ -41,6 +42,9 @@ def render_chunks(run: RunReport) -> Iterator[str]:
         f"| {summary.total} | {summary.passed} | {summary.failed} | {summary.skipped} "
         f"| {summary.total_turns} | {format_seconds(summary.duration_s)} |",
     ]
+    if caused := causes_line(summary.causes):
+        # Failed or skipped conversations by cause (report/causes.py).
+        lines += ["", f"Causes: {md(caused)}"]
     if run.run_id:
         lines += ["", f"Run `{run.run_id}`."]
     if summary.stopped:
@@ -60,6 +64,7 @@ def _case_line(status: str, case: CaseResult, fraction: str) -> str:
     name = f" — {md(case.name)}" if case.name and case.name != case.id else ""
     where = f" ({md(case.file)}:{case.line})" if case.file and case.line else ""
     passed = f" ({fraction} repetitions passed)" if fraction else ""
+    cause = f" (cause: {md(case.cause)})" if case.cause else ""
     problem = first_problem(case)
     why = f": {md(problem)}" if problem else ""
-    return f"- {_MARKS[status]} **{md(case.id)}**{name}{where}{passed}{why}"
+    return f"- {_MARKS[status]} **{md(case.id)}**{name}{where}{passed}{cause}{why}"
