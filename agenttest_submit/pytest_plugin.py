@@ -71,17 +71,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _asked_for(file_path: Path, config: pytest.Config) -> bool:
-    # Imported here: the case readers only for a session that has agenttest cases.
-    from agenttest_worker.cases import CASE_SUFFIXES
-
     if file_path.name.lower().endswith(PATTERN_SUFFIXES):
         return True
+    given_paths: list[str] = config.getoption("agenttest")
+    if not given_paths:
+        return False
+    # Imported here: the case readers only for a session given --agenttest.
+    from agenttest_worker.cases import CASE_SUFFIXES
+
     if file_path.suffix.lower() not in CASE_SUFFIXES or file_path.name in (
         "agenttest.yaml",
         "agenttest.yml",
     ):
         return False
-    for given in config.getoption("agenttest"):
+    for given in given_paths:
         root = Path(given).resolve()
         if file_path == root or root in file_path.parents:
             return True
