@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agenttest_submit.commands.demo_command import main as demo_main
 
@@ -129,3 +130,21 @@ def test_every_case_file_has_a_command() -> None:
     } - {"agenttest.yaml"}
     commands = " ".join(str(p.values[0]) for p in COMMANDS)
     assert {name for name in case_files if f"examples/{name}" not in commands} == set()
+
+
+def test_ci_examples_use_the_action_and_the_gate() -> None:
+    workflow = yaml.safe_load(
+        (EXAMPLES / "ci" / ".github" / "workflows" / "agenttest.yml").read_text()
+    )
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
+    steps = workflow["jobs"]["agents"]["steps"]
+    used = [s for s in steps if str(s.get("uses", "")).startswith("your-org/agenttest@")]
+    assert len(used) == 2
+    for step in used:
+        assert set(step["with"]) <= set(action["inputs"]), "inputs action.yml does not take"
+        assert "cases" in step["with"]
+    gitlab = yaml.safe_load((EXAMPLES / "ci" / ".gitlab-ci.yml").read_text())
+    job = gitlab["agenttest"]
+    assert job["artifacts"]["reports"]["junit"] == "results.xml"
+    script = " ".join(job["script"])
+    assert "--format junit -o results.xml" in script and "--format markdown" in script

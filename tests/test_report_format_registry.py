@@ -76,7 +76,7 @@ def test_a_registered_format_is_a_format_choice(
 
         code, out, _ = _run(capsys, *SUITE_ARGS, "--help")
         assert code == 0
-        assert f"jsonl,table,tsv,junit,html,{NAME}" in out, "the help lists every format"
+        assert f"jsonl,table,tsv,junit,html,markdown,{NAME}" in out, "the help lists every format"
     finally:
         del REPORTERS[NAME]
 

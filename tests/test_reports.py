@@ -653,7 +653,16 @@ def test_junit_survives_control_characters() -> None:
 
 
 def test_registry_names_match_the_cli() -> None:
-    assert set(REPORTERS) == {"console", "json", "jsonl", "table", "tsv", "junit", "html"}
+    assert set(REPORTERS) == {
+        "console",
+        "json",
+        "jsonl",
+        "table",
+        "tsv",
+        "junit",
+        "html",
+        "markdown",
+    }
     with pytest.raises(ValueError, match="choose from: console, html, json, jsonl"):
         render("pdf", spec_run())
     with pytest.raises(ValueError, match="registered twice"):

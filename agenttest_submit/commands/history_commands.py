@@ -154,11 +154,12 @@ def gate_failures(found: RunDiff, fail_on: tuple[str, ...]) -> list[CaseChange]:
     return failing
 
 
-def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
+def print_baseline_diff(url: str, run_id: str, gate: Gate) -> tuple[int, RunDiff | None]:
     """After a run's report: its diff against the baseline, and the exit code
     `--fail-on` asks for (`regressions`: 1 for cases that passed in the baseline and
     fail now; `new`: for new or changed cases that fail; `any`: the run's own code). A
-    run stopped before every case was tested exits 1 whatever the diff says."""
+    run stopped before every case was tested exits 1 whatever the diff says. Returns the
+    code and the diff (None: no baseline to compare with)."""
     new = resolve_run(url, run_id)
     gating = gate.fail_on != ("any",)
     if gate.stopped and gating:
@@ -176,7 +177,7 @@ def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
             f"warning: {flag}: no baseline to compare with ({why}); the run's own exit code stands",
             file=sys.stderr,
         )
-        return _gated(url, run_id, gating, gate.code)
+        return _gated(url, run_id, gating, gate.code), None
     found = build_diff(url, base, new, weighing=gate.weighing)
     sys.stdout.write("\n" + render_diff(found, "console"))
     if likely := found.of("likely_regression"):
@@ -186,9 +187,9 @@ def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
             file=sys.stderr,
         )
     if not gating:
-        return gate.code
+        return gate.code, found
     if gate.stopped:
-        return _gated(url, run_id, gating, 1)
+        return _gated(url, run_id, gating, 1), found
     failing = gate_failures(found, gate.fail_on)
     if "new" not in gate.fail_on:
         unguarded = gate_failures(found, ("new",))
@@ -200,7 +201,7 @@ def print_baseline_diff(url: str, run_id: str, gate: Gate) -> int:
                 "(--fail-on regressions,new would)",
                 file=sys.stderr,
             )
-    return _gated(url, run_id, gating, 1 if failing else 0)
+    return _gated(url, run_id, gating, 1 if failing else 0), found
 
 
 def _gated(url: str, run_id: str, gating: bool, code: int) -> int:

@@ -17,12 +17,14 @@ from typing import Any
 from agenttest_submit.cli.exits import EXIT_FAILED, EXIT_INPUT, EXIT_OK
 from agenttest_submit.cli.request import RunRequest
 from agenttest_submit.cli.terminal import color_wanted
+from agenttest_submit.run.github import on_github, report_to_github
 from agenttest_submit.run.golden_update import say_written, write_golden
 from agenttest_submit.run.reporter_agent import run_reporter
 from agenttest_worker.agents import AgentError, ProjectConfig, config_from_stored
 from agenttest_worker.errors import InputError
 from agenttest_worker.report import (
     STORED_FORMATS,
+    RunDiff,
     RunReport,
     printable,
     render_chunks,
@@ -97,6 +99,7 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
         say_written(write_golden(report.results))
     summary = report.summary()
     code = EXIT_FAILED if summary.run_failed else EXIT_OK
+    found: RunDiff | None = None
     if request.baseline:
         # After the report: what changed since the baseline, and --fail-on's exit code.
         from agenttest_submit.commands.history_commands import (
@@ -107,7 +110,9 @@ def emit_report(url: str, run_id: str, request: RunRequest, built: RunReport | N
 
         weighing = weighing_of(request.confidence, request.history_window)
         gate = Gate(request.baseline, request.fail_on, code, summary.stopped, weighing)
-        code = print_baseline_diff(url, run_id, gate)
+        code, found = print_baseline_diff(url, run_id, gate)
+    if on_github():
+        report_to_github(report, code, found)
     return code
 
 

@@ -1,7 +1,7 @@
 """Reports over a run's results, on both paths (embedded and fleet).
 
 - `formats`: the registry of report formats (`--format`), one module per format:
-  `console`, `json`, `jsonl`, `table`, `tsv`, `junit`, `html` (with `html_page/`, the
+  `console`, `json`, `jsonl`, `table`, `tsv`, `junit`, `html`, `markdown` (with `html_page/`, the
   conversation pages the viewer shares);
 - `report_model`: what every format renders (`RunReport`), `common` what they share;
 - `aggregation`: once a run's conversations have ended, its reports built once and
@@ -46,7 +46,9 @@ from agenttest_worker.report.common import (
     format_ms,
     one_line,
     printable,
+    problems,
 )
+from agenttest_worker.report.console import case_text
 from agenttest_worker.report.diff import (
     CATEGORIES,
     TITLES,
@@ -145,6 +147,7 @@ __all__ = [
     "build_report",
     "case_count",
     "case_row",
+    "case_text",
     "case_verdict",
     "category",
     "causes_line",
@@ -168,6 +171,7 @@ __all__ = [
     "pass_rule_problem",
     "policy",
     "printable",
+    "problems",
     "record_notes",
     "register",
     "render",

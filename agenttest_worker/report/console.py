@@ -216,6 +216,13 @@ def case_lines(case: CaseResult, run: RunReport, style: Style, *, full: bool) ->
     return [_case_title(case, run), *_tree(branches)]
 
 
+def case_text(case: CaseResult) -> str:
+    """One case's line and tree without colour, as the console report shows it (a
+    pytest item's failure message)."""
+    run = RunReport(results=[case], agent=None, input_label="", total_cases=1, duration_s=0.0)
+    return _text(case_lines(case, run, Style(False), full=False))
+
+
 def _case_title(case: CaseResult, run: RunReport, *, with_turns: bool = True) -> str:
     parts = [f"► [{printable(case.id)}]"]
     if case.name and case.name != case.id:  # a YAML test's name is its id: said once

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from agenttest_worker.report import console, html, jsonl, junit, table, tsv
+from agenttest_worker.report import console, html, jsonl, junit, markdown_report, table, tsv
 from agenttest_worker.report import json as json_report
 from agenttest_worker.report.report_model import RunReport
 
@@ -36,6 +36,7 @@ REPORTERS: dict[str, Reporter] = {
     "tsv": tsv,
     "junit": junit,
     "html": html,
+    "markdown": markdown_report,
 }
 
 
