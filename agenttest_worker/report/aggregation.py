@@ -57,6 +57,8 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         pass_rule=(run.options or {}).get("pass_rule") or "all",
         pass_k=(run.options or {}).get("pass_k"),
         distinct_cases=(run.options or {}).get("distinct_cases"),
+        # No case of the run repeats: nothing lists each case's verdict.
+        keep_once=(run.options or {}).get("distinct_cases") is not None,
         repeat_auto=bool((run.options or {}).get("repeat_auto")),
         # What the run used outside its conversations (its records hold the rest).
         run_usage=stored_usage(run.usage),

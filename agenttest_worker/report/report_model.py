@@ -283,6 +283,9 @@ class RunReport:
     pass_k: int | None = None
     # The cases the run's `total_cases` conversations play, when some case repeats.
     distinct_cases: int | None = None
+    # Whether a tally keeps the verdict of each case played once (VerdictTally
+    # keep_once): a stored run none of whose cases repeats keeps their counts only.
+    keep_once: bool = True
     # --repeat auto: cases took as many repetitions as they needed (no fixed K).
     repeat_auto: bool = False
     # The summary a reporter counted as it read every record (console, json): the exit
@@ -298,7 +301,7 @@ class RunReport:
 
     def tally(self) -> Tally:
         """A tally under this run's pass rule, for a reporter that reads the records."""
-        return Tally(self.pass_rule, self.pass_k, self.run_usage)
+        return Tally(self.pass_rule, self.pass_k, self.run_usage, keep_once=self.keep_once)
 
     def summary(self) -> Summary:
         if self.counted is not None:
@@ -320,9 +323,11 @@ class Tally:
         rule: str = "all",
         k: int | None = None,
         run_usage: dict[UsageRole, RoleUsage] | None = None,
+        *,
+        keep_once: bool = True,
     ) -> None:
         self.records = self.total_turns = self.not_run = self.deadline_cut = 0
-        self.verdicts = VerdictTally(rule, k)
+        self.verdicts = VerdictTally(rule, k, keep_once=keep_once)
         self.judges = JudgeTally()
         self.usage = UsageTally(run_usage)
         self.not_run_reason: str | None = None
@@ -331,7 +336,7 @@ class Tally:
     @property
     def total(self) -> int:
         """Cases (a repeated one once) added so far, counting the one still open."""
-        return len(self.verdicts.cases) + (1 if self.verdicts.open else 0)
+        return self.verdicts.count + (1 if self.verdicts.open else 0)
 
     def add(self, case: CaseResult) -> None:
         self.verdicts.add(case)
@@ -361,7 +366,7 @@ class Tally:
         self.verdicts.finish()
         counts = self.verdicts.counts()
         return Summary(
-            total=len(self.verdicts.cases),
+            total=self.verdicts.count,
             passed=counts["passed"],
             failed=counts["failed"],
             skipped=counts["skipped"],

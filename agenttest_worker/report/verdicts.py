@@ -245,11 +245,17 @@ class RepeatStats:
 class VerdictTally:
     """Per-case verdicts and the repeat statistics, from records read one at a time."""
 
-    def __init__(self, rule: str = "all", k: int | None = None) -> None:
+    def __init__(self, rule: str = "all", k: int | None = None, *, keep_once: bool = True) -> None:
+        """`keep_once`: keep the verdict of a case played once in `cases` too (the
+        statistics of repeated cases count those beside them); without it, a run of a
+        million cases played once keeps only their counts."""
         self.rule = rule
         self.k = k
+        self.keep_once = keep_once
         self.repeated = False
         self.cases: list[CaseVerdict] = []
+        self.count = 0
+        self._counts: dict[CaseStatus, int] = {"passed": 0, "failed": 0, "skipped": 0}
         self._group: list[CaseResult] = []
 
     def add(self, record: CaseResult) -> CaseVerdict | None:
@@ -282,15 +288,15 @@ class VerdictTally:
     def _close(self) -> CaseVerdict:
         found = case_verdict(self._group, self.rule)
         # Only the statuses are kept: a run's records are not held, only its verdicts.
-        self.cases.append(found)
+        if self.keep_once or found.repeated:
+            self.cases.append(found)
+        self.count += 1
+        self._counts[found.status] += 1
         self._group = []
         return found
 
     def counts(self) -> dict[CaseStatus, int]:
-        found: dict[CaseStatus, int] = {"passed": 0, "failed": 0, "skipped": 0}
-        for case in self.cases:
-            found[case.status] += 1
-        return found
+        return dict(self._counts)
 
     def stats(self) -> RepeatStats | None:
         """The repeat statistics, or None when no case was repeated."""
