@@ -7,9 +7,11 @@ Writes `--cases` single-turn cases (one `contains` each) to one JSONL file, and 
 fixed agent (benchmarks/fixed_agent.py, its own process) answering after
 `--latency-ms`, with `--deadline`: the run reads, checks and stores every case, plays
 what it can until the deadline, then ends the rest. Prints the whole process's peak
-RSS (the process and its children) beside the target (≤ 500 MB), and its wall time
-beside its deadline (the target: the run ends within seconds of it, start-up and the
-reading of the file included). Exit 1 when a target is missed.
+RSS (the process and its children) beside the target (≤ 500 MB); how long the reading
+and checking of the file took (the deadline counts from the run's start, once every case
+is checked); and when the process ended after its run's deadline (read from the run's
+`deadline_at` in the store) beside the target (within seconds of it: the cases never
+started ended at once, the report written). Exit 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from benchmarks.common import Targets, fixed_agent, run_timed, submit_command
@@ -37,6 +41,14 @@ def write_cases(path: Path, count: int) -> None:
                 "assertions": [{"type": "contains", "value": "Noted"}],
             }
             handle.write(json.dumps(case) + "\n")
+
+
+def _deadline_at(home: Path) -> float:
+    """The run's deadline (epoch seconds), as its store under AGENTTEST_HOME keeps it."""
+    [database] = home.glob("*.db")
+    with sqlite3.connect(database) as connection:
+        (found,) = connection.execute("SELECT deadline_at FROM runs").fetchone()
+    return float(found)
 
 
 def main() -> int:
@@ -61,9 +73,14 @@ def main() -> int:
             f"{args.latency_ms:g} ms, --deadline {args.deadline:g}s (whole process)"
         )
         # Exit 1: the cases the deadline ended failed.
+        started = time.time()
         times = run_timed(command, env, ok=(0, 1))
+        ended = time.time()
         records = sum(1 for _ in (tmp / "out.jsonl").open(encoding="utf-8"))
         print(f"  {records:,} records written, {agent.calls():,} agent calls")
+        deadline_at = _deadline_at(tmp / "home")
+        checking = deadline_at - args.deadline - started
+        print(f"  reading and checking the file, storing begun: {checking:,.1f} s")
     peak_mb = times.peak_kb / 1024
     targets = Targets()
     targets.check(
@@ -73,12 +90,13 @@ def main() -> int:
         f"≤ {PEAK_TARGET_MB} MB",
         peak_mb <= PEAK_TARGET_MB,
     )
+    after = ended - deadline_at
     targets.check(
         "end after the deadline",
-        f"{times.seconds:,.1f} s",
-        f"{args.deadline:g} s",
-        f"≤ {args.deadline + END_SLACK_S:g} s",
-        times.seconds <= args.deadline + END_SLACK_S and records == args.cases,
+        f"{after:,.1f} s",
+        "0 s",
+        f"≤ {END_SLACK_S:g} s",
+        after <= END_SLACK_S and records == args.cases,
     )
     return targets.exit_code()
 
