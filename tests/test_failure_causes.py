@@ -35,7 +35,7 @@ from scripted_agent import (
 
 from agenttest_submit.cli.main import main
 from agenttest_submit.commands.viewer.queries import RunViews
-from agenttest_worker.report import audited_cause
+from agenttest_worker.report import audited_cause, read_cause
 from agenttest_worker.results import CaseResult
 from agenttest_worker.settings import get_settings
 
@@ -301,12 +301,20 @@ def _judged(cause: str, criteria: str) -> CaseResult:
 
 
 def test_an_audit_of_the_judges_hands_in_its_unstable_criteria() -> None:
-    unstable = frozenset({"answers kindly"})
+    # Criteria named as the audit names them (report/audit_stats.py).
+    unstable = frozenset({"agent: answers kindly"})
     assert audited_cause(_judged("agent", "answers kindly"), unstable) == "judge"
     assert audited_cause(_judged("agent", "answers briefly"), unstable) == "agent"
     assert audited_cause(_judged("agent", "answers kindly"), frozenset()) == "agent"
-    # A failure the infrastructure or a flake explains keeps its cause.
+    # The criteria's bare text is not the audit's name for them.
+    assert audited_cause(_judged("agent", "answers kindly"), frozenset({"answers kindly"})) == (
+        "agent"
+    )
+    # A failure the infrastructure explains keeps its cause; an unstable criterion wins
+    # over a flake (the judge flipping is why the repetitions disagreed).
     assert audited_cause(_judged("infrastructure", "answers kindly"), unstable) == (
         "infrastructure"
     )
-    assert audited_cause(_judged("flake", "answers kindly"), unstable) == "flake"
+    assert audited_cause(_judged("flake", "answers kindly"), unstable) == "judge"
+    assert read_cause(_judged("agent", "answers kindly"), True, unstable) == "judge"
+    assert read_cause(_judged("agent", "answers briefly"), True, unstable) == "flake"

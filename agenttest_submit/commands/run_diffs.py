@@ -10,6 +10,7 @@ of the cases it explains (regressions, likely regressions, changed cases that fa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,16 +24,18 @@ from agenttest_worker.report import (
     PassRates,
     RunDiff,
     RunInfo,
+    audited_cause,
     category,
     counted,
     difference,
-    flake_cause,
     gated_category,
     in_order,
+    read_cause,
     tally_verdict,
 )
 from agenttest_worker.results import CaseResult, CaseStatus
 from agenttest_worker.store import run_history as history
+from agenttest_worker.store import unstable_criteria
 
 if TYPE_CHECKING:
     from agenttest_worker.store import RunRow
@@ -181,7 +184,10 @@ def build_diff(
         for t in then_tallies.values()
     }
     found = RunDiff(_info(base), _info(new), window)
-    found.causes = in_order(history.failing_causes(url, new.id))
+    # Read once per run: the criteria the new run's newest audit of its judges found
+    # unstable, which make failures resting on them the judge's (report/causes.py).
+    unstable = frozenset(u.criterion for u in unstable_criteria(url, new.id))
+    found.causes = in_order(history.failing_causes(url, new.id, _judged(unstable)))
     disagreeing: dict[str, str] = {}
     now_tallies: dict[str, history.CaseTally] = {}
     for tally in history.case_tallies(url, new.id):
@@ -220,7 +226,7 @@ def build_diff(
         weigh(url, found, Tallies(then_tallies, now_tallies, new), weighing)
     failing_changed = [c for c in found.of("changed") if c.new == "failed"]
     explained = [*found.regressions, *found.of("likely_regression"), *failing_changed]
-    _explain_regressions(url, base, new, explained)
+    _explain_regressions(url, (base, new), explained, unstable)
     if found.history_window:
         for change in found.of("likely_regression"):
             # It failed now but passed in the history window, and not significantly less
@@ -237,8 +243,20 @@ def _window(url: str, new: RunRow, window: int) -> list[RunRow]:
     return [new, *earlier[: max(window - 1, 0)]] if new.suite is not None else [new]
 
 
-def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[CaseChange]) -> None:
-    """Each regression's first difference: its records read a chunk of cases at a time."""
+def _judged(unstable: frozenset[str]) -> Callable[[str], bool] | None:
+    """Whether a stored failed record's failure is the judge's, given the unstable
+    criteria (None: no audit found any)."""
+    if not unstable:
+        return None
+    return lambda text: audited_cause(CaseResult.model_validate_json(text), unstable) == "judge"
+
+
+def _explain_regressions(
+    url: str, runs: tuple[RunRow, RunRow], changes: list[CaseChange], unstable: frozenset[str]
+) -> None:
+    """Each regression's first difference: its records read a chunk of cases at a time.
+    Its cause is the failing record's as a report reads it (report/causes.py)."""
+    base, new = runs
     for start in range(0, len(changes), history.CHUNK):
         chunk = {c.id: c for c in changes[start : start + history.CHUNK]}
         then = _records(url, base.id, chunk)
@@ -253,7 +271,7 @@ def _explain_regressions(url: str, base: RunRow, new: RunRow, changes: list[Case
             failing = next((r for r in later if r.status == "failed"), later[0])
             repeated_pass = len(later) > 1 and any(r.status == "passed" for r in later)
             change.cause = (
-                flake_cause(failing, repeated_pass) if failing.status != "passed" else None
+                read_cause(failing, repeated_pass, unstable) if failing.status != "passed" else None
             )
             passing = next((r for r in earlier if r.status == "passed"), None)
             defined, defining = defined_then.get(case_id), defined_now.get(case_id)

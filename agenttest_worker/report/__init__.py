@@ -37,6 +37,7 @@ from agenttest_worker.report.causes import (
     causes_line,
     flake_cause,
     in_order,
+    read_cause,
 )
 from agenttest_worker.report.common import (
     asked_question,
@@ -172,6 +173,7 @@ __all__ = [
     "policy",
     "printable",
     "problems",
+    "read_cause",
     "record_notes",
     "register",
     "render",

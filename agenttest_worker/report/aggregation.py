@@ -16,6 +16,7 @@ from agenttest_worker.report.report_model import Budget, RunReport, StoredResult
 from agenttest_worker.store.sql import run_results as results
 from agenttest_worker.store.sql import runs
 from agenttest_worker.store.sql.agent_spans import spans_of_run
+from agenttest_worker.store.sql.judge_labels import unstable_criteria
 from agenttest_worker.store.sql.usage import stored_usage
 
 # What every run keeps; any other format (`report RUN --format ...`) is rendered from
@@ -32,6 +33,8 @@ def build_report(url: str, run_id: str, *, verbose: bool = False, color: bool = 
         lambda: results.iter_result_texts(url, run_id),
         results.count_results(url, run_id),
         results.flaky_cases(url, run_id),
+        # Read once per run: what its newest audit of the judges found unstable.
+        frozenset(u.criterion for u in unstable_criteria(url, run_id)),
     )
     started = run.started_at or run.created_at
     finished = run.finished_at or datetime.now(UTC)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, overload
 
 from agenttest_worker.observe.received_spans import AgentSpan
-from agenttest_worker.report.causes import flake_cause, in_order
+from agenttest_worker.report.causes import in_order, read_cause
 from agenttest_worker.report.judges import JudgeAgreement, JudgeTally, judges_json
 from agenttest_worker.report.usage_tally import UsageTally
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, VerdictTally
@@ -175,19 +175,31 @@ class StoredResults(Sequence[CaseResult]):
     _RECENT = 64
 
     def __init__(
-        self, texts: Callable[[], Iterable[str]], count: int, flaky: frozenset[str] = frozenset()
+        self,
+        texts: Callable[[], Iterable[str]],
+        count: int,
+        flaky: frozenset[str] = frozenset(),
+        unstable: frozenset[str] = frozenset(),
     ) -> None:
         self._texts = texts
         self._count = count
         # Repeated cases some repetition of which passed and another failed: their failed
         # repetitions' cause is a flake (report/causes.py), whatever was stored.
         self._flaky = flaky
+        # The criteria the run's newest audit of its judges found unstable: a failure
+        # resting on them is the judge's (report/causes.py), whatever was stored.
+        self._unstable = unstable
         self._recent: OrderedDict[int, CaseResult] = OrderedDict()
 
     @classmethod
-    def held(cls, texts: list[str], flaky: frozenset[str] = frozenset()) -> StoredResults:
+    def held(
+        cls,
+        texts: list[str],
+        flaky: frozenset[str] = frozenset(),
+        unstable: frozenset[str] = frozenset(),
+    ) -> StoredResults:
         """Records whose texts are in memory already."""
-        return cls(lambda: texts, len(texts), flaky)
+        return cls(lambda: texts, len(texts), flaky, unstable)
 
     def __len__(self) -> int:
         return self._count
@@ -201,7 +213,7 @@ class StoredResults(Sequence[CaseResult]):
     def __getitem__(self, index: int | slice) -> CaseResult | Sequence[CaseResult]:
         # (Reporters read the records in order; a single one is looked for by a pass.)
         if isinstance(index, slice):
-            return StoredResults.held(list(self._texts())[index], self._flaky)
+            return StoredResults.held(list(self._texts())[index], self._flaky, self._unstable)
         position = range(self._count)[index]  # (IndexError as a list's)
         for at, text in enumerate(self._texts()):
             if at == position:
@@ -231,7 +243,11 @@ class StoredResults(Sequence[CaseResult]):
 
     def _reread(self, text: str) -> bool:
         """Whether a record stored as its line is written anew: a repetition of a flaky
-        case, whose cause may be a flake now (its id read alone, not the record)."""
+        case, whose cause may be a flake now (its id read alone, not the record), or any
+        record of an audited run with unstable criteria (which of them rest on those
+        criteria takes the record to tell)."""
+        if self._unstable:
+            return True
         if not self._flaky:
             return False
         found, _ = _DECODER.raw_decode(text, len(_AS_SAVED))
@@ -242,8 +258,8 @@ class StoredResults(Sequence[CaseResult]):
         record = self._recent.get(index)
         if record is None:
             record = CaseResult.model_validate_json(text)
-            if self._flaky and record.id in self._flaky:
-                record.cause = flake_cause(record, passed_elsewhere=True)
+            if (self._flaky and record.id in self._flaky) or self._unstable:
+                record.cause = read_cause(record, record.id in self._flaky, self._unstable)
             self._recent[index] = record
             if len(self._recent) > self._RECENT:
                 self._recent.popitem(last=False)

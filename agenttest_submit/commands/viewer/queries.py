@@ -29,8 +29,8 @@ from agenttest_worker.report import (
     case_row,
     case_verdict,
     counted,
-    flake_cause,
     grouped,
+    read_cause,
     record_notes,
     search_text,
     sort_rows,
@@ -46,6 +46,7 @@ from agenttest_worker.store import (
     results,
     runs,
     session_scope,
+    unstable_criteria,
     usage,
 )
 
@@ -115,9 +116,15 @@ def runs_page(url: str) -> dict[str, Any]:
     return {"groups": [{"name": name, "runs": listed} for name, listed in groups.items()]}
 
 
+# What a run's kept case table was built from: its status, finished cases, whether it
+# was cancelled, and the criteria its newest audit of the judges found unstable (an
+# audit changes causes: report/causes.py).
+_Key = tuple[str, int, bool, frozenset[str]]
+
+
 @dataclass
 class _Built:
-    key: tuple[str, int, bool]
+    key: _Key
     at: float
     header: dict[str, Any]
     rows: list[dict[str, Any]]
@@ -171,7 +178,7 @@ class RunViews:
         return [case for case, text in self._view(run).texts.items() if wanted in text]
 
     def _view(self, run: RunRow) -> _Built:
-        key = (run.status, run.finished_cases, bool(run.cancelled))
+        key = (run.status, run.finished_cases, bool(run.cancelled), _unstable(self.url, run.id))
         with self._lock:
             kept = self._built.get(run.id)
             fresh = kept is not None and (
@@ -187,7 +194,7 @@ class RunViews:
                 self._built.pop(next(iter(self._built)))
             return built
 
-    def _build(self, run_id: str, key: tuple[str, int, bool]) -> _Built:
+    def _build(self, run_id: str, key: _Key) -> _Built:
         report = build_report(self.url, run_id)
         data = RunData(report)
         texts: dict[str, str] = {}
@@ -230,10 +237,12 @@ class RunViews:
                 "message": f"not finished yet ({done}/{len(mine)} finished; {at})",
             }
         records = [CaseResult.model_validate_json(row[3]) for row in mine]
-        # A failed repetition of a case another repetition of which passed: a flake.
+        # A failed repetition of a case another repetition of which passed: a flake; one
+        # resting on a criterion the run's newest audit found unstable: the judge's.
         repeated_pass = len(records) > 1 and any(r.status == "passed" for r in records)
+        unstable = _unstable(self.url, run_id)
         for record in records:
-            record.cause = flake_cause(record, repeated_pass)
+            record.cause = read_cause(record, repeated_pass, unstable)
         rule = (run.options or {}).get("pass_rule") or "all"
         pairs = []
         for (_, _, definition, text), record in zip(mine, records, strict=True):
@@ -254,6 +263,10 @@ class RunViews:
             "row": case_row(records, case_verdict(records, rule)),
             "records": pairs,
         }
+
+
+def _unstable(url: str, run_id: str) -> frozenset[str]:
+    return frozenset(u.criterion for u in unstable_criteria(url, run_id))
 
 
 def run_diff(url: str, run_id: str, base: str) -> dict[str, Any] | None:

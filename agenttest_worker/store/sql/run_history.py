@@ -9,7 +9,7 @@ Works the same on Postgres and SQLite.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -322,11 +322,18 @@ def pooled_tallies(url: str, run_ids: Sequence[str]) -> dict[str, dict[str | Non
     return found
 
 
-def failing_causes(url: str, run_id: str) -> dict[str, int]:
+def failing_causes(
+    url: str, run_id: str, judged: Callable[[str], bool] | None = None
+) -> dict[str, int]:
     """The run's failed or skipped conversations by the cause their records give (the
     target's failure in a repetition of a case another repetition of which passed:
     `flake`, as report/causes.py says). Only failed and skipped records are read into
-    (one row per case, status and cause), so a run that mostly passed costs little."""
+    (one row per case, status and cause), so a run that mostly passed costs little.
+
+    `judged`, given a failed record's stored text, says whether its failure is the
+    judge's after all (a criterion an audit found unstable: report/causes.py); the
+    texts of the failed records the target's failure or a flake would count are read
+    for it."""
     tid = test_id().label("tid")
     # Grouped by their labels: Postgres takes a JSON path bound twice for two columns.
     cause = CaseRow.result["cause"].as_string().label("cause")
@@ -349,4 +356,20 @@ def failing_causes(url: str, run_id: str) -> dict[str, int]:
             named = "flake"
         if named:
             found[named] = found.get(named, 0) + count
-    return found
+    if judged is not None and (found.get("agent") or found.get("flake")):
+        for case_id, text in _target_failures(url, run_id):
+            if judged(text):
+                was = "flake" if case_id in passing else "agent"
+                found[was] -= 1
+                found["judge"] = found.get("judge", 0) + 1
+    return {named: count for named, count in found.items() if count}
+
+
+def _target_failures(url: str, run_id: str) -> list[tuple[str, str]]:
+    """(case id, stored text) of the run's failed records whose cause is the target's."""
+    cause = CaseRow.result["cause"].as_string()
+    query = select(test_id(), cast(CaseRow.result, Text)).where(
+        CaseRow.run_id == run_id, CaseRow.status == "failed", cause == "agent"
+    )
+    with session_scope(url) as session:
+        return [(str(t), str(text)) for t, text in session.execute(query)]
