@@ -32,6 +32,7 @@ defaults:
 KNOWN_TYPES = (
     "contains, equals, regex, not_contains, not_regex, json_path, type, tool_called, "
     "tool_not_called, agent, script, latency, tool_sequence, tool_count, turn_count, "
+    "trace_tool_called, trace_span_count, trace_error_spans, trace_duration, "
     "not, any, all, golden"
 )
 HEADER_1 = "agenttest-submit: 1 input problem; nothing was run:\n"

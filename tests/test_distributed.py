@@ -256,11 +256,14 @@ def _aggregations(log: str, run_id: str) -> tuple[int, int]:
 
 
 def _reports(url: str, run_id: str) -> list[str]:
+    """The formats of the run's stored reports (each stored in parts)."""
     from sqlalchemy import select
 
     with session_scope(url) as session:
         return list(
-            session.scalars(select(RunReportRow.format).where(RunReportRow.run_id == run_id))
+            session.scalars(
+                select(RunReportRow.format).where(RunReportRow.run_id == run_id).distinct()
+            )
         )
 
 

@@ -282,7 +282,10 @@ def _baseline_report(
             for c in ("greet", "other")
         ]
         cases.write_text("".join(json.dumps(c) + "\n" for c in written))
+        # A suite of its own: a fleet's database is shared by the session's tests.
+        suite = f"html-baseline-{tmp_path.name}"
         args = ["-i", str(cases), "-n", "target", "--config", str(config), "--format", "html"]
+        args += ["--suite", suite]
         before = tmp_path / "before.html"
         first = play([*args, "--baseline", "suite", "-o", str(before)])
         assert first.returncode == 0, first.stderr  # no baseline yet: none shown
