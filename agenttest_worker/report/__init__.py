@@ -9,7 +9,7 @@
 - `verdicts` (repeated cases), `judges` (judge agreement), `audit_stats` (a judge
   audit's flip rates and agreement, and Cohen's kappa against people's labels),
   `usage_tally` (calls, tokens and cost by role), `diff` and `diff_formats` (what
-  changed between two runs), `target_columns` and `target_diff` (a run of several
+  changed between two runs), `target_columns` and `target_comparison` (a run of several
   targets: each case's verdict on each, and two of them compared), `significance`
   (the noise-aware gate's statistics), `causes` (why cases failed),
   `wording` (the words pages show for the codes records carry).
@@ -90,7 +90,7 @@ from agenttest_worker.report.significance import (
     wilson,
 )
 from agenttest_worker.report.target_columns import TargetRow, target_rows
-from agenttest_worker.report.target_diff import played_targets, target_diff
+from agenttest_worker.report.target_comparison import played_targets, target_diff
 from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
 from agenttest_worker.report.wording import WORDS, worded_diff, worded_label, words
