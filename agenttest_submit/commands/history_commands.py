@@ -363,6 +363,8 @@ def run_list(url: str, request: RunsRequest) -> int:
         {
             "run_id": run.id,
             "suite": run.suite,
+            # Its target, or targets ("A, B": -n given more than once).
+            "agent": run.agent,
             "created_at": _iso(run.created_at),
             "status": run.status,
             "cases": (run.options or {}).get("distinct_cases") or run.total_cases,
