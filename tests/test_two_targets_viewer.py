@@ -77,6 +77,11 @@ def test_the_compare_page_shows_a_and_b_in_chromium(
     with chromium() as browser:
         page: Any
         page, _ = open_page(browser, f"{viewer.root()}/runs/{run_id}")
+        # A row per case and target, the target beside the id.
+        cells = [c.inner_text() for c in page.query_selector_all("tr.case-row td.id")]
+        assert sorted(cells) == sorted(f"T{n} @ {t}" for n in (1, 2, 3) for t in ("good", "bad"))
+        facts = page.inner_text("header.run-header .facts")
+        assert "Targets good | bad" in " ".join(facts.split())
         link = page.locator("#compare-targets")
         assert link.inner_text() == "Compare its targets: good | bad"
         link.click()

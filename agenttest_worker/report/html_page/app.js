@@ -82,7 +82,8 @@ const viewerSource = (runId) => {
 
 const headerSection = (run) => {
   const facts = [];
-  if (run.agent) facts.push(field("Agent", run.agent));
+  if ((run.targets || []).length > 1) facts.push(field("Targets", run.targets.join(" | ")));
+  else if (run.agent) facts.push(field("Agent", run.agent));
   facts.push(field("Input", run.input_label || "–"));
   if (run.run_id) facts.push(field("Run", run.run_id));
   if (run.status) facts.push(field("Status", run.status + (run.cancelled ? " (cancelled)" : "")));
@@ -168,6 +169,8 @@ class CaseTable {
   constructor(source, rows, statuses, tags, run) {
     this.source = source;
     this.rows = rows;
+    // A run of several targets: a row per case and target, the target beside the id.
+    this.severalTargets = ((run && run.targets) || []).length > 1;
     this.filter = { status: "all", tag: "", query: "" };
     this.matches = null;
     this.shown = 0;
@@ -303,7 +306,7 @@ class CaseTable {
       "tr",
       `case-row ${statusClass(r.status)}`,
       el("td", null, status),
-      el("td", "id", link(href, null, r.id)),
+      el("td", "id", link(href, null, r.id), this.severalTargets ? el("span", "target", ` @ ${r.agent}`) : ""),
       el("td", null, r.name || ""),
       el("td", "tags", r.tags.map((t) => el("span", "tag", t))),
       el("td", "num", String(r.turns)),
