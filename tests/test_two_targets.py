@@ -146,6 +146,22 @@ def test_junit_has_one_testcase_per_case_and_target(project: Project) -> None:
     assert suite.get("tests") == "6" and suite.get("failures") == "1"
 
 
+def test_markdown_and_table_say_each_rows_target(project: Project) -> None:
+    _, text = project.report("markdown", "-n", "good", "-n", "bad")
+    assert "- ✗ **T2** @ bad" in text and "@ good" not in text
+    _, text = project.report("table", "-n", "good", "-n", "bad")
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["ID", "TARGET", "STATUS"]
+    assert [line.split()[:3] for line in lines[1:7]] == [
+        [case_id, target, "FAILED" if (case_id, target) == ("T2", "bad") else "PASSED"]
+        for case_id in ("T1", "T2", "T3")
+        for target in ("good", "bad")
+    ]
+    _, text = project.report("tsv", "-n", "good", "-n", "bad")
+    rows = [line.split("\t") for line in text.splitlines()]
+    assert rows[0][-1] == "target" and [r[-1] for r in rows[1:3]] == ["good", "bad"]
+
+
 def test_the_diff_of_two_targets_classifies_cases_as_the_diff_of_two_runs(
     project: Project,
 ) -> None:
@@ -242,3 +258,31 @@ def test_the_runs_list_labels_the_run_with_its_targets(project: Project) -> None
     # The suite a run of two targets belongs to is not the one target's.
     suites = [r["suite"] for r in json.loads(out)]
     assert suites[0] != suites[1] and suites[1].startswith("good, bad: ")
+
+
+def test_a_rerun_plays_a_case_that_failed_on_one_target_on_each(project: Project) -> None:
+    project.submit("-n", "good", "-n", "bad")
+    before = len(project.agent.requests("good")), len(project.agent.requests("bad"))
+    code, text = project.report("jsonl", "-n", "good", "-n", "bad", "--rerun-failed", "last")
+    assert code == 1
+    assert _records(text) == {("T2", "good"): "passed", ("T2", "bad"): "failed"}
+    after = len(project.agent.requests("good")), len(project.agent.requests("bad"))
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
+def test_tags_select_the_cases_each_target_plays(project: Project) -> None:
+    project.write([_case("T1", tags=["smoke"]), _case("T2")])
+    code, text = project.report("jsonl", "-n", "good", "-n", "bad", "--tag", "smoke")
+    assert code == 0
+    assert _records(text) == {("T1", "good"): "passed", ("T1", "bad"): "passed"}
+
+
+def test_a_budget_bounds_the_whole_run_over_its_targets(project: Project) -> None:
+    _, text = project.report("json", "-n", "good", "-n", "bad", "--max-tokens", "1")
+    document = json.loads(text)
+    called = len(project.agent.requests("good")) + len(project.agent.requests("bad"))
+    # The first turn runs alone; once it used the budget, no other turn starts.
+    assert called == 1
+    assert document["summary"]["budget"] is not None
+    assert len(document["results"]) == 6
+    assert sum(r["status"] == "skipped" for r in document["results"]) == 5
