@@ -286,3 +286,12 @@ def test_a_budget_bounds_the_whole_run_over_its_targets(project: Project) -> Non
     assert document["summary"]["budget"] is not None
     assert len(document["results"]) == 6
     assert sum(r["status"] == "skipped" for r in document["results"]) == 5
+
+
+def test_a_run_of_two_targets_is_not_re_judged(project: Project) -> None:
+    project.submit("-n", "good", "-n", "bad")
+    before = len(project.agent.requests("good")) + len(project.agent.requests("bad"))
+    code, out, err = project.command("--reeval", "last", "--config", str(project.config))
+    assert (code, out) == (2, "")
+    assert "played several targets: re-judge a run of one target" in err
+    assert len(project.agent.requests("good")) + len(project.agent.requests("bad")) == before
