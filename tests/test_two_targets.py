@@ -117,6 +117,8 @@ def test_the_console_shows_each_case_once_with_each_targets_verdict(project: Pro
     assert "✗ bad:" in t2 and "failed" in t2.lower()
     assert "good: 3 passed, 0 failed, 0 skipped" in out
     assert "bad: 2 passed, 1 failed, 0 skipped" in out
+    # The targets compared at the end, as `diff RUN --targets good bad` does.
+    assert "bad against good: 1 newly failing (T2), 0 fixed" in out
 
 
 def test_json_has_each_cases_verdict_per_target(project: Project) -> None:

@@ -38,9 +38,11 @@ from agenttest_worker.report.judges import judges_line
 from agenttest_worker.report.report_model import RunReport, Summary
 from agenttest_worker.report.target_columns import (
     TargetRow,
+    against_first,
     by_case,
     target_counts,
     target_rows,
+    targets_of,
 )
 from agenttest_worker.report.usage_tally import usage_line
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
@@ -152,7 +154,21 @@ def _target_lines(rows: list[TargetRow] | None) -> list[str]:
             f"    {printable(target)}: {counts['passed']} passed, {counts['failed']} failed, "
             f"{counts['skipped']} skipped"
         )
+    first = targets_of(rows)[0]
+    for target, (failing, fixed) in against_first(rows).items():
+        # What `diff RUN --targets FIRST TARGET` details.
+        said = [
+            f"{len(ids)} {word}" + (f" ({_some(ids)})" if ids else "")
+            for word, ids in (("newly failing", failing), ("fixed", fixed))
+        ]
+        lines.append(f"    {printable(target)} against {printable(first)}: {', '.join(said)}")
     return lines
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    """A few case ids, escaped, and how many more."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(printable(i) for i in ids[:shown]) + more
 
 
 def _text(lines: list[str]) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from agenttest_worker.report.diff import category
 from agenttest_worker.report.verdicts import CaseVerdict
 from agenttest_worker.results import CaseResult
 
@@ -72,3 +73,23 @@ def target_counts(rows: Iterable[TargetRow]) -> dict[str, dict[str, int]]:
             tally = counts.setdefault(target, {"passed": 0, "failed": 0, "skipped": 0})
             tally[found.status] += 1
     return counts
+
+
+def against_first(rows: list[TargetRow]) -> dict[str, tuple[list[str], list[str]]]:
+    """Each later target against the first, as `diff RUN --targets FIRST T` sorts
+    verdicts (report/target_comparison.py, before flakiness): the ids newly failing on
+    it and the ids fixed on it."""
+    targets = targets_of(rows)
+    found: dict[str, tuple[list[str], list[str]]] = {}
+    for target in targets[1:]:
+        failing: list[str] = []
+        fixed: list[str] = []
+        for row in rows:
+            then, now = row.verdicts.get(targets[0]), row.verdicts.get(target)
+            kind = category(then.status if then else None, now.status if now else None)
+            if kind == "regression":
+                failing.append(row.id)
+            elif kind == "fixed":
+                fixed.append(row.id)
+        found[target] = (failing, fixed)
+    return found
