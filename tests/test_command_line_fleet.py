@@ -44,9 +44,18 @@ def test_input_errors_on_a_fleet_store_nothing(fleet: Fleet) -> None:
         ),
         (["-i", "nosuchdir", *ARGS], "-i: no case file or folder named 'nosuchdir'"),
         (
-            ["-i", SUITE_CASES, *ARGS, "-n", "workers.test.validator"],
-            "-n/--name: given twice, "
-            "'assistants.expense' and 'workers.test.validator': give it once",
+            [
+                "-i",
+                SUITE_CASES,
+                *ARGS,
+                "-n",
+                "workers.test.validator",
+                "--repeat",
+                "auto",
+                "--max-repeat",
+                "3",
+            ],
+            "--repeat: cannot be combined with several -n targets",
         ),
     ]:
         done = fleet.submit(args)

@@ -52,6 +52,9 @@ class RunRequest:
     messages: tuple[str, ...] = ()
     # -n: the target agent (None: agenttest.yaml's defaults.agent).
     agent: str | None = None
+    # -n given more than once: every case is played against each of these targets (the
+    # first is also `agent`); empty for one target.
+    targets: tuple[str, ...] = ()
     # -c: a registry agent called instead of the target's own entry.
     connector: str | None = None
     # --config: agenttest.yaml's path (None: ./agenttest.yaml).
@@ -212,6 +215,8 @@ class DiffRequest(NamedTuple):
     confidence: float | None = None
     history_window: int | None = None
     output: str | None = None  # -o: written to this file (None: stdout)
+    # --targets A B: two targets of the run NEW compared, A as the base (None: two runs).
+    targets: tuple[str, ...] | None = None
 
 
 class HistoryRequest(NamedTuple):

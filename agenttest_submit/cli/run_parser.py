@@ -95,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="send TEXT to the target as a single-turn case, whatever it looks like (repeatable)",
     )
     p.add_argument(
-        "-n", "--name", metavar="AGENT", help="target agent (a name in agenttest.yaml)", action=Once
+        "-n",
+        "--name",
+        metavar="AGENT",
+        help="target agent (a name in agenttest.yaml); given more than once, every case is "
+        "played against each target and the reports compare them",
+        action="append",
     )
     p.add_argument(
         "-o",
@@ -395,10 +400,13 @@ def _repeats(
 
 def run_request(args: argparse.Namespace) -> RunRequest:
     """The run `build_parser` parsed `args` into: the one place argparse's names are read."""
+    # The same target twice is one target.
+    names = list(dict.fromkeys(args.name or ()))
     return RunRequest(
         inputs=tuple(args.input),
         messages=tuple(args.messages),
-        agent=args.name,
+        agent=names[0] if names else None,
+        targets=tuple(names) if len(names) > 1 else (),
         connector=args.connector,
         config_file=args.config,
         output=args.output,

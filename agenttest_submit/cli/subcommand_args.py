@@ -52,7 +52,10 @@ SUBCOMMAND_HELP: dict[str, tuple[str, str]] = {
     ),
     "runs": ("runs [--suite S] [--last N]", "runs, newest first, with their counts"),
     "promote": ("promote RUN", "make a finished run its suite's baseline (--baseline suite)"),
-    "diff": ("diff [BASE] [NEW] [--format F]", "what changed between two runs, case by case"),
+    "diff": (
+        "diff [BASE] [NEW] [--format F] | diff RUN --targets A B",
+        "what changed between two runs (or two targets of a run), case by case",
+    ),
     "history": ("history CASE_ID [--suite S]", "a case's verdict run after run"),
     "view": ("view [RUN] [--port P]", "a local web viewer of the stored runs (writes only labels)"),
     "metrics": (
@@ -340,6 +343,12 @@ def _history_parsers(add: Callable[[str], argparse.ArgumentParser]) -> None:
         default="console",
         help="console (default), json, markdown (a PR comment) or junit (a CI gate)",
     )
+    diff.add_argument(
+        "--targets",
+        nargs=2,
+        metavar=("A", "B"),
+        help="compare two targets of one run (-n A -n B): A as the base, B as the new",
+    )
     diff.add_argument("-o", "--output", metavar="FILE", help=output_help)
     history = add("history")
     history.add_argument("case_id", metavar="CASE_ID", help="the case's id")
@@ -409,6 +418,17 @@ def subcommand_request(
     if args.command == "diff":
         if len(args.runs) > 2:
             raise InputError(InputProblem("diff takes at most two runs: BASE NEW", field="RUN"))
+        if args.targets and len(args.runs) > 1:
+            raise InputError(
+                InputProblem("compares two targets of one run: give one RUN", field="--targets")
+            )
+        if args.targets and (args.confidence is not None or args.history_window is not None):
+            raise InputError(
+                InputProblem(
+                    "compares verdicts within one run: no --confidence or --history-window",
+                    field="--targets",
+                )
+            )
         runs = list(args.runs)
         new = runs.pop() if runs else "last"
         return DiffRequest(
@@ -419,6 +439,7 @@ def subcommand_request(
             confidence=args.confidence,
             history_window=args.history_window,
             output=args.output,
+            targets=tuple(args.targets) if args.targets else None,
         )
     if args.command == "history":
         return HistoryRequest(

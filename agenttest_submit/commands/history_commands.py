@@ -34,16 +34,20 @@ from agenttest_worker.errors import InputError, InputProblem
 from agenttest_worker.report import (
     CaseChange,
     RunDiff,
+    RunInfo,
     case_count,
     case_verdict,
     counted,
     format_ms,
     one_line,
+    played_targets,
     printable,
     render_diff,
+    target_diff,
 )
 from agenttest_worker.results import CaseResult
 from agenttest_worker.settings import get_settings
+from agenttest_worker.store import results as stored_results
 from agenttest_worker.store import run_history as history
 from agenttest_worker.store import runs as stored_runs
 from agenttest_worker.store import upgrade
@@ -97,6 +101,10 @@ def run_promote(url: str, request: PromoteRequest) -> int:
 def run_diff(url: str, request: DiffRequest) -> int:
     """`diff [BASE] [NEW]`: exit 1 when a case passed in BASE and fails in NEW."""
     new = resolve_run(url, request.new)
+    if request.targets is not None:
+        found = _targets_diff(url, new, request.targets)
+        sys.stdout.write(render_diff(found, request.format))
+        return 1 if found.regressions else 0
     base = resolve_baseline(url, request.base, new) if request.base else previous_run(url, new)
     if base is None:
         raise InputError(
@@ -112,6 +120,24 @@ def run_diff(url: str, request: DiffRequest) -> int:
         place(url, new, found)
     sys.stdout.write(render_diff(found, request.format))
     return 1 if found.regressions else 0
+
+
+def _targets_diff(url: str, run: RunRow, targets: tuple[str, ...]) -> RunDiff:
+    """`diff RUN --targets A B`: the run's target B against its target A."""
+    then, now = targets
+    played = played_targets(stored_results.iter_results(url, run.id))
+    missing = [t for t in (then, now) if t not in played]
+    if missing:
+        raise InputError(
+            InputProblem(
+                f"run {run.id} played no target {', '.join(map(repr, missing))}; it played "
+                + ", ".join(played or ["nothing yet"]),
+                field="--targets",
+            )
+        )
+    info = RunInfo(run.id, run.created_at, run.suite, run.status)
+    records = stored_results.iter_results(url, run.id)
+    return target_diff(info, records, then, now, stored_pass_rule(run))
 
 
 def place(url: str, new: RunRow, found: RunDiff) -> None:
@@ -337,6 +363,8 @@ def run_list(url: str, request: RunsRequest) -> int:
         {
             "run_id": run.id,
             "suite": run.suite,
+            # Its target, or targets ("A, B": -n given more than once).
+            "agent": run.agent,
             "created_at": _iso(run.created_at),
             "status": run.status,
             "cases": (run.options or {}).get("distinct_cases") or run.total_cases,

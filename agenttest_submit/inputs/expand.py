@@ -20,7 +20,12 @@ from agenttest_submit.inputs.sources import (
     MessageInput,
     StdinInput,
 )
-from agenttest_submit.inputs.spool_lines import SpoolShape, SpoolWriter, spooled_records
+from agenttest_submit.inputs.spool_lines import (
+    TARGET_SEPARATOR,
+    SpoolShape,
+    SpoolWriter,
+    spooled_records,
+)
 from agenttest_worker.agents import ProjectConfig
 from agenttest_worker.cases import Case, case_files_in, iter_cases, iter_stream_cases
 from agenttest_worker.errors import InputError, InputProblem
@@ -225,16 +230,25 @@ class Spool:
         sources: bool = True,
         repeat: int | None = None,
         adaptive: bool = False,
+        targets: tuple[str, ...] = (),
     ) -> None:
         """`sources`: a run's records (where each case is written, and each repetition
         of a repeated case its own conversation) rather than --dry-run's cases as
         written. `repeat`: --repeat, over each case's own `repeat`; `adaptive`: --repeat
-        auto (`repeat` the most)."""
+        auto (`repeat` the most); `targets`: -n given more than once (spool_lines.py)."""
         # Closed by close() / __exit__: the spool outlives this constructor on purpose.
         self.handle = tempfile.NamedTemporaryFile("w+b", prefix="agenttest-spool-")  # noqa: SIM115
-        writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat, adaptive))
+        writer = SpoolWriter(self.handle, SpoolShape(target, sources, repeat, adaptive, targets))
         for case in stream:
             writer.add(case)
+        if writer.own_agent:
+            shown = ", ".join(writer.own_agent[:_GONE_SHOWN])
+            more = len(writer.own_agent) - _GONE_SHOWN
+            stream.warnings.append(
+                f"{len(writer.own_agent)} case(s) name their own agent and are played against "
+                f"it only, not against each -n target: {shown}"
+                + (f" and {more} more" if more > 0 else "")
+            )
         self.cases = writer.cases
         self.conversations = writer.conversations
         stream.finish()
@@ -242,8 +256,8 @@ class Spool:
         # times) would share its conversation: refused before anything runs.
         clashes = [
             InputProblem(
-                f"case id {key!r} is also the key of repetition {key.rsplit('#', 1)[1]} of "
-                f"case {case_id!r}: rename it",
+                f"case id {key!r} is also the key of {_played_as(key)} of case {case_id!r}: "
+                "rename it",
                 field="id",
                 test=key,
             )
@@ -286,6 +300,17 @@ class Spool:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _played_as(key: str) -> str:
+    """ "repetition 2", "target A", "repetition 2 with target A": what a conversation
+    key names beside its case id."""
+    head, hashed, number = key.rpartition("#")
+    base = head if hashed and number.isdigit() else key
+    said = [f"repetition {number}"] if base != key else []
+    if TARGET_SEPARATOR in base:
+        said.append(("with " if said else "") + f"target {base.rsplit(TARGET_SEPARATOR, 1)[1]}")
+    return " ".join(said)
 
 
 def expand(

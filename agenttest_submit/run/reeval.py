@@ -76,7 +76,17 @@ def reeval_run(request: RunRequest, config: ProjectConfig) -> int:
         raise InputError(InputProblem(f"run {source.id} has no finished conversations to re-judge"))
     ordered = sorted(stored.values(), key=lambda s: s.seq)
     selection = Selection(tags=list(request.tags), ids=list(request.ids))
-    cases = [c for c in (Case.model_validate(s.case) for s in ordered) if selection.wants(c)]
+    everything = [Case.model_validate(s.case) for s in ordered]
+    if any(c.key != s.case_id for c, s in zip(everything, ordered, strict=True)):
+        # A run of several targets keys a case's conversations by target (ID@TARGET):
+        # a case would stand for two conversations here.
+        raise InputError(
+            InputProblem(
+                f"run {source.id} played several targets: re-judge a run of one target",
+                field="--reeval",
+            )
+        )
+    cases = [c for c in everything if selection.wants(c)]
     if not cases:
         raise InputError(
             InputProblem(f"no case of run {source.id} matches the --tag/--id selection")

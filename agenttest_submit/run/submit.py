@@ -77,9 +77,13 @@ def submit(request: RunRequest) -> int:
     target = request.agent or config.defaults.agent
     if bad_output:
         problems.append(bad_output)
-    for flag, ref in (("-n", request.agent), ("-c", request.connector)):
+    for flag, ref in (
+        *(("-n", name) for name in request.targets or (request.agent,)),
+        ("-c", request.connector),
+    ):
         if ref is not None and ref not in config.agents:
             problems.append(InputProblem(config.unknown_agent_message(ref), field=flag))
+    problems.extend(_targets_problems(request))
     simulator = request.simulator
     if simulator == DEFAULT_SIMULATOR:
         simulator = config.defaults.simulator
@@ -139,6 +143,26 @@ def submit(request: RunRequest) -> int:
         print_warnings(stream.warnings)
         return reeval_cases(request, config, cases)
     return run_cases(request, config, stream, sources, target)
+
+
+def _targets_problems(request: RunRequest) -> list[InputProblem]:
+    """What several targets (-n given more than once) cannot be combined with."""
+    if not request.targets:
+        return []
+    problems = []
+    if request.repeat_auto:
+        # Its later repetitions are keyed by the case alone (driver/adaptive_repeats.py).
+        problems.append(
+            InputProblem("cannot be combined with several -n targets", field="--repeat")
+        )
+    if request.reeval is not None:
+        problems.append(InputProblem("judges one run's targets: give no -n", field="--reeval"))
+    return problems
+
+
+def run_target(request: RunRequest, target: str | None) -> str | None:
+    """The target a run is labelled with (its `agent`): "A, B" for several."""
+    return ", ".join(request.targets) if request.targets else target
 
 
 def store_url() -> str:
@@ -214,7 +238,7 @@ def _dry_run(
         )
         return _json_line(record)
 
-    with Spool(stream, None, sources=False) as spool:
+    with Spool(stream, None, sources=False, targets=request.targets) as spool:
         print_warnings(stream.warnings)
         if _nothing_to_rerun(stream):
             return EXIT_OK
@@ -227,7 +251,10 @@ def _dry_run(
         else:
             sys.stdout.writelines(lines)
             where = ""
-    print(f"{stream.count} case(s){where} (dry run: no target was called)", file=sys.stderr)
+        played = ""
+        if request.targets:
+            played = f" × {len(request.targets)} targets = {spool.conversations} conversation(s)"
+    print(f"{stream.count} case(s){played}{where} (dry run: no target was called)", file=sys.stderr)
     if request.reporter:
         estimate.add("reporter", parse_ref(request.reporter, default_kind="agents").id, 1)
     estimate.made = take_generation_usage()
@@ -262,7 +289,13 @@ def run_cases(
 
         import_publisher_meanwhile()
     # Every case is checked (and every problem reported) before anything is stored.
-    with Spool(stream, target, repeat=request.repeat, adaptive=request.repeat_auto) as spool:
+    with Spool(
+        stream,
+        target,
+        repeat=request.repeat,
+        adaptive=request.repeat_auto,
+        targets=request.targets,
+    ) as spool:
         print_warnings(stream.warnings)
         if _nothing_to_rerun(stream):
             return EXIT_OK
@@ -272,7 +305,14 @@ def run_cases(
             options = options.model_copy(update={"distinct_cases": spool.cases})
         if not settings.distributed:
             return run_embedded(
-                request, url, spool, options, config, target, label, parent_run_id=parent
+                request,
+                url,
+                spool,
+                options,
+                config,
+                run_target(request, target),
+                label,
+                parent_run_id=parent,
             )
         from agenttest_submit.run.distributed import FleetStarter, run_distributed
 
@@ -281,10 +321,10 @@ def run_cases(
             spool.stored_records(),
             options=options,
             config=config,
-            target=target,
+            target=run_target(request, target),
             label=label,
             deadline=request.deadline,
-            suite=run_suite(request, target),
+            suite=run_suite(request, run_target(request, target)),
             parent_run_id=parent,
             starter=FleetStarter(url, request.parallel if request.parallel_given else None),
         )

@@ -9,8 +9,9 @@
 - `verdicts` (repeated cases), `judges` (judge agreement), `audit_stats` (a judge
   audit's flip rates and agreement, and Cohen's kappa against people's labels),
   `usage_tally` (calls, tokens and cost by role), `diff` and `diff_formats` (what
-  changed between two runs), `significance` (the noise-aware gate's statistics),
-  `causes` (why cases failed),
+  changed between two runs), `target_columns` and `target_comparison` (a run of several
+  targets: each case's verdict on each, and two of them compared), `significance`
+  (the noise-aware gate's statistics), `causes` (why cases failed),
   `wording` (the words pages show for the codes records carry).
 """
 
@@ -89,6 +90,8 @@ from agenttest_worker.report.significance import (
     drop_p_value,
     wilson,
 )
+from agenttest_worker.report.target_columns import TargetRow, target_rows
+from agenttest_worker.report.target_comparison import played_targets, target_diff
 from agenttest_worker.report.usage_tally import ROLE_ORDER, UsageTally
 from agenttest_worker.report.verdicts import case_verdict, grouped, pass_rule_problem
 from agenttest_worker.report.wording import WORDS, worded_diff, worded_label, words
@@ -140,6 +143,7 @@ __all__ = [
     "RunReport",
     "Spot",
     "Summary",
+    "TargetRow",
     "UsageTally",
     "aggregate",
     "asked_question",
@@ -170,6 +174,7 @@ __all__ = [
     "page_end",
     "page_start",
     "pass_rule_problem",
+    "played_targets",
     "policy",
     "printable",
     "problems",
@@ -182,6 +187,8 @@ __all__ = [
     "search_text",
     "sort_rows",
     "tally_verdict",
+    "target_diff",
+    "target_rows",
     "trace_notes",
     "wilson",
     "worded_diff",

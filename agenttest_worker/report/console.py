@@ -36,6 +36,14 @@ from agenttest_worker.report.common import (
 from agenttest_worker.report.golden_view import console_lines, golden_rows
 from agenttest_worker.report.judges import judges_line
 from agenttest_worker.report.report_model import RunReport, Summary
+from agenttest_worker.report.target_columns import (
+    TargetRow,
+    against_first,
+    by_case,
+    target_counts,
+    target_rows,
+    targets_of,
+)
 from agenttest_worker.report.usage_tally import usage_line
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import AssertionResult, CaseResult, TurnResult
@@ -95,22 +103,72 @@ def render_chunks(run: RunReport) -> Iterator[str]:
     yield _text([*_header(run), "", *_section("Running Tests"), ""])
     tally = run.tally()
     hidden = 0
-    for records in grouped(run.results):
-        found = tally.add_case(records)
-        if run.only_failures and found.status == "passed":
-            hidden += 1
+    for groups in by_case(grouped(run.results)):
+        verdicts = [tally.add_case(records) for records in groups]
+        if run.only_failures and all(found.status == "passed" for found in verdicts):
+            hidden += len(verdicts)
             continue
-        if found.repeated:
-            lines = repeated_case_lines(found, records, run, style)
+        if len(groups) > 1:
+            lines = _targets_case_lines(verdicts, groups, run, style)
+        elif verdicts[0].repeated:
+            lines = repeated_case_lines(verdicts[0], groups[0], run, style)
         else:
-            lines = case_lines(records[0], run, style, full=run.verbose)
+            lines = case_lines(groups[0][0], run, style, full=run.verbose)
         yield _text([*lines, ""])
     if not tally.total:
         yield _text(["  No test cases ran.", ""])
     elif hidden:
         yield _text([f"  {counted(hidden, 'passed case')} not shown (--only-failures)", ""])
     run.counted = tally.summary(run.duration_s, run.budget)
-    yield _text([*_section("Summary"), *_summary_lines(run.counted, style)])
+    rows = target_rows(tally.verdicts.cases)
+    yield _text([*_section("Summary"), *_summary_lines(run.counted, style), *_target_lines(rows)])
+
+
+def _targets_case_lines(
+    verdicts: list[CaseVerdict], groups: list[list[CaseResult]], run: RunReport, style: Style
+) -> list[str]:
+    """A case played against several targets, shown once: each target's verdict, and
+    under a target it did not pass on, how it went there (every target's with -v)."""
+    lines = [_case_title(groups[0][0], run, with_turns=False)]
+    for found, records in zip(verdicts, groups, strict=True):
+        played = f" ({found.fraction()} repetitions passed)" if found.repeated else ""
+        head = f"  {style.mark(found.status == 'passed')} {printable(found.agent or '-')}: "
+        lines.append(head + style.status(found.status) + played)
+        if found.status == "passed" and not run.verbose:
+            continue
+        if found.repeated:
+            shown = repeated_case_lines(found, records, run, style)[1:]
+        else:
+            shown = case_lines(records[0], run, style, full=run.verbose)[1:]
+        lines.extend(f"    {line}" for line in shown)
+    return lines
+
+
+def _target_lines(rows: list[TargetRow] | None) -> list[str]:
+    """The summary's cases passed on each target, for a run of several."""
+    if rows is None:
+        return []
+    lines = ["", "  Targets:"]
+    for target, counts in target_counts(rows).items():
+        lines.append(
+            f"    {printable(target)}: {counts['passed']} passed, {counts['failed']} failed, "
+            f"{counts['skipped']} skipped"
+        )
+    first = targets_of(rows)[0]
+    for target, (failing, fixed) in against_first(rows).items():
+        # What `diff RUN --targets FIRST TARGET` details.
+        said = [
+            f"{len(ids)} {word}" + (f" ({_some(ids)})" if ids else "")
+            for word, ids in (("newly failing", failing), ("fixed", fixed))
+        ]
+        lines.append(f"    {printable(target)} against {printable(first)}: {', '.join(said)}")
+    return lines
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    """A few case ids, escaped, and how many more."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(printable(i) for i in ids[:shown]) + more
 
 
 def _text(lines: list[str]) -> str:

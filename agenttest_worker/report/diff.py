@@ -170,6 +170,9 @@ class RunDiff:
     history_window: int | None = None
     # The new run's failed or skipped conversations by cause (report/causes.py).
     causes: dict[str, int] = field(default_factory=dict)
+    # Two targets of one run compared (report/target_diff.py): (then, now); None: two
+    # runs.
+    targets: tuple[str, str] | None = None
 
     def counts(self) -> dict[Category, int]:
         found: dict[Category, int] = dict.fromkeys(CATEGORIES, 0)
@@ -194,6 +197,11 @@ class RunDiff:
             "history_window": self.history_window,
             "causes": self.causes,
             "cases": [c.as_dict() for c in self.changes],
+            **(
+                {"targets": {"base": self.targets[0], "new": self.targets[1]}}
+                if self.targets
+                else {}
+            ),
         }
 
 

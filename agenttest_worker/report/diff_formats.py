@@ -74,10 +74,23 @@ def _gate_lines(diff: RunDiff) -> list[str]:
     return lines
 
 
+def _against(diff: RunDiff, shown: Callable[[str], str], lead: str = "Diff of run") -> str:
+    """What the diff compares: two runs, or two targets of one run."""
+    if diff.targets is not None:
+        then, now = diff.targets
+        return (
+            f"Diff of target {shown(now)} against target {shown(then)} in run "
+            f"{shown(diff.new.id)} ({_when(diff.new)})"
+        )
+    return (
+        f"{lead} {shown(diff.new.id)} ({_when(diff.new)}) against "
+        f"{shown(diff.base.id)} ({_when(diff.base)})"
+    )
+
+
 def console(diff: RunDiff) -> str:
     lines = [
-        f"Diff of run {printable(diff.new.id)} ({_when(diff.new)}) against "
-        f"{printable(diff.base.id)} ({_when(diff.base)})",
+        _against(diff, printable),
         f"Suite: {printable(diff.new.suite or '(none)')}",
         f"  {_counts_line(diff)}",
         *(f"  {line}" for line in _gate_lines(diff)),
@@ -159,8 +172,7 @@ def markdown(diff: RunDiff) -> str:
         f"### agenttest: {md(diff.new.suite or 'run')} — "
         f"{counts['regression']} newly failing, {counts['fixed']} fixed",
         "",
-        f"Run `{_code(diff.new.id)}` ({_when(diff.new)}) against "
-        f"`{_code(diff.base.id)}` ({_when(diff.base)}).",
+        _against(diff, lambda text: f"`{_code(text)}`", "Run") + ".",
         "",
         *(f"{md(line)}\n" for line in _gate_lines(diff)),
         "| " + " | ".join(TITLES[c] for c in CATEGORIES) + " |",
@@ -238,7 +250,13 @@ def junit(diff: RunDiff) -> str:
         },
     )
     properties = ET.SubElement(suite, "properties")
-    for key, value in (("run_id", diff.new.id), ("baseline_run_id", diff.base.id)):
+    compared: tuple[tuple[str, str], ...] = (
+        ("run_id", diff.new.id),
+        ("baseline_run_id", diff.base.id),
+    )
+    if diff.targets is not None:
+        compared = (*compared, ("baseline_target", diff.targets[0]), ("target", diff.targets[1]))
+    for key, value in compared:
         ET.SubElement(properties, "property", name=key, value=xml_text(value))
     for change, outcome in zip(cases, outcomes, strict=True):
         element = ET.SubElement(suite, "testcase", name=xml_text(change.id), classname="agenttest")

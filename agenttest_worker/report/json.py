@@ -2,9 +2,11 @@
 
 When some case was played more than once, `results` holds every repetition's record and
 `cases` each case's verdict (`{id, name, status, passed, repeats, flaky}`), and the
-summary's `repeats` the run's statistics (report/verdicts.py). `usage_by_role` (when
-an agent was called) is the run's calls, tokens and cost by role, its generators'
-included.
+summary's `repeats` the run's statistics (report/verdicts.py). A run of several
+targets (`-n A -n B`) has `targets` (their names) and `cases` each case once, with its
+verdict on each target: `{id, name, targets: {A: {status, passed, repeats, flaky}}}`.
+`usage_by_role` (when an agent was called) is the run's calls, tokens and cost by
+role, its generators' included.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from typing import Any
 
 from agenttest_worker.report.report_model import RunReport
+from agenttest_worker.report.target_columns import target_rows, targets_of
 from agenttest_worker.report.usage_tally import usage_dict
 
 
@@ -34,6 +37,11 @@ def document(run: RunReport) -> dict[str, Any]:
         found["usage_by_role"] = usage_dict(summary.usage)
     if summary.repeats is not None:
         found["cases"] = [case.as_dict() for case in tally.verdicts.cases]
+    rows = target_rows(tally.verdicts.cases)
+    if rows is not None:
+        # Several targets: each case once, its verdict on each (report/target_columns.py).
+        found["targets"] = targets_of(rows)
+        found["cases"] = [row.as_dict() for row in rows]
     return found
 
 

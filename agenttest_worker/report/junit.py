@@ -25,6 +25,7 @@ from agenttest_worker.report.causes import causes_line, in_order
 from agenttest_worker.report.common import first_problem, problems
 from agenttest_worker.report.console import Style, case_lines, repeated_case_lines
 from agenttest_worker.report.report_model import RunReport, was_not_run
+from agenttest_worker.report.target_columns import target_rows
 from agenttest_worker.report.verdicts import CaseVerdict, RepeatStats, grouped
 from agenttest_worker.results import CaseResult
 
@@ -59,6 +60,11 @@ def render(run: RunReport) -> str:
         cases.append(
             _testcase(records[0], run) if found.repeats is None else _repeated(records, found, run)
         )
+    if target_rows(tally.verdicts.cases) is not None:
+        # Several targets: one testcase per case and target, the target in its name.
+        for (element, _), found in zip(cases, tally.verdicts.cases, strict=True):
+            named = f"{element.get('name')} @ {found.agent or '-'}"
+            element.set("name", xml_text(named))
     outcomes = [outcome for _, outcome in cases]
     counts = {
         "tests": str(len(cases)),

@@ -10,6 +10,7 @@ from agenttest_worker.report.causes import causes_line
 from agenttest_worker.report.common import first_problem, format_seconds
 from agenttest_worker.report.diff_formats import md
 from agenttest_worker.report.report_model import RunReport
+from agenttest_worker.report.target_columns import target_rows
 from agenttest_worker.report.verdicts import grouped
 from agenttest_worker.results import CaseResult
 
@@ -33,6 +34,8 @@ def render_chunks(run: RunReport) -> Iterator[str]:
             first = next((r for r in records if r.status != "passed"), records[0])
             shown[found.status].append((first, found.fraction() if found.repeated else ""))
     summary = tally.summary(run.duration_s, run.budget)
+    # A run of several targets: each listed case says on which it did not pass.
+    several = target_rows(tally.verdicts.cases) is not None
     verdict = "failed" if summary.run_failed else "passed"
     lines = [
         f"### agenttest — {verdict}",
@@ -54,14 +57,16 @@ def render_chunks(run: RunReport) -> Iterator[str]:
         if not cases:
             continue
         lines += ["", f"#### {title_word} ({len(cases)})", ""]
-        lines += [_case_line(status, case, fraction) for case, fraction in cases[:LISTED]]
+        lines += [_case_line(status, case, fraction, several) for case, fraction in cases[:LISTED]]
         if len(cases) > LISTED:
             lines.append(f"- … and {len(cases) - LISTED} more")
     yield "\n".join(lines) + "\n"
 
 
-def _case_line(status: str, case: CaseResult, fraction: str) -> str:
+def _case_line(status: str, case: CaseResult, fraction: str, several: bool = False) -> str:
     name = f" — {md(case.name)}" if case.name and case.name != case.id else ""
+    if several:
+        name = f" @ {md(case.agent or '-')}{name}"
     where = f" ({md(case.file)}:{case.line})" if case.file and case.line else ""
     passed = f" ({fraction} repetitions passed)" if fraction else ""
     cause = f" (cause: {md(case.cause)})" if case.cause else ""

@@ -2,7 +2,8 @@
 
 When some case was played more than once, a case is one line with its verdict and a
 REPEATS column ("3/5", "3/5 flaky"); TURNS and DURATION add up its repetitions, and the
-reason is the first failed repetition's.
+reason is the first failed repetition's. A run of several targets (`-n A -n B`) has a
+TARGET column after ID: a line per case and target, a case's lines together.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from agenttest_worker.report.common import (
     printable,
 )
 from agenttest_worker.report.report_model import RunReport
+from agenttest_worker.report.target_columns import target_rows
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import CaseResult
 
@@ -72,6 +74,13 @@ def render(run: RunReport) -> str:
     rows = [plain for plain, _ in both]
     if tally.verdicts.repeated:
         headers, rows = REPEAT_HEADERS, [repeated for _, repeated in both]
+    if target_rows(tally.verdicts.cases) is not None:
+        # Several targets: a line per case and target, a case's lines together.
+        headers = (headers[0], "TARGET", *headers[1:])
+        rows = [
+            (row[0], _cut(found.agent or "-", _ID_WIDTH_MAX), *row[1:])
+            for row, found in zip(rows, tally.verdicts.cases, strict=True)
+        ]
     widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers) - 1)]
     lines = [_line(headers, widths), *(_line(r, widths) for r in rows)]
     s = tally.summary(run.duration_s, run.budget)

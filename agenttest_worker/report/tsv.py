@@ -6,13 +6,15 @@ Tabs, newlines and backslashes inside values are written as \\t, \\n, \\r and \\
 When some case was played more than once, a case is still one row, with its verdict
 as `status`, turns, duration and assertion counts added up over its repetitions, its
 failed repetitions' problems, and three more columns at the end: `repeats` (K),
-`passed_repeats` and `flaky` (true/false).
+`passed_repeats` and `flaky` (true/false). A run of several targets (`-n A -n B`) has
+a row per case and target, a case's rows together, and a `target` column last.
 """
 
 from __future__ import annotations
 
 from agenttest_worker.report.common import assertion_counts, problems
 from agenttest_worker.report.report_model import RunReport
+from agenttest_worker.report.target_columns import target_rows
 from agenttest_worker.report.verdicts import CaseVerdict, grouped
 from agenttest_worker.results import CaseResult
 
@@ -84,4 +86,13 @@ def render(run: RunReport) -> str:
     rows: list[list[object]] = [list(COLUMNS), *(plain for plain, _ in both)]
     if tally.verdicts.repeated:
         rows = [list(REPEAT_COLUMNS), *(repeated for _, repeated in both)]
+    if target_rows(tally.verdicts.cases) is not None:
+        # Several targets: a row per case and target, the target last.
+        rows = [
+            [*rows[0], "target"],
+            *(
+                [*row, found.agent]
+                for row, found in zip(rows[1:], tally.verdicts.cases, strict=True)
+            ),
+        ]
     return "".join("\t".join(escape(v) for v in row) + "\n" for row in rows)

@@ -94,6 +94,9 @@ class CaseVerdict:
     # it did (repeat_stopping.stop_reason); None for a fixed number of repetitions.
     max_repeat: int | None = None
     stop_reason: str | None = None
+    # The target its records played (a record's `agent`): a run of several targets
+    # has one verdict per case and target (report/target_columns.py).
+    agent: str | None = None
 
     @property
     def repeated(self) -> bool:
@@ -140,6 +143,7 @@ def case_verdict(records: list[CaseResult], rule: str) -> CaseVerdict:
         statuses=statuses,
         max_repeat=bound,
         stop_reason=None if bound is None else stop_reason(rule, bound, statuses),
+        agent=first.agent,
     )
 
 
@@ -153,7 +157,7 @@ def settled_lines(lines: Iterable[str], rule: str) -> Iterator[str]:
         record = CaseResult.model_validate_json(line) if '"max_repeat":' in line else None
         if record is not None and record.max_repeat is None:
             record = None  # the text is in a reply, not the field
-        if group and (record is None or record.id != group[0].id):
+        if group and (record is None or not same_case(record, group[0])):
             yield from _settled(group, rule)
             group = []
         if record is None:
@@ -175,15 +179,22 @@ def _settled(group: list[CaseResult], rule: str) -> Iterator[str]:
 
 def grouped(records: Iterable[CaseResult]) -> Iterator[list[CaseResult]]:
     """The records of each case together, in order: a run stores a case's repetitions
-    one after the other, so a case is the run of consecutive records with its id."""
+    one after the other, so a case is the run of consecutive records with its id (and
+    its target: a run of several targets stores each target's records of a case one
+    after the other, and each is a verdict of its own)."""
     group: list[CaseResult] = []
     for record in records:
-        if group and record.id != group[0].id:
+        if group and not same_case(record, group[0]):
             yield group
             group = []
         group.append(record)
     if group:
         yield group
+
+
+def same_case(record: CaseResult, other: CaseResult) -> bool:
+    """Whether two records are of one case played against one target."""
+    return record.id == other.id and record.agent == other.agent
 
 
 @dataclass(frozen=True)
@@ -261,7 +272,7 @@ class VerdictTally:
     def add(self, record: CaseResult) -> CaseVerdict | None:
         """Add a record; returns the verdict of the case it closed, if it closed one."""
         closed = None
-        if self._group and record.id != self._group[0].id:
+        if self._group and not same_case(record, self._group[0]):
             closed = self._close()
         self._group.append(record)
         if record.repeats is not None:

@@ -6,7 +6,9 @@ that rate), its cost (runs.total_cost) and how many of its cases were flaky (the
 repetitions disagreed). A comparison is the `diff` command's (report/diff.py) between
 any two runs, each case joined with its rows of both runs' case tables (tags, agent,
 cause, checks) so that the page can filter it, and labelled "then | now" when both
-runs are of one suite and agent, else "A | B" after each run's agent.
+runs are of one suite and agent, else "A | B" after each run's agent. Two targets of one
+run (`-n A -n B`) compare the same way (`diff RUN --targets A B`), labelled "A | B"
+after the targets.
 """
 
 from __future__ import annotations
@@ -14,9 +16,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from agenttest_worker.report import CATEGORIES, TITLES, worded_diff
+from agenttest_worker.report import (
+    CATEGORIES,
+    TITLES,
+    RunInfo,
+    played_targets,
+    target_diff,
+    worded_diff,
+)
+from agenttest_worker.store import results, runs
 from agenttest_worker.store import run_history as history
-from agenttest_worker.store import runs
 
 if TYPE_CHECKING:
     from agenttest_submit.commands.viewer.queries import RunViews
@@ -120,6 +129,40 @@ def compare(views: RunViews, a_id: str, b_id: str) -> dict[str, Any] | None:
         "order": list(CATEGORIES),
         "labels": [left, right],
         "runs": [_side(a), _side(b)],
+    }
+
+
+def compare_targets(views: RunViews, run_id: str, a: str, b: str) -> dict[str, Any] | None:
+    """Target `a` of run `run_id` against its target `b`, case by case; None: no such
+    run; only a `message` when the run played no such target."""
+    url = views.url
+    run = runs.get_run(url, run_id)
+    if run is None:
+        return None
+    played = played_targets(results.iter_results(url, run_id))
+    missing = [t for t in (a, b) if t not in played]
+    if missing or a == b:
+        said = ", ".join(missing) if missing else a
+        return {"message": f"run {run_id} has no two targets {said!r} to compare"}
+    info = RunInfo(run.id, run.created_at, run.suite, run.status)
+    rule = str((run.options or {}).get("pass_rule") or "all")
+    found = worded_diff(target_diff(info, results.iter_results(url, run_id), a, b, rule).as_dict())
+    rows = {(r["id"], r["agent"]): r for r in views.rows(run_id) or []}
+    for case in found["cases"]:
+        row = rows.get((case["id"], b)) or rows.get((case["id"], a)) or {}
+        case["tags"] = row.get("tags", [])
+        case["agent"] = row.get("agent", "")
+        case["checks"] = row.get("checks", [])
+        case["flaky"] = bool(row.get("flaky")) or case["category"] == "flaky"
+        if not case.get("name"):
+            case["name"] = row.get("name") or ""
+    side = _side(run)
+    return {
+        **found,
+        "titles": TITLES,
+        "order": list(CATEGORIES),
+        "labels": [f"A: {a}", f"B: {b}"],
+        "runs": [{**side, "agent": a}, {**side, "agent": b}],
     }
 
 

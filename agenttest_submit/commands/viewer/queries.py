@@ -202,7 +202,9 @@ class RunViews:
         for records in grouped(report.results):
             data.add(records, index)
             index += len(records)
-            texts[records[0].id] = search_text(records)
+            # A run of several targets: a case's text is every target's.
+            case_id = records[0].id
+            texts[case_id] = texts.get(case_id, "") + search_text(records)
         return _Built(key, time.monotonic(), data.header(), sort_rows(data.rows), texts)
 
     def case(self, run_id: str, case_id: str) -> dict[str, Any] | None:
@@ -216,10 +218,12 @@ class RunViews:
                 select(CaseRow.phase, CaseRow.next_turn, CaseRow.case, cast(CaseRow.result, Text))
                 .where(
                     CaseRow.run_id == run_id,
-                    # A repetition is stored as "ID#N" (cases/case_model.py).
+                    # A repetition is stored as "ID#N" (cases/case_model.py), a
+                    # target's conversation as "ID@TARGET" (inputs/spool_lines.py).
                     or_(
                         CaseRow.case_id == case_id,
                         CaseRow.case_id.startswith(f"{case_id}#", autoescape=True),
+                        CaseRow.case_id.startswith(f"{case_id}@", autoescape=True),
                     ),
                 )
                 .order_by(CaseRow.seq)
@@ -237,11 +241,13 @@ class RunViews:
                 "message": f"not finished yet ({done}/{len(mine)} finished; {at})",
             }
         records = [CaseResult.model_validate_json(row[3]) for row in mine]
-        # A failed repetition of a case another repetition of which passed: a flake; one
-        # resting on a criterion the run's newest audit found unstable: the judge's.
-        repeated_pass = len(records) > 1 and any(r.status == "passed" for r in records)
+        # A failed repetition of a case another repetition of which (with the same
+        # target) passed: a flake; one resting on a criterion the run's newest audit
+        # found unstable: the judge's.
         unstable = _unstable(self.url, run_id)
         for record in records:
+            mates = [r for r in records if r.agent == record.agent]
+            repeated_pass = len(mates) > 1 and any(r.status == "passed" for r in mates)
             record.cause = read_cause(record, repeated_pass, unstable)
         rule = (run.options or {}).get("pass_rule") or "all"
         pairs = []

@@ -5,9 +5,11 @@
     /runs/RUN/case?id=ID    a case's conversation (every repetition of a repeated case)
     /runs/RUN/diff?base=B   what changed since B (a run id, last, or suite: the default)
     /compare?a=A&b=B        any two runs compared: their cases by change
+    /compare?run=R&a=A&b=B  two targets of run R compared, A | B
     /compare/case?a=&b=&id= one case of both runs side by side, turn by turn
     /api/runs               {"groups": [{"name", "runs": [...], "trend": [...]}]}
     /api/compare?a=&b=      the `diff` command's JSON from A to B, rows joined, labels
+    /api/compare?run=&a=&b= the same of two targets of one run (`diff RUN --targets A B`)
     /api/compare/labels?a=&b= only the two sides' labels and runs
     /api/runs/RUN           the run's header, summary and progress
     /api/runs/RUN/cases     {"rows": [...]} (?q=TEXT: {"ids": [...]} of the cases matching)
@@ -42,7 +44,12 @@ from aiohttp import web
 
 from agenttest_submit.cli.request import LabelRequest
 from agenttest_submit.commands.judge_labelling import label_verdict
-from agenttest_submit.commands.viewer.analysis import compare, pair_labels, trends
+from agenttest_submit.commands.viewer.analysis import (
+    compare,
+    compare_targets,
+    pair_labels,
+    trends,
+)
 from agenttest_submit.commands.viewer.queries import RunViews, run_diff, runs_page
 from agenttest_worker.errors import InputError
 from agenttest_worker.observe import authorized
@@ -147,6 +154,8 @@ def _page(kind: str) -> Handler:
         title = "agenttest"
         if kind in ("compare", "pair"):
             config["a"], config["b"] = request.query.get("a", ""), request.query.get("b", "")
+            if kind == "compare" and request.query.get("run"):
+                config["run"] = request.query["run"]  # two targets of one run
             config["case"] = request.query.get("id", "")
             title = "agenttest · compare"
         elif kind != "runs":
@@ -192,6 +201,15 @@ async def _api_runs(request: web.Request) -> web.StreamResponse:
 
 async def _api_compare(request: web.Request) -> web.StreamResponse:
     a, b = request.query.get("a", ""), request.query.get("b", "")
+    run = request.query.get("run")
+    if run is not None and not request.path.endswith("/labels"):
+        # Two targets of one run: a and b name targets, not runs.
+        if not (_RUN_ID.fullmatch(run) and a and b):
+            return _json({"message": "pick a run and two targets (?run=RUN&a=A&b=B)"}, status=404)
+        found = await _read(compare_targets, _views(request), run, a, b)
+        if found is None:
+            return _json({"message": f"no run {run}"}, status=404)
+        return _json(found, status=404 if "cases" not in found else 200)
     if not (_RUN_ID.fullmatch(a) and _RUN_ID.fullmatch(b)):
         return _json({"message": "pick two runs to compare (?a=RUN&b=RUN)"}, status=404)
     if request.path.endswith("/labels"):

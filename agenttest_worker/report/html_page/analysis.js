@@ -114,8 +114,10 @@ const runsPage = async (app) => {
 
 const sideFacts = (label, run) => field(label, [link(runHref(run.id), null, run.id), ` ${run.agent ? `(${run.agent}) ` : ""}${run.created_at}`]);
 
-const comparePage = async (app, a, b) => {
-  const found = await getJSON(`/api/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`, true);
+// `run`: two targets of that run compared (a and b are their names), else two runs.
+const comparePage = async (app, a, b, run) => {
+  const ofRun = run ? `&run=${encodeURIComponent(run)}` : "";
+  const found = await getJSON(`/api/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}${ofRun}`, true);
   const parts = [];
   if (!found.cases) {
     app.replaceChildren(el("header", "run-header", el("h1", null, "Compare two runs")), el("p", "note", found.message || "Nothing to compare."), link("/", null, "← all runs"));
@@ -149,7 +151,7 @@ const comparePage = async (app, a, b) => {
   count.id = "case-count";
   const draw = () => {
     const shownRows = cases.filter((c) => filters.matches(c));
-    body.replaceChildren(...shownRows.map((c) => compareRow(c, found, a, b)));
+    body.replaceChildren(...shownRows.map((c) => compareRow(c, found, a, b, run)));
     count.textContent = `${shownRows.length} of ${cases.length} cases`;
   };
   const filters = new FilterBar(fields, draw);
@@ -160,7 +162,9 @@ const comparePage = async (app, a, b) => {
   document.title = "agenttest · compare";
 };
 
-const compareRow = (c, found, a, b) => {
+const compareRow = (c, found, a, b, run) => {
+  // Two targets of one run: the case's page of that run shows both conversations.
+  const caseLink = run ? `/runs/${encodeURIComponent(run)}/case?id=${encodeURIComponent(c.id)}` : pairHref(a, b, c.id);
   const d = c.difference;
   const why = [c.flaky_because || c.changed_because || ""];
   if (d) why.push(el("div", null, d.turn ? `Turn ${d.turn}: ` : "", d.assertion || "", d.reason ? ` — ${d.reason}` : ""));
@@ -171,7 +175,7 @@ const compareRow = (c, found, a, b) => {
     td.dataset.sort = status ? String(STATUS_ORDER.indexOf(status)) : "9";
     return td;
   };
-  const tr = el("tr", `compare-row ${c.category}`, change, el("td", "id", link(pairHref(a, b, c.id), null, c.id)), el("td", null, c.name || ""), verdict(c.base), verdict(c.new), el("td", null, why));
+  const tr = el("tr", `compare-row ${c.category}`, change, el("td", "id", link(caseLink, null, c.id)), el("td", null, c.name || ""), verdict(c.base), verdict(c.new), el("td", null, why));
   tr.dataset.caseId = c.id;
   tr.dataset.category = c.category;
   return tr;

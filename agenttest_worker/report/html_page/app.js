@@ -82,7 +82,8 @@ const viewerSource = (runId) => {
 
 const headerSection = (run) => {
   const facts = [];
-  if (run.agent) facts.push(field("Agent", run.agent));
+  if ((run.targets || []).length > 1) facts.push(field("Targets", run.targets.join(" | ")));
+  else if (run.agent) facts.push(field("Agent", run.agent));
   facts.push(field("Input", run.input_label || "–"));
   if (run.run_id) facts.push(field("Run", run.run_id));
   if (run.status) facts.push(field("Status", run.status + (run.cancelled ? " (cancelled)" : "")));
@@ -168,6 +169,8 @@ class CaseTable {
   constructor(source, rows, statuses, tags, run) {
     this.source = source;
     this.rows = rows;
+    // A run of several targets: a row per case and target, the target beside the id.
+    this.severalTargets = ((run && run.targets) || []).length > 1;
     this.filter = { status: "all", tag: "", query: "" };
     this.matches = null;
     this.shown = 0;
@@ -303,7 +306,7 @@ class CaseTable {
       "tr",
       `case-row ${statusClass(r.status)}`,
       el("td", null, status),
-      el("td", "id", link(href, null, r.id)),
+      el("td", "id", link(href, null, r.id), this.severalTargets ? el("span", "target", ` @ ${r.agent}`) : ""),
       el("td", null, r.name || ""),
       el("td", "tags", r.tags.map((t) => el("span", "tag", t))),
       el("td", "num", String(r.turns)),
@@ -331,6 +334,14 @@ const runPage = async (app, source) => {
   const table = new CaseTable(source, rows, run.statuses, run.tags, run);
   // The viewer links to what changed since the suite's previous run (its diff page).
   const compare = source.diffHref ? el("p", "compare", link(source.diffHref(), null, "What changed since the previous run of its suite")) : null;
+  // A run of several targets: its first two compared (A | B), as two runs are.
+  const targets = run.targets || [];
+  if (compare && run.run_id && targets.length >= 2) {
+    const href = `/compare?run=${encodeURIComponent(run.run_id)}&a=${encodeURIComponent(targets[0])}&b=${encodeURIComponent(targets[1])}`;
+    const targetsLink = link(href, null, `Compare its targets: ${targets[0]} | ${targets[1]}`);
+    targetsLink.id = "compare-targets";
+    compare.append(" · ", targetsLink);
+  }
   // The report of a run made with --baseline: what changed since the baseline.
   const baseline = source.live ? null : baselineSection(readData("agenttest-diff"), table.rows);
   view.append(header, ...(progress ? [progress.section] : []), ...(compare ? [compare] : []), ...(baseline ? [baseline] : []), summary, table.section);
@@ -443,7 +454,7 @@ const start = async () => {
     else if (config.page === "run") await runPage(app, viewerSource(config.run));
     else if (config.page === "case") await casePage(app, viewerSource(config.run), config.case);
     else if (config.page === "diff") await diffPage(app, config.run, config.base);
-    else if (config.page === "compare") await comparePage(app, config.a, config.b);
+    else if (config.page === "compare") await comparePage(app, config.a, config.b, config.run);
     else if (config.page === "pair") await pairPage(app, config.a, config.b, config.case);
     sortTables(app);
     app.dataset.ready = "true";

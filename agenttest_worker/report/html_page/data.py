@@ -26,6 +26,7 @@ from agenttest_worker.report.common import (
 from agenttest_worker.report.diff import CATEGORIES, TITLES
 from agenttest_worker.report.golden_view import golden_rows, page_rows
 from agenttest_worker.report.report_model import RunReport, Tally
+from agenttest_worker.report.target_columns import target_rows, targets_of
 from agenttest_worker.report.usage_tally import usage_dict
 from agenttest_worker.report.verdicts import CaseVerdict
 from agenttest_worker.report.wording import worded_label
@@ -238,6 +239,8 @@ class RunData:
             # The choices of the table's other filters.
             "agents": sorted({row["agent"] for row in self.rows if row["agent"]}),
             "causes": sorted({row["cause"] for row in self.rows if row.get("cause")}),
+            # A run of several targets (-n A -n B): their names, in the order played.
+            "targets": targets_of(rows) if (rows := target_rows(self.tally.verdicts.cases)) else [],
             "checks": sorted({kind for row in self.rows for kind in row["checks"]}),
         }
         found.update(more)

@@ -154,13 +154,15 @@ def count_results(url: str, run_id: str) -> int:
 
 def flaky_cases(url: str, run_id: str) -> frozenset[str]:
     """The repeated cases of the run one repetition of which passed and another failed
-    (their failed repetitions are flakes: report/causes.py)."""
+    (their failed repetitions are flakes: report/causes.py). A run of several targets
+    weighs each target's repetitions apart: a case that passes on one target and fails
+    on another is no flake."""
     passed = func.sum(case((CaseRow.status == "passed", 1), else_=0))
     failed = func.sum(case((CaseRow.status == "failed", 1), else_=0))
     query = (
         select(CaseRow.test_id)
         .where(CaseRow.run_id == run_id, CaseRow.test_id.is_not(None))
-        .group_by(CaseRow.test_id)
+        .group_by(CaseRow.test_id, CaseRow.agent)
         .having(and_(passed > 0, failed > 0))
     )
     with session_scope(url) as session:
