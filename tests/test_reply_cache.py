@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,7 +263,11 @@ def test_a_judge_reply_that_cannot_be_read_is_not_stored(
     agent.script("judge", lambda body: "no verdict here")
     config, cases = project(tmp_path, agent, STABLE, {})
     argv = ["-i", str(cases), "-n", "bot", "--config", str(config)]
+    started = time.monotonic()
     assert main(argv) == 1
+    # The junk reply's lease is given back at once: the cases asking the judge the
+    # same thing do not wait for it to run out (a minute) before calling for themselves.
+    assert time.monotonic() - started < 30
     agent.script("judge", lambda body: judge_verdict(True, "it answers"))
     assert main(argv) == 0  # asked again: the junk was not kept
     assert len(agent.requests("judge")) == 6

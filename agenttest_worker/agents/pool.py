@@ -135,6 +135,10 @@ class RoleSession:
         if (reply.call is None or reply.call.error is None) and _reads(readable, reply):
             entry = CacheEntry(key, ident, request.role, reply_document(reply))
             await asyncio.to_thread(replies.fill, entry)
+        elif isinstance(claimed, Leased):
+            # Not kept (an error, or a reply the role cannot read): those waiting for it
+            # call for themselves now, not once the lease has run out.
+            await asyncio.to_thread(replies.release, key)
         return reply
 
     def _cache_key(self, agent: str, request: AgentRequest) -> str | None:

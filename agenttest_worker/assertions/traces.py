@@ -84,6 +84,15 @@ def _named(spans: list[AgentSpan], pattern: str | None) -> list[AgentSpan]:
     return [s for s in spans if pattern is None or fnmatchcase(s.name, pattern)]
 
 
+async def _spans(ctx: AssertionContext) -> list[AgentSpan] | AssertionOutcome:
+    """The agent's spans of the turn (of the conversation, for final assertions), or
+    the failure that says why none can be read."""
+    try:
+        return await received_spans.received(ctx.final)
+    except NoSpans as exc:
+        return AssertionOutcome(False, str(exc), error=str(exc))
+
+
 def _none_arrived(ctx: AssertionContext) -> AssertionOutcome:
     message = f"the agent sent no span of {_scope(ctx)}"
     return AssertionOutcome(False, message, error=message)
@@ -93,10 +102,9 @@ def _none_arrived(ctx: AssertionContext) -> AssertionOutcome:
 async def check_trace_tool_called(
     spec: TraceToolCalledAssertion, ctx: AssertionContext
 ) -> AssertionOutcome:
-    try:
-        spans = await received_spans.received(ctx.final)
-    except NoSpans as exc:
-        return AssertionOutcome(False, str(exc), error=str(exc))
+    spans = await _spans(ctx)
+    if isinstance(spans, AssertionOutcome):
+        return spans
     if not spans:
         return _none_arrived(ctx)
     calls = received_spans.tool_calls_of(spans)
@@ -119,10 +127,9 @@ async def check_trace_tool_called(
 async def check_trace_span_count(
     spec: TraceSpanCountAssertion, ctx: AssertionContext
 ) -> AssertionOutcome:
-    try:
-        spans = await received_spans.received(ctx.final)
-    except NoSpans as exc:
-        return AssertionOutcome(False, str(exc), error=str(exc))
+    spans = await _spans(ctx)
+    if isinstance(spans, AssertionOutcome):
+        return spans
     count = len(_named(spans, spec.name))
     passed = (spec.min is None or count >= spec.min) and (spec.max is None or count <= spec.max)
     what = f"spans named {spec.name}" if spec.name else "spans"
@@ -141,10 +148,9 @@ async def check_trace_span_count(
 async def check_trace_error_spans(
     spec: TraceErrorSpansAssertion, ctx: AssertionContext
 ) -> AssertionOutcome:
-    try:
-        spans = await received_spans.received(ctx.final)
-    except NoSpans as exc:
-        return AssertionOutcome(False, str(exc), error=str(exc))
+    spans = await _spans(ctx)
+    if isinstance(spans, AssertionOutcome):
+        return spans
     if not spans:
         return _none_arrived(ctx)
     failed = [s for s in spans if s.error]
@@ -162,10 +168,9 @@ async def check_trace_error_spans(
 async def check_trace_duration(
     spec: TraceDurationAssertion, ctx: AssertionContext
 ) -> AssertionOutcome:
-    try:
-        spans = await received_spans.received(ctx.final)
-    except NoSpans as exc:
-        return AssertionOutcome(False, str(exc), error=str(exc))
+    spans = await _spans(ctx)
+    if isinstance(spans, AssertionOutcome):
+        return spans
     named = _named(spans, spec.name)
     if not named:
         return AssertionOutcome(False, f"no span named {spec.name} in {_scope(ctx)}")
