@@ -268,13 +268,17 @@ async def _drive(
             if advance.next_turn is not None and advance.saved:
                 turn = advance.next_turn
                 continue
+            if advance.added is not None:
+                # Counted before the end that added it: the count done never meets the
+                # total before the last conversation has ended (the CI log's lines
+                # would stop at a total that grew since).
+                progress.total += 1
             if advance.case_done:
                 progress.case_done(advance.status)
             if advance.added is None:
                 return
             # --repeat auto: the case's next repetition, in this lane (it takes the place
             # of the one that ended, as on a fleet: store/repetition_chain.py).
-            progress.total += 1
             case_id, turn = advance.added, 1
 
     def past(deadline_at: float | None) -> bool:
