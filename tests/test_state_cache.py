@@ -525,3 +525,29 @@ def test_on_sqlite_too_a_conversation_read_back_every_turn_ends_whole(
     assert record["status"] == "passed" and _comparable(record) == _comparable(expected)
     assert state["messages"] == whole["messages"] and len(state["messages"]) == 12
     assert "earlier_messages" not in state and left == 0
+
+
+def test_a_kept_state_let_go_of_between_its_load_and_its_turn_is_read_back_whole(
+    pg_database: str, agent: AgentServer
+) -> None:
+    """The load skipped the state (this process kept it), then the kept state was let go
+    of (more conversations in flight than are kept) before the turn took it: the state
+    is read again, its earlier messages with it, and the turn plays on the whole
+    conversation (it stopped with "0 earlier messages were loaded")."""
+    from agenttest_worker.driver import state_cache
+
+    store = SqlStore(pg_database)
+    run_id = _run(pg_database, agent)
+    for turn in (1, 2, 3):
+        assert _step(store, run_id, "K1", turn).saved
+    loaded = store.load_case(run_id, "K1")
+    assert loaded is not None and loaded.state_kept and loaded.turn_messages is None
+    KEPT.clear()  # let go of, as the bound on kept states does
+    found = state_cache.load(store, loaded)
+    assert found is not None
+    _, stored = found
+    KEPT.clear()
+    whole = store.load_case(run_id, "K1")
+    assert whole is not None and not whole.state_kept
+    assert stored.state.messages == state_cache.stored(whole).state.messages
+    assert stored.state.earlier_messages  # the messages stored apart came back

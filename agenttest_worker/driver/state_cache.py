@@ -246,8 +246,13 @@ def load(
             loaded.step_token,
         ):
             return None
+        # The state with what is stored apart from it: its earlier turns and messages.
         loaded = replace(
-            loaded, state=again.state, turn_records=again.turn_records, state_kept=False
+            loaded,
+            state=again.state,
+            turn_records=again.turn_records,
+            turn_messages=again.turn_messages,
+            state_kept=False,
         )
     else:
         # Whatever this process kept for the conversation is not what the store holds.
