@@ -14,7 +14,7 @@ import json
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from agenttest_worker.assertions.checking import (
     AssertionContext,
@@ -23,6 +23,7 @@ from agenttest_worker.assertions.checking import (
     register,
 )
 from agenttest_worker.assertions.tools import args_match
+from agenttest_worker.assertions.trajectory import Bounded
 from agenttest_worker.durations import format_duration, parse_duration
 from agenttest_worker.observe import received_spans
 from agenttest_worker.observe.received_spans import AgentSpan, NoSpans
@@ -37,21 +38,11 @@ class TraceToolCalledAssertion(AssertionSpec):
     args: dict[str, Any] | None = None
 
 
-class TraceSpanCountAssertion(AssertionSpec):
+class TraceSpanCountAssertion(Bounded):
     """How many spans the agent sent (named like `name`, a glob such as `db.*`)."""
 
     type: Literal["trace_span_count"]
     name: str | None = None
-    min: int | None = Field(default=None, ge=0)
-    max: int | None = Field(default=None, ge=0)
-
-    @model_validator(mode="after")
-    def _bounded(self) -> TraceSpanCountAssertion:
-        if self.min is None and self.max is None:
-            raise ValueError("give min, max or both")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
-        return self
 
 
 class TraceErrorSpansAssertion(AssertionSpec):
@@ -131,7 +122,7 @@ async def check_trace_span_count(
     if isinstance(spans, AssertionOutcome):
         return spans
     count = len(_named(spans, spec.name))
-    passed = (spec.min is None or count >= spec.min) and (spec.max is None or count <= spec.max)
+    passed = spec.within(count)
     what = f"spans named {spec.name}" if spec.name else "spans"
     bounds = " and ".join(
         part

@@ -63,14 +63,16 @@ def _bounds_given(data: Any) -> Any:
     return data
 
 
-class _Bounded(AssertionSpec):
+class Bounded(AssertionSpec):
+    """An assertion on a count: at least `min`, at most `max` (one of them at least)."""
+
     min: int | None = Field(default=None, ge=0)
     max: int | None = Field(default=None, ge=0)
 
     _given = model_validator(mode="before")(_bounds_given)
 
     @model_validator(mode="after")
-    def _ordered(self) -> _Bounded:
+    def _ordered(self) -> Bounded:
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min ({self.min}) is greater than max ({self.max})")
         return self
@@ -84,14 +86,14 @@ class _Bounded(AssertionSpec):
         return f"at least {self.min}" if self.max is None else f"at most {self.max}"
 
 
-class ToolCountAssertion(_Bounded):
+class ToolCountAssertion(Bounded):
     """How many calls to `name` (to any tool, without `name`) were made."""
 
     type: Literal["tool_count"]
     name: str | None = None
 
 
-class TurnCountAssertion(_Bounded):
+class TurnCountAssertion(Bounded):
     """How many turns the conversation played (final_assertions only)."""
 
     type: Literal["turn_count"]
