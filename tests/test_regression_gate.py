@@ -24,8 +24,7 @@ import pytest
 from scripted_agent import Body, Reply, ScriptedAgent
 
 from agenttest_submit.cli.main import main
-from agenttest_worker.report import PassRates, drop_p_value, gated_category, wilson
-from agenttest_worker.report.verdicts import wilson_interval
+from agenttest_worker.report import PassRates, drop_p_value, gated_category, wilson_interval
 
 # -- the statistics ---------------------------------------------------------------------
 
@@ -72,16 +71,16 @@ def test_a_single_play_can_never_be_a_significant_drop() -> None:
 
 
 def test_wilson_at_the_gates_confidence() -> None:
-    assert wilson(6, 9, 0.95) == pytest.approx(wilson_interval(6, 9))
-    low, high = wilson(5, 5, 0.95)
+    assert wilson_interval(6, 9, 0.95) == pytest.approx(wilson_interval(6, 9))
+    low, high = wilson_interval(5, 5, 0.95)
     assert high == pytest.approx(1.0) and round(low, 3) == 0.566
     # A higher confidence, a wider interval.
-    assert wilson(5, 10, 0.99)[0] < wilson(5, 10, 0.95)[0]
+    assert wilson_interval(5, 10, 0.99)[0] < wilson_interval(5, 10, 0.95)[0]
     z = 2.5758293035489004  # the 0.995 quantile of the standard normal
     p, n = 0.5, 10
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    assert wilson(5, 10, 0.99) == pytest.approx((centre - half, centre + half))
+    assert wilson_interval(5, 10, 0.99) == pytest.approx((centre - half, centre + half))
 
 
 def test_gated_categories() -> None:

@@ -81,14 +81,13 @@ from agenttest_worker.report.html_page.data import (
 )
 from agenttest_worker.report.html_page.shell import page_end, page_start, policy
 from agenttest_worker.report.html_page.waterfall import trace_notes
-from agenttest_worker.report.repeat_stopping import START_WIDTH, next_repetition
+from agenttest_worker.report.repeat_stopping import START_WIDTH, next_repetition, wilson_interval
 from agenttest_worker.report.report_model import DEFAULT_TITLE, RunReport, Summary
 from agenttest_worker.report.significance import (
     DEFAULT_CONFIDENCE,
     PassRates,
     confidence_problem,
     drop_p_value,
-    wilson,
 )
 from agenttest_worker.report.target_columns import TargetRow, target_rows
 from agenttest_worker.report.target_comparison import played_targets, target_diff
@@ -190,7 +189,7 @@ __all__ = [
     "target_diff",
     "target_rows",
     "trace_notes",
-    "wilson",
+    "wilson_interval",
     "worded_diff",
     "worded_label",
     "words",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Literal
 
 # Wilson's interval at 95%: the standard normal quantile of 0.975.
@@ -32,15 +33,17 @@ Decided = Literal["passed", "failed"]
 StopReason = Literal["decided", "max_repeat", "stopped"]
 
 
-def wilson_interval(successes: int, trials: int) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion (sound near 0 and 1, and for few
-    trials, where the normal approximation is not)."""
-    if trials == 0:
+def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion at `confidence` (sound near 0 and 1,
+    and for few trials, where the normal approximation is not); (0, 1) with no trials.
+    The one interval of the reports, the stopping rule, the gate and the viewer."""
+    if trials <= 0:
         return (0.0, 1.0)
+    z = Z95 if confidence == 0.95 else NormalDist().inv_cdf(0.5 + confidence / 2)
     p = successes / trials
-    z2 = Z95 * Z95
+    z2 = z * z
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
-    half = Z95 * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from statistics import NormalDist
 from typing import Any
+
+from agenttest_worker.report.repeat_stopping import wilson_interval
 
 DEFAULT_CONFIDENCE = 0.95
 
@@ -60,18 +61,6 @@ def drop_p_value(then_passed: int, then_played: int, now_passed: int, now_played
     return float(Fraction(tail, math.comb(total, now_played)))
 
 
-def wilson(passed: int, played: int, confidence: float) -> tuple[float, float]:
-    """The Wilson score interval of a pass rate at `confidence` ((0, 1) with no plays)."""
-    if played <= 0:
-        return 0.0, 1.0
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = passed / played
-    z2 = z * z
-    centre = (p + z2 / (2 * played)) / (1 + z2 / played)
-    half = z * math.sqrt(p * (1 - p) / played + z2 / (4 * played * played)) / (1 + z2 / played)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 @dataclass(frozen=True)
 class PassRates:
     """A case's passes then and now (skipped plays left out), and the test of its drop."""
@@ -102,7 +91,7 @@ class PassRates:
         """E.g. "then 5/5 (57%–100%), now 0/5 (0%–43%), p = 0.004 (95% intervals)"."""
 
         def rate(passed: int, played: int) -> str:
-            low, high = wilson(passed, played, self.confidence)
+            low, high = wilson_interval(passed, played, self.confidence)
             return f"{passed}/{played} ({low:.0%}–{high:.0%})"
 
         pooled = f" over {self.runs_then} runs" if self.runs_then > 1 else ""
@@ -113,8 +102,8 @@ class PassRates:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        then_low, then_high = wilson(self.then_passed, self.then_played, self.confidence)
-        now_low, now_high = wilson(self.now_passed, self.now_played, self.confidence)
+        then_low, then_high = wilson_interval(self.then_passed, self.then_played, self.confidence)
+        now_low, now_high = wilson_interval(self.now_passed, self.now_played, self.confidence)
         return {
             "then": {
                 "passed": self.then_passed,

@@ -13,7 +13,6 @@ after the targets.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from agenttest_worker.report import (
@@ -22,6 +21,7 @@ from agenttest_worker.report import (
     RunInfo,
     played_targets,
     target_diff,
+    wilson_interval,
     worded_diff,
 )
 from agenttest_worker.store import results, runs
@@ -33,20 +33,13 @@ if TYPE_CHECKING:
 
 # Runs per suite a trend draws (the newest).
 TREND_RUNS = 30
-# The 95% interval's z.
-_Z = 1.959964
 
 
 def wilson(passed: int, total: int) -> tuple[float, float]:
-    """The Wilson score interval (95%) of `passed` out of `total`."""
-    if total <= 0:
-        return (0.0, 1.0)
-    p = passed / total
-    denominator = 1 + _Z**2 / total
-    centre = (p + _Z**2 / (2 * total)) / denominator
-    half = _Z * math.sqrt(p * (1 - p) / total + _Z**2 / (4 * total**2)) / denominator
+    """The Wilson score interval (95%) of `passed` out of `total`, as a trend draws it."""
+    low, high = wilson_interval(passed, total)
     # (Rounded: 10 of 10 gives 1 as its upper bound, not 0.9999999999999999.)
-    return (round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6))
+    return (round(low, 6), round(high, 6))
 
 
 def trend_point(url: str, run: RunRow) -> dict[str, Any]:
